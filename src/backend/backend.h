@@ -1,0 +1,133 @@
+// Backend: the op interface every model is written against. The CPU backend (backend/cpu) is the
+// reference: plain loops with fp32 accumulation, plus SIMD/threaded fast paths tested against it.
+// The CUDA backend (backend/cuda) implements the same ops on the GPU, with fusions where they pay.
+//
+// Conventions
+// - Tensors are views (core/tensor.h) on this backend's device; the caller owns memory.
+// - "act" tensors use activation_dtype() (f32 on CPU, bf16 on CUDA); weights may be any DType,
+//   quantized included; metadata tensors are i32.
+// - Ops are asynchronous on device backends (ordered on the backend's stream); synchronize()
+//   waits. Ops never fail on valid input: preconditions are CHECKed, since user input has been
+//   validated before it reaches a step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace pagellm {
+
+// An owning device allocation.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() const = 0;
+  virtual int64_t nbytes() const = 0;
+  Tensor view(DType dtype, std::initializer_list<int64_t> shape) const;
+};
+
+// Metadata of one ragged batch for attention over the paged KV cache. Sequences are packed back to
+// back; sequence s owns query tokens [cu_seqlens_q[s], cu_seqlens_q[s+1]), which are the last
+// n_q(s) of its seq_lens_kv[s] tokens (its KV, new tokens included, is already in the cache).
+// Query token i of sequence s sits at position seq_lens_kv[s] - n_q(s) + i and attends, causally,
+// to KV positions [max(0, pos - window + 1), pos].
+struct AttentionMeta {
+  int32_t n_seqs = 0;
+  Tensor cu_seqlens_q;    // i32 [n_seqs + 1]
+  Tensor seq_lens_kv;     // i32 [n_seqs]
+  Tensor block_tables;    // i32 [n_seqs, max_blocks_per_seq]; entry j = block of tokens j*bs..
+  int32_t block_size = 16;
+  int32_t max_seqlen_q = 0;   // host-side bounds, for launch shapes
+  int32_t max_seqlen_kv = 0;
+};
+
+struct AttentionParams {
+  float scale = 1.0f;       // softmax scale, usually 1/sqrt(head_dim) (times yarn mscale^2)
+  int32_t window = -1;      // sliding window in tokens; -1: none
+  float softcap = 0.0f;     // tanh soft-capping of scores; 0: none
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // --- memory ---
+  virtual std::unique_ptr<Buffer> allocate(int64_t nbytes) = 0;
+  // Bytes free for new allocations (device memory; on CPU, available system memory).
+  virtual int64_t free_memory() const = 0;
+  // Copies between this device and host memory (n bytes). Device backends order these on the
+  // backend stream; copy_to_host waits for completion.
+  virtual void copy_from_host(void* dst, const void* src, int64_t nbytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, int64_t nbytes) = 0;
+  virtual void copy(void* dst, const void* src, int64_t nbytes) = 0;  // device to device
+  virtual void synchronize() = 0;
+  // Makes a weight usable by this backend: CPU returns the view itself (mmap'd, zero-copy) or a
+  // converted copy kept in `storage`; device backends upload. `dtype` is the wanted storage type
+  // (e.g. keep Q4_1, or convert f32 to bf16); kF32 for norms and other small vectors.
+  virtual Result<Tensor> upload_weight(const Tensor& host, DType dtype,
+                                       std::unique_ptr<Buffer>& storage) = 0;
+
+  // --- ops ---
+  // out[i, :] = table[ids[i], :]   table [V, D] any dtype; ids i32 [n]; out act [n, D]
+  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+
+  // out = x / rms(x) * w, per row.   x act [n, D]; w [D]; out act [n, D] (may alias x)
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+
+  // residual += x; out = rms_norm(residual) * w.   x, residual, out act [n, D]
+  // (out may alias x). This is the pre-norm transformer's "add & norm" in one pass.
+  virtual void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
+                            Tensor& out) = 0;
+
+  // out = x @ w^T (+ bias).   x act [n, K]; w [M, K] any dtype; bias [M] or undefined;
+  // out act [n, M] (rows may be strided: a slice of a wider buffer).
+  virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) = 0;
+
+  // Rotary embedding in place on the first rotary_dim dims of each head, then the new keys and
+  // values are written to the paged cache: cache slot slot_mapping[i] gets token i's k and v.
+  //   q act [n, Hq, D]; k act [n, Hkv, D]; v act [n, Hkv, Dv]
+  //   cos_sin f32 [n, rotary_dim]: cos of the rotary_dim/2 frequencies, then their sin
+  //   k_cache [n_blocks, block_size, Hkv, D]; v_cache [n_blocks, block_size, Hkv, Dv]
+  //   slot_mapping i32 [n]: block * block_size + offset; negative: do not store (padding)
+  // interleaved: rotate pairs (2i, 2i+1) (GPT-J / DeepSeek); otherwise halves (NeoX / HF Llama).
+  virtual void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                             bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
+                             Tensor& v_cache) = 0;
+
+  // Rotary embedding alone, in place.   x act [n, H, D]; cos_sin f32 [n, rotary_dim]
+  virtual void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) = 0;
+
+  // Causal attention of packed queries over the paged cache (see AttentionMeta).
+  //   q act [n, Hq, D]; caches as in rope_store_kv; out act [n, Hq, Dv]
+  // GQA: query head h reads KV head h / (Hq / Hkv).
+  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const AttentionMeta& meta, const AttentionParams& params,
+                         Tensor& out) = 0;
+
+  // out = silu(gate) * up.   gate, up act [n, F] (may be column slices of one [n, 2F] buffer)
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+
+  // out = a + b, elementwise.   act tensors of equal shape
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+
+  // out[i, :] = x[rows[i], :].   x act [n, D]; rows i32 [m]; out act [m, D]
+  virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
+
+  // Converts act rows to f32 (for logits leaving the device).   x act [n, D]; out f32 [n, D]
+  virtual void to_f32(const Tensor& x, Tensor& out) = 0;
+};
+
+// The CPU reference backend. `fast`: use the SIMD/threaded paths (default); false runs the plain
+// reference loops (tests compare the two).
+std::unique_ptr<Backend> make_cpu_backend(bool fast = true);
+// The CUDA backend on `device_index`; an error when built without CUDA or no GPU is present.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index = 0);
+
+}  // namespace pagellm

@@ -1,0 +1,186 @@
+#include "core/dtype.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace pagellm {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+    case DType::kQ8_0: return "q8_0";
+    case DType::kQ4_0: return "q4_0";
+    case DType::kQ4_1: return "q4_1";
+  }
+  return "?";
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalize
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400u)) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      u = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to inf
+  if (abs < 0x38800000u) {  // subnormal or zero in f16
+    // value * 2^24 rounded to nearest even gives the subnormal mantissa.
+    float a;
+    std::memcpy(&a, &abs, 4);
+    const float scaled = a * 16777216.0f;
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  uint32_t r = abs + 0xfffu + ((abs >> 13) & 1u);  // round to nearest even at bit 13
+  return sign | static_cast<uint16_t>((r - 0x38000000u) >> 13);
+}
+
+void to_f32(DType t, const void* src, float* dst, int64_t n) {
+  switch (t) {
+    case DType::kF32: std::memcpy(dst, src, n * 4); return;
+    case DType::kF16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::kBF16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::kQ8_0: {
+      auto* b = static_cast<const BlockQ8_0*>(src);
+      for (int64_t i = 0; i < n / kQuantBlock; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < kQuantBlock; ++j) dst[i * kQuantBlock + j] = d * b[i].qs[j];
+      }
+      return;
+    }
+    case DType::kQ4_0: {
+      auto* b = static_cast<const BlockQ4_0*>(src);
+      for (int64_t i = 0; i < n / kQuantBlock; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        float* o = dst + i * kQuantBlock;
+        for (int j = 0; j < kQuantBlock / 2; ++j) {
+          o[j] = d * (static_cast<int>(b[i].qs[j] & 0xf) - 8);
+          o[j + 16] = d * (static_cast<int>(b[i].qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    }
+    case DType::kQ4_1: {
+      auto* b = static_cast<const BlockQ4_1*>(src);
+      for (int64_t i = 0; i < n / kQuantBlock; ++i) {
+        const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        float* o = dst + i * kQuantBlock;
+        for (int j = 0; j < kQuantBlock / 2; ++j) {
+          o[j] = d * (b[i].qs[j] & 0xf) + m;
+          o[j + 16] = d * (b[i].qs[j] >> 4) + m;
+        }
+      }
+      return;
+    }
+    case DType::kI32:
+    case DType::kI64: break;
+  }
+  PAGELLM_CHECK_MSG(false, "to_f32: unsupported dtype");
+}
+
+void from_f32(DType t, const float* src, void* dst, int64_t n) {
+  switch (t) {
+    case DType::kF32: std::memcpy(dst, src, n * 4); return;
+    case DType::kF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::kBF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::kQ8_0: {
+      auto* b = static_cast<BlockQ8_0*>(dst);
+      for (int64_t i = 0; i < n / kQuantBlock; ++i) {
+        const float* x = src + i * kQuantBlock;
+        float amax = 0;
+        for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int j = 0; j < kQuantBlock; ++j)
+          b[i].qs[j] = static_cast<int8_t>(std::lround(x[j] * id));
+      }
+      return;
+    }
+    case DType::kQ4_0: {
+      auto* b = static_cast<BlockQ4_0*>(dst);
+      for (int64_t i = 0; i < n / kQuantBlock; ++i) {
+        const float* x = src + i * kQuantBlock;
+        float amax = 0, maxv = 0;  // signed value of largest magnitude, as ggml's quantize_row_q4_0
+        for (int j = 0; j < kQuantBlock; ++j)
+          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), maxv = x[j];
+        const float d = maxv / -8.0f, id = d ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int j = 0; j < kQuantBlock / 2; ++j) {
+          const int q0 = std::min(15, static_cast<int>(x[j] * id + 8.5f));
+          const int q1 = std::min(15, static_cast<int>(x[j + 16] * id + 8.5f));
+          b[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+        }
+      }
+      return;
+    }
+    case DType::kQ4_1: {
+      auto* b = static_cast<BlockQ4_1*>(dst);
+      for (int64_t i = 0; i < n / kQuantBlock; ++i) {
+        const float* x = src + i * kQuantBlock;
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < kQuantBlock; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+        const float d = (hi - lo) / 15.0f, id = d ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        b[i].m = f32_to_f16(lo);
+        for (int j = 0; j < kQuantBlock / 2; ++j) {
+          const int q0 = std::min(15, static_cast<int>((x[j] - lo) * id + 0.5f));
+          const int q1 = std::min(15, static_cast<int>((x[j + 16] - lo) * id + 0.5f));
+          b[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+        }
+      }
+      return;
+    }
+    case DType::kI32:
+    case DType::kI64: break;
+  }
+  PAGELLM_CHECK_MSG(false, "from_f32: unsupported dtype");
+}
+
+}  // namespace pagellm

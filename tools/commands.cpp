@@ -1,0 +1,17 @@
+#include "tools/commands.h"
+
+namespace pagellm::cli {
+
+int run_inspect(int argc, char** argv);
+int run_generate(int argc, char** argv);
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> kCommands = {
+      {"generate", "generate tokens from a prompt (--model DIR --prompt-ids ... | \"text\")",
+       run_generate},
+      {"inspect", "print a checkpoint's parsed config, parameter count and bytes", run_inspect},
+  };
+  return kCommands;
+}
+
+}  // namespace pagellm::cli
