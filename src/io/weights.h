@@ -46,3 +46,9 @@ struct LoadedCheckpoint {
 Result<LoadedCheckpoint> open_checkpoint(const std::string& path);
 
 }  // namespace pagellm
+
+namespace pagellm {
+// Format-specific openers used by open_checkpoint (io/safetensors.cpp, io/gguf.cpp).
+Result<LoadedCheckpoint> open_safetensors_checkpoint(const std::string& model_dir);
+Result<LoadedCheckpoint> open_gguf_checkpoint(const std::string& gguf_path);
+}  // namespace pagellm
