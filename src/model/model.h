@@ -1,0 +1,87 @@
+// Model: one architecture's forward pass over a ragged batch, written against the Backend op
+// interface. The engine (runtime/) plans a step, packs it into a StepBatch and calls forward();
+// the model writes the new tokens' K/V into the paged cache and returns logits for the rows that
+// need them. Architectures register themselves by their config "architectures" name.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "io/model_config.h"
+#include "io/weights.h"
+
+namespace pagellm {
+
+// Geometry of the paged KV cache a model needs, per layer.
+struct KvSpec {
+  int64_t n_layers = 0;
+  int64_t n_kv_heads = 0;  // 1 for MLA's latent row
+  int64_t k_dim = 0;       // per head (MLA: kv_lora_rank + rope dim)
+  int64_t v_dim = 0;       // per head; 0 when V lives inside the K row (MLA)
+  // Bytes of one token's K and V in one layer at `elem_bytes` per value.
+  int64_t token_bytes_per_layer(int64_t elem_bytes) const {
+    return n_kv_heads * (k_dim + v_dim) * elem_bytes;
+  }
+};
+
+// The device-side paged KV cache: per layer, K [n_blocks, block_size, n_kv_heads, k_dim] and
+// V [n_blocks, block_size, n_kv_heads, v_dim] in the backend's activation dtype.
+struct KvCache {
+  int32_t block_size = 16;
+  int64_t n_blocks = 0;
+  std::vector<Tensor> k;  // per layer
+  std::vector<Tensor> v;  // per layer (undefined for MLA)
+  std::vector<std::unique_ptr<Buffer>> storage;
+
+  static KvCache allocate(Backend& backend, const KvSpec& spec, int32_t block_size,
+                          int64_t n_blocks);
+  static int64_t bytes_per_block(const KvSpec& spec, int32_t block_size, DType dtype);
+};
+
+// One step's ragged batch, already on the backend's device (built by runtime/step_batch.h).
+// Sequences are packed back to back: sequence s owns tokens [cu_seqlens_q[s], cu_seqlens_q[s+1]).
+struct StepBatch {
+  int32_t n_tokens = 0;
+  Tensor token_ids;     // i32 [n_tokens]
+  Tensor slot_mapping;  // i32 [n_tokens]
+  AttentionMeta attn;   // cu_seqlens_q, seq_lens_kv, block_tables on the device
+  Tensor logits_rows;   // i32 [n_logits]: token rows whose logits are wanted, in output order
+  int32_t n_logits = 0;
+  // Host copies the model needs for planning (RoPE tables are computed on the host).
+  std::vector<int32_t> positions;     // [n_tokens]
+  std::vector<int32_t> cu_seqlens_q;  // [n_seqs + 1]
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KvSpec kv_spec() const = 0;
+  // Runs the batch; logits_out is host f32 [batch.n_logits, vocab_size].
+  virtual void forward(const StepBatch& batch, KvCache& cache, float* logits_out) = 0;
+  // Bytes of weights held on the backend's device (or mapped, on CPU).
+  virtual int64_t weight_bytes() const = 0;
+};
+
+struct LoadOptions {
+  // Storage type for dense weights on device backends; kF32 on CPU means "keep as stored".
+  DType weight_dtype = DType::kBF16;
+};
+
+using ModelFactory = std::function<Result<std::unique_ptr<Model>>(
+    const LoadedCheckpoint&, Backend&, const LoadOptions&)>;
+
+// Registers a factory for an architecture name ("LlamaForCausalLM"); called at static init by
+// each architecture file.
+bool register_architecture(const std::string& name, ModelFactory factory);
+std::vector<std::string> registered_architectures();
+
+// Builds the model named by ckpt.config.architecture, or an error listing the supported ones.
+Result<std::unique_ptr<Model>> load_model(const LoadedCheckpoint& ckpt, Backend& backend,
+                                          const LoadOptions& options = {});
+
+}  // namespace pagellm

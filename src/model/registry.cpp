@@ -1,0 +1,38 @@
+#include <map>
+
+#include "model/model.h"
+
+namespace pagellm {
+namespace {
+
+std::map<std::string, ModelFactory>& registry() {
+  static std::map<std::string, ModelFactory> r;
+  return r;
+}
+
+}  // namespace
+
+bool register_architecture(const std::string& name, ModelFactory factory) {
+  registry()[name] = std::move(factory);
+  return true;
+}
+
+std::vector<std::string> registered_architectures() {
+  std::vector<std::string> names;
+  for (const auto& [name, f] : registry()) names.push_back(name);
+  return names;
+}
+
+Result<std::unique_ptr<Model>> load_model(const LoadedCheckpoint& ckpt, Backend& backend,
+                                          const LoadOptions& options) {
+  auto it = registry().find(ckpt.config.architecture);
+  if (it == registry().end()) {
+    std::string list;
+    for (const auto& n : registered_architectures()) list += (list.empty() ? "" : ", ") + n;
+    return unimplemented(ckpt.config.source + ": architecture '" + ckpt.config.architecture +
+                         "' is not supported (supported: " + list + ")");
+  }
+  return it->second(ckpt, backend, options);
+}
+
+}  // namespace pagellm
