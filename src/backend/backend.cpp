@@ -3,7 +3,7 @@
 namespace pagellm {
 
 Tensor Buffer::view(DType dtype, std::initializer_list<int64_t> shape) const {
-  Tensor t(data(), dtype, shape);
+  Tensor t(data(), dtype, shape, device());
   PAGELLM_CHECK_MSG(dtype_bytes(dtype, t.numel()) <= nbytes(), "Buffer::view larger than buffer");
   return t;
 }

@@ -26,6 +26,7 @@ class Buffer {
   virtual ~Buffer() = default;
   virtual void* data() const = 0;
   virtual int64_t nbytes() const = 0;
+  virtual Device device() const { return Device::kCpu; }
   Tensor view(DType dtype, std::initializer_list<int64_t> shape) const;
 };
 
