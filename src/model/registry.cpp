@@ -3,17 +3,31 @@
 #include "model/model.h"
 
 namespace pagellm {
+
+// Each architecture file defines one of these. They are called explicitly (not from static
+// initializers) because a static library drops object files that nothing references.
+void register_llama_family();
+
 namespace {
 
-std::map<std::string, ModelFactory>& registry() {
+std::map<std::string, ModelFactory>& factories() {
   static std::map<std::string, ModelFactory> r;
   return r;
+}
+
+std::map<std::string, ModelFactory>& registry() {
+  static const bool builtins = [] {
+    register_llama_family();
+    return true;
+  }();
+  (void)builtins;
+  return factories();
 }
 
 }  // namespace
 
 bool register_architecture(const std::string& name, ModelFactory factory) {
-  registry()[name] = std::move(factory);
+  factories()[name] = std::move(factory);
   return true;
 }
 

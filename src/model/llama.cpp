@@ -1,0 +1,260 @@
+// The Llama family: LlamaForCausalLM (Llama 2/3/3.x, CodeLlama, DeepSeek-Coder, DeepSeek-LLM, Yi),
+// MistralForCausalLM (sliding window), Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM (q/k norm,
+// explicit head_dim). Pre-norm decoder: RMSNorm -> GQA attention with RoPE -> residual ->
+// RMSNorm -> SwiGLU MLP -> residual. Weight names are Hugging Face's, verbatim.
+#include <cmath>
+#include <string>
+
+#include "core/log.h"
+#include "model/model.h"
+#include "model/rope.h"
+
+namespace pagellm {
+namespace {
+
+struct LlamaLayer {
+  Tensor input_layernorm;           // [D]
+  Tensor q_proj, k_proj, v_proj;    // [Hq*Dh, D], [Hkv*Dh, D], [Hkv*Dh, D]
+  Tensor q_bias, k_bias, v_bias;    // [Hq*Dh], [Hkv*Dh], [Hkv*Dh] (Qwen2, attention_bias)
+  Tensor o_proj, o_bias;            // [D, Hq*Dh], [D]
+  Tensor q_norm, k_norm;            // [Dh] (Qwen3)
+  Tensor post_attention_layernorm;  // [D]
+  Tensor gate_proj, up_proj;        // [F, D]
+  Tensor down_proj;                 // [D, F]
+  Tensor gate_bias, up_bias, down_bias;  // mlp_bias
+};
+
+// Scratch activations for one step, grown on demand (never shrunk) so steady-state steps do not
+// allocate.
+struct Workspace {
+  int64_t capacity_tokens = 0;
+  int64_t capacity_logits = 0;
+  std::unique_ptr<Buffer> buf, logits_buf, meta_buf;
+  Tensor x, residual, h, q, k, v, attn, gate, up, act;  // [cap, ...]
+  Tensor cos_sin;  // f32 [cap, rotary_dim]
+  Tensor hl, logits, logits_f32;  // [cap_logits, D], [cap_logits, V] act, f32
+};
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(const ModelConfig& cfg, Backend& backend) : cfg_(cfg), backend_(backend), rope_(cfg) {}
+
+  const ModelConfig& config() const override { return cfg_; }
+  KvSpec kv_spec() const override {
+    return {cfg_.num_hidden_layers, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.head_dim};
+  }
+  int64_t weight_bytes() const override { return weight_bytes_; }
+
+  Status load(const WeightSource& w, const LoadOptions& opt) {
+    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
+    const DType wdt = backend_.device() == Device::kCpu ? DType::kF32 : opt.weight_dtype;
+    // On the CPU, kF32 means "keep the stored type" for matrices (zero-copy); norms are f32.
+    auto matrix = [&](const std::string& name, std::vector<int64_t> shape, Tensor& out) -> Status {
+      PAGELLM_ASSIGN_OR_RETURN(Tensor host, w.get(name, std::move(shape)));
+      const DType want = backend_.device() == Device::kCpu ? host.dtype : wdt;
+      PAGELLM_ASSIGN_OR_RETURN(out, backend_.upload_weight(host, want, storage_.emplace_back()));
+      weight_bytes_ += dtype_bytes(out.dtype, out.numel());
+      return {};
+    };
+    auto vec = [&](const std::string& name, int64_t n, Tensor& out) -> Status {
+      PAGELLM_ASSIGN_OR_RETURN(Tensor host, w.get(name, {n}));
+      PAGELLM_ASSIGN_OR_RETURN(out, backend_.upload_weight(host, DType::kF32, storage_.emplace_back()));
+      weight_bytes_ += dtype_bytes(out.dtype, out.numel());
+      return {};
+    };
+    PAGELLM_RETURN_IF_ERROR(matrix("model.embed_tokens.weight", {V, D}, embed_tokens_));
+    PAGELLM_RETURN_IF_ERROR(vec("model.norm.weight", D, norm_));
+    if (w.find("lm_head.weight")) {
+      PAGELLM_RETURN_IF_ERROR(matrix("lm_head.weight", {V, D}, lm_head_));
+    } else if (cfg_.tie_word_embeddings) {
+      lm_head_ = embed_tokens_;
+    } else {
+      return not_found(w.description() + ": tensor 'lm_head.weight' is missing and the config "
+                       "does not tie word embeddings");
+    }
+    layers_.resize(cfg_.num_hidden_layers);
+    for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      LlamaLayer& L = layers_[i];
+      PAGELLM_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", D, L.input_layernorm));
+      PAGELLM_RETURN_IF_ERROR(vec(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
+      if (cfg_.attention_bias) {
+        PAGELLM_RETURN_IF_ERROR(vec(p + "self_attn.q_proj.bias", Hq * Dh, L.q_bias));
+        PAGELLM_RETURN_IF_ERROR(vec(p + "self_attn.k_proj.bias", Hkv * Dh, L.k_bias));
+        PAGELLM_RETURN_IF_ERROR(vec(p + "self_attn.v_proj.bias", Hkv * Dh, L.v_bias));
+      }
+      if (cfg_.o_proj_bias) PAGELLM_RETURN_IF_ERROR(vec(p + "self_attn.o_proj.bias", D, L.o_bias));
+      if (cfg_.qk_norm) {
+        PAGELLM_RETURN_IF_ERROR(vec(p + "self_attn.q_norm.weight", Dh, L.q_norm));
+        PAGELLM_RETURN_IF_ERROR(vec(p + "self_attn.k_norm.weight", Dh, L.k_norm));
+      }
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.gate_proj.weight", {F, D}, L.gate_proj));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.up_proj.weight", {F, D}, L.up_proj));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.down_proj.weight", {D, F}, L.down_proj));
+      if (cfg_.mlp_bias) {
+        PAGELLM_RETURN_IF_ERROR(vec(p + "mlp.gate_proj.bias", F, L.gate_bias));
+        PAGELLM_RETURN_IF_ERROR(vec(p + "mlp.up_proj.bias", F, L.up_bias));
+        PAGELLM_RETURN_IF_ERROR(vec(p + "mlp.down_proj.bias", D, L.down_bias));
+      }
+    }
+    attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+    attn_params_.window = cfg_.sliding_window ? static_cast<int32_t>(*cfg_.sliding_window) : -1;
+    return {};
+  }
+
+  void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
+    const int64_t n = b.n_tokens, Dh = cfg_.head_dim;
+    const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    reserve(n, b.n_logits);
+    Workspace& ws = ws_;
+    Tensor x = ws.x.slice_rows(0, n);           // [n, D]
+    Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
+    Tensor h = ws.h.slice_rows(0, n);           // [n, D]
+    Tensor q = ws.q.slice_rows(0, n);           // [n, Hq*Dh]
+    Tensor k = ws.k.slice_rows(0, n);           // [n, Hkv*Dh]
+    Tensor v = ws.v.slice_rows(0, n);           // [n, Hkv*Dh]
+    Tensor attn = ws.attn.slice_rows(0, n);     // [n, Hq*Dh]
+    Tensor gate = ws.gate.slice_rows(0, n);     // [n, F]
+    Tensor up = ws.up.slice_rows(0, n);         // [n, F]
+    Tensor act = ws.act.slice_rows(0, n);       // [n, F]
+    Tensor q3 = q.reshape({n, Hq, Dh}), k3 = k.reshape({n, Hkv, Dh}), v3 = v.reshape({n, Hkv, Dh});
+    Tensor attn3 = attn.reshape({n, Hq, Dh});
+    Tensor cos_sin = upload_cos_sin(b);  // f32 [n, rotary_dim]
+
+    backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LlamaLayer& L = layers_[l];
+      if (l == 0) {
+        backend_.rms_norm(residual, L.input_layernorm, eps, h);
+      } else {
+        backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MLP out
+      }
+      backend_.matmul(h, L.q_proj, L.q_bias, q);
+      backend_.matmul(h, L.k_proj, L.k_bias, k);
+      backend_.matmul(h, L.v_proj, L.v_bias, v);
+      if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE
+        Tensor qh = q.reshape({n * Hq, Dh}), kh = k.reshape({n * Hkv, Dh});
+        backend_.rms_norm(qh, L.q_norm, eps, qh);
+        backend_.rms_norm(kh, L.k_norm, eps, kh);
+      }
+      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
+                             cache.k[l], cache.v[l]);
+      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
+      backend_.matmul(attn, L.o_proj, L.o_bias, x);                      // [n, D]
+      backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
+      backend_.matmul(h, L.gate_proj, L.gate_bias, gate);
+      backend_.matmul(h, L.up_proj, L.up_bias, up);
+      backend_.silu_mul(gate, up, act);
+      backend_.matmul(act, L.down_proj, L.down_bias, x);                 // [n, D]
+    }
+    backend_.add_rms_norm(x, residual, norm_, eps, h);
+    if (b.n_logits == 0) return;
+    Tensor hl = ws.hl.slice_rows(0, b.n_logits);          // [m, D]
+    Tensor logits = ws.logits.slice_rows(0, b.n_logits);  // [m, V]
+    backend_.gather_rows(h, b.logits_rows, hl);
+    backend_.matmul(hl, lm_head_, Tensor(), logits);
+    if (logits.dtype == DType::kF32) {
+      backend_.copy_to_host(logits_out, logits.data, logits.nbytes());
+    } else {
+      Tensor lf = ws.logits_f32.slice_rows(0, b.n_logits);
+      backend_.to_f32(logits, lf);
+      backend_.copy_to_host(logits_out, lf.data, lf.nbytes());
+    }
+  }
+
+ private:
+  // Grows the workspace to hold n tokens and m logit rows.
+  void reserve(int64_t n, int64_t m) {
+    Workspace& ws = ws_;
+    const DType dt = backend_.activation_dtype();
+    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
+    if (n > ws.capacity_tokens) {
+      const int64_t cap = std::max<int64_t>(n, 16);
+      const int64_t per_token = dtype_bytes(dt, 3 * D + 2 * qd + 2 * kvd + 3 * F);
+      ws.buf = backend_.allocate(cap * per_token + 64 * 16);
+      char* p = static_cast<char*>(ws.buf->data());
+      auto take = [&](int64_t cols) {
+        Tensor t(p, dt, {cap, cols}, backend_.device());
+        p += (dtype_bytes(dt, cap * cols) + 63) / 64 * 64;
+        return t;
+      };
+      ws.x = take(D), ws.residual = take(D), ws.h = take(D), ws.q = take(qd), ws.k = take(kvd),
+      ws.v = take(kvd), ws.attn = take(qd), ws.gate = take(F), ws.up = take(F), ws.act = take(F);
+      ws.meta_buf = backend_.allocate(cap * rd * 4);
+      ws.cos_sin = ws.meta_buf->view(DType::kF32, {cap, rd});
+      ws.capacity_tokens = cap;
+    }
+    if (m > ws.capacity_logits) {
+      const int64_t cap = std::max<int64_t>(m, 1);
+      const int64_t row = dtype_bytes(dt, D) + dtype_bytes(dt, V) + (dt == DType::kF32 ? 0 : V * 4);
+      ws.logits_buf = backend_.allocate(cap * row + 64 * 3);
+      char* p = static_cast<char*>(ws.logits_buf->data());
+      ws.hl = Tensor(p, dt, {cap, D}, backend_.device());
+      p += (dtype_bytes(dt, cap * D) + 63) / 64 * 64;
+      ws.logits = Tensor(p, dt, {cap, V}, backend_.device());
+      p += (dtype_bytes(dt, cap * V) + 63) / 64 * 64;
+      if (dt != DType::kF32) ws.logits_f32 = Tensor(p, DType::kF32, {cap, V}, backend_.device());
+      ws.capacity_logits = cap;
+    }
+  }
+
+  // RoPE table for this step's positions, computed on the host and uploaded.
+  Tensor upload_cos_sin(const StepBatch& b) {
+    const int64_t n = b.n_tokens, rd = rope_.rotary_dim();
+    host_cos_sin_.resize(n * rd);
+    // Dynamic NTK scales for the longest position of each sequence in this step (HF semantics).
+    seq_len_.resize(n);
+    for (size_t s = 0; s + 1 < b.cu_seqlens_q.size(); ++s) {
+      int32_t mx = 0;
+      for (int32_t i = b.cu_seqlens_q[s]; i < b.cu_seqlens_q[s + 1]; ++i)
+        mx = std::max(mx, b.positions[i] + 1);
+      for (int32_t i = b.cu_seqlens_q[s]; i < b.cu_seqlens_q[s + 1]; ++i) seq_len_[i] = mx;
+    }
+    rope_.fill_cos_sin(b.positions.data(), seq_len_.data(), n, host_cos_sin_.data());
+    Tensor t = ws_.cos_sin.slice_rows(0, n);
+    backend_.copy_from_host(t.data, host_cos_sin_.data(), n * rd * 4);
+    return t;
+  }
+
+  ModelConfig cfg_;
+  Backend& backend_;
+  RotaryEmbedding rope_;
+  AttentionParams attn_params_;
+  Tensor embed_tokens_, norm_, lm_head_;
+  std::vector<LlamaLayer> layers_;
+  std::vector<std::unique_ptr<Buffer>> storage_;
+  int64_t weight_bytes_ = 0;
+  Workspace ws_;
+  std::vector<float> host_cos_sin_;
+  std::vector<int32_t> seq_len_;
+};
+
+Result<std::unique_ptr<Model>> make_llama(const LoadedCheckpoint& ckpt, Backend& backend,
+                                          const LoadOptions& opt) {
+  const ModelConfig& c = ckpt.config;
+  if (c.hidden_act != "silu")
+    return unimplemented(c.source + ": hidden_act '" + c.hidden_act + "' is not supported (silu)");
+  if (c.rotary_dim() != c.head_dim)
+    return unimplemented(c.source + ": partial_rotary_factor != 1 is not supported for " +
+                         c.architecture);
+  auto m = std::make_unique<LlamaModel>(c, backend);
+  PAGELLM_RETURN_IF_ERROR(m->load(*ckpt.weights, opt));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace
+
+void register_llama_family() {
+  for (const char* name : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM"})
+    register_architecture(name, make_llama);
+}
+
+}  // namespace pagellm

@@ -1,0 +1,38 @@
+// Rotary position embedding tables for every RoPE variant pagellm supports (default, linear,
+// dynamic NTK, llama3, yarn), computed exactly as Hugging Face transformers computes them: inverse
+// frequencies in f32, angles as f32(position) * inv_freq in f32, then cos/sin scaled by the
+// variant's attention factor. The model fills a per-token [n, rotary_dim] table (cos half, sin
+// half) each step; the backend's rope op applies it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/model_config.h"
+
+namespace pagellm {
+
+class RotaryEmbedding {
+ public:
+  explicit RotaryEmbedding(const ModelConfig& cfg);
+
+  int64_t rotary_dim() const { return rotary_dim_; }
+  // The factor cos/sin are multiplied by (yarn's mscale; 1 otherwise).
+  float attention_scaling() const { return attention_scaling_; }
+
+  // Fills out[i * rotary_dim ..] for token i at positions[i]. `seq_len[i]` is the length the
+  // dynamic-NTK variant scales for (HF: max position in the forward call + 1); ignored otherwise.
+  void fill_cos_sin(const int32_t* positions, const int32_t* seq_len, int64_t n, float* out) const;
+
+  // Inverse frequencies for a sequence length (dynamic NTK depends on it), [rotary_dim / 2].
+  std::vector<float> inv_freq(int64_t seq_len) const;
+
+ private:
+  RopeConfig rope_;
+  int64_t rotary_dim_ = 0;
+  int64_t max_position_ = 0;
+  float attention_scaling_ = 1.0f;
+  std::vector<float> base_inv_freq_;  // for every variant but dynamic beyond max_position
+};
+
+}  // namespace pagellm
