@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Builds tiny random Hugging Face checkpoints for every architecture and RoPE variant pagellm
+supports, and records what transformers computes for them: the log-probability of every prompt
+position, a greedy continuation with each step's log-probability and top-2 margin, and the
+teacher-forced log-probabilities of prompt + continuation in one forward pass.
+
+Needs torch + transformers (run it where they are installed; the outputs are committed):
+    python tests/model/make_fixtures.py --out tests/data/golden
+
+Each fixture folder holds config.json (classic keys: rope_theta / rope_scaling),
+config_v5.json (the same model in transformers 5's rope_parameters style), model.safetensors
+and reference.json. Weights are stored in bf16, f16 or f32 (per variant) and the reference runs
+in float32, so a correct fp32 engine matches to ~1e-5.
+"""
+import argparse
+import json
+import os
+import shutil
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    initializer_range=0.25,  # large on purpose: peaked distributions, clear greedy margins
+)
+
+# name -> (model_type, architecture, overrides, weight dtype)
+VARIANTS = {
+    "llama": ("llama", "LlamaForCausalLM", {}, torch.bfloat16),
+    "llama_linear": ("llama", "LlamaForCausalLM",
+                     {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, torch.bfloat16),
+    "llama_dynamic": ("llama", "LlamaForCausalLM",
+                      {"max_position_embeddings": 32,
+                       "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, torch.bfloat16),
+    "llama3_rope": ("llama", "LlamaForCausalLM",
+                    {"rope_theta": 500000.0,
+                     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 16}}, torch.bfloat16),
+    "llama_yarn": ("llama", "LlamaForCausalLM",
+                   {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 16}}, torch.bfloat16),
+    "llama_mqa_bias": ("llama", "LlamaForCausalLM",
+                       {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True},
+                       torch.float16),
+    "mistral": ("mistral", "MistralForCausalLM",
+                {"sliding_window": 8, "head_dim": 16}, torch.float16),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM",
+              {"tie_word_embeddings": True, "use_sliding_window": False}, torch.float32),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM",
+              {"head_dim": 32, "tie_word_embeddings": True, "attention_bias": False,
+               "use_sliding_window": False}, torch.bfloat16),
+}
+
+PROMPT_LENS = (7, 40)
+NEW_TOKENS = 24
+
+
+def classic_config(model_type, arch, overrides):
+    cfg = dict(BASE)
+    cfg.update(overrides)
+    cfg["model_type"] = model_type
+    cfg["architectures"] = [arch]
+    return cfg
+
+
+def v5_config(classic):
+    """The same model in transformers 5's style: rope parameters in one dict."""
+    cfg = dict(classic)
+    rope = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
+    scaling = cfg.pop("rope_scaling", None)
+    if scaling:
+        rope.update(scaling)
+    cfg["rope_parameters"] = rope
+    return cfg
+
+
+def reference(model, prompt):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        prompt_lp = [None] + [lp[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
+                             min_new_tokens=NEW_TOKENS)
+        greedy = out.sequences[0, len(prompt):].tolist()
+        greedy_lp, margins = [], []
+        for step, lg in enumerate(out.logits):
+            l = torch.log_softmax(lg[0].float(), dim=-1)
+            greedy_lp.append(l[greedy[step]].item())
+            top2 = torch.topk(l, 2).values
+            margins.append((top2[0] - top2[1]).item())
+        full = prompt + greedy
+        full_logits = model(torch.tensor([full])).logits[0].float()
+        flp = torch.log_softmax(full_logits, dim=-1)
+        full_lp = [None] + [flp[i - 1, full[i]].item() for i in range(1, len(full))]
+    return {"prompt": prompt, "prompt_logprobs": prompt_lp, "greedy": greedy,
+            "greedy_logprobs": greedy_lp, "greedy_margins": margins,
+            "full_logprobs": full_lp}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tests/data/golden")
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    for name, (model_type, arch, overrides, dtype) in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
+        folder = os.path.join(args.out, name)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        classic = classic_config(model_type, arch, overrides)
+
+        def write_configs():
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(classic, f, indent=1)
+            with open(os.path.join(folder, "config_v5.json"), "w") as f:
+                json.dump(v5_config(classic), f, indent=1)
+
+        write_configs()
+        config = AutoConfig.from_pretrained(folder)
+        torch.manual_seed(sum(map(ord, name)))
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # Norm weights random too, so a missing or misapplied norm cannot go unnoticed.
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n:
+                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
+                elif n.endswith("bias"):
+                    p.copy_(0.2 * torch.randn_like(p))
+        model = model.to(dtype)
+        model.save_pretrained(folder, safe_serialization=True)
+        for extra in ("generation_config.json",):
+            p = os.path.join(folder, extra)
+            if os.path.exists(p):
+                os.remove(p)
+        write_configs()  # save_pretrained rewrote config.json in its own style
+        # The reference runs in float32 on the stored (rounded) weights.
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        gen = torch.Generator().manual_seed(1234 + len(name))
+        cases = []
+        for n in PROMPT_LENS:
+            prompt = torch.randint(3, BASE["vocab_size"], (n,), generator=gen).tolist()
+            cases.append(reference(model, prompt))
+        meta = {"name": name, "architecture": arch, "weight_dtype": str(dtype).split(".")[-1],
+                "torch": torch.__version__, "transformers": transformers.__version__,
+                "cases": cases}
+        with open(os.path.join(folder, "reference.json"), "w") as f:
+            json.dump(meta, f)
+        m = min(min(c["greedy_margins"]) for c in cases)
+        print(f"{name}: {arch} {meta['weight_dtype']}, min greedy margin {m:.4f}")
+
+
+if __name__ == "__main__":
+    main()
