@@ -1,0 +1,57 @@
+#include "runtime/sequence_runner.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+namespace pagellm {
+
+SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
+                               int32_t block_size, int32_t max_chunk)
+    : model_(model),
+      max_len_(max_len),
+      max_chunk_(std::max(1, max_chunk)),
+      vocab_(model.config().vocab_size),
+      builder_(backend, block_size) {
+  const int64_t n_blocks = (max_len + block_size - 1) / block_size;
+  cache_ = KvCache::allocate(backend, model.kv_spec(), block_size, n_blocks);
+  block_table_.resize(n_blocks);
+  std::iota(block_table_.begin(), block_table_.end(), 0);
+}
+
+Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tokens,
+                                                    LogitsWanted wanted) {
+  if (tokens.empty()) return invalid_argument("feed: no tokens");
+  if (length_ + static_cast<int64_t>(tokens.size()) > max_len_) {
+    return out_of_range("sequence of " + std::to_string(length_ + tokens.size()) +
+                        " tokens exceeds the runner's " + std::to_string(max_len_));
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= vocab_)
+      return out_of_range("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab_) + ")");
+  }
+  const int64_t n_rows = wanted == LogitsWanted::kAll ? tokens.size() : wanted == LogitsWanted::kLast;
+  logits_.resize(n_rows * vocab_);
+  int64_t row = 0;
+  for (size_t begin = 0; begin < tokens.size(); begin += max_chunk_) {
+    const int32_t n = static_cast<int32_t>(std::min<size_t>(max_chunk_, tokens.size() - begin));
+    const bool last_chunk = begin + n == tokens.size();
+    SeqChunk c;
+    c.tokens = tokens.data() + begin;
+    c.n_tokens = n;
+    c.start_pos = length_;
+    c.block_table = block_table_.data();
+    c.n_blocks = static_cast<int32_t>(block_table_.size());
+    c.logits = wanted == LogitsWanted::kAll                 ? LogitsWanted::kAll
+               : (wanted == LogitsWanted::kLast && last_chunk) ? LogitsWanted::kLast
+                                                               : LogitsWanted::kNone;
+    const StepBatch& b = builder_.build({c});
+    model_.forward(b, cache_, logits_.data() + row * vocab_);
+    row += b.n_logits;
+    length_ += n;
+  }
+  return std::span<const float>(logits_.data(), logits_.size());
+}
+
+}  // namespace pagellm

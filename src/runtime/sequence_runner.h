@@ -1,0 +1,43 @@
+// SequenceRunner: one sequence through a model with a private KV cache whose blocks are simply
+// 0, 1, 2, ... — the simplest driver of Model::forward. `bench latency` and the golden tests use
+// it; the serving engine (runtime/engine.h) runs many sequences over the shared block pool.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/step_batch.h"
+
+namespace pagellm {
+
+class SequenceRunner {
+ public:
+  // Room for max_len tokens. Prefill is split into chunks of at most max_chunk tokens so scratch
+  // memory stays bounded whatever the prompt length.
+  SequenceRunner(Model& model, Backend& backend, int32_t max_len, int32_t block_size = 16,
+                 int32_t max_chunk = 512);
+
+  // Appends tokens to the sequence and runs them. Returns the logits (f32, row-major
+  // [rows, vocab]) of the last token (kLast), of every fed token (kAll), or nothing (kNone).
+  // Fails when the sequence would exceed max_len.
+  Result<std::span<const float>> feed(std::span<const int32_t> tokens, LogitsWanted wanted);
+
+  int32_t length() const { return length_; }
+  int32_t max_len() const { return max_len_; }
+  void reset() { length_ = 0; }
+
+ private:
+  Model& model_;
+  int32_t max_len_;
+  int32_t max_chunk_;
+  int32_t length_ = 0;
+  int64_t vocab_;
+  KvCache cache_;
+  StepBatchBuilder builder_;
+  std::vector<int32_t> block_table_;
+  std::vector<float> logits_;
+};
+
+}  // namespace pagellm

@@ -1,0 +1,46 @@
+// Packs one step's ragged batch into a StepBatch on the backend's device: token ids, slot
+// mapping, cu_seqlens, KV lengths, block tables and logits rows go up in ONE host-to-device copy
+// from a reused staging buffer (the hot loop makes no other uploads).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+namespace pagellm {
+
+enum class LogitsWanted : uint8_t {
+  kNone,  // a prefill chunk that is not the prompt's last
+  kLast,  // the last token of the chunk (decode, or the prompt's final chunk)
+  kAll,   // every token (prompt logprobs)
+};
+
+// One sequence's share of a step: tokens [start_pos, start_pos + n_tokens) of the sequence, whose
+// earlier tokens are already in the cache.
+struct SeqChunk {
+  const int32_t* tokens = nullptr;
+  int32_t n_tokens = 0;
+  int32_t start_pos = 0;
+  const int32_t* block_table = nullptr;  // physical block of each logical block
+  int32_t n_blocks = 0;                  // must cover start_pos + n_tokens
+  LogitsWanted logits = LogitsWanted::kLast;
+};
+
+class StepBatchBuilder {
+ public:
+  StepBatchBuilder(Backend& backend, int32_t block_size);
+  // The returned batch's device tensors stay valid until the next build().
+  const StepBatch& build(const std::vector<SeqChunk>& seqs);
+
+ private:
+  Backend& backend_;
+  int32_t block_size_;
+  std::vector<int32_t> staging_;
+  std::unique_ptr<Buffer> device_;
+  StepBatch batch_;
+};
+
+}  // namespace pagellm
