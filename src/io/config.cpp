@@ -1,0 +1,673 @@
+// config.json -> ModelConfig. The shape fields are common to every architecture; each supported
+// architecture then reads its own fields (biases, q/k norm, sliding window) through the table in
+// arch_spec(). Anything that would change the math and is not implemented is refused by name.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/log.h"
+#include "io/file_util.h"
+#include "io/model_config.h"
+
+namespace pagellm {
+namespace {
+
+using json = nlohmann::json;
+
+// Generous bounds that still keep products like vocab * hidden * layers far from int64 overflow.
+constexpr int64_t kMaxDim = int64_t{1} << 24;     // vocab, hidden, intermediate, head sizes
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxPositions = int64_t{1} << 40;
+
+// What a JSON value is, for "must be X, got Y" messages (never dumps the value: it may be huge).
+const char* kind_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number";
+    default: return "an invalid value";
+  }
+}
+
+std::string fmt_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Short printable rendering of a string value for messages.
+std::string quote_name(const std::string& s) {
+  constexpr size_t kMax = 100;
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  }
+  if (s.size() > kMax) out += "...";
+  return out + "'";
+}
+
+// Typed access to the members of one JSON object, with messages that name the file and the field
+// by its dotted path ("rope_scaling.factor"). A member that is absent or null counts as unset, as
+// transformers treats it: the out-parameter keeps its default.
+class Fields {
+ public:
+  Fields(const json& obj, std::string path, std::string prefix = "")
+      : obj_(obj), path_(std::move(path)), prefix_(std::move(prefix)) {}
+
+  const json& object() const { return obj_; }
+  const std::string& path() const { return path_; }
+  std::string name(const std::string& key) const { return prefix_ + key; }
+
+  // Present and not null.
+  bool has(const std::string& key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+  const json* get(const std::string& key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  Status error(StatusCode code, const std::string& key, const std::string& what) const {
+    return Status(code, path_ + ": field '" + name(key) + "' " + what);
+  }
+  Status missing(const std::string& key) const {
+    return error(StatusCode::kInvalidArgument, key, "is missing");
+  }
+  Status wrong_type(const std::string& key, const char* want, const json& got) const {
+    return error(StatusCode::kInvalidArgument, key, std::string("must be ") + want + ", got " + kind_of(got));
+  }
+
+  // Integer field (an integral float such as 4096.0 is accepted; writers sometimes emit those).
+  Status read_int(const std::string& key, int64_t& out, bool required = false) const {
+    const json* v = get(key);
+    if (!v) return required ? missing(key) : Status::ok_status();
+    std::optional<int64_t> i = to_int(*v);
+    if (!i) return wrong_type(key, "an integer", *v);
+    out = *i;
+    return Status::ok_status();
+  }
+  Status read_opt_int(const std::string& key, std::optional<int64_t>& out) const {
+    if (!has(key)) return Status::ok_status();
+    int64_t v = 0;
+    PAGELLM_RETURN_IF_ERROR(read_int(key, v));
+    out = v;
+    return Status::ok_status();
+  }
+  Status read_double(const std::string& key, double& out, bool required = false) const {
+    const json* v = get(key);
+    if (!v) return required ? missing(key) : Status::ok_status();
+    if (!v->is_number()) return wrong_type(key, "a number", *v);
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return error(StatusCode::kInvalidArgument, key, "must be finite");
+    out = d;
+    return Status::ok_status();
+  }
+  Status read_opt_double(const std::string& key, std::optional<double>& out) const {
+    if (!has(key)) return Status::ok_status();
+    double v = 0;
+    PAGELLM_RETURN_IF_ERROR(read_double(key, v));
+    out = v;
+    return Status::ok_status();
+  }
+  Status read_bool(const std::string& key, bool& out) const {
+    const json* v = get(key);
+    if (!v) return Status::ok_status();
+    if (!v->is_boolean()) return wrong_type(key, "a boolean", *v);
+    out = v->get<bool>();
+    return Status::ok_status();
+  }
+  Status read_string(const std::string& key, std::string& out, bool required = false) const {
+    const json* v = get(key);
+    if (!v) return required ? missing(key) : Status::ok_status();
+    if (!v->is_string()) return wrong_type(key, "a string", *v);
+    out = v->get<std::string>();
+    return Status::ok_status();
+  }
+
+  // Range checks on values already read.
+  Status check_positive(const std::string& key, int64_t v, int64_t max) const {
+    if (v <= 0 || v > max) {
+      return error(StatusCode::kInvalidArgument, key,
+                   "= " + std::to_string(v) + " is out of range (1.." + std::to_string(max) + ")");
+    }
+    return Status::ok_status();
+  }
+  Status check_positive(const std::string& key, double v) const {
+    if (!(v > 0)) return error(StatusCode::kInvalidArgument, key, "= " + fmt_double(v) + " must be positive");
+    return Status::ok_status();
+  }
+
+  static std::optional<int64_t> to_int(const json& v) {
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+      return static_cast<int64_t>(u);
+    }
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      // 2^63 is the first double past int64's range.
+      if (std::isfinite(d) && d == std::floor(d) && d >= -9.2233720368547758e18 && d < 9.2233720368547758e18) {
+        return static_cast<int64_t>(d);
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  std::string prefix_;
+};
+
+// --- token ids (config.json and generation_config.json) ---
+
+Status read_token_id(const Fields& f, const std::string& key, std::optional<int32_t>& out) {
+  const json* v = f.get(key);
+  if (!v) return Status::ok_status();
+  const json* scalar = v;
+  if (v->is_array()) {
+    // A list here (seen for pad_token_id) has one meaningful id; the first is the one used.
+    if (v->empty()) return Status::ok_status();
+    scalar = &(*v)[0];
+  }
+  std::optional<int64_t> id = Fields::to_int(*scalar);
+  if (!id) return f.wrong_type(key, "a token id", *scalar);
+  if (*id < 0 || *id > std::numeric_limits<int32_t>::max()) {
+    return f.error(StatusCode::kInvalidArgument, key, "= " + std::to_string(*id) + " is not a valid token id");
+  }
+  out = static_cast<int32_t>(*id);
+  return Status::ok_status();
+}
+
+// eos_token_id: an int or a list of ints (Llama 3.1 lists several end tokens). Unset leaves `out`.
+Status read_eos_ids(const Fields& f, std::vector<int32_t>& out) {
+  const json* v = f.get("eos_token_id");
+  if (!v) return Status::ok_status();
+  std::vector<int32_t> ids;
+  auto add = [&](const json& e) -> Status {
+    std::optional<int64_t> id = Fields::to_int(e);
+    if (!id) return f.wrong_type("eos_token_id", "an integer or a list of integers", e);
+    if (*id < 0 || *id > std::numeric_limits<int32_t>::max()) {
+      return f.error(StatusCode::kInvalidArgument, "eos_token_id",
+                     "holds " + std::to_string(*id) + ", not a valid token id");
+    }
+    for (int32_t x : ids)
+      if (x == *id) return Status::ok_status();  // keep each id once
+    ids.push_back(static_cast<int32_t>(*id));
+    return Status::ok_status();
+  };
+  if (v->is_array()) {
+    for (const json& e : *v) PAGELLM_RETURN_IF_ERROR(add(e));
+  } else {
+    PAGELLM_RETURN_IF_ERROR(add(*v));
+  }
+  out = std::move(ids);
+  return Status::ok_status();
+}
+
+// --- RoPE ---
+
+// Keys a rope_scaling / rope_parameters dict may hold. Anything else (long_factor, short_factor,
+// mrope_section, ...) belongs to a variant we do not implement and is refused by name.
+constexpr const char* kRopeKeys[] = {
+    "type",          "rope_type",        "rope_theta",
+    "factor",        "low_freq_factor",  "high_freq_factor",
+    "original_max_position_embeddings",  "beta_fast",
+    "beta_slow",     "attention_factor", "mscale",
+    "mscale_all_dim", "truncate",        "partial_rotary_factor",
+};
+
+bool is_rope_key(const std::string& k) {
+  for (const char* r : kRopeKeys)
+    if (k == r) return true;
+  return false;
+}
+
+Status parse_rope(const Fields& top, ModelConfig& cfg) {
+  RopeConfig& rope = cfg.rope;
+  PAGELLM_RETURN_IF_ERROR(top.read_double("rope_theta", rope.theta));
+  std::optional<double> partial;
+  PAGELLM_RETURN_IF_ERROR(top.read_opt_double("partial_rotary_factor", partial));
+
+  // transformers gives rope_scaling (classic) priority over rope_parameters (transformers 5).
+  std::string key = top.has("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  const json* dict = top.get(key);
+  std::string prefix = key + ".";
+  if (dict && !dict->is_object()) return top.wrong_type(key, "an object", *dict);
+  if (dict) {
+    // transformers 5 may nest the parameters per layer type: {"full_attention": {...}}. Our
+    // architectures have one layer type, so only that form (or the flat one) is accepted.
+    bool nested = false;
+    for (const auto& [k, v] : dict->items()) nested |= v.is_object();
+    if (nested) {
+      for (const auto& [k, v] : dict->items()) {
+        if (k != "full_attention" && !v.is_null()) {
+          return top.error(StatusCode::kUnimplemented, prefix + k,
+                           "is not supported (per-layer-type RoPE; only 'full_attention' is)");
+        }
+      }
+      const json* full = Fields(*dict, top.path(), prefix).get("full_attention");
+      if (!full || !full->is_object()) {
+        return top.error(StatusCode::kInvalidArgument, prefix + "full_attention", "must be an object");
+      }
+      dict = full;
+      prefix += "full_attention.";
+    }
+  }
+  if (!dict) {
+    rope.type = RopeType::kDefault;
+  } else {
+    const Fields f(*dict, top.path(), prefix);
+    for (const auto& [k, v] : dict->items()) {
+      if (!is_rope_key(k)) return f.error(StatusCode::kUnimplemented, k, "is not supported");
+    }
+    std::string type = "default";
+    PAGELLM_RETURN_IF_ERROR(f.read_string("type", type));
+    std::string type_key = "type";
+    if (f.has("rope_type")) {
+      PAGELLM_RETURN_IF_ERROR(f.read_string("rope_type", type));  // rope_type wins, as in transformers
+      type_key = "rope_type";
+    }
+    PAGELLM_RETURN_IF_ERROR(f.read_double("rope_theta", rope.theta));
+    PAGELLM_RETURN_IF_ERROR(f.read_opt_double("partial_rotary_factor", partial));
+
+    std::optional<double> yarn_factor;
+    if (type == "default") {
+      rope.type = RopeType::kDefault;
+    } else if (type == "linear") {
+      rope.type = RopeType::kLinear;
+      PAGELLM_RETURN_IF_ERROR(f.read_double("factor", rope.factor, /*required=*/true));
+    } else if (type == "dynamic") {
+      rope.type = RopeType::kDynamic;
+      PAGELLM_RETURN_IF_ERROR(f.read_double("factor", rope.factor, /*required=*/true));
+      PAGELLM_RETURN_IF_ERROR(f.read_int("original_max_position_embeddings", rope.original_max_position_embeddings));
+    } else if (type == "llama3") {
+      rope.type = RopeType::kLlama3;
+      PAGELLM_RETURN_IF_ERROR(f.read_double("factor", rope.factor, true));
+      PAGELLM_RETURN_IF_ERROR(f.read_double("low_freq_factor", rope.low_freq_factor, true));
+      PAGELLM_RETURN_IF_ERROR(f.read_double("high_freq_factor", rope.high_freq_factor, true));
+      PAGELLM_RETURN_IF_ERROR(f.check_positive("low_freq_factor", rope.low_freq_factor));
+      if (!(rope.high_freq_factor > rope.low_freq_factor)) {
+        // The smoothing ramp divides by (high - low).
+        return f.error(StatusCode::kInvalidArgument, "high_freq_factor",
+                       "= " + fmt_double(rope.high_freq_factor) + " must exceed low_freq_factor = " +
+                           fmt_double(rope.low_freq_factor));
+      }
+    } else if (type == "yarn") {
+      rope.type = RopeType::kYarn;
+      PAGELLM_RETURN_IF_ERROR(f.read_opt_double("factor", yarn_factor));
+      // beta_fast/beta_slow: transformers reads them with `or`, so 0 also means the default.
+      PAGELLM_RETURN_IF_ERROR(f.read_double("beta_fast", rope.beta_fast));
+      PAGELLM_RETURN_IF_ERROR(f.read_double("beta_slow", rope.beta_slow));
+      if (rope.beta_fast == 0) rope.beta_fast = 32.0;
+      if (rope.beta_slow == 0) rope.beta_slow = 1.0;
+      PAGELLM_RETURN_IF_ERROR(f.check_positive("beta_fast", rope.beta_fast));
+      PAGELLM_RETURN_IF_ERROR(f.check_positive("beta_slow", rope.beta_slow));
+      PAGELLM_RETURN_IF_ERROR(f.read_opt_double("attention_factor", rope.attention_factor));
+      PAGELLM_RETURN_IF_ERROR(f.read_opt_double("mscale", rope.mscale));
+      PAGELLM_RETURN_IF_ERROR(f.read_opt_double("mscale_all_dim", rope.mscale_all_dim));
+      PAGELLM_RETURN_IF_ERROR(f.read_bool("truncate", rope.truncate));
+      if (rope.attention_factor) PAGELLM_RETURN_IF_ERROR(f.check_positive("attention_factor", *rope.attention_factor));
+    } else {
+      return f.error(StatusCode::kUnimplemented, type_key,
+                     "= " + quote_name(type) + " is not supported (supported: default, linear, dynamic, llama3, yarn)");
+    }
+    if (rope.type == RopeType::kLlama3 || rope.type == RopeType::kYarn) {
+      // transformers takes a top-level original_max_position_embeddings first, then the dict's,
+      // then max_position_embeddings.
+      int64_t orig = cfg.max_position_embeddings;
+      PAGELLM_RETURN_IF_ERROR(f.read_int("original_max_position_embeddings", orig));
+      PAGELLM_RETURN_IF_ERROR(top.read_int("original_max_position_embeddings", orig));
+      PAGELLM_RETURN_IF_ERROR(f.check_positive("original_max_position_embeddings", orig, kMaxPositions));
+      rope.original_max_position_embeddings = orig;
+      if (rope.type == RopeType::kYarn) {
+        // Without a factor (DeepSeek-V3 style) the context extension ratio stands in for it.
+        rope.factor = yarn_factor.value_or(static_cast<double>(cfg.max_position_embeddings) /
+                                           static_cast<double>(orig));
+      }
+    } else if (rope.type == RopeType::kDynamic && rope.original_max_position_embeddings != 0) {
+      PAGELLM_RETURN_IF_ERROR(f.check_positive("original_max_position_embeddings",
+                                               rope.original_max_position_embeddings, kMaxPositions));
+    }
+    if (rope.type != RopeType::kDefault) PAGELLM_RETURN_IF_ERROR(f.check_positive("factor", rope.factor));
+  }
+  PAGELLM_RETURN_IF_ERROR(top.check_positive("rope_theta", rope.theta));
+  if (partial) {
+    if (!(*partial > 0 && *partial <= 1)) {
+      return top.error(StatusCode::kInvalidArgument, "partial_rotary_factor",
+                       "= " + fmt_double(*partial) + " must be in (0, 1]");
+    }
+    rope.partial_rotary_factor = *partial;
+  }
+  return Status::ok_status();
+}
+
+// --- the common shape fields ---
+
+// Per-architecture defaults and fields. To add an architecture (DeepseekV2/V3: MLA ranks, MoE
+// routing; Mixtral: experts), add a row to arch_spec() with its defaults and a parse_<arch>
+// function for its own fields; ModelConfig grows the matching members.
+struct ArchSpec {
+  const char* architecture;
+  const char* model_type;
+  int64_t default_max_position;         // transformers' config class default
+  std::optional<int64_t> default_head_dim;  // when absent: this, else hidden / heads
+  Status (*parse)(const Fields& f, ModelConfig& cfg);
+};
+
+Status parse_common(const Fields& f, const ArchSpec* spec, ModelConfig& cfg) {
+  PAGELLM_RETURN_IF_ERROR(f.read_int("vocab_size", cfg.vocab_size, true));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("hidden_size", cfg.hidden_size, true));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("intermediate_size", cfg.intermediate_size, true));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("num_hidden_layers", cfg.num_hidden_layers, true));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("num_attention_heads", cfg.num_attention_heads, true));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("vocab_size", cfg.vocab_size, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("hidden_size", cfg.hidden_size, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("intermediate_size", cfg.intermediate_size, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_hidden_layers", cfg.num_hidden_layers, kMaxLayers));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_attention_heads", cfg.num_attention_heads, kMaxDim));
+
+  cfg.num_key_value_heads = cfg.num_attention_heads;
+  PAGELLM_RETURN_IF_ERROR(f.read_int("num_key_value_heads", cfg.num_key_value_heads));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_key_value_heads", cfg.num_key_value_heads, kMaxDim));
+  if (cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
+    return f.error(StatusCode::kInvalidArgument, "num_key_value_heads",
+                   "= " + std::to_string(cfg.num_key_value_heads) + " does not divide num_attention_heads = " +
+                       std::to_string(cfg.num_attention_heads));
+  }
+
+  if (f.has("head_dim")) {
+    PAGELLM_RETURN_IF_ERROR(f.read_int("head_dim", cfg.head_dim));
+  } else if (spec && spec->default_head_dim) {
+    cfg.head_dim = *spec->default_head_dim;
+  } else {
+    if (cfg.hidden_size % cfg.num_attention_heads != 0) {
+      return f.error(StatusCode::kInvalidArgument, "hidden_size",
+                     "= " + std::to_string(cfg.hidden_size) + " is not divisible by num_attention_heads = " +
+                         std::to_string(cfg.num_attention_heads) + " (and no head_dim is given)");
+    }
+    cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
+  }
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("head_dim", cfg.head_dim, kMaxDim));
+
+  cfg.max_position_embeddings = spec ? spec->default_max_position : 2048;
+  PAGELLM_RETURN_IF_ERROR(f.read_int("max_position_embeddings", cfg.max_position_embeddings));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("max_position_embeddings", cfg.max_position_embeddings, kMaxPositions));
+
+  cfg.rms_norm_eps = 1e-6;
+  PAGELLM_RETURN_IF_ERROR(f.read_double("rms_norm_eps", cfg.rms_norm_eps));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("rms_norm_eps", cfg.rms_norm_eps));
+
+  PAGELLM_RETURN_IF_ERROR(f.read_string("hidden_act", cfg.hidden_act));
+  if (cfg.hidden_act != "silu") {
+    return f.error(StatusCode::kUnimplemented, "hidden_act",
+                   "= " + quote_name(cfg.hidden_act) + " is not supported (only 'silu')");
+  }
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("tie_word_embeddings", cfg.tie_word_embeddings));
+
+  // Fields that change the math in ways we do not implement.
+  for (const char* key : {"quantization_config", "attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (f.has(key)) return f.error(StatusCode::kUnimplemented, key, "is not supported");
+  }
+
+  PAGELLM_RETURN_IF_ERROR(parse_rope(f, cfg));
+  const int64_t rotary = cfg.rotary_dim();
+  if (rotary < 2 || rotary % 2 != 0) {
+    return f.error(StatusCode::kInvalidArgument, "partial_rotary_factor",
+                   "gives a rotary dimension of " + std::to_string(rotary) + " (head_dim " +
+                       std::to_string(cfg.head_dim) + "); it must be even and at least 2");
+  }
+
+  PAGELLM_RETURN_IF_ERROR(read_eos_ids(f, cfg.eos_token_ids));
+  PAGELLM_RETURN_IF_ERROR(read_token_id(f, "bos_token_id", cfg.bos_token_id));
+  PAGELLM_RETURN_IF_ERROR(read_token_id(f, "pad_token_id", cfg.pad_token_id));
+  return Status::ok_status();
+}
+
+// --- architecture-specific fields ---
+
+Status parse_llama(const Fields& f, ModelConfig& cfg) {
+  // Llama's attention_bias puts a bias on all four projections, o_proj included.
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("attention_bias", cfg.attention_bias));
+  cfg.o_proj_bias = cfg.attention_bias;
+  return f.read_bool("mlp_bias", cfg.mlp_bias);
+}
+
+Status parse_mistral(const Fields& f, ModelConfig& cfg) {
+  // Mistral's projections never have biases. sliding_window: absent means transformers' default
+  // 4096; null means full attention (Mistral v0.2 and later publish null).
+  auto it = f.object().find("sliding_window");
+  if (it == f.object().end()) {
+    cfg.sliding_window = 4096;
+  } else if (!it->is_null()) {
+    int64_t w = 0;
+    PAGELLM_RETURN_IF_ERROR(f.read_int("sliding_window", w));
+    PAGELLM_RETURN_IF_ERROR(f.check_positive("sliding_window", w, kMaxPositions));
+    cfg.sliding_window = w;
+  }
+  return Status::ok_status();
+}
+
+// Qwen2 and Qwen3 share the sliding-window rule: a window only on layers >= max_window_layers,
+// and only with use_sliding_window. That per-layer rule is not implemented, so it is refused.
+Status check_qwen_window(const Fields& f) {
+  bool use_sliding_window = false;
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("use_sliding_window", use_sliding_window));
+  if (use_sliding_window) {
+    return f.error(StatusCode::kUnimplemented, "use_sliding_window",
+                   "= true is not supported (per-layer windows from max_window_layers)");
+  }
+  if (const json* lt = f.get("layer_types")) {
+    if (!lt->is_array()) return f.wrong_type("layer_types", "an array", *lt);
+    for (const json& t : *lt) {
+      if (!t.is_string() || t.get_ref<const std::string&>() != "full_attention") {
+        return f.error(StatusCode::kUnimplemented, "layer_types",
+                       "holds a layer type other than 'full_attention'; only full attention is supported");
+      }
+    }
+  }
+  return Status::ok_status();
+}
+
+Status parse_qwen2(const Fields& f, ModelConfig& cfg) {
+  // Qwen2: bias on q, k, v always; none on o_proj or the MLP (attention_bias is not read).
+  cfg.attention_bias = true;
+  cfg.o_proj_bias = false;
+  return check_qwen_window(f);
+}
+
+Status parse_qwen3(const Fields& f, ModelConfig& cfg) {
+  // Qwen3: RMSNorm on each q and k head; attention_bias (default false) covers all four projections.
+  cfg.qk_norm = true;
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("attention_bias", cfg.attention_bias));
+  cfg.o_proj_bias = cfg.attention_bias;
+  return check_qwen_window(f);
+}
+
+const ArchSpec* arch_spec(const std::string& architecture) {
+  static const ArchSpec kSpecs[] = {
+      {"LlamaForCausalLM", "llama", 2048, std::nullopt, parse_llama},
+      {"MistralForCausalLM", "mistral", 4096 * 32, std::nullopt, parse_mistral},
+      {"Qwen2ForCausalLM", "qwen2", 32768, std::nullopt, parse_qwen2},
+      // transformers' Qwen3Config defaults head_dim to 128 rather than deriving it.
+      {"Qwen3ForCausalLM", "qwen3", 32768, int64_t{128}, parse_qwen3},
+  };
+  for (const ArchSpec& s : kSpecs)
+    if (architecture == s.architecture) return &s;
+  return nullptr;
+}
+
+// Configs without "architectures" name their family by model_type only.
+const char* architecture_for_model_type(const std::string& model_type) {
+  if (model_type == "llama") return "LlamaForCausalLM";
+  if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  return nullptr;
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::string& path) {
+  const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return invalid_argument(path + ": not valid JSON");
+  if (!root.is_object()) return invalid_argument(path + ": not a JSON object");
+  const Fields f(root, path);
+
+  ModelConfig cfg;
+  cfg.source = path;
+  PAGELLM_RETURN_IF_ERROR(f.read_string("model_type", cfg.model_type));
+  if (const json* archs = f.get("architectures")) {
+    if (!archs->is_array()) return f.wrong_type("architectures", "a list of strings", *archs);
+    if (archs->empty()) return f.error(StatusCode::kInvalidArgument, "architectures", "is empty");
+    if (!(*archs)[0].is_string()) return f.wrong_type("architectures", "a list of strings", (*archs)[0]);
+    cfg.architecture = (*archs)[0].get<std::string>();
+  } else if (const char* a = architecture_for_model_type(cfg.model_type)) {
+    cfg.architecture = a;
+  } else {
+    return f.missing("architectures");
+  }
+
+  const ArchSpec* spec = arch_spec(cfg.architecture);
+  if (!spec) {
+    // Not an architecture we run: keep its name (the model registry refuses it with a clear
+    // message) and whatever common fields parse, so `inspect` can still describe it.
+    ModelConfig generic = cfg;
+    const Status st = parse_common(f, nullptr, generic);
+    if (st.ok()) return generic;
+    PAGELLM_LOG_DEBUG("%s: %s: %s", path.c_str(), cfg.architecture.c_str(), st.message().c_str());
+    (void)read_eos_ids(f, cfg.eos_token_ids);
+    (void)read_token_id(f, "bos_token_id", cfg.bos_token_id);
+    (void)read_token_id(f, "pad_token_id", cfg.pad_token_id);
+    return cfg;
+  }
+  if (cfg.model_type.empty()) cfg.model_type = spec->model_type;
+  PAGELLM_RETURN_IF_ERROR(parse_common(f, spec, cfg));
+  PAGELLM_RETURN_IF_ERROR(spec->parse(f, cfg));
+  return cfg;
+}
+
+Status apply_generation_config(const std::string& json_text, const std::string& path, ModelConfig& cfg) {
+  const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return invalid_argument(path + ": not valid JSON");
+  if (!root.is_object()) return invalid_argument(path + ": not a JSON object");
+  const Fields f(root, path);
+  // Parse into copies so a bad field leaves cfg untouched.
+  std::vector<int32_t> eos = cfg.eos_token_ids;
+  std::optional<int32_t> bos = cfg.bos_token_id;
+  std::optional<int32_t> pad = cfg.pad_token_id;
+  PAGELLM_RETURN_IF_ERROR(read_eos_ids(f, eos));
+  PAGELLM_RETURN_IF_ERROR(read_token_id(f, "bos_token_id", bos));
+  PAGELLM_RETURN_IF_ERROR(read_token_id(f, "pad_token_id", pad));
+  cfg.eos_token_ids = std::move(eos);
+  cfg.bos_token_id = bos;
+  cfg.pad_token_id = pad;
+  return Status::ok_status();
+}
+
+Result<ModelConfig> load_hf_config(const std::string& model_dir) {
+  const std::string path = io_detail::join_path(model_dir, "config.json");
+  Result<std::string> text = io_detail::read_text_file(path);
+  if (!text.ok()) return text.status();
+  PAGELLM_ASSIGN_OR_RETURN(ModelConfig cfg, parse_hf_config(*text, path));
+
+  const std::string gen_path = io_detail::join_path(model_dir, "generation_config.json");
+  std::error_code ec;
+  if (std::filesystem::exists(gen_path, ec)) {
+    PAGELLM_ASSIGN_OR_RETURN(std::string gen, io_detail::read_text_file(gen_path));
+    PAGELLM_RETURN_IF_ERROR(apply_generation_config(gen, gen_path, cfg));
+  }
+  return cfg;
+}
+
+namespace {
+
+const char* rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::kDefault: return "default";
+    case RopeType::kLinear: return "linear";
+    case RopeType::kDynamic: return "dynamic";
+    case RopeType::kLlama3: return "llama3";
+    case RopeType::kYarn: return "yarn";
+  }
+  return "?";
+}
+
+const char* yes_no(bool b) { return b ? "yes" : "no"; }
+
+}  // namespace
+
+std::string describe(const ModelConfig& cfg) {
+  std::string s;
+  auto line = [&](const char* key, const std::string& value) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%-24s", key);
+    s += buf;
+    s += value;
+    s += '\n';
+  };
+  line("architecture", cfg.architecture + (cfg.model_type.empty() ? "" : " (" + cfg.model_type + ")"));
+  if (!cfg.source.empty()) line("source", cfg.source);
+  if (cfg.hidden_size == 0) {
+    line("shape", "unknown (architecture not supported)");
+    return s;
+  }
+  line("vocab_size", std::to_string(cfg.vocab_size));
+  line("hidden_size", std::to_string(cfg.hidden_size));
+  line("intermediate_size", std::to_string(cfg.intermediate_size));
+  line("num_hidden_layers", std::to_string(cfg.num_hidden_layers));
+  line("attention", std::to_string(cfg.num_attention_heads) + " heads, " + std::to_string(cfg.num_key_value_heads) +
+                        " kv heads, head_dim " + std::to_string(cfg.head_dim) + " (q_dim " +
+                        std::to_string(cfg.q_dim()) + ", kv_dim " + std::to_string(cfg.kv_dim()) + ")");
+  line("max_position_embeddings", std::to_string(cfg.max_position_embeddings));
+  line("rms_norm_eps", fmt_double(cfg.rms_norm_eps));
+  line("hidden_act", cfg.hidden_act);
+  line("biases", std::string("qkv ") + yes_no(cfg.attention_bias) + ", o_proj " + yes_no(cfg.o_proj_bias) +
+                     ", mlp " + yes_no(cfg.mlp_bias));
+  line("qk_norm", yes_no(cfg.qk_norm));
+  line("sliding_window", cfg.sliding_window ? std::to_string(*cfg.sliding_window) : "none");
+  line("tie_word_embeddings", yes_no(cfg.tie_word_embeddings));
+
+  const RopeConfig& r = cfg.rope;
+  std::string rope = std::string(rope_type_name(r.type)) + ", theta " + fmt_double(r.theta);
+  if (r.type != RopeType::kDefault) rope += ", factor " + fmt_double(r.factor);
+  if (r.type == RopeType::kLlama3) {
+    rope += ", low_freq_factor " + fmt_double(r.low_freq_factor) + ", high_freq_factor " +
+            fmt_double(r.high_freq_factor);
+  }
+  if (r.type == RopeType::kYarn) {
+    rope += ", beta_fast " + fmt_double(r.beta_fast) + ", beta_slow " + fmt_double(r.beta_slow);
+    if (r.attention_factor) rope += ", attention_factor " + fmt_double(*r.attention_factor);
+    if (r.mscale) rope += ", mscale " + fmt_double(*r.mscale);
+    if (r.mscale_all_dim) rope += ", mscale_all_dim " + fmt_double(*r.mscale_all_dim);
+    if (!r.truncate) rope += ", truncate false";
+  }
+  if (r.original_max_position_embeddings) {
+    rope += ", original_max_position_embeddings " + std::to_string(r.original_max_position_embeddings);
+  }
+  if (r.interleaved) rope += ", interleaved";
+  line("rope", rope);
+  line("rotary_dim", std::to_string(cfg.rotary_dim()) + " (partial_rotary_factor " +
+                         fmt_double(r.partial_rotary_factor) + ")");
+
+  std::string eos;
+  for (size_t i = 0; i < cfg.eos_token_ids.size(); ++i) eos += (i ? ", " : "") + std::to_string(cfg.eos_token_ids[i]);
+  line("eos_token_ids", eos.empty() ? "none" : eos);
+  line("bos_token_id", cfg.bos_token_id ? std::to_string(*cfg.bos_token_id) : "none");
+  line("pad_token_id", cfg.pad_token_id ? std::to_string(*cfg.pad_token_id) : "none");
+  return s;
+}
+
+}  // namespace pagellm
