@@ -1,0 +1,42 @@
+#include "backend/cpu/kernels.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.h"
+
+namespace pagellm::cpu {
+
+namespace {
+
+bool has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+bool has_avx512() {
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+const Kernels* choose() {
+  // PAGELLM_CPU_ISA caps the choice (to test the AVX2 path on an AVX-512 machine, or to run the
+  // reference loops everywhere); it can never select an ISA the CPU lacks.
+  const char* cap = std::getenv("PAGELLM_CPU_ISA");
+  const bool allow_avx512 = !cap || std::strcmp(cap, "avx512") == 0;
+  const bool allow_avx2 = allow_avx512 || std::strcmp(cap, "avx2") == 0;
+  if (cap && !allow_avx2 && std::strcmp(cap, "none") != 0)
+    PAGELLM_LOG_WARN("PAGELLM_CPU_ISA=%s is not one of avx512|avx2|none; using none", cap);
+  __builtin_cpu_init();
+  if (allow_avx512 && has_avx512()) return avx512_kernels();
+  if (allow_avx2 && has_avx2()) return avx2_kernels();
+  return nullptr;
+}
+
+}  // namespace
+
+const Kernels* cpu_kernels() {
+  static const Kernels* const kernels = choose();
+  return kernels;
+}
+
+}  // namespace pagellm::cpu
