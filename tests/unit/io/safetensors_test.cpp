@@ -468,5 +468,57 @@ TEST_F(SafetensorsDir, CheckpointWithConfig) {
   expect_error(open_safetensors_checkpoint(dir()).status(), StatusCode::kNotFound, {"config.json"});
 }
 
+// --- open_checkpoint: format detection ---
+
+using CheckpointDir = SafetensorsDir;
+
+std::string llama_config_text() {
+  std::ifstream in(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/configs/llama-3-8b.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_F(CheckpointDir, FolderWithSafetensors) {
+  write("config.json", llama_config_text());
+  write("model.safetensors", make_file(sample_tensors()));
+  write("model-q4.gguf", "not read: safetensors win");
+  Result<LoadedCheckpoint> c = open_checkpoint(dir());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->config.hidden_size, 4096);
+  EXPECT_EQ(c->weights->tensors().size(), 6u);
+  EXPECT_TRUE(c->gguf_path.empty());
+}
+
+TEST_F(CheckpointDir, ShardedFolder) {
+  write("config.json", llama_config_text());
+  write_sharded(sample_tensors());
+  Result<LoadedCheckpoint> c = open_checkpoint(dir() + "/");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->weights->tensors().size(), 6u);
+}
+
+TEST_F(CheckpointDir, GgufPathsGoToTheGgufReader) {
+  write("model.gguf", "garbage, not a GGUF");
+  // A .gguf path, and a folder holding exactly one .gguf, both reach the GGUF reader, whose
+  // error names the file.
+  expect_error(open_checkpoint(path("model.gguf")).status(), StatusCode::kInvalidArgument, {"model.gguf", "GGUF"});
+  expect_error(open_checkpoint(dir()).status(), StatusCode::kInvalidArgument, {"model.gguf", "GGUF"});
+  write("other.gguf", "x");
+  expect_error(open_checkpoint(dir()).status(), StatusCode::kInvalidArgument, {"2 .gguf files"});
+}
+
+TEST_F(CheckpointDir, NothingToLoad) {
+  expect_error(open_checkpoint(path("does-not-exist")).status(), StatusCode::kNotFound, {"does-not-exist"});
+  expect_error(open_checkpoint(dir()).status(), StatusCode::kNotFound, {dir(), ".gguf"});
+  write("weights.bin", "x");
+  expect_error(open_checkpoint(path("weights.bin")).status(), StatusCode::kInvalidArgument, {"weights.bin"});
+  write("model.safetensors", make_file(sample_tensors()));
+  expect_error(open_checkpoint(path("model.safetensors")).status(), StatusCode::kInvalidArgument,
+               {"model.safetensors", "folder"});
+  // Safetensors present but no config.json.
+  expect_error(open_checkpoint(dir()).status(), StatusCode::kNotFound, {"config.json"});
+}
+
 }  // namespace
 }  // namespace pagellm
