@@ -217,7 +217,16 @@ Result<ModelConfig> gguf_model_config(const GgufFile& f) {
 
   cfg.rms_norm_eps = 1e-5;  // llama.cpp's default when the key is absent
   PAGELLM_RETURN_IF_ERROR(m.positive_double(m.key("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps));
-  PAGELLM_RETURN_IF_ERROR(m.refuse_if_present(m.key("attention.sliding_window"), "sliding-window attention"));
+  if (f.has(m.key("attention.sliding_window"))) {
+    // A window on every layer (Mistral). Qwen2/Qwen3 apply theirs per layer, which HF configs
+    // describe and GGUF does not; refuse rather than guess.
+    if (arch != "llama")
+      return unimplemented(p + ": metadata key '" + m.key("attention.sliding_window") +
+                           "' is not supported for " + arch);
+    int64_t window = 0;
+    PAGELLM_RETURN_IF_ERROR(m.int_optional(m.key("attention.sliding_window"), 1, kMaxPositions, window));
+    cfg.sliding_window = window;
+  }
   PAGELLM_RETURN_IF_ERROR(m.refuse_if_present(m.key("attention.clamp_kqv"), "clamped q/k/v"));
 
   // --- rope ---
