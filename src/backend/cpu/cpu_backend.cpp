@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/reference.h"
 #include "core/check.h"
@@ -49,7 +50,7 @@ void check_same_rows(const Tensor& a, const Tensor& b, const char* what) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(bool fast) : kernels_(fast ? cpu::cpu_kernels() : nullptr) {}
+  explicit CpuBackend(const cpu::Kernels* kernels) : kernels_(kernels) {}
 
   std::string name() const override {
     return kernels_ ? std::string("cpu-") + kernels_->isa : std::string("cpu-reference");
@@ -464,6 +465,14 @@ void CpuBackend::matmul_fast(const Tensor& x, const Tensor& w, const float* bias
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(bool fast) { return std::make_unique<CpuBackend>(fast); }
+std::unique_ptr<Backend> make_cpu_backend(bool fast) {
+  return std::make_unique<CpuBackend>(fast ? cpu::cpu_kernels() : nullptr);
+}
+
+namespace cpu {
+std::unique_ptr<Backend> make_cpu_backend_for(const Kernels* kernels) {
+  return std::make_unique<CpuBackend>(kernels);
+}
+}  // namespace cpu
 
 }  // namespace pagellm

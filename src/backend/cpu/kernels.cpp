@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/log.h"
 
 namespace pagellm::cpu {
@@ -33,6 +35,14 @@ const Kernels* choose() {
 }
 
 }  // namespace
+
+std::vector<const Kernels*> supported_kernels() {
+  __builtin_cpu_init();
+  std::vector<const Kernels*> out;
+  if (has_avx512()) out.push_back(avx512_kernels());
+  if (has_avx2()) out.push_back(avx2_kernels());
+  return out;
+}
 
 const Kernels* cpu_kernels() {
   static const Kernels* const kernels = choose();
