@@ -1,0 +1,367 @@
+#include "sample/logits_processors.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace pagellm {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Top-p without top-k buckets tokens by their scaled log-probability s = (logit - max) / T so that
+// only the bucket where the cumulative mass crosses top_p needs sorting. Bucket b holds
+// s in (-(b+1)/32, -b/32]; expf underflows to 0 below s = -104, so 104 nats cover every token
+// with w > 0 (the last bucket catches anything beyond).
+constexpr int kBucketsPerNat = 32;
+constexpr int kNumBuckets = kBucketsPerNat * 104 + 1;
+
+inline int bucket_of(float scaled) {
+  const float b = -scaled * static_cast<float>(kBucketsPerNat);
+  return b >= static_cast<float>(kNumBuckets - 1) ? kNumBuckets - 1 : static_cast<int>(b);
+}
+
+Status token_out_of_range(const char* what, int64_t token, size_t vocab) {
+  return out_of_range(std::string(what) + " token " + std::to_string(token) +
+                      " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+
+// The kept set of sample_truncated. Either explicit (scratch.kept / kept_weights, ascending ids,
+// all weights > 0) or implicit: every t with weights[t] > 0 and weights[t] >= w_min.
+struct Kept {
+  bool empty = false;
+  bool implicit = false;
+  float w_min = 0.0f;
+};
+
+Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScratch& s) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  float m = kNegInf;
+  int64_t n_finite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    if (v > kNegInf) {
+      ++n_finite;
+      m = std::max(m, v);
+    }
+  }
+  Kept kept;
+  if (n_finite == 0) {
+    kept.empty = true;
+    return kept;
+  }
+  const float t = p.temperature;
+  const bool use_k = p.top_k > 0 && p.top_k < n_finite;
+  const bool use_p = p.top_p < 1.0f;
+  const bool use_min_p = p.min_p > 0.0f;
+  s.kept.clear();
+  s.kept_weights.clear();
+
+  if (use_k) {
+    // Only the k candidates matter: top-p and min-p act on the top-k-renormalized distribution.
+    select_top_k(x, p.top_k, s.candidates);  // [k] best first, all finite
+    const size_t k = s.candidates.size();
+    for (TokenLogit& c : s.candidates) c.logit = std::exp((c.logit - m) / t);  // now w, descending
+    size_t len = k;
+    if (use_p) {
+      double total = 0.0;
+      for (const TokenLogit& c : s.candidates) total += c.logit;
+      const double target = static_cast<double>(p.top_p) * total;
+      double cum = 0.0;
+      for (size_t j = 0; j < k; ++j) {
+        cum += s.candidates[j].logit;
+        if (cum >= target) {
+          len = j + 1;
+          break;
+        }
+      }
+    }
+    // w is non-increasing along the order, so min-p and underflow each cut a suffix; w[0] == 1.
+    while (len > 1 && (s.candidates[len - 1].logit <= 0.0f ||
+                       (use_min_p && s.candidates[len - 1].logit < p.min_p)))
+      --len;
+    s.candidates.resize(len);
+    std::sort(s.candidates.begin(), s.candidates.end(),
+              [](const TokenLogit& a, const TokenLogit& b) { return a.token < b.token; });
+    for (const TokenLogit& c : s.candidates) {
+      s.kept.push_back(c.token);
+      s.kept_weights.push_back(c.logit);
+    }
+    return kept;
+  }
+
+  s.weights.resize(n);
+  if (!use_p) {
+    for (int64_t i = 0; i < n; ++i) s.weights[i] = std::exp((x[i] - m) / t);
+    kept.implicit = true;
+    kept.w_min = use_min_p ? p.min_p : 0.0f;
+    return kept;
+  }
+
+  // Top-p over the whole vocabulary: histogram the mass by bucket, find the bucket where the
+  // cumulative mass (best bucket first) reaches top_p, and sort only that bucket's members.
+  s.bucket_mass.assign(kNumBuckets, 0.0);
+  double z = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float scaled = (x[i] - m) / t;
+    const float w = std::exp(scaled);
+    s.weights[i] = w;
+    if (w > 0.0f) {
+      z += w;
+      s.bucket_mass[bucket_of(scaled)] += w;
+    }
+  }
+  const double target = static_cast<double>(p.top_p) * z;
+  int cross = -1;
+  double mass_before = 0.0;
+  for (int b = 0; b < kNumBuckets; ++b) {
+    if (s.bucket_mass[b] == 0.0) continue;
+    if (mass_before + s.bucket_mass[b] >= target) {
+      cross = b;
+      break;
+    }
+    mass_before += s.bucket_mass[b];
+  }
+  if (cross < 0) {
+    // Only reachable through rounding (top_p < 1 leaves a margin): keep everything.
+    for (int b = kNumBuckets - 1; b >= 0 && cross < 0; --b)
+      if (s.bucket_mass[b] > 0.0) cross = b;
+    mass_before = -std::numeric_limits<double>::infinity();
+  }
+  s.candidates.clear();
+  s.border.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (s.weights[i] <= 0.0f) continue;
+    const int b = bucket_of((x[i] - m) / t);
+    if (b > cross) continue;
+    s.candidates.push_back({x[i], static_cast<int32_t>(i)});  // ascending ids
+    if (b == cross) s.border.push_back({x[i], static_cast<int32_t>(i)});
+  }
+  std::sort(s.border.begin(), s.border.end(), ranks_before);
+  TokenLogit cut = s.border.back();
+  double cum = mass_before;
+  for (const TokenLogit& e : s.border) {
+    cum += s.weights[e.token];
+    if (cum >= target) {
+      cut = e;
+      break;
+    }
+  }
+  // A token in a better bucket has a strictly larger logit, so "ranks no later than the cut"
+  // selects exactly the prefix of the token order that ends at the cut.
+  for (const TokenLogit& e : s.candidates) {
+    if (ranks_before(cut, e)) continue;
+    const float w = s.weights[e.token];
+    if (use_min_p && w < p.min_p) continue;
+    s.kept.push_back(e.token);
+    s.kept_weights.push_back(w);
+  }
+  return kept;
+}
+
+inline bool implicit_keeps(float w, float w_min) { return w > 0.0f && w >= w_min; }
+
+}  // namespace
+
+Status check_logits_row(std::span<const float> logits, int64_t row) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // Branch-free scan (vectorizes); the slow search for the culprit only runs on failure.
+  bool bad = false, any_finite = false;
+  for (const float v : logits) {
+    bad |= !(v < kInf);  // NaN or +inf
+    any_finite |= v > kNegInf;
+  }
+  if (bad) {
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const float v = logits[i];
+      if (!(v < kInf))
+        return invalid_argument("logits row " + std::to_string(row) + ": token " +
+                                std::to_string(i) + " has a non-finite logit (" +
+                                (std::isnan(v) ? "nan" : "+inf") + ")");
+    }
+  }
+  if (!any_finite)
+    return invalid_argument("logits row " + std::to_string(row) + ": every logit is -inf");
+  return Status::ok_status();
+}
+
+Status apply_logit_bias(std::span<float> logits, std::span<const LogitBias> bias) {
+  for (const LogitBias& b : bias) {
+    if (b.token < 0 || static_cast<size_t>(b.token) >= logits.size())
+      return token_out_of_range("logit_bias", b.token, logits.size());
+    logits[b.token] += b.bias;
+  }
+  return Status::ok_status();
+}
+
+Status suppress_tokens(std::span<float> logits, std::span<const int32_t> tokens) {
+  for (int32_t t : tokens) {
+    if (t < 0 || static_cast<size_t>(t) >= logits.size())
+      return token_out_of_range("suppressed", t, logits.size());
+    logits[t] = kNegInf;
+  }
+  return Status::ok_status();
+}
+
+Status apply_penalties(std::span<float> logits, std::span<const int32_t> prompt,
+                       std::span<const int32_t> output, float repetition, float presence,
+                       float frequency, SampleScratch* scratch) {
+  const bool use_rep = repetition != 1.0f;
+  const bool use_pf = presence != 0.0f || frequency != 0.0f;
+  if (!use_rep && !use_pf) return Status::ok_status();
+  SampleScratch local;
+  SampleScratch& s = scratch ? *scratch : local;
+  const size_t vocab = logits.size();
+  if (s.stamp.size() != vocab) {
+    s.stamp.assign(vocab, 0);
+    s.count.assign(vocab, 0);
+    s.epoch = 0;
+  }
+  if (++s.epoch == 0) {  // wrapped: stale stamps could alias the new epoch
+    std::fill(s.stamp.begin(), s.stamp.end(), 0);
+    s.epoch = 1;
+  }
+  const uint32_t epoch = s.epoch;
+  s.touched.clear();
+  // Count output occurrences; `touched` lists each distinct output token once.
+  for (int32_t t : output) {
+    if (t < 0 || static_cast<size_t>(t) >= vocab) return token_out_of_range("output", t, vocab);
+    if (s.stamp[t] != epoch) {
+      s.stamp[t] = epoch;
+      s.count[t] = 0;
+      s.touched.push_back(t);
+    }
+    ++s.count[t];
+  }
+  const size_t n_output_distinct = s.touched.size();
+  if (use_rep) {
+    // Prompt tokens not seen in the output join `touched` with count 0 (no presence/frequency).
+    for (int32_t t : prompt) {
+      if (t < 0 || static_cast<size_t>(t) >= vocab) return token_out_of_range("prompt", t, vocab);
+      if (s.stamp[t] != epoch) {
+        s.stamp[t] = epoch;
+        s.count[t] = 0;
+        s.touched.push_back(t);
+      }
+    }
+    for (int32_t t : s.touched) {
+      const float v = logits[t];
+      logits[t] = v > 0.0f ? std::min(v / repetition, FLT_MAX) : std::max(v * repetition, -FLT_MAX);
+      if (v == kNegInf) logits[t] = kNegInf;  // masked stays masked
+    }
+  }
+  if (use_pf) {
+    for (size_t j = 0; j < n_output_distinct; ++j) {
+      const int32_t t = s.touched[j];
+      logits[t] -= static_cast<float>(s.count[t]) * frequency + presence;
+    }
+  }
+  return Status::ok_status();
+}
+
+int32_t argmax_token(std::span<const float> logits) {
+  int32_t best = -1;
+  float best_v = kNegInf;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > best_v) {  // strict: the lowest id wins ties; NaN never compares greater
+      best_v = logits[i];
+      best = static_cast<int32_t>(i);
+    }
+  }
+  return best;
+}
+
+void select_top_k(std::span<const float> logits, int32_t k, std::vector<TokenLogit>& out) {
+  out.clear();
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (k <= 0 || n == 0) return;
+  if (k >= n) {
+    out.reserve(n);
+    for (int64_t i = 0; i < n; ++i) out.push_back({logits[i], static_cast<int32_t>(i)});
+    std::sort(out.begin(), out.end(), ranks_before);
+    return;
+  }
+  // A buffer of up to `cap` candidates, pruned to the best k whenever it fills. Ids arrive in
+  // ascending order, so after a prune a new token beats the k-th best only with a strictly larger
+  // logit: one compare rejects almost every token. Amortized O(n + k log k).
+  const size_t kk = static_cast<size_t>(k);
+  const size_t cap = std::max<size_t>(2 * kk, kk + 64);
+  out.reserve(cap);
+  bool pruned = false;
+  float threshold = kNegInf;
+  auto prune = [&] {
+    std::nth_element(out.begin(), out.begin() + (kk - 1), out.end(), ranks_before);
+    out.resize(kk);
+    threshold = out[kk - 1].logit;
+    pruned = true;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = logits[i];
+    if (pruned && !(v > threshold)) continue;
+    out.push_back({v, static_cast<int32_t>(i)});
+    if (out.size() == cap) prune();
+  }
+  if (out.size() > kk) prune();
+  std::sort(out.begin(), out.end(), ranks_before);
+}
+
+int32_t sample_truncated(std::span<const float> logits, const TruncationParams& params, double u,
+                         SampleScratch* scratch) {
+  SampleScratch local;
+  SampleScratch& s = scratch ? *scratch : local;
+  const Kept kept = build_kept(logits, params, s);
+  if (kept.empty) return -1;
+  int32_t last = -1;
+  if (!kept.implicit) {
+    double total = 0.0;
+    for (float w : s.kept_weights) total += w;
+    const double target = u * total;
+    double cum = 0.0;
+    for (size_t j = 0; j < s.kept.size(); ++j) {
+      cum += s.kept_weights[j];
+      last = s.kept[j];
+      if (cum > target) return last;
+    }
+    return last;
+  }
+  const float w_min = kept.w_min;
+  const size_t n = logits.size();
+  const float* w = s.weights.data();
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i)
+    if (implicit_keeps(w[i], w_min)) total += w[i];
+  const double target = u * total;
+  double cum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!implicit_keeps(w[i], w_min)) continue;
+    cum += w[i];
+    last = static_cast<int32_t>(i);
+    if (cum > target) return last;
+  }
+  return last;
+}
+
+std::vector<TokenProb> truncated_distribution(std::span<const float> logits,
+                                              const TruncationParams& params,
+                                              SampleScratch* scratch) {
+  SampleScratch local;
+  SampleScratch& s = scratch ? *scratch : local;
+  const Kept kept = build_kept(logits, params, s);
+  std::vector<TokenProb> dist;
+  if (kept.empty) return dist;
+  if (!kept.implicit) {
+    for (size_t j = 0; j < s.kept.size(); ++j) dist.push_back({s.kept[j], s.kept_weights[j]});
+  } else {
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (implicit_keeps(s.weights[i], kept.w_min))
+        dist.push_back({static_cast<int32_t>(i), s.weights[i]});
+  }
+  double total = 0.0;
+  for (const TokenProb& tp : dist) total += tp.prob;
+  for (TokenProb& tp : dist) tp.prob /= total;
+  return dist;
+}
+
+}  // namespace pagellm
