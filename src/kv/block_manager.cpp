@@ -44,12 +44,13 @@ void BlockManager::release(BlockId b) {
 }
 
 void BlockManager::match_prefix(std::span<const BlockHash> hashes, std::span<const int32_t> tokens,
-                                uint64_t extra_hash, std::vector<BlockId>* out) const {
+                                uint64_t extra_hash, size_t start,
+                                std::vector<BlockId>* out) const {
   if (!enable_prefix_caching_) return;
   const int32_t bs = block_size();
   PAGELLM_CHECK(tokens.size() >= hashes.size() * static_cast<size_t>(bs));
-  BlockHash parent = 0;
-  for (size_t i = 0; i < hashes.size(); ++i) {
+  BlockHash parent = start == 0 || start > hashes.size() ? 0 : hashes[start - 1];
+  for (size_t i = start; i < hashes.size(); ++i) {
     BlockId b = cache_.find(hashes[i], parent, extra_hash, tokens.subspan(i * bs, bs));
     if (b == kNoBlock) break;
     out->push_back(b);

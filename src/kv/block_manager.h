@@ -62,11 +62,12 @@ class BlockManager {
 
   // --- prefix cache ---
   bool prefix_caching() const { return enable_prefix_caching_; }
-  // The longest run of cached blocks matching the leading full blocks of `tokens` whose chained
-  // hashes are `hashes` (hashes.size() full blocks, tokens.size() >= hashes.size() * block_size),
-  // appended to *out. Acquires nothing and counts nothing: the caller decides, then acquire()s.
+  // The longest run of cached blocks matching full blocks start, start + 1, ... of `tokens`, whose
+  // chained hashes are `hashes` (hashes.size() full blocks, tokens.size() >= hashes.size() *
+  // block_size), appended to *out. Acquires nothing and counts nothing: the caller decides, then
+  // acquire()s.
   void match_prefix(std::span<const BlockHash> hashes, std::span<const int32_t> tokens,
-                    uint64_t extra_hash, std::vector<BlockId>* out) const;
+                    uint64_t extra_hash, size_t start, std::vector<BlockId>* out) const;
   // Takes a reference to a cached block found by match_prefix: shares it if in use, else takes it
   // off the free list (a cache hit on freed content).
   void acquire(BlockId b);

@@ -73,21 +73,32 @@ void BlockTable::compute_hashes(std::span<const int32_t> tokens, int32_t n_full,
 
 void BlockTable::match_cached_prefix(const BlockManager& mgr, std::span<const int32_t> tokens,
                                      uint64_t extra_hash, std::vector<BlockId>* hits) {
-  PAGELLM_CHECK(empty());
   if (!mgr.prefix_caching() || tokens.empty()) return;
   const int32_t n_full = static_cast<int32_t>((tokens.size() - 1) / block_size_);
+  if (n_full <= n_blocks()) return;
   compute_hashes(tokens, n_full, extra_hash);
-  mgr.match_prefix(std::span<const BlockHash>(hashes_.data(), n_full), tokens, extra_hash, hits);
+  mgr.match_prefix(std::span<const BlockHash>(hashes_.data(), n_full), tokens, extra_hash,
+                   blocks_.size(), hits);
 }
 
 int32_t BlockTable::adopt_cached_prefix(BlockManager& mgr, std::span<const BlockId> hits) {
-  PAGELLM_CHECK(empty());
+  PAGELLM_CHECK(n_registered_ == n_blocks());
   for (BlockId b : hits) {
     mgr.acquire(b);
     blocks_.push_back(b);
   }
-  n_registered_ = static_cast<int32_t>(hits.size());
-  return n_registered_ * block_size_;
+  n_registered_ = n_blocks();
+  return capacity();
+}
+
+void BlockTable::share_prefix(BlockManager& mgr, const BlockTable& from, int32_t n) {
+  PAGELLM_CHECK(empty() && n >= 0 && n <= from.n_blocks() && from.block_size_ == block_size_);
+  for (int32_t i = 0; i < n; ++i) {
+    mgr.share(from.blocks_[i]);
+    blocks_.push_back(from.blocks_[i]);
+  }
+  // The source registered these (or found them cached, or they duplicate cached content).
+  n_registered_ = n;
 }
 
 void BlockTable::register_computed(BlockManager& mgr, std::span<const int32_t> tokens,

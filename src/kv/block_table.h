@@ -50,15 +50,18 @@ class BlockTable {
   // Extends hashes() to the first n_full full blocks of `tokens` (the sequence's token ids).
   void compute_hashes(std::span<const int32_t> tokens, int32_t n_full, uint64_t extra_hash);
   const std::vector<BlockHash>& hashes() const { return hashes_; }
-  // The longest run of cached blocks at the start of `tokens`, leaving at least one token to
-  // compute (a step must produce the last token's logits): at most (size - 1) / block_size
-  // blocks, so a fully cached prompt recomputes its last block. Appends the hits to *hits without
-  // acquiring them. Precondition: empty().
+  // The longest run of cached blocks continuing the table's blocks (all full and computed; none
+  // for an empty table) over `tokens`, leaving at least one token to compute (a step must produce
+  // the last token's logits): up to block (size - 1) / block_size, so a fully cached prompt
+  // recomputes its last block. Appends the hits to *hits without acquiring them.
   void match_cached_prefix(const BlockManager& mgr, std::span<const int32_t> tokens,
                            uint64_t extra_hash, std::vector<BlockId>* hits);
-  // Acquires `hits` (from match_cached_prefix) and makes them the table's first blocks; returns
-  // the number of tokens they hold (the sequence's computed tokens). Precondition: empty().
+  // Acquires `hits` (from match_cached_prefix) and appends them; returns the tokens the table now
+  // holds (the sequence's computed tokens). Precondition: the table's blocks are all full.
   int32_t adopt_cached_prefix(BlockManager& mgr, std::span<const BlockId> hits);
+  // Shares the first n blocks of `from` (full, computed blocks of identical tokens: another
+  // sample's prompt). Precondition: empty().
+  void share_prefix(BlockManager& mgr, const BlockTable& from, int32_t n);
   // Registers every full block whose KV is written (positions < n_computed) and that is not yet
   // registered. Call after the step that computed them.
   void register_computed(BlockManager& mgr, std::span<const int32_t> tokens, int32_t n_computed,

@@ -29,6 +29,13 @@ int32_t Request::n_live() const {
   return k;
 }
 
+bool Request::has_parked() const {
+  for (const Sequence& s : seqs) {
+    if (s.parked) return true;
+  }
+  return false;
+}
+
 std::span<const int32_t> Request::output(int32_t seq_index) const {
   const Sequence& s = seqs.at(seq_index);
   return std::span<const int32_t>(s.tokens).subspan(prompt_len);

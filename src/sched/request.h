@@ -54,6 +54,9 @@ struct Sequence {
   int32_t n_computed = 0;
   BlockTable table;
   FinishReason finish = FinishReason::kNone;
+  // Resumed after preemption, waiting for the request's first live sequence (the leader) to
+  // recompute the prompt's full blocks, which it then shares instead of recomputing them.
+  bool parked = false;
 
   bool finished() const { return finish != FinishReason::kNone; }
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
@@ -80,8 +83,11 @@ struct Request {
   std::string error;         // why the scheduler failed it (state kAborted)
 
   int32_t n_live() const;    // sequences not finished
-  // The sequences the scheduler computes now: all live ones once forked, else seqs[0].
-  bool is_active(const Sequence& s) const { return !s.finished() && (forked || s.index == 0); }
+  // The sequences the scheduler computes now: all live unparked ones once forked, else seqs[0].
+  bool is_active(const Sequence& s) const {
+    return !s.finished() && !s.parked && (forked || s.index == 0);
+  }
+  bool has_parked() const;
   std::span<const int32_t> output(int32_t seq_index) const;
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <unordered_set>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -286,6 +287,16 @@ void Scheduler::preempt(Request* r) {
   drop_entries(r);
   remove_running(r);
   release_all(r);  // full blocks stay findable in the prefix cache until evicted
+  if (r->forked) {
+    // On resumption the first live sequence recomputes the prompt once; the others wait for it
+    // and share its full prompt blocks (maybe_unpark), as they did before preemption.
+    bool leader = true;
+    for (Sequence& s : r->seqs) {
+      if (s.finished()) continue;
+      s.parked = !leader;
+      leader = false;
+    }
+  }
   r->state = RequestState::kPreempted;
   ++r->n_preemptions;
   ++n_preemptions_;
@@ -403,10 +414,36 @@ bool Scheduler::try_admit(Request* r) {
     if (!r->admitted_once && k == 0) r->n_cached_tokens = s.n_computed;
   }
   r->admitted_once = true;
+  const int32_t leader_committed = active[0]->n_computed;
   for (size_t k = 0; k < active.size(); ++k) {
     if (chunks[k] > 0) emit(r, *active[k], chunks[k], !is_decode(*r, *active[k]));
   }
+  if (r->has_parked()) maybe_unpark(r, leader_committed);
   return true;
+}
+
+void Scheduler::maybe_unpark(Request* r, int32_t leader_committed) {
+  const int32_t bs = mgr_.block_size();
+  const int32_t n_shared = r->prompt_len / bs;
+  if (leader_committed < n_shared * bs) return;
+  Sequence* leader = nullptr;
+  for (Sequence& s : r->seqs) {
+    if (!s.finished() && !s.parked) {
+      leader = &s;
+      break;
+    }
+  }
+  PAGELLM_CHECK(leader != nullptr && leader->table.n_blocks() >= n_shared);
+  std::vector<BlockId> hits;
+  for (Sequence& s : r->seqs) {
+    if (!s.parked) continue;
+    // Blocks taken here are shared or revived from the cache: no new block is needed.
+    s.table.share_prefix(mgr_, leader->table, n_shared);
+    hits.clear();
+    s.table.match_cached_prefix(mgr_, s.tokens, r->extra_hash, &hits);
+    s.n_computed = s.table.adopt_cached_prefix(mgr_, hits);
+    s.parked = false;
+  }
 }
 
 void Scheduler::maybe_form_batch(double now_ms) {
@@ -490,7 +527,8 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     return nullptr;
   };
 
-  std::vector<RequestId> touched;
+  std::vector<RequestId> touched;  // in plan order, each once
+  std::unordered_set<RequestId> touched_set;
   auto append = [&](Request* r, Sequence& s, const SampledToken& t) {
     s.tokens.push_back(t.token);
     FinishReason reason = t.finish;
@@ -514,8 +552,9 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     Sequence& s = r->seqs[f.seq_index];
     // The step wrote this sequence's KV: its full blocks become findable.
     s.table.register_computed(mgr_, s.tokens, s.n_computed, r->extra_hash);
+    if (r->has_parked()) maybe_unpark(r, s.n_computed);  // s is the leader: the only one active
     if (!f.needs_logits) continue;
-    if (touched.empty() || touched.back() != r->id) touched.push_back(r->id);
+    if (touched_set.insert(r->id).second) touched.push_back(r->id);
     if (!r->forked) {
       // First sample of the prompt: n tokens from one row; sequence j gets sample j and a table
       // sharing all of sequence 0's blocks (the partial last block is copied on first write).
@@ -542,8 +581,6 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
   in_flight_.clear();
 
   std::vector<FinishedRequest> done;
-  // A request's entries are adjacent in a plan, so `touched` has no duplicates; a finished
-  // request is looked up again since an earlier one may be gone.
   for (RequestId id : touched) {
     auto found = requests_.find(id);
     if (found == requests_.end()) continue;

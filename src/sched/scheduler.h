@@ -197,6 +197,7 @@ class Scheduler {
   void fail(Request* r, std::string reason);
   void drop_entries(const Request* r);
   void maybe_form_batch(double now_ms);
+  void maybe_unpark(Request* r, int32_t leader_committed);
   void release_all(Request* r);
   void remove_running(const Request* r);
   FinishedRequest summarize(const Request& r) const;
