@@ -67,7 +67,7 @@ StopUpdate StopChecker::append(int32_t token, std::string_view delta) {
       update.text.append(delta);
       text_.append(delta);
     }
-    finish_ = FinishReason::kStop;
+    finish_ = update.finish = FinishReason::kStop;
     if (is_stop_token) update.stop_token = token;
     return update;
   }
@@ -93,7 +93,7 @@ StopUpdate StopChecker::append(int32_t token, std::string_view delta) {
     if (best != nullptr) {
       update.text = emit(include_stop_ ? best_end : best_start);
       held_.clear();
-      finish_ = FinishReason::kStop;
+      finish_ = update.finish = FinishReason::kStop;
       update.stop_string = *best;
       return update;
     }
@@ -101,7 +101,7 @@ StopUpdate StopChecker::append(int32_t token, std::string_view delta) {
 
   if (max_tokens_ && n_tokens_ >= *max_tokens_) {
     update.text = emit(held_.size());
-    finish_ = FinishReason::kLength;
+    finish_ = update.finish = FinishReason::kLength;
     return update;
   }
   update.text = emit(held_.size() - partial_match_length());
