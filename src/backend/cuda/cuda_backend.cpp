@@ -1,0 +1,481 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+
+namespace pagellm {
+namespace cuda {
+
+[[noreturn]] void cuda_failed(cudaError_t err, const char* call, const char* file, int line) {
+  std::fprintf(stderr, "CUDA error at %s:%d: %s failed: %s (%s)\n", file, line, call,
+               cudaGetErrorName(err), cudaGetErrorString(err));
+  std::fflush(stderr);
+  std::abort();
+}
+
+[[noreturn]] void cublas_failed(cublasStatus_t st, const char* call, const char* file, int line) {
+  std::fprintf(stderr, "cuBLAS error at %s:%d: %s failed: %s (%d)\n", file, line, call,
+               cublasGetStatusString(st), static_cast<int>(st));
+  std::fflush(stderr);
+  std::abort();
+}
+
+namespace {
+
+class CudaBuffer final : public Buffer {
+ public:
+  explicit CudaBuffer(int64_t nbytes) : nbytes_(nbytes) {
+    if (nbytes > 0) {
+      const cudaError_t err = cudaMalloc(&data_, static_cast<size_t>(nbytes));
+      if (err != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        std::fprintf(stderr, "cudaMalloc of %lld bytes failed: %s (free %zu of %zu bytes)\n",
+                     static_cast<long long>(nbytes), cudaGetErrorString(err), free_b, total_b);
+        cuda_failed(err, "cudaMalloc", __FILE__, __LINE__);
+      }
+    }
+  }
+  ~CudaBuffer() override {
+    if (data_ != nullptr) cudaFree(data_);  // best effort: nothing useful to do on failure here
+  }
+  void* data() const override { return data_; }
+  int64_t nbytes() const override { return nbytes_; }
+  Device device() const override { return Device::kCuda; }
+
+ private:
+  void* data_ = nullptr;
+  int64_t nbytes_ = 0;
+};
+
+bool is_float_type(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Every tensor an op touches must live on the GPU (a host pointer here is a planning bug).
+void check_on_device(const Tensor& t, const char* what) {
+  if (t.device != Device::kCuda) {
+    std::fprintf(stderr, "cuda backend: tensor '%s' %s is not on the CUDA device\n", what,
+                 t.shape_string().c_str());
+    PAGELLM_CHECK_MSG(false, "tensor passed to the CUDA backend is not a device tensor");
+  }
+}
+
+RowView rows_of(const Tensor& t) {
+  return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
+}
+
+HeadsView heads_of(const Tensor& t) {
+  PAGELLM_CHECK(t.ndim == 2 || t.ndim == 3);
+  HeadsView h;
+  h.data = t.data;
+  h.n = t.size(0);
+  h.heads = t.ndim == 3 ? t.size(1) : 1;
+  h.dim = t.size(-1);
+  h.stride_tok = t.stride[0];
+  h.stride_head = t.ndim == 3 ? t.stride[1] : 0;
+  return h;
+}
+
+CacheView cache_of(const Tensor& t) {
+  PAGELLM_CHECK_MSG(t.ndim == 4, "KV cache must be [n_blocks, block_size, n_kv_heads, dim]");
+  CacheView c;
+  c.data = t.data;
+  c.n_blocks = t.size(0);
+  c.block_size = t.size(1);
+  c.heads = t.size(2);
+  c.dim = t.size(3);
+  c.stride_block = t.stride[0];
+  c.stride_tok = t.stride[1];
+  c.stride_head = t.stride[2];
+  return c;
+}
+
+bool same_shape(const Tensor& a, const Tensor& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int i = 0; i < a.ndim; ++i)
+    if (a.shape[i] != b.shape[i]) return false;
+  return true;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_index) : device_(device_index) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  n_sms_ = prop.multiProcessorCount;
+  name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
+          std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<Gemm>(stream_);
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), kSlots * kSlotBytes));
+  for (auto& e : slot_events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+CudaBackend::~CudaBackend() {
+  // Best effort: a destructor cannot report errors, and a failed sync here means the context is
+  // already gone.
+  cudaStreamSynchronize(stream_);
+  gemm_.reset();
+  for (auto& e : slot_events_)
+    if (e != nullptr) cudaEventDestroy(e);
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (upload_staging_ != nullptr) cudaFree(upload_staging_);
+  if (attn_workspace_ != nullptr) cudaFree(attn_workspace_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess)
+    return internal_error(std::string("CUDA runtime unavailable: ") + cudaGetErrorName(err) + ": " +
+                          cudaGetErrorString(err));
+  if (n == 0) return not_found("no CUDA device present");
+  if (device_index < 0 || device_index >= n)
+    return out_of_range("CUDA device " + std::to_string(device_index) + " does not exist (" +
+                        std::to_string(n) + " device(s) present)");
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device_index));
+}
+
+// --- memory ---
+
+std::unique_ptr<Buffer> CudaBackend::allocate(int64_t nbytes) {
+  PAGELLM_CHECK(nbytes >= 0);
+  return std::make_unique<CudaBuffer>(nbytes);
+}
+
+int64_t CudaBackend::free_memory() const {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
+int CudaBackend::next_slot() {
+  const int s = slot_;
+  slot_ = (slot_ + 1) % kSlots;
+  CUDA_CHECK(cudaEventSynchronize(slot_events_[s]));  // its previous copy has finished
+  return s;
+}
+
+void CudaBackend::copy_from_host(void* dst, const void* src, int64_t nbytes) {
+  if (nbytes <= 0) return;
+  if (nbytes <= kSlotBytes) {
+    const int s = next_slot();
+    char* slot = pinned_ + s * kSlotBytes;
+    std::memcpy(slot, src, static_cast<size_t>(nbytes));
+    CUDA_CHECK(cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(slot_events_[s], stream_));
+  } else {
+    // Pageable source: the driver stages it, and the call returns once `src` may be reused.
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
+  }
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, int64_t nbytes) {
+  if (nbytes <= 0) {
+    synchronize();
+    return;
+  }
+  if (nbytes <= kSlotBytes) {
+    const int s = next_slot();
+    char* slot = pinned_ + s * kSlotBytes;
+    CUDA_CHECK(cudaMemcpyAsync(slot, src, nbytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(dst, slot, static_cast<size_t>(nbytes));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+}
+
+void CudaBackend::copy(void* dst, const void* src, int64_t nbytes) {
+  if (nbytes <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
+  if (nbytes > upload_staging_bytes_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
+    if (upload_staging_ != nullptr) CUDA_CHECK(cudaFree(upload_staging_));
+    upload_staging_ = nullptr;
+    CUDA_CHECK(cudaMalloc(&upload_staging_, nbytes));
+    upload_staging_bytes_ = nbytes;
+  }
+  return upload_staging_;
+}
+
+void* CudaBackend::ensure_attention_workspace(int64_t nbytes) {
+  if (nbytes > attn_workspace_bytes_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier steps may still use the old one
+    if (attn_workspace_ != nullptr) CUDA_CHECK(cudaFree(attn_workspace_));
+    attn_workspace_ = nullptr;
+    // Grow geometrically so a slowly lengthening context does not reallocate every step.
+    const int64_t bytes = std::max(nbytes, attn_workspace_bytes_ * 2);
+    CUDA_CHECK(cudaMalloc(&attn_workspace_, bytes));
+    attn_workspace_bytes_ = bytes;
+  }
+  return attn_workspace_;
+}
+
+Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
+                                          std::unique_ptr<Buffer>& storage) {
+  if (host.device != Device::kCpu)
+    return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not in host memory");
+  if (!host.is_contiguous())
+    return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not contiguous");
+  const bool src_float = is_float_type(host.dtype) || is_quantized(host.dtype);
+  // Quantized storage is not implemented on the GPU yet: such requests get bf16.
+  const DType target = is_quantized(dtype) ? DType::kBF16 : dtype;
+  if (host.dtype != target && !(src_float && is_float_type(target)))
+    return invalid_argument("upload_weight: cannot convert " + std::string(dtype_name(host.dtype)) +
+                            " tensor " + host.shape_string() + " to " +
+                            std::string(dtype_name(target)));
+  const int64_t cols = host.cols(), n_rows = host.rows();
+  if (is_quantized(host.dtype) && cols % kQuantBlock != 0)
+    return invalid_argument("upload_weight: quantized tensor " + host.shape_string() +
+                            " has rows that are not a whole number of 32-value blocks");
+  storage = allocate(dtype_bytes(target, host.numel()));
+  Tensor dev = host;
+  dev.data = storage->data();
+  dev.dtype = target;
+  dev.device = Device::kCuda;
+  dev.set_contiguous_strides();
+  if (host.numel() == 0) return dev;
+  if (host.dtype == target) {
+    CUDA_CHECK(cudaMemcpyAsync(dev.data, host.data, dtype_bytes(target, host.numel()),
+                               cudaMemcpyHostToDevice, stream_));
+    return dev;
+  }
+  // Convert on the device in chunks of whole rows through a reusable staging buffer; the copies
+  // and kernels are ordered on the stream, so the next chunk's copy waits for this chunk's kernel.
+  const int64_t src_row_bytes = dtype_bytes(host.dtype, cols);
+  const int64_t chunk_rows = std::max<int64_t>(1, kUploadChunkBytes / std::max<int64_t>(src_row_bytes, 1));
+  void* staging = ensure_upload_staging(std::min(n_rows, chunk_rows) * src_row_bytes);
+  const char* src = static_cast<const char*>(host.data);
+  char* dst = static_cast<char*>(dev.data);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += chunk_rows) {
+    const int64_t nr = std::min(chunk_rows, n_rows - r0);
+    CUDA_CHECK(cudaMemcpyAsync(staging, src + r0 * src_row_bytes, nr * src_row_bytes,
+                               cudaMemcpyHostToDevice, stream_));
+    void* out = dst + dtype_bytes(target, r0 * cols);
+    if (is_quantized(host.dtype)) {
+      launch_dequantize(staging, host.dtype, out, target, nr, cols, stream_);
+    } else {
+      launch_convert(staging, host.dtype, out, target, nr * cols, stream_);
+    }
+  }
+  return dev;
+}
+
+// --- ops ---
+
+void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  check_on_device(table, "table");
+  check_on_device(ids, "ids");
+  check_on_device(out, "out");
+  PAGELLM_CHECK_MSG(table.ndim == 2 && is_float_type(table.dtype),
+                    "embedding: table must be a 2-D float tensor (quantized tables are dequantized on upload)");
+  PAGELLM_CHECK(ids.dtype == DType::kI32 && ids.is_contiguous());
+  PAGELLM_CHECK(is_float_type(out.dtype) && out.rows() == ids.numel() && out.cols() == table.cols());
+  launch_embedding(rows_of(table), ids.ptr<int32_t>(), rows_of(out), stream_);
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  check_on_device(x, "x");
+  check_on_device(w, "w");
+  check_on_device(out, "out");
+  PAGELLM_CHECK(is_float_type(x.dtype) && out.dtype == x.dtype && is_float_type(w.dtype));
+  PAGELLM_CHECK(w.numel() == x.cols() && w.is_contiguous());
+  PAGELLM_CHECK(out.rows() == x.rows() && out.cols() == x.cols());
+  launch_rms_norm(rows_of(x), w.data, w.dtype, eps, rows_of(out), stream_);
+}
+
+void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
+                               Tensor& out) {
+  check_on_device(x, "x");
+  check_on_device(residual, "residual");
+  check_on_device(w, "w");
+  check_on_device(out, "out");
+  PAGELLM_CHECK(is_float_type(x.dtype) && residual.dtype == x.dtype && out.dtype == x.dtype);
+  PAGELLM_CHECK(is_float_type(w.dtype) && w.numel() == x.cols() && w.is_contiguous());
+  PAGELLM_CHECK(residual.rows() == x.rows() && residual.cols() == x.cols());
+  PAGELLM_CHECK(out.rows() == x.rows() && out.cols() == x.cols());
+  launch_add_rms_norm(rows_of(x), rows_of(residual), w.data, w.dtype, eps, rows_of(out), stream_);
+}
+
+void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  check_on_device(x, "x");
+  check_on_device(w, "w");
+  check_on_device(out, "out");
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "matmul: activations must be bf16");
+  PAGELLM_CHECK_MSG(w.ndim == 2 && is_float_type(w.dtype),
+                    "matmul: weight must be a 2-D f32/f16/bf16 tensor (quantized weights are dequantized on upload)");
+  PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32, "matmul: out must be bf16 or f32");
+  PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0, "matmul: x and w disagree on K");
+  PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0), "matmul: out shape");
+  const void* bias_ptr = nullptr;
+  DType bias_dtype = DType::kF32;
+  if (bias.defined()) {
+    check_on_device(bias, "bias");
+    PAGELLM_CHECK(is_float_type(bias.dtype) && bias.numel() == w.size(0) && bias.is_contiguous());
+    bias_ptr = bias.data;
+    bias_dtype = bias.dtype;
+  }
+  const RowView xv = rows_of(x), wv = rows_of(w), ov = rows_of(out);
+  if (w.dtype == DType::kBF16) {
+    gemm_->run(xv, wv, bias_ptr, bias_dtype, ov);
+  } else {
+    launch_gemm_fallback(xv, wv, bias_ptr, bias_dtype, ov, stream_);
+  }
+}
+
+void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
+  check_on_device(x, "x");
+  check_on_device(cos_sin, "cos_sin");
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "rope: x must be bf16");
+  PAGELLM_CHECK(cos_sin.dtype == DType::kF32 && cos_sin.ndim == 2 && cos_sin.size(0) == x.size(0));
+  const int64_t rd = cos_sin.cols();
+  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= x.size(-1), "rope: rotary_dim must be even and <= head_dim");
+  launch_rope(heads_of(x), cos_sin.ptr<float>(), cos_sin.row_stride(), rd, interleaved, stream_);
+}
+
+void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                                bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
+                                Tensor& v_cache) {
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
+                                {&cos_sin, "cos_sin"}, {&slot_mapping, "slot_mapping"},
+                                {&k_cache, "k_cache"}, {&v_cache, "v_cache"}})
+    check_on_device(*t, what);
+  PAGELLM_CHECK_MSG(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_store_kv: q, k, v must be [n, heads, dim]");
+  PAGELLM_CHECK(q.dtype == DType::kBF16 && k.dtype == DType::kBF16 && v.dtype == DType::kBF16);
+  PAGELLM_CHECK(k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16);
+  const int64_t n = q.size(0);
+  PAGELLM_CHECK(k.size(0) == n && v.size(0) == n && slot_mapping.numel() == n);
+  PAGELLM_CHECK(slot_mapping.dtype == DType::kI32 && slot_mapping.is_contiguous());
+  PAGELLM_CHECK(cos_sin.dtype == DType::kF32 && cos_sin.ndim == 2 && cos_sin.size(0) == n);
+  const int64_t rd = cos_sin.cols();
+  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= q.size(2) && q.size(2) == k.size(2),
+                    "rope_store_kv: rotary_dim must be even and <= head_dim; q and k head_dim equal");
+  const CacheView kc = cache_of(k_cache), vc = cache_of(v_cache);
+  PAGELLM_CHECK_MSG(kc.heads == k.size(1) && kc.dim == k.size(2), "rope_store_kv: k_cache shape");
+  PAGELLM_CHECK_MSG(vc.heads == v.size(1) && vc.dim == v.size(2), "rope_store_kv: v_cache shape");
+  PAGELLM_CHECK_MSG(vc.n_blocks == kc.n_blocks && vc.block_size == kc.block_size,
+                    "rope_store_kv: k and v caches disagree on blocks");
+  launch_rope_store_kv(heads_of(q), heads_of(k), heads_of(v), cos_sin.ptr<float>(),
+                       cos_sin.row_stride(), rd, interleaved, slot_mapping.ptr<int32_t>(), kc, vc,
+                       stream_);
+}
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
+  if (meta.n_seqs == 0) return;
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"}, {&out, "out"},
+                                {&meta.cu_seqlens_q, "cu_seqlens_q"}, {&meta.seq_lens_kv, "seq_lens_kv"},
+                                {&meta.block_tables, "block_tables"}})
+    check_on_device(*t, what);
+  PAGELLM_CHECK(q.ndim == 3 && out.ndim == 3 && q.dtype == DType::kBF16 && out.dtype == DType::kBF16);
+  PAGELLM_CHECK(k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16);
+  const CacheView kc = cache_of(k_cache), vc = cache_of(v_cache);
+  PAGELLM_CHECK_MSG(kc.dim == q.size(2), "attention: q and k_cache head_dim differ");
+  PAGELLM_CHECK_MSG(out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == vc.dim,
+                    "attention: out must be [n, Hq, Dv]");
+  PAGELLM_CHECK_MSG(kc.block_size == meta.block_size && vc.block_size == meta.block_size,
+                    "attention: cache block size differs from meta.block_size");
+  PAGELLM_CHECK(meta.cu_seqlens_q.dtype == DType::kI32 && meta.cu_seqlens_q.numel() == meta.n_seqs + 1);
+  PAGELLM_CHECK(meta.seq_lens_kv.dtype == DType::kI32 && meta.seq_lens_kv.numel() == meta.n_seqs);
+  PAGELLM_CHECK(meta.block_tables.dtype == DType::kI32 && meta.block_tables.size(0) >= meta.n_seqs);
+  // The decode kernel reads K, V and q as bf16 pairs: even dims and strides keep them 4-byte aligned.
+  const auto even = [](int64_t v) { return v % 2 == 0; };
+  PAGELLM_CHECK_MSG(even(kc.dim) && even(vc.dim) && even(q.stride[0]) && even(q.stride[1]) &&
+                        even(kc.stride_block) && even(kc.stride_tok) && even(kc.stride_head) &&
+                        even(vc.stride_block) && even(vc.stride_tok) && even(vc.stride_head) &&
+                        reinterpret_cast<uintptr_t>(k_cache.data) % 4 == 0 &&
+                        reinterpret_cast<uintptr_t>(v_cache.data) % 4 == 0 &&
+                        reinterpret_cast<uintptr_t>(q.data) % 4 == 0,
+                    "attention: head dims, strides and base addresses must be even (bf16 pairs)");
+  AttentionArgs a;
+  a.q = q.data;
+  a.q_stride_tok = q.stride[0];
+  a.q_stride_head = q.stride[1];
+  a.out = out.data;
+  a.o_stride_tok = out.stride[0];
+  a.o_stride_head = out.stride[1];
+  a.k_cache = kc;
+  a.v_cache = vc;
+  a.cu_seqlens_q = meta.cu_seqlens_q.ptr<int32_t>();
+  a.seq_lens_kv = meta.seq_lens_kv.ptr<int32_t>();
+  a.block_tables = meta.block_tables.ptr<int32_t>();
+  a.block_table_ld = meta.block_tables.ndim == 1 ? meta.block_tables.size(0) : meta.block_tables.row_stride();
+  a.n_seqs = meta.n_seqs;
+  a.hq = static_cast<int32_t>(q.size(1));
+  a.hkv = static_cast<int32_t>(kc.heads);
+  a.head_dim = static_cast<int32_t>(kc.dim);
+  a.head_dim_v = static_cast<int32_t>(vc.dim);
+  a.block_size = meta.block_size;
+  a.max_seqlen_q = meta.max_seqlen_q;
+  a.max_seqlen_kv = meta.max_seqlen_kv;
+  a.scale = params.scale;
+  a.window = params.window;
+  a.softcap = params.softcap;
+  PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: Hq must be a multiple of Hkv");
+  PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
+  const int64_t ws_bytes = attention_workspace_bytes(a, n_sms_);
+  void* ws = ws_bytes > 0 ? ensure_attention_workspace(ws_bytes) : nullptr;
+  launch_attention(a, ws, n_sms_, stream_);
+}
+
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_on_device(gate, "gate");
+  check_on_device(up, "up");
+  check_on_device(out, "out");
+  PAGELLM_CHECK(is_float_type(out.dtype) && gate.dtype == out.dtype && up.dtype == out.dtype);
+  PAGELLM_CHECK(gate.rows() == out.rows() && gate.cols() == out.cols());
+  PAGELLM_CHECK(up.rows() == out.rows() && up.cols() == out.cols());
+  launch_silu_mul(rows_of(gate), rows_of(up), rows_of(out), stream_);
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_on_device(a, "a");
+  check_on_device(b, "b");
+  check_on_device(out, "out");
+  PAGELLM_CHECK(is_float_type(out.dtype) && a.dtype == out.dtype && b.dtype == out.dtype);
+  PAGELLM_CHECK(same_shape(a, out) && same_shape(b, out));
+  launch_add(rows_of(a), rows_of(b), rows_of(out), stream_);
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  check_on_device(x, "x");
+  check_on_device(rows, "rows");
+  check_on_device(out, "out");
+  PAGELLM_CHECK(is_float_type(x.dtype) && out.dtype == x.dtype);
+  PAGELLM_CHECK(rows.dtype == DType::kI32 && rows.is_contiguous());
+  PAGELLM_CHECK(out.rows() == rows.numel() && out.cols() == x.cols());
+  launch_gather_rows(rows_of(x), rows.ptr<int32_t>(), rows_of(out), stream_);
+}
+
+void CudaBackend::to_f32(const Tensor& x, Tensor& out) {
+  check_on_device(x, "x");
+  check_on_device(out, "out");
+  PAGELLM_CHECK(is_float_type(x.dtype) && out.dtype == DType::kF32);
+  PAGELLM_CHECK(out.rows() == x.rows() && out.cols() == x.cols());
+  launch_to_f32(rows_of(x), rows_of(out), stream_);
+}
+
+}  // namespace cuda
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index) {
+  auto r = cuda::CudaBackend::create(device_index);
+  if (!r.ok()) return r.status();
+  return std::unique_ptr<Backend>(std::move(r).value());
+}
+
+}  // namespace pagellm

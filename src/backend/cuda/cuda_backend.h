@@ -1,0 +1,99 @@
+// The CUDA backend: the Backend op interface (backend/backend.h) on one NVIDIA GPU, Hopper (sm_90a)
+// first, Ampere (sm_80) supported.
+//
+// - Activations, the residual stream and the paged KV cache are bf16. Like vLLM, the residual
+//   stream is kept in bf16: add_rms_norm rounds residual + x to bf16 before normalizing, while
+//   every reduction (norm sums, GEMM, attention softmax) accumulates in fp32.
+// - All work is queued on one non-default stream owned by the backend; ops are asynchronous and
+//   copy_to_host / synchronize wait. The backend is used from one thread at a time (the engine
+//   loop), and that thread's current device must be the backend's (set by the constructor).
+// - Weights: upload_weight converts f32/f16/bf16 to the requested float type on the device. GGUF
+//   block formats (Q8_0/Q4_0/Q4_1) are dequantized to bf16 on upload for now (requests for a
+//   quantized storage type also get bf16); matmul reads bf16 weights through cuBLASLt and f32/f16
+//   weights through a plain tiled kernel.
+// - Preconditions of ops (shapes, dtypes, devices) are CHECKed: a violation is a programmer error.
+//   CUDA/cuBLAS failures abort with the failing call, file and line (cuda_check.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace pagellm::cuda {
+
+class Gemm;
+
+class CudaBackend final : public Backend {
+ public:
+  // Opens `device_index`; an error when there is no such device or the runtime cannot start.
+  static Result<std::unique_ptr<CudaBackend>> create(int device_index);
+  ~CudaBackend() override;
+
+  std::string name() const override { return name_; }
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  std::unique_ptr<Buffer> allocate(int64_t nbytes) override;
+  int64_t free_memory() const override;
+  void copy_from_host(void* dst, const void* src, int64_t nbytes) override;
+  void copy_to_host(void* dst, const void* src, int64_t nbytes) override;
+  void copy(void* dst, const void* src, int64_t nbytes) override;
+  void synchronize() override;
+  Result<Tensor> upload_weight(const Tensor& host, DType dtype,
+                               std::unique_ptr<Buffer>& storage) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
+  void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
+                    Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                     bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
+                     Tensor& v_cache) override;
+  void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void to_f32(const Tensor& x, Tensor& out) override;
+
+  // The stream all ops are queued on (for CUDA graph capture and events).
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_; }
+  int n_sms() const { return n_sms_; }
+
+ private:
+  explicit CudaBackend(int device_index);
+
+  // Small host<->device copies go through a ring of pinned slots: the host copy into pinned memory
+  // returns at once and the DMA runs asynchronously. A slot is reused only after the event of
+  // its previous copy has fired (kSlots copies ago, so this rarely waits).
+  static constexpr int64_t kSlotBytes = 256 << 10;
+  static constexpr int kSlots = 16;
+  // Device staging for weight conversion on upload, in chunks of whole rows.
+  static constexpr int64_t kUploadChunkBytes = 64 << 20;
+
+  int next_slot();
+  void* ensure_upload_staging(int64_t nbytes);
+  void* ensure_attention_workspace(int64_t nbytes);
+
+  int device_ = 0;
+  int n_sms_ = 0;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  char* pinned_ = nullptr;  // kSlots * kSlotBytes
+  std::array<cudaEvent_t, kSlots> slot_events_{};
+  int slot_ = 0;
+  void* upload_staging_ = nullptr;
+  int64_t upload_staging_bytes_ = 0;
+  void* attn_workspace_ = nullptr;
+  int64_t attn_workspace_bytes_ = 0;
+};
+
+}  // namespace pagellm::cuda

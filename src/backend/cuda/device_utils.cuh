@@ -1,0 +1,68 @@
+// Device-side helpers shared by the kernels: element loads/stores in any float type, warp and block
+// reductions, launch arithmetic. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace pagellm::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `scratch` holds 32 floats. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < n_warps ? scratch[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// Calls f with a value of the C++ type matching `t` (float, bf16 or __half); other types are a
+// programmer error (the backend checks dtypes before launching).
+template <typename F>
+void dispatch_float_type(DType t, F&& f) {
+  switch (t) {
+    case DType::kF32: f(float{}); return;
+    case DType::kBF16: f(bf16{}); return;
+    case DType::kF16: f(__half{}); return;
+    default: PAGELLM_CHECK_MSG(false, "cuda: unsupported element type for this op");
+  }
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,198 @@
+// cuBLASLt GEMM with cached heuristics, plus the tiled fallback kernel.
+//
+// Mapping the row-major problem onto column-major cuBLASLt: a row-major [r, c] matrix with row
+// stride ld is, byte for byte, a column-major [c, r] matrix with leading dimension ld. So
+//   out (row-major [n, M], ld ldo)  = D, column-major [M, n]
+//   w   (row-major [M, K], ld ldw)  = A stored column-major [K, M], used transposed (op T)
+//   x   (row-major [n, K], ld ldx)  = B stored column-major [K, n], used as is (op N)
+// and D[M, n] = A^T[M, K] . B[K, n] is exactly out = x . w^T. The bias epilogue adds a vector of
+// D's row count (M) to every column of D, i.e. bias[m] to every token's output m.
+#include "backend/cuda/gemm.h"
+
+#include <algorithm>
+
+#include "backend/cuda/device_utils.cuh"
+
+namespace pagellm::cuda {
+namespace {
+
+// Largest power of two (capped at 256, cuBLASLt's default assumption) dividing the address:
+// strided output slices can start at any element, and algorithms needing more are excluded.
+uint32_t alignment_of(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && (u % a) != 0) a >>= 1;
+  return a;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: PAGELLM_CHECK_MSG(false, "gemm: unsupported dtype");
+  }
+  return CUDA_R_32F;
+}
+
+// --- fallback: 16x16 output tile per block, K in steps of 16 through shared memory ---
+constexpr int kTile = 16;
+
+template <typename TW, typename TOut, typename TB>
+__global__ void gemm_fallback_kernel(const bf16* __restrict__ x, int64_t ldx,
+                                     const TW* __restrict__ w, int64_t ldw,
+                                     const TB* __restrict__ bias, TOut* __restrict__ out,
+                                     int64_t ldo, int64_t n, int64_t m_dim, int64_t k_dim) {
+  __shared__ float xs[kTile][kTile + 1];
+  __shared__ float ws[kTile][kTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kTile + ty;  // token
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + tx;  // output feature
+  const int64_t wrow = static_cast<int64_t>(blockIdx.x) * kTile + ty;
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < k_dim; k0 += kTile) {
+    xs[ty][tx] = (row < n && k0 + tx < k_dim) ? to_float(x[row * ldx + k0 + tx]) : 0.0f;
+    ws[ty][tx] = (wrow < m_dim && k0 + tx < k_dim) ? to_float(w[wrow * ldw + k0 + tx]) : 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTile; ++kk) acc += xs[ty][kk] * ws[tx][kk];
+    __syncthreads();
+  }
+  if (row < n && col < m_dim) {
+    if (bias != nullptr) acc += to_float(bias[col]);
+    out[row * ldo + col] = from_float<TOut>(acc);
+  }
+}
+
+}  // namespace
+
+void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                          const RowView& out, cudaStream_t stream) {
+  const int64_t n = x.n_rows, k_dim = x.cols, m_dim = w.n_rows;
+  if (n == 0 || m_dim == 0) return;
+  const dim3 grid(ceil_div(m_dim, kTile), ceil_div(n, kTile));
+  PAGELLM_CHECK_MSG(grid.y <= 65535, "gemm fallback: too many rows for one launch");
+  const dim3 block(kTile, kTile);
+  dispatch_float_type(w.dtype, [&](auto tw) {
+    using TW = decltype(tw);
+    dispatch_float_type(out.dtype, [&](auto to) {
+      using TOut = decltype(to);
+      dispatch_float_type(bias ? bias_dtype : DType::kF32, [&](auto tb) {
+        using TB = decltype(tb);
+        gemm_fallback_kernel<TW, TOut, TB><<<grid, block, 0, stream>>>(
+            static_cast<const bf16*>(x.data), x.ld, static_cast<const TW*>(w.data), w.ld,
+            static_cast<const TB*>(bias), static_cast<TOut*>(out.data), out.ld, n, m_dim, k_dim);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
+  CUBLAS_CHECK(cublasLtCreate(&handle_));
+  CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+}
+
+Gemm::~Gemm() {
+  for (auto& [key, plan] : plans_) destroy(plan);
+  if (workspace_ != nullptr) cudaFree(workspace_);  // no CHECK in a destructor: best effort
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+void Gemm::destroy(Plan& p) {
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+  p = Plan{};
+}
+
+bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                         DType bias_dtype, const RowView& out, const uint32_t align[4]) {
+  const int64_t n = x.n_rows, k_dim = x.cols, m_dim = w.n_rows;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  if (bias != nullptr) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = cuda_type(bias_dtype);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                &bias_type, sizeof(bias_type)));
+    // The heuristic reads the bias pointer's alignment from its value.
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  }
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k_dim, m_dim, w.ld));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k_dim, n, x.ld));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(out.dtype), m_dim, n, out.ld));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws_bytes = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws_bytes, sizeof(ws_bytes)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                    &align[0], sizeof(uint32_t)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                    &align[1], sizeof(uint32_t)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                    &align[2], sizeof(uint32_t)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                    &align[2], sizeof(uint32_t)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int n_results = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d,
+                                                           pref, 1, &result, &n_results);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // "No algorithm" (NOT_SUPPORTED or zero results) is an answer, not an error: the caller retries
+  // without the epilogue, then falls back to the tiled kernel.
+  if (st != CUBLAS_STATUS_SUCCESS || n_results == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
+        st != CUBLAS_STATUS_INVALID_VALUE)
+      cublas_failed(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    destroy(p);
+    return false;
+  }
+  p.algo = result.algo;
+  p.bias_in_epilogue = bias != nullptr;
+  return true;
+}
+
+Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                           const RowView& out) {
+  const uint32_t align[4] = {alignment_of(w.data), alignment_of(x.data), alignment_of(out.data),
+                             bias ? alignment_of(bias) : 0u};
+  const Key key{x.n_rows, x.cols,     w.n_rows,
+                x.ld,     w.ld,       out.ld,
+                static_cast<int>(out.dtype), bias ? static_cast<int>(bias_dtype) : -1,
+                align[0], align[1],   align[2],
+                align[3]};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  Plan p;
+  if (!try_make_plan(p, x, w, bias, bias_dtype, out, align) &&
+      !(bias != nullptr && try_make_plan(p, x, w, nullptr, bias_dtype, out, align)))
+    p.use_fallback = true;
+  return plans_.emplace(key, p).first->second;
+}
+
+void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+               const RowView& out) {
+  if (x.n_rows == 0 || w.n_rows == 0) return;
+  Plan& p = plan_for(x, w, bias, bias_dtype, out);
+  if (p.use_fallback) {
+    launch_gemm_fallback(x, w, bias, bias_dtype, out, stream_);
+    return;
+  }
+  if (p.bias_in_epilogue)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w.data, p.a, x.data, p.b, &beta, out.data,
+                              p.d, out.data, p.d, &p.algo, workspace_, kWorkspaceBytes, stream_));
+  if (bias != nullptr && !p.bias_in_epilogue) launch_add_bias(out, bias, bias_dtype, stream_);
+}
+
+}  // namespace pagellm::cuda

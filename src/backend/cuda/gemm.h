@@ -1,0 +1,58 @@
+// Dense GEMM for matmul(): out[n, M] = x[n, K] . w[M, K]^T (+ bias), through cuBLASLt for bf16
+// weights (fp32 compute, bf16 or f32 out) and a plain tiled kernel for weight types cuBLASLt
+// cannot pair with bf16 activations (f32, f16).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/kernels.h"
+
+namespace pagellm::cuda {
+
+class Gemm {
+ public:
+  // The 32 MiB workspace is what cuBLASLt's larger Hopper kernels ask for (split-K, stream-K).
+  static constexpr size_t kWorkspaceBytes = 32u << 20;
+
+  explicit Gemm(cudaStream_t stream);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // x bf16 [n, K] (row stride ldx); w [M, K]; out bf16 or f32 [n, M] (row stride ldo, e.g. a
+  // column slice of a wider buffer); bias [M] or null.
+  void run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+           const RowView& out);
+
+  // Number of cached plans (one per distinct problem shape, strides and alignments).
+  size_t n_plans() const { return plans_.size(); }
+
+ private:
+  // Everything cuBLASLt's choice depends on: shape, strides, types and pointer alignments.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, uint32_t,
+                         uint32_t, uint32_t, uint32_t>;
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool bias_in_epilogue = false;  // otherwise added by a separate kernel
+    bool use_fallback = false;      // cuBLASLt had no algorithm: the tiled kernel runs instead
+  };
+  Plan& plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                 const RowView& out);
+  bool try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                     DType bias_dtype, const RowView& out, const uint32_t align[4]);
+  static void destroy(Plan& p);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,118 @@
+// Launchers of the CUDA kernels, callable from host C++ (no CUDA headers beyond the runtime API).
+// Pointers are device pointers; a "row view" is `n_rows` rows of `cols` elements with row r at
+// element offset r * ld. The backend (cuda_backend.cpp) checks shapes, dtypes and devices before
+// calling these; the launchers only check launch errors. All work is queued on `stream`.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace pagellm::cuda {
+
+// A 2-D strided view passed to kernels.
+struct RowView {
+  void* data = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t n_rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;  // elements between consecutive rows
+};
+
+// --- embedding.cu ---
+// out[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros (ids are
+// validated on the host before a step; this only keeps a bad id from reading out of bounds).
+void launch_embedding(const RowView& table, const int32_t* ids, const RowView& out,
+                      cudaStream_t stream);
+
+// --- norm.cu ---
+// out = x / rms(x) * w per row (out may alias x); w f32, bf16 or f16 [cols].
+void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
+                     cudaStream_t stream);
+// residual += x (rounded to the residual's dtype, bf16: the residual stream is kept in the
+// activation type, as vLLM does); out = rms_norm(residual) * w computed from that rounded
+// residual. out may alias x.
+void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* w, DType w_dtype,
+                         float eps, const RowView& out, cudaStream_t stream);
+
+// --- rope_kv.cu ---
+// A [n, heads, dim] activation view (bf16) with element strides.
+struct HeadsView {
+  void* data = nullptr;
+  int64_t n = 0, heads = 0, dim = 0;
+  int64_t stride_tok = 0, stride_head = 0;
+};
+// A paged cache [n_blocks, block_size, heads, dim] (bf16) with element strides.
+struct CacheView {
+  void* data = nullptr;
+  int64_t n_blocks = 0, block_size = 0, heads = 0, dim = 0;
+  int64_t stride_block = 0, stride_tok = 0, stride_head = 0;
+};
+// Rotary embedding in place on the first rotary_dim dims of each head of x.
+// cos_sin f32 rows of rotary_dim: cos of the rotary_dim/2 frequencies, then their sin.
+void launch_rope(const HeadsView& x, const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
+                 bool interleaved, cudaStream_t stream);
+// RoPE on q and k in place, then k and v stored to cache slot slot_mapping[i] (skipped when < 0
+// or beyond the cache), in one kernel per token.
+void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                          const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
+                          bool interleaved, const int32_t* slot_mapping, const CacheView& k_cache,
+                          const CacheView& v_cache, cudaStream_t stream);
+
+// --- activation.cu ---
+// out = silu(gate) * up (all bf16 row views of equal shape; out may alias either input).
+void launch_silu_mul(const RowView& gate, const RowView& up, const RowView& out,
+                     cudaStream_t stream);
+// out = a + b (bf16 or f32, all the same dtype; out may alias).
+void launch_add(const RowView& a, const RowView& b, const RowView& out, cudaStream_t stream);
+// out (f32) = x (bf16, f16 or f32).
+void launch_to_f32(const RowView& x, const RowView& out, cudaStream_t stream);
+// out[i, :] = x[rows[i], :] (same dtype, any float type); out must not overlap x.
+void launch_gather_rows(const RowView& x, const int32_t* rows, const RowView& out,
+                        cudaStream_t stream);
+// out[r, c] += bias[c] (out bf16 or f32; bias f32, bf16 or f16): the matmul's bias when the
+// cuBLASLt epilogue cannot take it.
+void launch_add_bias(const RowView& out, const void* bias, DType bias_dtype, cudaStream_t stream);
+
+// --- convert.cu ---
+// dst[i] = src[i] converted, for n values of plain float types (f32, f16, bf16), contiguous.
+void launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                    cudaStream_t stream);
+// Dequantizes n_rows rows of a GGUF block format (Q8_0, Q4_0, Q4_1), `cols` values per row, to
+// dst_dtype (f32, f16 or bf16), contiguous.
+void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                       int64_t n_rows, int64_t cols, cudaStream_t stream);
+
+// --- gemm.cu (fallback) ---
+// out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
+// cannot pair with bf16 activations (f32, f16). x bf16; out bf16 or f32; bias may be null.
+void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                          const RowView& out, cudaStream_t stream);
+
+// --- attention.cu ---
+struct AttentionArgs {
+  const void* q = nullptr;  // bf16 [n_tokens, hq, head_dim]
+  int64_t q_stride_tok = 0, q_stride_head = 0;
+  void* out = nullptr;      // bf16 [n_tokens, hq, head_dim_v]
+  int64_t o_stride_tok = 0, o_stride_head = 0;
+  CacheView k_cache, v_cache;
+  const int32_t* cu_seqlens_q = nullptr;  // [n_seqs + 1]
+  const int32_t* seq_lens_kv = nullptr;   // [n_seqs]
+  const int32_t* block_tables = nullptr;  // [n_seqs, block_table_ld]
+  int64_t block_table_ld = 0;
+  int32_t n_seqs = 0, hq = 0, hkv = 0, head_dim = 0, head_dim_v = 0;
+  int32_t block_size = 16;
+  int32_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  float scale = 1.0f;
+  int32_t window = -1;  // <= 0: none
+  float softcap = 0.0f;
+};
+// Bytes of scratch the decode path needs for split-KV partial results (0 when it does not split).
+int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms);
+// Runs decode (max_seqlen_q == 1: split-KV + reduction) or ragged prefill (tiled). `workspace`
+// must hold attention_workspace_bytes(a, n_sms).
+void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaStream_t stream);
+
+}  // namespace pagellm::cuda

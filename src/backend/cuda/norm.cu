@@ -1,0 +1,94 @@
+// RMSNorm and the fused residual add + RMSNorm. One block per row, fp32 accumulation of the sum of
+// squares. The math follows the reference (Hugging Face's LlamaRMSNorm in f32):
+// out = (x * rsqrt(mean(x^2) + eps)) * w, rounded once to the output type.
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace pagellm::cuda {
+namespace {
+
+// Threads own the elements c = threadIdx.x + k * blockDim.x in both passes, so writing `out` over
+// `x` (aliasing) is safe: each element is read and written by the same thread, read first.
+template <typename T, typename TW>
+__global__ void rms_norm_kernel(const T* x, int64_t ldx, const TW* __restrict__ w, float eps,
+                                T* out, int64_t ldo, int64_t d) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * ldx;
+  T* orow = out + r * ldo;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const float v = to_float(xr[c]);
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
+    orow[c] = from_float<T>((to_float(xr[c]) * inv) * to_float(w[c]));
+}
+
+template <typename T, typename TW>
+__global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr,
+                                    const TW* __restrict__ w, float eps, T* out, int64_t ldo,
+                                    int64_t d) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * ldx;
+  T* rr = res + r * ldr;
+  T* orow = out + r * ldo;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    // The sum is rounded to the residual's type first and the norm is taken of the stored value,
+    // so `out` is exactly rms_norm(residual) of what the next layer will add to.
+    const T sum = from_float<T>(to_float(rr[c]) + to_float(xr[c]));
+    rr[c] = sum;
+    const float v = to_float(sum);
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
+    orow[c] = from_float<T>((to_float(rr[c]) * inv) * to_float(w[c]));
+}
+
+// 128 threads for short rows (per-head q/k norms of 64..256), up to 1024 for wide hidden states.
+int norm_threads(int64_t d) {
+  int t = 128;
+  while (t < 1024 && t * 4 < d) t *= 2;
+  return t;
+}
+
+}  // namespace
+
+void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
+                     cudaStream_t stream) {
+  if (x.n_rows == 0) return;
+  dispatch_float_type(x.dtype, [&](auto tx) {
+    using T = decltype(tx);
+    dispatch_float_type(w_dtype, [&](auto tw) {
+      using TW = decltype(tw);
+      rms_norm_kernel<T, TW><<<static_cast<unsigned>(x.n_rows), norm_threads(x.cols), 0, stream>>>(
+          static_cast<const T*>(x.data), x.ld, static_cast<const TW*>(w), eps,
+          static_cast<T*>(out.data), out.ld, x.cols);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* w, DType w_dtype,
+                         float eps, const RowView& out, cudaStream_t stream) {
+  if (x.n_rows == 0) return;
+  dispatch_float_type(x.dtype, [&](auto tx) {
+    using T = decltype(tx);
+    dispatch_float_type(w_dtype, [&](auto tw) {
+      using TW = decltype(tw);
+      add_rms_norm_kernel<T, TW>
+          <<<static_cast<unsigned>(x.n_rows), norm_threads(x.cols), 0, stream>>>(
+              static_cast<const T*>(x.data), x.ld, static_cast<T*>(residual.data), residual.ld,
+              static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,106 @@
+// Rotary embedding, alone and fused with the paged KV-cache write. One block per token; the
+// rotation of a pair (a, b) is done by one thread, so in-place updates never race. Pairs are
+// (2j, 2j+1) when interleaved (GPT-J / DeepSeek) and (j, j + rotary_dim/2) otherwise (NeoX / HF
+// Llama); both touch only the first rotary_dim dims of a head.
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace pagellm::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+struct Pair {
+  int64_t a, b;
+};
+__device__ __forceinline__ Pair pair_of(int64_t j, int64_t half, bool interleaved) {
+  return interleaved ? Pair{2 * j, 2 * j + 1} : Pair{j, j + half};
+}
+
+// Rotates every pair of every head of token `i` in place; when `cache` is non-null, the rotated
+// values are also written to the cache row of that head.
+__device__ __forceinline__ void rotate_heads(bf16* x, int64_t stride_head, int64_t heads,
+                                             const float* cs, int64_t half, bool interleaved,
+                                             bf16* cache, int64_t cache_stride_head) {
+  for (int64_t t = threadIdx.x; t < heads * half; t += blockDim.x) {
+    const int64_t h = t / half, j = t % half;
+    const Pair p = pair_of(j, half, interleaved);
+    bf16* v = x + h * stride_head;
+    const float c = cs[j], s = cs[half + j];
+    const float x0 = to_float(v[p.a]), x1 = to_float(v[p.b]);
+    const bf16 r0 = from_float<bf16>(x0 * c - x1 * s);
+    const bf16 r1 = from_float<bf16>(x1 * c + x0 * s);
+    v[p.a] = r0;
+    v[p.b] = r1;
+    if (cache != nullptr) {
+      cache[h * cache_stride_head + p.a] = r0;
+      cache[h * cache_stride_head + p.b] = r1;
+    }
+  }
+}
+
+__global__ void rope_kernel(HeadsView x, const float* __restrict__ cos_sin, int64_t cs_ld,
+                            int64_t rotary_dim, bool interleaved) {
+  const int64_t i = blockIdx.x;
+  rotate_heads(static_cast<bf16*>(x.data) + i * x.stride_tok, x.stride_head, x.heads,
+               cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0);
+}
+
+__global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
+                                     const float* __restrict__ cos_sin, int64_t cs_ld,
+                                     int64_t rotary_dim, bool interleaved,
+                                     const int32_t* __restrict__ slot_mapping, CacheView kc,
+                                     CacheView vc) {
+  const int64_t i = blockIdx.x;
+  const float* cs = cos_sin + i * cs_ld;
+  const int64_t half = rotary_dim / 2;
+  const int64_t slot = slot_mapping[i];
+  // Negative slots are padding; slots past the cache cannot come from a valid plan, and are
+  // skipped rather than written out of bounds.
+  const bool store = slot >= 0 && slot < kc.n_blocks * kc.block_size;
+  bf16* kdst = nullptr;
+  bf16* vdst = nullptr;
+  if (store) {
+    const int64_t blk = slot / kc.block_size, off = slot % kc.block_size;
+    kdst = static_cast<bf16*>(kc.data) + blk * kc.stride_block + off * kc.stride_tok;
+    vdst = static_cast<bf16*>(vc.data) + blk * vc.stride_block + off * vc.stride_tok;
+  }
+  rotate_heads(static_cast<bf16*>(q.data) + i * q.stride_tok, q.stride_head, q.heads, cs, half,
+               interleaved, nullptr, 0);
+  bf16* krow = static_cast<bf16*>(k.data) + i * k.stride_tok;
+  rotate_heads(krow, k.stride_head, k.heads, cs, half, interleaved, kdst, kc.stride_head);
+  if (!store) return;
+  // K dims past rotary_dim are copied unrotated (partial rotary: Phi, GLM, DeepSeek's nope part).
+  const int64_t tail = k.dim - rotary_dim;
+  for (int64_t t = threadIdx.x; t < k.heads * tail; t += blockDim.x) {
+    const int64_t h = t / tail, e = rotary_dim + t % tail;
+    kdst[h * kc.stride_head + e] = krow[h * k.stride_head + e];
+  }
+  const bf16* vrow = static_cast<const bf16*>(v.data) + i * v.stride_tok;
+  for (int64_t t = threadIdx.x; t < v.heads * v.dim; t += blockDim.x) {
+    const int64_t h = t / v.dim, e = t % v.dim;
+    vdst[h * vc.stride_head + e] = vrow[h * v.stride_head + e];
+  }
+}
+
+}  // namespace
+
+void launch_rope(const HeadsView& x, const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
+                 bool interleaved, cudaStream_t stream) {
+  if (x.n == 0) return;
+  rope_kernel<<<static_cast<unsigned>(x.n), kThreads, 0, stream>>>(x, cos_sin, cos_sin_ld,
+                                                                   rotary_dim, interleaved);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                          const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
+                          bool interleaved, const int32_t* slot_mapping, const CacheView& k_cache,
+                          const CacheView& v_cache, cudaStream_t stream) {
+  if (q.n == 0) return;
+  rope_store_kv_kernel<<<static_cast<unsigned>(q.n), kThreads, 0, stream>>>(
+      q, k, v, cos_sin, cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pagellm::cuda
