@@ -492,7 +492,10 @@ SchedulePlan Scheduler::schedule(double now_ms) {
   maybe_form_batch(now_ms);
   while (!waiting_.empty() && budget_ > 0) {
     Request* r = waiting_.front();
-    if (config_.batching.mode != BatchingMode::kContinuous && r->batch_id != current_batch_) break;
+    if (config_.batching.mode != BatchingMode::kContinuous &&
+        (r->batch_id == 0 || r->batch_id != current_batch_)) {
+      break;  // not a member of the open batch (batch ids start at 1; 0 is "none yet")
+    }
     if (running_seqs_ + r->n_live() > config_.max_num_seqs) break;
     const size_t before = waiting_.size();
     if (!try_admit(r) && waiting_.size() == before) break;  // blocked (a failed one is dropped)
