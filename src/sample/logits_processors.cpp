@@ -1,5 +1,8 @@
 #include "sample/logits_processors.h"
 
+#include "core/check.h"
+#include "sample/sample_math.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -13,14 +16,29 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Top-p without top-k buckets tokens by their scaled log-probability s = (logit - max) / T so that
 // only the bucket where the cumulative mass crosses top_p needs sorting. Bucket b holds
-// s in (-(b+1)/32, -b/32]; expf underflows to 0 below s = -104, so 104 nats cover every token
-// with w > 0 (the last bucket catches anything beyond).
+// s in (-(b+1)/32, -b/32]; tokens with w > 0 have s >= kExpMinArg > -88, so 88 nats cover them
+// all (the last bucket catches anything beyond).
 constexpr int kBucketsPerNat = 32;
-constexpr int kNumBuckets = kBucketsPerNat * 104 + 1;
+constexpr int kNumBuckets = kBucketsPerNat * 88 + 1;
 
 inline int bucket_of(float scaled) {
   const float b = -scaled * static_cast<float>(kBucketsPerNat);
   return b >= static_cast<float>(kNumBuckets - 1) ? kNumBuckets - 1 : static_cast<int>(b);
+}
+
+// The largest logit (-inf if none is finite; NaN is never larger). Sixteen running maxima so the
+// loop vectorizes; max is exact, so the lane split cannot change the result.
+float max_logit(const float* x, int64_t n) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  for (float& l : lanes) l = kNegInf;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  float m = kNegInf;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (float l : lanes) m = l > m ? l : m;
+  return m;
 }
 
 Status token_out_of_range(const char* what, int64_t token, size_t vocab) {
@@ -29,33 +47,33 @@ Status token_out_of_range(const char* what, int64_t token, size_t vocab) {
 }
 
 // The kept set of sample_truncated. Either explicit (scratch.kept / kept_weights, ascending ids,
-// all weights > 0) or implicit: every t with weights[t] > 0 and weights[t] >= w_min.
+// all weights > 0) or implicit: scratch.weights[t] for every token, 0 where not kept.
 struct Kept {
   bool empty = false;
   bool implicit = false;
-  float w_min = 0.0f;
+  double implicit_total = 0.0;  // sum of scratch.weights in ascending id order
 };
 
 Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScratch& s) {
   const int64_t n = static_cast<int64_t>(x.size());
-  float m = kNegInf;
-  int64_t n_finite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    if (v > kNegInf) {
-      ++n_finite;
-      m = std::max(m, v);
-    }
-  }
+  const float m = max_logit(x.data(), n);
   Kept kept;
-  if (n_finite == 0) {
+  if (!(m > kNegInf)) {
     kept.empty = true;
     return kept;
   }
+  int64_t n_finite = n;
+  const bool may_use_k = p.top_k > 0 && p.top_k < n;
+  if (may_use_k) {
+    n_finite = 0;
+    for (int64_t i = 0; i < n; ++i) n_finite += x[i] > kNegInf;
+  }
   const float t = p.temperature;
-  const bool use_k = p.top_k > 0 && p.top_k < n_finite;
+  const bool use_k = may_use_k && p.top_k < n_finite;
   const bool use_p = p.top_p < 1.0f;
-  const bool use_min_p = p.min_p > 0.0f;
+  // Both cuts act on s, which is monotonic in the logit, so each keeps a prefix of the order.
+  // The argmax has s = 0 >= s_min always (min_p <= 1).
+  const float s_min = p.min_p > 0.0f ? std::max(kExpMinArg, std::log(p.min_p)) : kExpMinArg;
   s.kept.clear();
   s.kept_weights.clear();
 
@@ -63,40 +81,57 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
     // Only the k candidates matter: top-p and min-p act on the top-k-renormalized distribution.
     select_top_k(x, p.top_k, s.candidates);  // [k] best first, all finite
     const size_t k = s.candidates.size();
-    for (TokenLogit& c : s.candidates) c.logit = std::exp((c.logit - m) / t);  // now w, descending
+    s.border.resize(k);  // (s, token), same order
+    for (size_t j = 0; j < k; ++j)
+      s.border[j] = {(s.candidates[j].logit - m) / t, s.candidates[j].token};
     size_t len = k;
     if (use_p) {
       double total = 0.0;
-      for (const TokenLogit& c : s.candidates) total += c.logit;
+      for (const TokenLogit& c : s.border) total += exp_nonpositive(c.logit);
       const double target = static_cast<double>(p.top_p) * total;
       double cum = 0.0;
       for (size_t j = 0; j < k; ++j) {
-        cum += s.candidates[j].logit;
+        cum += exp_nonpositive(s.border[j].logit);
         if (cum >= target) {
           len = j + 1;
           break;
         }
       }
     }
-    // w is non-increasing along the order, so min-p and underflow each cut a suffix; w[0] == 1.
-    while (len > 1 && (s.candidates[len - 1].logit <= 0.0f ||
-                       (use_min_p && s.candidates[len - 1].logit < p.min_p)))
-      --len;
-    s.candidates.resize(len);
-    std::sort(s.candidates.begin(), s.candidates.end(),
+    while (len > 1 && s.border[len - 1].logit < s_min) --len;
+    s.border.resize(len);
+    std::sort(s.border.begin(), s.border.end(),
               [](const TokenLogit& a, const TokenLogit& b) { return a.token < b.token; });
-    for (const TokenLogit& c : s.candidates) {
+    for (const TokenLogit& c : s.border) {
       s.kept.push_back(c.token);
-      s.kept_weights.push_back(c.logit);
+      s.kept_weights.push_back(exp_nonpositive(c.logit));
     }
     return kept;
   }
 
   s.weights.resize(n);
+  float* w = s.weights.data();
   if (!use_p) {
-    for (int64_t i = 0; i < n; ++i) s.weights[i] = std::exp((x[i] - m) / t);
+    // One vectorizable pass: weights of the kept tokens, 0 elsewhere, and their total.
+    double total = 0.0;
+    constexpr int kLanes = 8;
+    double acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const float sc = (x[i + j] - m) / t;
+        w[i + j] = sc >= s_min ? exp_nonpositive(sc) : 0.0f;
+        acc[j] += w[i + j];
+      }
+    }
+    for (; i < n; ++i) {
+      const float sc = (x[i] - m) / t;
+      w[i] = sc >= s_min ? exp_nonpositive(sc) : 0.0f;
+      acc[0] += w[i];
+    }
+    for (double a : acc) total += a;
     kept.implicit = true;
-    kept.w_min = use_min_p ? p.min_p : 0.0f;
+    kept.implicit_total = total;
     return kept;
   }
 
@@ -106,11 +141,10 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
   double z = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const float scaled = (x[i] - m) / t;
-    const float w = std::exp(scaled);
-    s.weights[i] = w;
-    if (w > 0.0f) {
-      z += w;
-      s.bucket_mass[bucket_of(scaled)] += w;
+    w[i] = exp_nonpositive(scaled);
+    if (w[i] > 0.0f) {
+      z += w[i];
+      s.bucket_mass[bucket_of(scaled)] += w[i];
     }
   }
   const double target = static_cast<double>(p.top_p) * z;
@@ -133,17 +167,20 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
   s.candidates.clear();
   s.border.clear();
   for (int64_t i = 0; i < n; ++i) {
-    if (s.weights[i] <= 0.0f) continue;
-    const int b = bucket_of((x[i] - m) / t);
+    if (w[i] <= 0.0f) continue;
+    const float scaled = (x[i] - m) / t;
+    const int b = bucket_of(scaled);
     if (b > cross) continue;
-    s.candidates.push_back({x[i], static_cast<int32_t>(i)});  // ascending ids
+    // The cut needs the whole crossing bucket; min-p only filters what is finally kept.
     if (b == cross) s.border.push_back({x[i], static_cast<int32_t>(i)});
+    if (scaled >= s_min) s.candidates.push_back({x[i], static_cast<int32_t>(i)});  // ascending
   }
+  PAGELLM_CHECK(!s.border.empty());  // the crossing bucket has mass, so it has members
   std::sort(s.border.begin(), s.border.end(), ranks_before);
   TokenLogit cut = s.border.back();
   double cum = mass_before;
   for (const TokenLogit& e : s.border) {
-    cum += s.weights[e.token];
+    cum += w[e.token];
     if (cum >= target) {
       cut = e;
       break;
@@ -153,15 +190,11 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
   // selects exactly the prefix of the token order that ends at the cut.
   for (const TokenLogit& e : s.candidates) {
     if (ranks_before(cut, e)) continue;
-    const float w = s.weights[e.token];
-    if (use_min_p && w < p.min_p) continue;
     s.kept.push_back(e.token);
-    s.kept_weights.push_back(w);
+    s.kept_weights.push_back(w[e.token]);
   }
   return kept;
 }
-
-inline bool implicit_keeps(float w, float w_min) { return w > 0.0f && w >= w_min; }
 
 }  // namespace
 
@@ -262,15 +295,12 @@ Status apply_penalties(std::span<float> logits, std::span<const int32_t> prompt,
 }
 
 int32_t argmax_token(std::span<const float> logits) {
-  int32_t best = -1;
-  float best_v = kNegInf;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (logits[i] > best_v) {  // strict: the lowest id wins ties; NaN never compares greater
-      best_v = logits[i];
-      best = static_cast<int32_t>(i);
-    }
-  }
-  return best;
+  // A vectorized max, then the first index that holds it (the lowest id wins ties).
+  const float m = max_logit(logits.data(), static_cast<int64_t>(logits.size()));
+  if (!(m > kNegInf)) return -1;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] == m) return static_cast<int32_t>(i);
+  return -1;
 }
 
 void select_top_k(std::span<const float> logits, int32_t k, std::vector<TokenLogit>& out) {
@@ -326,16 +356,12 @@ int32_t sample_truncated(std::span<const float> logits, const TruncationParams& 
     }
     return last;
   }
-  const float w_min = kept.w_min;
   const size_t n = logits.size();
   const float* w = s.weights.data();
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i)
-    if (implicit_keeps(w[i], w_min)) total += w[i];
-  const double target = u * total;
+  const double target = u * kept.implicit_total;
   double cum = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    if (!implicit_keeps(w[i], w_min)) continue;
+    if (w[i] <= 0.0f) continue;
     cum += w[i];
     last = static_cast<int32_t>(i);
     if (cum > target) return last;
@@ -355,8 +381,7 @@ std::vector<TokenProb> truncated_distribution(std::span<const float> logits,
     for (size_t j = 0; j < s.kept.size(); ++j) dist.push_back({s.kept[j], s.kept_weights[j]});
   } else {
     for (size_t i = 0; i < logits.size(); ++i)
-      if (implicit_keeps(s.weights[i], kept.w_min))
-        dist.push_back({static_cast<int32_t>(i), s.weights[i]});
+      if (s.weights[i] > 0.0f) dist.push_back({static_cast<int32_t>(i), s.weights[i]});
   }
   double total = 0.0;
   for (const TokenProb& tp : dist) total += tp.prob;

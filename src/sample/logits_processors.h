@@ -73,17 +73,20 @@ int32_t argmax_token(std::span<const float> logits);
 // like any other value; NaN must not be present.
 void select_top_k(std::span<const float> logits, int32_t k, std::vector<TokenLogit>& out);
 
-// Random sampling after temperature and truncation. With m = max logit and
-//   w[t] = expf((logit[t] - m) / T)            (fp32; w = 1 for the best token, 0 for -inf)
+// Random sampling after temperature and truncation. With m = the max logit,
+//   s[t] = (logit[t] - m) / T   (fp32; s = 0 for the best token, -inf for masked ones)
+//   w[t] = exp_nonpositive(s[t])   (sample_math.h; exactly 0 iff s[t] < kExpMinArg)
 // the kept set K is a prefix of the token order, the shortest of:
 //   top-k   the first k tokens (off when k <= 0 or k >= the number of finite logits);
 //   top-p   the shortest prefix of the top-k set whose mass is >= top_p * (mass of the top-k set),
 //           i.e. top-p acts on the top-k-renormalized distribution (off when top_p >= 1);
-//   min-p   the tokens with w[t] >= min_p (that is p >= min_p * p_max; off when min_p <= 0).
-// Tokens with w[t] == 0 (underflow or -inf) are never kept. Masses are summed in double. The
-// token drawn for u in [0, 1) is the inverse CDF over K in ascending token id order: the first
-// t in K with sum_{t' in K, t' <= t} w[t'] > u * sum_{t' in K} w[t'] (the last kept token with
-// w > 0 if rounding leaves none). Returns -1 if no logit is finite.
+//   min-p   the tokens with s[t] >= logf(min_p), that is p >= min_p * p_max (off when min_p <= 0);
+//   w > 0   the tokens with s[t] >= kExpMinArg (p / p_max >= 1.2e-38; the rest are never drawn).
+// Masses are w summed in double. The token drawn for u in [0, 1) is the inverse CDF over K in
+// ascending token id order: the first t in K with sum_{t' in K, t' <= t} w[t'] >
+// u * sum_{t' in K} w[t'] (the last kept token if rounding leaves none). Returns -1 if no logit
+// is finite. Summation order may differ between implementations (the CPU one sums the top-p mass
+// by buckets), so a cut exactly at the top_p boundary may differ in the last bits; nothing else.
 struct TruncationParams {
   float temperature = 1.0f;  // > 0
   int32_t top_k = -1;

@@ -7,11 +7,12 @@
 
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "sample/sample_math.h"
 
 namespace pagellm {
 namespace {
 
-// log(sum_t exp(x[t] - m)) + m, exps in fp32, eight double partial sums (fixed order, so the
+// log(sum_t exp(x[t] - m)) + m, exps in fp32 (exp_nonpositive: x - m <= 0), eight double partial sums (fixed order, so the
 // result depends only on the row) that the compiler can keep in vector registers.
 double log_sum_exp(std::span<const float> x, float m) {
   constexpr int kLanes = 8;
@@ -19,8 +20,8 @@ double log_sum_exp(std::span<const float> x, float m) {
   const size_t n = x.size();
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(std::exp(x[i + j] - m));
-  for (; i < n; ++i) acc[0] += static_cast<double>(std::exp(x[i] - m));
+    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(exp_nonpositive(x[i + j] - m));
+  for (; i < n; ++i) acc[0] += static_cast<double>(exp_nonpositive(x[i] - m));
   double sum = 0.0;
   for (double a : acc) sum += a;
   return static_cast<double>(m) + std::log(sum);

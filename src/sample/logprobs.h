@@ -2,8 +2,8 @@
 // for prompt_logprobs.
 //
 //   logprob[t] = logit[t] - (m + log(sum_t' exp(logit[t'] - m))),   m = max finite logit,
-// each exp in fp32, the sum accumulated in double, the result rounded to fp32. -inf logits give
-// -inf. The top-N list and the rank use the token order of logits_processors.h (higher logit
+// each exp in fp32 (exp_nonpositive, sample_math.h), the sum accumulated in double, the result
+// rounded to fp32. -inf logits give -inf. The top-N list and the rank use the token order of logits_processors.h (higher logit
 // first, lower id first on ties): top[0] is rank 1, and a token's rank is 1 + the number of
 // tokens ranked before it.
 #pragma once

@@ -10,12 +10,39 @@
 #include <random>
 #include <vector>
 
+#include "sample/sample_math.h"
 #include "sample/sample_rng.h"
 
 namespace pagellm {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+TEST(ExpNonpositive, WithinThreeUlpOfLibmAndZeroExactlyBelowTheCut) {
+  int checked = 0;
+  float worst = 0.0f;
+  for (float s = 0.0f; s >= kExpMinArg; s = s * 1.0001f - 1e-4f) {
+    const float got = exp_nonpositive(s);
+    const double want = std::exp(static_cast<double>(s));
+    const double ulp = std::nextafter(static_cast<float>(want), kInf) - static_cast<float>(want);
+    worst = std::max(worst, static_cast<float>(std::fabs(got - want) / ulp));
+    ++checked;
+  }
+  EXPECT_LE(worst, 3.0f);
+  EXPECT_GT(checked, 10000);
+  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
+  EXPECT_GT(exp_nonpositive(kExpMinArg), 0.0f);
+  EXPECT_EQ(exp_nonpositive(std::nextafter(kExpMinArg, -kInf)), 0.0f);
+  EXPECT_EQ(exp_nonpositive(-1000.0f), 0.0f);
+  EXPECT_EQ(exp_nonpositive(-kInf), 0.0f);
+  // Monotonic over a dense sweep (the cuts rely on s, but sums should not wobble either).
+  float prev = 2.0f;
+  for (float s = 0.0f; s > -10.0f; s -= 1.0f / 4096) {
+    const float e = exp_nonpositive(s);
+    ASSERT_LE(e, prev) << s;
+    prev = e;
+  }
+}
 
 TEST(LogitBias, AddsBiasAndRejectsBadTokens) {
   std::vector<float> x = {1.0f, 2.0f, 3.0f, -kInf};
@@ -133,8 +160,11 @@ std::vector<TokenProb> reference_distribution(const std::vector<float>& x,
   size_t n_finite = 0;
   for (float v : x) n_finite += v > -kInf;
   size_t len = (p.top_k > 0 && static_cast<size_t>(p.top_k) < n_finite) ? p.top_k : n_finite;
-  std::vector<float> w(len);
-  for (size_t j = 0; j < len; ++j) w[j] = std::exp((order[j].logit - m) / p.temperature);
+  std::vector<float> sc(len), w(len);
+  for (size_t j = 0; j < len; ++j) {
+    sc[j] = (order[j].logit - m) / p.temperature;
+    w[j] = exp_nonpositive(sc[j]);
+  }
   if (p.top_p < 1.0f) {
     const double total = std::accumulate(w.begin(), w.end(), 0.0);
     double cum = 0.0;
@@ -147,8 +177,9 @@ std::vector<TokenProb> reference_distribution(const std::vector<float>& x,
     }
   }
   std::vector<TokenProb> dist;
+  const float s_min = p.min_p > 0.0f ? std::log(p.min_p) : -kInf;
   for (size_t j = 0; j < len; ++j)
-    if (w[j] > 0.0f && w[j] >= p.min_p) dist.push_back({order[j].token, w[j]});
+    if (w[j] > 0.0f && sc[j] >= s_min) dist.push_back({order[j].token, w[j]});
   double total = 0.0;
   for (const TokenProb& tp : dist) total += tp.prob;
   for (TokenProb& tp : dist) tp.prob /= total;
