@@ -440,7 +440,9 @@ Status GgufFile::parse_header() {
       return data_loss(where + ": bytes [" + std::to_string(t.offset) + ", " +
                        std::to_string(static_cast<uint64_t>(t.offset) + static_cast<uint64_t>(t.nbytes)) +
                        ") run past the end of the data section (" + std::to_string(data_bytes) + " bytes)");
-    t.data = data_ + data_offset_ + t.offset;
+    // An empty tensor at the very end may sit past a padding the file cut short: keep its
+    // pointer inside (or one past) the image.
+    t.data = data_ + std::min(data_offset_ + t.offset, size_);
   }
   std::vector<size_t> order(tensors_.size());
   std::iota(order.begin(), order.end(), size_t{0});

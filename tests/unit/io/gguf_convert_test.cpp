@@ -5,8 +5,8 @@
 // wrong un-permutation fails by whole weights, far beyond any tolerance.
 //
 // The fixture is generated at test time by tests/unit/io/make_gguf_fixture.py with the repository's
-// .venv python (which also cross-checks the converter's permutation against transformers'); a
-// missing .venv fails the test.
+// .venv python (which also cross-checks the converter's permutation against transformers') into
+// the temporary folder, once per content of its inputs; a missing .venv fails the test.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <numbers>
 
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -67,6 +69,9 @@ double block_tolerance(DType t, const float* x, int n) {
 
 class GgufConverted : public ::testing::Test {
  protected:
+  // The fixture is keyed by the contents of the scripts that make it and of the golden folder, and
+  // generated once into a temporary folder that is then renamed into place, so the tests of one
+  // run (separate processes under CTest, possibly in parallel) share it.
   static void SetUpTestSuite() {
     const std::string src = PAGELLM_SOURCE_DIR;
     const std::string python = src + "/.venv/bin/python";
@@ -74,15 +79,28 @@ class GgufConverted : public ::testing::Test {
       setup_error_ = python + " is missing: create the test environment (scripts/setup.sh)";
       return;
     }
-    dir_ = ::testing::TempDir() + "gguf_fixture_" + std::to_string(getpid());
-    fs::remove_all(dir_);
-    const std::string cmd =
-        "'" + python + "' '" + src + "/tests/unit/io/make_gguf_fixture.py' --out '" + dir_ + "'";
+    size_t key = 0;
+    auto mix = [&](const std::string& s) { key = key * 1000003u ^ std::hash<std::string>{}(s); };
+    for (const char* f : {"/tests/unit/io/make_gguf_fixture.py", "/scripts/hf_to_gguf.py"}) {
+      std::ifstream in(src + f, std::ios::binary);
+      mix(std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    for (const auto& e : fs::recursive_directory_iterator(src + "/tests/data/golden"))
+      if (e.is_regular_file()) mix(e.path().string() + ":" + std::to_string(e.file_size()));
+    dir_ = ::testing::TempDir() + "pagellm_gguf_fixture_" + std::to_string(key);
+    if (fs::exists(dir_ + "/done")) return;
+    const std::string tmp = dir_ + ".tmp" + std::to_string(getpid());
+    fs::remove_all(tmp);
+    const std::string cmd = "'" + python + "' '" + src + "/tests/unit/io/make_gguf_fixture.py' --out '" + tmp + "'";
     const int rc = std::system(cmd.c_str());
-    if (rc != 0) setup_error_ = "fixture generation failed (exit " + std::to_string(WEXITSTATUS(rc)) + "): " + cmd;
-  }
-  static void TearDownTestSuite() {
-    if (!dir_.empty()) fs::remove_all(dir_);
+    if (rc != 0) {
+      setup_error_ = "fixture generation failed (exit " + std::to_string(WEXITSTATUS(rc)) + "): " + cmd;
+      return;
+    }
+    std::ofstream(tmp + "/done") << "ok\n";
+    std::error_code ec;
+    fs::rename(tmp, dir_, ec);
+    if (ec) fs::remove_all(tmp);  // another process got there first; its copy is identical
   }
   void SetUp() override { ASSERT_TRUE(setup_error_.empty()) << setup_error_; }
 
@@ -176,6 +194,89 @@ TEST_F(GgufConverted, EveryTensorEqualsTheSafetensorsOne) {
     }
     EXPECT_EQ(n_compared, 29);  // 2 layers x 13 + embed_tokens + norm + lm_head
   }
+}
+
+// Every golden checkpoint of tests/model converted to GGUF gives the config that its config.json
+// gives (so the golden tests can run the GGUF files against the same reference) and the same
+// tensors, exactly (f32 output of bf16/f16/f32 sources).
+TEST_F(GgufConverted, GoldenCheckpointsKeepTheirConfigAndWeights) {
+  const std::string golden = std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden";
+  int n_models = 0;
+  for (const auto& entry : fs::directory_iterator(golden)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "llama_dynamic" || !fs::exists(entry.path() / "config.json")) continue;
+    SCOPED_TRACE(name);
+    auto hf = load_hf_config(entry.path().string());
+    ASSERT_TRUE(hf.ok()) << hf.status().to_string();
+    auto ck = open_gguf_checkpoint(dir_ + "/golden/" + name + ".gguf");
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    const ModelConfig& a = ck->config;
+    const ModelConfig& b = *hf;
+    // Mistral files say "llama": the same network (Llama with a sliding window).
+    EXPECT_EQ(a.architecture, b.architecture == "MistralForCausalLM" ? "LlamaForCausalLM" : b.architecture);
+    EXPECT_EQ(a.vocab_size, b.vocab_size);
+    EXPECT_EQ(a.hidden_size, b.hidden_size);
+    EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+    EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+    EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+    EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+    EXPECT_EQ(a.head_dim, b.head_dim);
+    EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+    EXPECT_NEAR(a.rms_norm_eps, b.rms_norm_eps, b.rms_norm_eps * 1e-6);  // stored as f32
+    EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+    EXPECT_EQ(a.attention_bias, b.attention_bias);
+    EXPECT_EQ(a.o_proj_bias, b.o_proj_bias);
+    EXPECT_EQ(a.mlp_bias, b.mlp_bias);
+    EXPECT_EQ(a.qk_norm, b.qk_norm);
+    EXPECT_EQ(a.sliding_window, b.sliding_window);
+    EXPECT_EQ(a.rotary_dim(), b.rotary_dim());
+    EXPECT_NEAR(a.rope.theta, b.rope.theta, b.rope.theta * 1e-7);
+    EXPECT_EQ(a.rope.type, b.rope.type);
+    if (b.rope.type == RopeType::kLlama3) {
+      // Recovered up to a common scale of (low, high, original context): compare the ramp ends.
+      EXPECT_NEAR(a.rope.factor, b.rope.factor, 1e-6);
+      const double a_lo = a.rope.original_max_position_embeddings / a.rope.low_freq_factor;
+      const double b_lo = b.rope.original_max_position_embeddings / b.rope.low_freq_factor;
+      const double a_hi = a.rope.original_max_position_embeddings / a.rope.high_freq_factor;
+      const double b_hi = b.rope.original_max_position_embeddings / b.rope.high_freq_factor;
+      // Only the divisors at the model's frequencies are pinned down; check those.
+      for (int64_t i = 0; i < b.rotary_dim() / 2; ++i) {
+        const double wl = 2 * std::numbers::pi *
+                          std::pow(b.rope.theta, 2.0 * static_cast<double>(i) / static_cast<double>(b.rotary_dim()));
+        auto div = [&](const RopeConfig& r, double lo_wl, double hi_wl) {
+          if (wl < hi_wl) return 1.0;
+          if (wl > lo_wl) return r.factor;
+          const double s = (r.original_max_position_embeddings / wl - r.low_freq_factor) /
+                           (r.high_freq_factor - r.low_freq_factor);
+          return 1.0 / ((1 - s) / r.factor + s);
+        };
+        EXPECT_NEAR(div(a.rope, a_lo, a_hi), div(b.rope, b_lo, b_hi), 1e-5) << "frequency " << i;
+      }
+    } else if (b.rope.type != RopeType::kDefault) {
+      EXPECT_NEAR(a.rope.factor, b.rope.factor, 1e-6);
+    }
+    if (b.rope.type == RopeType::kYarn) {
+      EXPECT_EQ(a.rope.original_max_position_embeddings, b.rope.original_max_position_embeddings);
+      EXPECT_EQ(a.rope.beta_fast, b.rope.beta_fast);
+      EXPECT_EQ(a.rope.beta_slow, b.rope.beta_slow);
+    }
+    EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+    ASSERT_FALSE(b.eos_token_ids.empty());
+    EXPECT_EQ(a.eos_token_ids, std::vector<int32_t>{b.eos_token_ids[0]});
+
+    auto st = open_safetensors_weights(entry.path().string());
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    for (const TensorInfo& want : (*st)->tensors()) {
+      if (b.tie_word_embeddings && want.name == "lm_head.weight") continue;
+      SCOPED_TRACE(want.name);
+      const TensorInfo* got = ck->weights->find(want.name);
+      ASSERT_NE(got, nullptr);
+      ASSERT_EQ(got->shape, want.shape);
+      EXPECT_EQ(as_f32(*got), as_f32(want));
+    }
+    ++n_models;
+  }
+  EXPECT_EQ(n_models, 8);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ it checks the conversion from Python with independent code:
   * transformers' own GGUF loader permutation reversal (LlamaTensorProcessor) turns the stored
     q/k rows back into the checkpoint's, so the converter permutes exactly as llama.cpp does;
   * the tokenizer metadata matches tokenizer.json.
+It also converts the golden checkpoints of tests/data/golden to DIR/golden/<name>.gguf (f32).
 The C++ test (gguf_convert_test.cpp) then reads every tensor through GgufWeightSource.
 Needs numpy, safetensors, gguf, tokenizers, transformers (no torch). Exits non-zero on a mismatch.
 """
@@ -199,6 +200,14 @@ def main():
         subprocess.run([sys.executable, str(ROOT / "scripts" / "hf_to_gguf.py"), str(hf_dir), "--outtype", t,
                         "--outfile", str(out / f"model-{t}.gguf")], check=True, stdout=subprocess.DEVNULL)
     check_conversion(out, hf_dir)
+    # The golden checkpoints of tests/model (every Llama-family variant llama.cpp can represent:
+    # not dynamic rope scaling) in f32, for the config comparison.
+    golden = out / "golden"
+    golden.mkdir(exist_ok=True)
+    for d in sorted((ROOT / "tests" / "data" / "golden").iterdir()):
+        if (d / "config.json").exists() and d.name != "llama_dynamic":
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "hf_to_gguf.py"), str(d), "--outtype", "f32",
+                            "--outfile", str(golden / f"{d.name}.gguf")], check=True, stdout=subprocess.DEVNULL)
     print(f"make_gguf_fixture: wrote {out}")
 
 
