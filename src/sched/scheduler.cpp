@@ -488,9 +488,10 @@ SchedulePlan Scheduler::schedule(double now_ms) {
       if (!schedule_running(r, s, std::min(s.n_pending(), budget_))) break;
     }
   }
-  // 3. Admission, FCFS: the first request that does not fit stops it.
+  // 3. Admission, FCFS: the first request that does not fit stops it. None in a step that had to
+  //    preempt: memory is short, and a victim re-admitted at once would only thrash.
   maybe_form_batch(now_ms);
-  while (!waiting_.empty() && budget_ > 0) {
+  while (plan.preempted.empty() && !waiting_.empty() && budget_ > 0) {
     Request* r = waiting_.front();
     if (config_.batching.mode != BatchingMode::kContinuous &&
         (r->batch_id == 0 || r->batch_id != current_batch_)) {

@@ -30,8 +30,8 @@
 //      blocks allow.
 //   3. Then admission of waiting requests in FCFS order, while the budget, max_num_seqs and the
 //      free blocks (keeping `watermark` of the pool free) allow; the first request that does not
-//      fit stops admission (no overtaking, so nobody starves). An admitted request first takes its
-//      longest cached prefix from the prefix cache.
+//      fit stops admission (no overtaking, so nobody starves). No admission in a step that had to
+//      preempt. An admitted request first takes its longest cached prefix from the prefix cache.
 //   Out of blocks for a running sequence: preempt the newest running request (recompute: free its
 //   blocks, put it back in the waiting queue in arrival order), repeatedly, possibly itself. The
 //   oldest running request can always preempt all others, so a request that still cannot get a
