@@ -20,6 +20,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // all (the last bucket catches anything beyond).
 constexpr int kBucketsPerNat = 32;
 constexpr int kNumBuckets = kBucketsPerNat * 88 + 1;
+// The implicit kept set (no top-k / top-p) is drawn from block by block.
+constexpr int64_t kWalkBlock = 256;
 
 inline int bucket_of(float scaled) {
   const float b = -scaled * static_cast<float>(kBucketsPerNat);
@@ -112,24 +114,35 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
   s.weights.resize(n);
   float* w = s.weights.data();
   if (!use_p) {
-    // One vectorizable pass: weights of the kept tokens, 0 elsewhere, and their total.
+    // One vectorizable pass: weights of the kept tokens (0 elsewhere) and the mass of each block
+    // of kWalkBlock tokens, so the draw can skip whole blocks.
+    const int64_t n_blocks = (n + kWalkBlock - 1) / kWalkBlock;
+    s.block_mass.resize(n_blocks);
     double total = 0.0;
-    constexpr int kLanes = 8;
-    double acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-      for (int j = 0; j < kLanes; ++j) {
-        const float sc = (x[i + j] - m) / t;
-        w[i + j] = sc >= s_min ? exp_nonpositive(sc) : 0.0f;
-        acc[j] += w[i + j];
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t lo = b * kWalkBlock, hi = std::min(n, lo + kWalkBlock);
+      constexpr int kLanes = 8;
+      double acc[kLanes] = {};
+      int64_t i = lo;
+      for (; i + kLanes <= hi; i += kLanes) {
+        for (int j = 0; j < kLanes; ++j) {
+          const float sc = (x[i + j] - m) / t;
+          const float e = exp_nonpositive(sc);  // unconditionally, so the select vectorizes
+          w[i + j] = sc >= s_min ? e : 0.0f;
+          acc[j] += w[i + j];
+        }
       }
+      for (; i < hi; ++i) {
+        const float sc = (x[i] - m) / t;
+        const float e = exp_nonpositive(sc);
+        w[i] = sc >= s_min ? e : 0.0f;
+        acc[0] += w[i];
+      }
+      double block = 0.0;
+      for (double a : acc) block += a;
+      s.block_mass[b] = block;
+      total += block;
     }
-    for (; i < n; ++i) {
-      const float sc = (x[i] - m) / t;
-      w[i] = sc >= s_min ? exp_nonpositive(sc) : 0.0f;
-      acc[0] += w[i];
-    }
-    for (double a : acc) total += a;
     kept.implicit = true;
     kept.implicit_total = total;
     return kept;
@@ -356,16 +369,27 @@ int32_t sample_truncated(std::span<const float> logits, const TruncationParams& 
     }
     return last;
   }
-  const size_t n = logits.size();
+  // Skip whole blocks while the CDF stays <= target, then walk the block that crosses it. Block
+  // masses and the in-block walk round differently, so a walk that falls short moves on.
+  const int64_t n = static_cast<int64_t>(logits.size());
   const float* w = s.weights.data();
   const double target = u * kept.implicit_total;
   double cum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    if (w[i] <= 0.0f) continue;
-    cum += w[i];
-    last = static_cast<int32_t>(i);
-    if (cum > target) return last;
+  const int64_t n_blocks = static_cast<int64_t>(s.block_mass.size());
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    if (cum + s.block_mass[b] <= target) {
+      cum += s.block_mass[b];
+      continue;
+    }
+    const int64_t hi = std::min(n, (b + 1) * kWalkBlock);
+    for (int64_t i = b * kWalkBlock; i < hi; ++i) {
+      if (w[i] <= 0.0f) continue;
+      cum += w[i];
+      if (cum > target) return static_cast<int32_t>(i);
+    }
   }
+  for (int64_t i = n - 1; i >= 0; --i)  // rounding left nothing: the last kept token
+    if (w[i] > 0.0f) return static_cast<int32_t>(i);
   return last;
 }
 

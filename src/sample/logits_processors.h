@@ -38,6 +38,7 @@ struct SampleScratch {
   std::vector<int32_t> kept;            // kept token ids, ascending
   std::vector<float> kept_weights;      // their w, same order
   std::vector<double> bucket_mass;      // top-p histogram
+  std::vector<double> block_mass;       // kept mass per block of tokens, for the draw
   // Penalties: per-token occurrence counts, valid where stamp[token] == epoch (no clearing of
   // the vocab-sized arrays between rows).
   std::vector<uint32_t> stamp;
