@@ -54,7 +54,9 @@ class CudaBuffer final : public Buffer {
   int64_t nbytes_ = 0;
 };
 
-bool is_float_type(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+bool is_float_type(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
 
 // Every tensor an op touches must live on the GPU (a host pointer here is a planning bug).
 void check_on_device(const Tensor& t, const char* what) {
@@ -199,7 +201,9 @@ void CudaBackend::copy(void* dst, const void* src, int64_t nbytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
-void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
   if (nbytes > upload_staging_bytes_) {
@@ -228,7 +232,8 @@ void* CudaBackend::ensure_attention_workspace(int64_t nbytes) {
 Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
                                           std::unique_ptr<Buffer>& storage) {
   if (host.device != Device::kCpu)
-    return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not in host memory");
+    return invalid_argument("upload_weight: tensor " + host.shape_string() +
+                            " is not in host memory");
   if (!host.is_contiguous())
     return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not contiguous");
   const bool src_float = is_float_type(host.dtype) || is_quantized(host.dtype);
@@ -257,7 +262,8 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
   // Convert on the device in chunks of whole rows through a reusable staging buffer; the copies
   // and kernels are ordered on the stream, so the next chunk's copy waits for this chunk's kernel.
   const int64_t src_row_bytes = dtype_bytes(host.dtype, cols);
-  const int64_t chunk_rows = std::max<int64_t>(1, kUploadChunkBytes / std::max<int64_t>(src_row_bytes, 1));
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, kUploadChunkBytes / std::max<int64_t>(src_row_bytes, 1));
   void* staging = ensure_upload_staging(std::min(n_rows, chunk_rows) * src_row_bytes);
   const char* src = static_cast<const char*>(host.data);
   char* dst = static_cast<char*>(dev.data);
@@ -281,10 +287,12 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out)
   check_on_device(table, "table");
   check_on_device(ids, "ids");
   check_on_device(out, "out");
-  PAGELLM_CHECK_MSG(table.ndim == 2 && is_float_type(table.dtype),
-                    "embedding: table must be a 2-D float tensor (quantized tables are dequantized on upload)");
+  PAGELLM_CHECK_MSG(
+      table.ndim == 2 && is_float_type(table.dtype),
+      "embedding: table must be a 2-D float tensor (quantized tables are dequantized on upload)");
   PAGELLM_CHECK(ids.dtype == DType::kI32 && ids.is_contiguous());
-  PAGELLM_CHECK(is_float_type(out.dtype) && out.rows() == ids.numel() && out.cols() == table.cols());
+  PAGELLM_CHECK(is_float_type(out.dtype) && out.rows() == ids.numel() &&
+                out.cols() == table.cols());
   launch_embedding(rows_of(table), ids.ptr<int32_t>(), rows_of(out), stream_);
 }
 
@@ -317,8 +325,10 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   check_on_device(out, "out");
   PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "matmul: activations must be bf16");
   PAGELLM_CHECK_MSG(w.ndim == 2 && is_float_type(w.dtype),
-                    "matmul: weight must be a 2-D f32/f16/bf16 tensor (quantized weights are dequantized on upload)");
-  PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32, "matmul: out must be bf16 or f32");
+                    "matmul: weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
+                    "dequantized on upload)");
+  PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
+                    "matmul: out must be bf16 or f32");
   PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0, "matmul: x and w disagree on K");
   PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0), "matmul: out shape");
   const void* bias_ptr = nullptr;
@@ -343,18 +353,24 @@ void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
   PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "rope: x must be bf16");
   PAGELLM_CHECK(cos_sin.dtype == DType::kF32 && cos_sin.ndim == 2 && cos_sin.size(0) == x.size(0));
   const int64_t rd = cos_sin.cols();
-  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= x.size(-1), "rope: rotary_dim must be even and <= head_dim");
+  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= x.size(-1),
+                    "rope: rotary_dim must be even and <= head_dim");
   launch_rope(heads_of(x), cos_sin.ptr<float>(), cos_sin.row_stride(), rd, interleaved, stream_);
 }
 
 void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
                                 bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
                                 Tensor& v_cache) {
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
-                                {&cos_sin, "cos_sin"}, {&slot_mapping, "slot_mapping"},
-                                {&k_cache, "k_cache"}, {&v_cache, "v_cache"}})
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
+                                {&k, "k"},
+                                {&v, "v"},
+                                {&cos_sin, "cos_sin"},
+                                {&slot_mapping, "slot_mapping"},
+                                {&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"}})
     check_on_device(*t, what);
-  PAGELLM_CHECK_MSG(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_store_kv: q, k, v must be [n, heads, dim]");
+  PAGELLM_CHECK_MSG(q.ndim == 3 && k.ndim == 3 && v.ndim == 3,
+                    "rope_store_kv: q, k, v must be [n, heads, dim]");
   PAGELLM_CHECK(q.dtype == DType::kBF16 && k.dtype == DType::kBF16 && v.dtype == DType::kBF16);
   PAGELLM_CHECK(k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16);
   const int64_t n = q.size(0);
@@ -362,8 +378,9 @@ void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Ten
   PAGELLM_CHECK(slot_mapping.dtype == DType::kI32 && slot_mapping.is_contiguous());
   PAGELLM_CHECK(cos_sin.dtype == DType::kF32 && cos_sin.ndim == 2 && cos_sin.size(0) == n);
   const int64_t rd = cos_sin.cols();
-  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= q.size(2) && q.size(2) == k.size(2),
-                    "rope_store_kv: rotary_dim must be even and <= head_dim; q and k head_dim equal");
+  PAGELLM_CHECK_MSG(
+      rd % 2 == 0 && rd <= q.size(2) && q.size(2) == k.size(2),
+      "rope_store_kv: rotary_dim must be even and <= head_dim; q and k head_dim equal");
   const CacheView kc = cache_of(k_cache), vc = cache_of(v_cache);
   PAGELLM_CHECK_MSG(kc.heads == k.size(1) && kc.dim == k.size(2), "rope_store_kv: k_cache shape");
   PAGELLM_CHECK_MSG(vc.heads == v.size(1) && vc.dim == v.size(2), "rope_store_kv: v_cache shape");
@@ -377,12 +394,16 @@ void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Ten
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                             const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
   if (meta.n_seqs == 0) return;
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k_cache, "k_cache"},
-                                {&v_cache, "v_cache"}, {&out, "out"},
-                                {&meta.cu_seqlens_q, "cu_seqlens_q"}, {&meta.seq_lens_kv, "seq_lens_kv"},
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
+                                {&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"},
+                                {&out, "out"},
+                                {&meta.cu_seqlens_q, "cu_seqlens_q"},
+                                {&meta.seq_lens_kv, "seq_lens_kv"},
                                 {&meta.block_tables, "block_tables"}})
     check_on_device(*t, what);
-  PAGELLM_CHECK(q.ndim == 3 && out.ndim == 3 && q.dtype == DType::kBF16 && out.dtype == DType::kBF16);
+  PAGELLM_CHECK(q.ndim == 3 && out.ndim == 3 && q.dtype == DType::kBF16 &&
+                out.dtype == DType::kBF16);
   PAGELLM_CHECK(k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16);
   const CacheView kc = cache_of(k_cache), vc = cache_of(v_cache);
   PAGELLM_CHECK_MSG(kc.dim == q.size(2), "attention: q and k_cache head_dim differ");
@@ -390,10 +411,12 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
                     "attention: out must be [n, Hq, Dv]");
   PAGELLM_CHECK_MSG(kc.block_size == meta.block_size && vc.block_size == meta.block_size,
                     "attention: cache block size differs from meta.block_size");
-  PAGELLM_CHECK(meta.cu_seqlens_q.dtype == DType::kI32 && meta.cu_seqlens_q.numel() == meta.n_seqs + 1);
+  PAGELLM_CHECK(meta.cu_seqlens_q.dtype == DType::kI32 &&
+                meta.cu_seqlens_q.numel() == meta.n_seqs + 1);
   PAGELLM_CHECK(meta.seq_lens_kv.dtype == DType::kI32 && meta.seq_lens_kv.numel() == meta.n_seqs);
   PAGELLM_CHECK(meta.block_tables.dtype == DType::kI32 && meta.block_tables.size(0) >= meta.n_seqs);
-  // The decode kernel reads K, V and q as bf16 pairs: even dims and strides keep them 4-byte aligned.
+  // The decode kernel reads K, V and q as bf16 pairs: even dims and strides keep them 4-byte
+  // aligned.
   const auto even = [](int64_t v) { return v % 2 == 0; };
   PAGELLM_CHECK_MSG(even(kc.dim) && even(vc.dim) && even(q.stride[0]) && even(q.stride[1]) &&
                         even(kc.stride_block) && even(kc.stride_tok) && even(kc.stride_head) &&
@@ -414,7 +437,8 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.cu_seqlens_q = meta.cu_seqlens_q.ptr<int32_t>();
   a.seq_lens_kv = meta.seq_lens_kv.ptr<int32_t>();
   a.block_tables = meta.block_tables.ptr<int32_t>();
-  a.block_table_ld = meta.block_tables.ndim == 1 ? meta.block_tables.size(0) : meta.block_tables.row_stride();
+  a.block_table_ld =
+      meta.block_tables.ndim == 1 ? meta.block_tables.size(0) : meta.block_tables.row_stride();
   a.n_seqs = meta.n_seqs;
   a.hq = static_cast<int32_t>(q.size(1));
   a.hkv = static_cast<int32_t>(kc.heads);

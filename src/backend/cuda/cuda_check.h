@@ -14,17 +14,17 @@ namespace pagellm::cuda {
 
 }  // namespace pagellm::cuda
 
-#define CUDA_CHECK(call)                                                                  \
-  do {                                                                                    \
-    const cudaError_t _err = (call);                                                      \
+#define CUDA_CHECK(call)                                                                    \
+  do {                                                                                      \
+    const cudaError_t _err = (call);                                                        \
     if (_err != cudaSuccess) ::pagellm::cuda::cuda_failed(_err, #call, __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLAS_CHECK(call)                                                                 \
-  do {                                                                                     \
-    const cublasStatus_t _st = (call);                                                     \
-    if (_st != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::pagellm::cuda::cublas_failed(_st, #call, __FILE__, __LINE__);                      \
+#define CUBLAS_CHECK(call)                                            \
+  do {                                                                \
+    const cublasStatus_t _st = (call);                                \
+    if (_st != CUBLAS_STATUS_SUCCESS)                                 \
+      ::pagellm::cuda::cublas_failed(_st, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: reports bad launch configurations at the launch site. Execution errors

@@ -82,8 +82,8 @@ void launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype
                     cudaStream_t stream);
 // Dequantizes n_rows rows of a GGUF block format (Q8_0, Q4_0, Q4_1), `cols` values per row, to
 // dst_dtype (f32, f16 or bf16), contiguous.
-void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                       int64_t n_rows, int64_t cols, cudaStream_t stream);
+void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n_rows,
+                       int64_t cols, cudaStream_t stream);
 
 // --- gemm.cu (fallback) ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
@@ -95,7 +95,7 @@ void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, 
 struct AttentionArgs {
   const void* q = nullptr;  // bf16 [n_tokens, hq, head_dim]
   int64_t q_stride_tok = 0, q_stride_head = 0;
-  void* out = nullptr;      // bf16 [n_tokens, hq, head_dim_v]
+  void* out = nullptr;  // bf16 [n_tokens, hq, head_dim_v]
   int64_t o_stride_tok = 0, o_stride_head = 0;
   CacheView k_cache, v_cache;
   const int32_t* cu_seqlens_q = nullptr;  // [n_seqs + 1]

@@ -1,0 +1,152 @@
+// matmul (cuBLASLt for bf16 weights, the tiled fallback for f16/f32 weights) against the CPU
+// reference: odd sizes, the Llama-3-8B projection shapes, strided (column-slice) inputs and
+// outputs at unaligned addresses, bias, bf16 and f32 outputs.
+#include "op_test_util.h"
+
+namespace pagellm::optest {
+namespace {
+
+struct MatmulCase {
+  int64_t n, k, m;
+  DType w_dtype = DType::kBF16;
+  DType out_dtype = DType::kBF16;
+  DType bias_dtype = DType::kF32;
+  bool bias = false;
+  int64_t x_offset = 0;    // x is columns [x_offset, x_offset + k) of a wider buffer
+  int64_t out_offset = 0;  // out is columns [out_offset, out_offset + m) of a wider buffer
+  int64_t out_pad = 0;     // extra columns after the slice
+};
+
+// fp32 output: no output rounding, only summation order (K up to 14336) differs.
+constexpr Tol kF32OutTol{1e-3, 1e-3, "f32 output: fp32 summation order only"};
+
+void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCase& c) {
+  Rng rng(seed);
+  const int64_t ldx = c.k + c.x_offset + (c.x_offset ? 3 : 0);
+  const int64_t ldo = c.m + c.out_offset + c.out_pad;
+  std::vector<float> xw = random_bf16_values(rng, c.n * ldx);
+  std::vector<float> wv = random_bf16_values(rng, c.m * c.k);
+  std::vector<float> bias = random_bf16_values(rng, c.m, 4.0f);
+  // The weight as stored on the host in w_dtype; both backends read exactly these values.
+  std::vector<uint8_t> w_bytes(dtype_bytes(c.w_dtype, c.m * c.k));
+  from_f32(c.w_dtype, wv.data(), w_bytes.data(), c.m * c.k);
+  Tensor w_host(w_bytes.data(), c.w_dtype, {c.m, c.k});
+
+  auto x_dev = upload_bf16(cuda, xw);
+  Tensor x_t = x_dev->view(DType::kBF16, {c.n, ldx}).slice_cols(c.x_offset, c.x_offset + c.k);
+  std::unique_ptr<Buffer> w_storage, b_storage;
+  auto w_dev = cuda.upload_weight(w_host, c.w_dtype, w_storage);
+  ASSERT_TRUE(w_dev.ok()) << w_dev.status().to_string();
+  Tensor b_dev;
+  if (c.bias) {
+    auto b = cuda.upload_weight(host_f32(bias, {c.m}), c.bias_dtype, b_storage);
+    ASSERT_TRUE(b.ok());
+    b_dev = *b;
+  }
+  const int64_t esz = c.out_dtype == DType::kF32 ? 4 : 2;
+  DevBuf out(cuda, c.n * ldo * esz);  // filled with the 0xA5 sentinel, slice and padding alike
+  Tensor out_t = out.view(c.out_dtype, {c.n, ldo}).slice_cols(c.out_offset, c.out_offset + c.m);
+  cuda.matmul(x_t, *w_dev, b_dev, out_t);
+
+  std::vector<float> want(c.n * c.m);
+  Tensor want_t = host_f32(want, {c.n, c.m});
+  Tensor bias_h = c.bias ? host_f32(bias, {c.m}) : Tensor();
+  cpu.matmul(host_f32(xw, {c.n, ldx}).slice_cols(c.x_offset, c.x_offset + c.k), w_host, bias_h,
+             want_t);
+
+  const std::string what =
+      Label("matmul", seed)("n", c.n)("k", c.k)("m", c.m)("w", dtype_name(c.w_dtype))(
+          "out", dtype_name(c.out_dtype))("bias", c.bias ? dtype_name(c.bias_dtype) : "none")(
+          "x_offset", c.x_offset)("out_offset", c.out_offset)("ldo", ldo);
+  std::vector<float> got;
+  const auto raw = out.download<uint8_t>();
+  int64_t clobbered = 0;
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t col = 0; col < ldo; ++col) {
+      const uint8_t* p = raw.data() + (r * ldo + col) * esz;
+      if (col >= c.out_offset && col < c.out_offset + c.m) {
+        if (esz == 4) {
+          float f;
+          std::memcpy(&f, p, 4);
+          got.push_back(f);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, p, 2);
+          got.push_back(bf16_to_f32(h));
+        }
+      } else {
+        for (int64_t b = 0; b < esz; ++b) clobbered += p[b] != DevBuf::kSentinel;
+      }
+    }
+  EXPECT_EQ(clobbered, 0) << what << ": bytes outside the output column slice were written";
+  EXPECT_TRUE(guards_ok(what, out));
+  EXPECT_TRUE(compare(what, got, want, c.out_dtype == DType::kF32 ? kF32OutTol : kBf16Tol));
+}
+
+TEST(Matmul, OddSizesBf16) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2000;
+  for (auto [k, m] : {std::pair<int64_t, int64_t>{7, 19}, {19, 7}, {64, 111}, {111, 64}, {128, 1}})
+    for (int64_t n : {1, 7, 19, 111}) {
+      run_matmul_case(cuda, cpu, ++seed, {n, k, m});
+      run_matmul_case(cuda, cpu, ++seed, {n, k, m, DType::kBF16, DType::kBF16, DType::kF32, true});
+    }
+}
+
+TEST(Matmul, Llama8BShapes) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2100;
+  // q/o_proj 4096x4096, k/v_proj 1024x4096 (8 KV heads x 128), gate/up 14336x4096, down 4096x14336.
+  for (int64_t n : {1, 7, 19, 111}) run_matmul_case(cuda, cpu, ++seed, {n, 4096, 4096});
+  for (int64_t n : {1, 7, 19, 111})
+    run_matmul_case(cuda, cpu, ++seed,
+                    {n, 4096, 1024, DType::kBF16, DType::kBF16, DType::kF32, true});
+  for (int64_t n : {1, 7, 19}) run_matmul_case(cuda, cpu, ++seed, {n, 4096, 14336});
+  for (int64_t n : {1, 7}) run_matmul_case(cuda, cpu, ++seed, {n, 14336, 4096});
+}
+
+TEST(Matmul, LmHeadLogits) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2200;
+  // Llama 3 vocabulary; logits in bf16 and straight to f32.
+  run_matmul_case(cuda, cpu, ++seed, {1, 4096, 128256});
+  run_matmul_case(cuda, cpu, ++seed, {3, 4096, 128256, DType::kBF16, DType::kF32});
+}
+
+TEST(Matmul, StridedAndUnalignedOutputs) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2300;
+  for (int64_t n : {1, 7, 19, 111}) {
+    // A column slice at an odd element offset: 2-byte aligned pointers and row strides.
+    run_matmul_case(cuda, cpu, ++seed,
+                    {n, 64, 111, DType::kBF16, DType::kBF16, DType::kF32, false, 3, 5, 2});
+    // A fused-QKV-style slice: 16-byte aligned offset into a wider row, with bias.
+    run_matmul_case(cuda, cpu, ++seed,
+                    {n, 4096, 1024, DType::kBF16, DType::kBF16, DType::kF32, true, 0, 4096, 1024});
+    // Strided input as well, f32 output, bf16 bias.
+    run_matmul_case(cuda, cpu, ++seed,
+                    {n, 128, 256, DType::kBF16, DType::kF32, DType::kBF16, true, 8, 8, 8});
+  }
+}
+
+TEST(Matmul, F16AndF32WeightsFallback) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2400;
+  for (DType wt : {DType::kF16, DType::kF32}) {
+    for (int64_t n : {1, 7, 19, 111}) {
+      run_matmul_case(cuda, cpu, ++seed, {n, 19, 111, wt});
+      run_matmul_case(cuda, cpu, ++seed, {n, 111, 7, wt, DType::kF32, DType::kF32, true, 1, 3, 1});
+    }
+    run_matmul_case(cuda, cpu, ++seed, {7, 4096, 4096, wt, DType::kBF16, DType::kF32, true});
+  }
+}
+
+// The plan cache must give the same answer on a repeated shape (cached heuristic) as the first.
+TEST(Matmul, RepeatedShapeIsStable) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2500;
+  for (int i = 0; i < 3; ++i) run_matmul_case(cuda, cpu, seed, {19, 4096, 4096});
+}
+
+}  // namespace
+}  // namespace pagellm::optest
