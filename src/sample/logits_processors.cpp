@@ -10,6 +10,24 @@
 #include <string>
 
 namespace pagellm {
+
+// Sixteen running maxima so the loop vectorizes; max is exact, so the lane split cannot change
+// the result.
+float max_logit(std::span<const float> logits) {
+  constexpr int kLanes = 16;
+  const float* x = logits.data();
+  const int64_t n = static_cast<int64_t>(logits.size());
+  float lanes[kLanes];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  float m = -std::numeric_limits<float>::infinity();
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (float l : lanes) m = l > m ? l : m;
+  return m;
+}
+
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -28,21 +46,6 @@ inline int bucket_of(float scaled) {
   return b >= static_cast<float>(kNumBuckets - 1) ? kNumBuckets - 1 : static_cast<int>(b);
 }
 
-// The largest logit (-inf if none is finite; NaN is never larger). Sixteen running maxima so the
-// loop vectorizes; max is exact, so the lane split cannot change the result.
-float max_logit(const float* x, int64_t n) {
-  constexpr int kLanes = 16;
-  float lanes[kLanes];
-  for (float& l : lanes) l = kNegInf;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
-  float m = kNegInf;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  for (float l : lanes) m = l > m ? l : m;
-  return m;
-}
-
 Status token_out_of_range(const char* what, int64_t token, size_t vocab) {
   return out_of_range(std::string(what) + " token " + std::to_string(token) +
                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
@@ -58,7 +61,7 @@ struct Kept {
 
 Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScratch& s) {
   const int64_t n = static_cast<int64_t>(x.size());
-  const float m = max_logit(x.data(), n);
+  const float m = max_logit(x);
   Kept kept;
   if (!(m > kNegInf)) {
     kept.empty = true;
@@ -214,12 +217,13 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
 Status check_logits_row(std::span<const float> logits, int64_t row) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   // Branch-free scan (vectorizes); the slow search for the culprit only runs on failure.
-  bool bad = false, any_finite = false;
+  int32_t n_bad = 0, n_finite = 0;  // int32 lanes: a vocabulary is < 2^31 tokens
   for (const float v : logits) {
-    bad |= !(v < kInf);  // NaN or +inf
-    any_finite |= v > kNegInf;
+    n_bad += !(v < kInf);  // NaN or +inf
+    n_finite += v > kNegInf;
   }
-  if (bad) {
+  const bool any_finite = n_finite > 0;
+  if (n_bad > 0) {
     for (size_t i = 0; i < logits.size(); ++i) {
       const float v = logits[i];
       if (!(v < kInf))
@@ -309,7 +313,7 @@ Status apply_penalties(std::span<float> logits, std::span<const int32_t> prompt,
 
 int32_t argmax_token(std::span<const float> logits) {
   // A vectorized max, then the first index that holds it (the lowest id wins ties).
-  const float m = max_logit(logits.data(), static_cast<int64_t>(logits.size()));
+  const float m = max_logit(logits);
   if (!(m > kNegInf)) return -1;
   for (size_t i = 0; i < logits.size(); ++i)
     if (logits[i] == m) return static_cast<int32_t>(i);

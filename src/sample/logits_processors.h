@@ -67,6 +67,9 @@ Status apply_penalties(std::span<float> logits, std::span<const int32_t> prompt,
                        std::span<const int32_t> output, float repetition, float presence,
                        float frequency, SampleScratch* scratch = nullptr);
 
+// The largest logit; -inf if none is finite (NaN never counts).
+float max_logit(std::span<const float> logits);
+
 // The greedy choice: the highest logit, lowest id on ties; -1 if every logit is -inf or NaN.
 int32_t argmax_token(std::span<const float> logits);
 

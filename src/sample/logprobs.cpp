@@ -32,8 +32,7 @@ double log_sum_exp(std::span<const float> x, float m) {
 void compute_logprobs(std::span<const float> logits, int32_t token, int32_t top_n,
                       LogprobsResult& out, std::vector<TokenLogit>* scratch) {
   PAGELLM_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size());
-  float m = -std::numeric_limits<float>::infinity();
-  for (const float v : logits) m = std::max(m, v);
+  const float m = max_logit(logits);
   PAGELLM_CHECK_MSG(std::isfinite(m), "compute_logprobs needs a finite logit");
   const double lse = log_sum_exp(logits, m);
   const float xt = logits[token];
