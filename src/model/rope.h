@@ -3,6 +3,10 @@
 // frequencies in f32, angles as f32(position) * inv_freq in f32, then cos/sin scaled by the
 // variant's attention factor. The model fills a per-token [n, rotary_dim] table (cos half, sin
 // half) each step; the backend's rope op applies it.
+//
+// Dynamic NTK, as in transformers, scales for the length of the current forward call, so its
+// result depends on how a prompt is chunked: only an unchunked prefill reproduces transformers'
+// single forward pass exactly. Every other variant is position-only and chunk-invariant.
 #pragma once
 
 #include <cstdint>
