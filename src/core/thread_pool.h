@@ -1,8 +1,12 @@
 // A fixed pool of worker threads for data-parallel loops (the CPU backend's matmul and attention).
 // parallel_for splits [0, n) into contiguous chunks, runs them on the workers and the caller, and
 // returns when all are done. Threads from PAGELLM_NUM_THREADS, default: all hardware threads.
+// Idle workers spin for a short while (PAGELLM_SPIN_US microseconds, default 200) before sleeping,
+// so back-to-back loops (a decode step is hundreds of small matmuls) do not pay a futex wake-up
+// each; chunks are claimed with an atomic counter, not under a lock.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -29,19 +33,25 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  // Claims and runs chunks of the current job until none is left.
+  void run_chunks();
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards sleeping on the two condition variables
   std::condition_variable cv_work_;
   std::condition_variable cv_done_;
+  // The current job. Written by parallel_for before state_ publishes it; read by a worker only
+  // after it has claimed one of its chunks, and the caller waits for every chunk before writing
+  // the next job, so reads and writes never overlap.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_chunk_ = 0;
   int n_chunks_ = 0;
-  int next_chunk_ = 0;
-  int chunks_done_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  // generation << 40 | n_chunks << 20 | next chunk: one word, so that a claim (a CAS) can never
+  // take a chunk of one job with the bounds of another.
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int> chunks_done_{0};
+  std::atomic<bool> stop_{false};
   std::mutex run_mu_;  // one parallel_for at a time
 };
 

@@ -416,7 +416,7 @@ void CpuBackend::matmul_fast(const Tensor& x, const Tensor& w, const float* bias
   float* op = out.ptr<float>();
   const int64_t ldo = out.ndim == 1 ? m_dim : out.row_stride();
   const cpu::WeightRows wr{static_cast<const char*>(w.data), dtype_bytes(w.dtype, w.stride[0]),
-                           w.dtype};
+                           w.dtype, cpu::gemv_prefetch_bytes()};
   ThreadPool& pool = ThreadPool::global();
 
   if (n <= cpu::kGemvMaxRows) {

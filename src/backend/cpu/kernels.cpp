@@ -44,6 +44,14 @@ std::vector<const Kernels*> supported_kernels() {
   return out;
 }
 
+int64_t gemv_prefetch_bytes() {
+  static const int64_t bytes = [] {
+    if (const char* v = std::getenv("PAGELLM_GEMV_PREFETCH")) return static_cast<int64_t>(std::atoll(v));
+    return int64_t{1024};
+  }();
+  return bytes;
+}
+
 const Kernels* cpu_kernels() {
   static const Kernels* const kernels = choose();
   return kernels;

@@ -21,7 +21,12 @@ struct WeightRows {
   const char* data = nullptr;
   int64_t row_bytes = 0;
   DType dtype = DType::kF32;
+  // GEMV software prefetch distance in bytes ahead of the row being read; 0: none.
+  int64_t prefetch_bytes = 0;
 };
+
+// The GEMV prefetch distance (PAGELLM_GEMV_PREFETCH bytes overrides it; measured in docs/PERF.md).
+int64_t gemv_prefetch_bytes();
 
 // One (query token, query head) of paged attention; everything is in elements unless noted.
 struct AttentionRow {
