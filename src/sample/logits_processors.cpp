@@ -32,12 +32,14 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Top-p without top-k buckets tokens by their scaled log-probability s = (logit - max) / T so that
+// Top-p over a large candidate set buckets tokens by their scaled log-probability s = (logit - max) / T so that
 // only the bucket where the cumulative mass crosses top_p needs sorting. Bucket b holds
 // s in (-(b+1)/32, -b/32]; tokens with w > 0 have s >= kExpMinArg > -88, so 88 nats cover them
 // all (the last bucket catches anything beyond).
 constexpr int kBucketsPerNat = 32;
 constexpr int kNumBuckets = kBucketsPerNat * 88 + 1;
+// Top-p without top-k sorts its candidates outright up to this many, else buckets them.
+constexpr size_t kSortAllLimit = 4096;
 // The implicit kept set (no top-k / top-p) is drawn from block by block.
 constexpr int64_t kWalkBlock = 256;
 
@@ -151,59 +153,95 @@ Kept build_kept(std::span<const float> x, const TruncationParams& p, SampleScrat
     return kept;
   }
 
-  // Top-p over the whole vocabulary: histogram the mass by bucket, find the bucket where the
-  // cumulative mass (best bucket first) reaches top_p, and sort only that bucket's members.
-  s.bucket_mass.assign(kNumBuckets, 0.0);
+  // Top-p over the whole vocabulary. Pass 1 (vectorized): every w and the total mass z.
   double z = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float scaled = (x[i] - m) / t;
-    w[i] = exp_nonpositive(scaled);
-    if (w[i] > 0.0f) {
-      z += w[i];
-      s.bucket_mass[bucket_of(scaled)] += w[i];
+  {
+    constexpr int kLanes = 8;
+    double acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        w[i + j] = exp_nonpositive((x[i + j] - m) / t);
+        acc[j] += w[i + j];
+      }
+    for (; i < n; ++i) {
+      w[i] = exp_nonpositive((x[i] - m) / t);
+      acc[0] += w[i];
     }
+    for (double a : acc) z += a;
   }
   const double target = static_cast<double>(p.top_p) * z;
-  int cross = -1;
-  double mass_before = 0.0;
-  for (int b = 0; b < kNumBuckets; ++b) {
-    if (s.bucket_mass[b] == 0.0) continue;
-    if (mass_before + s.bucket_mass[b] >= target) {
-      cross = b;
-      break;
-    }
-    mass_before += s.bucket_mass[b];
-  }
-  if (cross < 0) {
-    // Only reachable through rounding (top_p < 1 leaves a margin): keep everything.
-    for (int b = kNumBuckets - 1; b >= 0 && cross < 0; --b)
-      if (s.bucket_mass[b] > 0.0) cross = b;
-    mass_before = -std::numeric_limits<double>::infinity();
-  }
+  // Pass 2: the nucleus lies within {s >= theta} when the n tokens below theta can hold at most
+  // (1 - top_p) z between them: n e^theta <= (1 - top_p) z. For a peaked distribution that is a
+  // few dozen tokens. The 0.01 nat margin absorbs rounding; a larger set is still exact.
+  const double theta_d = std::log((1.0 - static_cast<double>(p.top_p)) * z / n) - 0.01;
+  const float theta = std::max(kExpMinArg, static_cast<float>(theta_d));
+  s.border.clear();  // candidates, ascending ids
+  for (int64_t i = 0; i < n; ++i)
+    if ((x[i] - m) / t >= theta) s.border.push_back({x[i], static_cast<int32_t>(i)});
   s.candidates.clear();
-  s.border.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    if (w[i] <= 0.0f) continue;
-    const float scaled = (x[i] - m) / t;
-    const int b = bucket_of(scaled);
-    if (b > cross) continue;
-    // The cut needs the whole crossing bucket; min-p only filters what is finally kept.
-    if (b == cross) s.border.push_back({x[i], static_cast<int32_t>(i)});
-    if (scaled >= s_min) s.candidates.push_back({x[i], static_cast<int32_t>(i)});  // ascending
-  }
-  PAGELLM_CHECK(!s.border.empty());  // the crossing bucket has mass, so it has members
-  std::sort(s.border.begin(), s.border.end(), ranks_before);
-  TokenLogit cut = s.border.back();
-  double cum = mass_before;
-  for (const TokenLogit& e : s.border) {
-    cum += w[e.token];
-    if (cum >= target) {
-      cut = e;
-      break;
+  TokenLogit cut{};
+  if (s.border.size() <= kSortAllLimit) {
+    // Sort the candidates and walk the order.
+    std::sort(s.border.begin(), s.border.end(), ranks_before);
+    cut = s.border.back();
+    double cum = 0.0;
+    for (const TokenLogit& e : s.border) {
+      cum += w[e.token];
+      if (cum >= target) {
+        cut = e;
+        break;
+      }
+    }
+    std::sort(s.border.begin(), s.border.end(),
+              [](const TokenLogit& a, const TokenLogit& b) { return a.token < b.token; });
+    for (const TokenLogit& e : s.border)
+      if ((e.logit - m) / t >= s_min) s.candidates.push_back(e);
+  } else {
+    // A flat distribution: histogram the candidates' mass by bucket of s, find the bucket where
+    // the cumulative mass (best bucket first) reaches top_p, and sort only that bucket.
+    s.bucket_mass.assign(kNumBuckets, 0.0);
+    for (const TokenLogit& e : s.border) s.bucket_mass[bucket_of((e.logit - m) / t)] += w[e.token];
+    int cross = -1;
+    double mass_before = 0.0;
+    for (int b = 0; b < kNumBuckets; ++b) {
+      if (s.bucket_mass[b] == 0.0) continue;
+      if (mass_before + s.bucket_mass[b] >= target) {
+        cross = b;
+        break;
+      }
+      mass_before += s.bucket_mass[b];
+    }
+    if (cross < 0) {
+      // Only reachable through rounding (top_p < 1 leaves a margin): keep every candidate.
+      for (int b = kNumBuckets - 1; b >= 0 && cross < 0; --b)
+        if (s.bucket_mass[b] > 0.0) cross = b;
+      mass_before = -std::numeric_limits<double>::infinity();
+    }
+    std::vector<TokenLogit>& in_cross = s.kept_candidates;
+    in_cross.clear();
+    for (const TokenLogit& e : s.border) {
+      const float scaled = (e.logit - m) / t;
+      const int b = bucket_of(scaled);
+      if (b > cross) continue;
+      // The cut needs the whole crossing bucket; min-p only filters what is finally kept.
+      if (b == cross) in_cross.push_back(e);
+      if (scaled >= s_min) s.candidates.push_back(e);  // ascending ids
+    }
+    PAGELLM_CHECK(!in_cross.empty());  // the crossing bucket has mass, so it has members
+    std::sort(in_cross.begin(), in_cross.end(), ranks_before);
+    cut = in_cross.back();
+    double cum = mass_before;
+    for (const TokenLogit& e : in_cross) {
+      cum += w[e.token];
+      if (cum >= target) {
+        cut = e;
+        break;
+      }
     }
   }
-  // A token in a better bucket has a strictly larger logit, so "ranks no later than the cut"
-  // selects exactly the prefix of the token order that ends at the cut.
+  // The kept set is the prefix of the token order that ends at the cut (a token in a better
+  // bucket has a strictly larger logit, so bucket order agrees with the token order).
   for (const TokenLogit& e : s.candidates) {
     if (ranks_before(cut, e)) continue;
     s.kept.push_back(e.token);

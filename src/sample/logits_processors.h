@@ -34,7 +34,8 @@ struct TokenProb {
 struct SampleScratch {
   std::vector<float> weights;           // [vocab] exp((logit - max) / T)
   std::vector<TokenLogit> candidates;   // top-k / top-p candidates
-  std::vector<TokenLogit> border;       // top-p: the members of the bucket where the mass crosses
+  std::vector<TokenLogit> border;       // top-p candidates; top-k: (s, token) pairs
+  std::vector<TokenLogit> kept_candidates;  // top-p: the bucket where the mass crosses top_p
   std::vector<int32_t> kept;            // kept token ids, ascending
   std::vector<float> kept_weights;      // their w, same order
   std::vector<double> bucket_mass;      // top-p histogram
