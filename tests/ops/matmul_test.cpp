@@ -17,8 +17,9 @@ struct MatmulCase {
   int64_t out_pad = 0;     // extra columns after the slice
 };
 
-// fp32 output: no output rounding, only summation order (K up to 14336) differs.
-constexpr Tol kF32OutTol{1e-3, 1e-3, "f32 output: fp32 summation order only"};
+// fp32 output: no output rounding, only summation order differs: ~sqrt(K) * 2^-24 of the partial
+// sums, about 1e-5 of the rms at K = 4096; the floor (5% of the rms) covers cancelling outputs.
+constexpr Tol kF32OutTol{1e-3, 5e-2, "f32 output: fp32 summation order only"};
 
 void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCase& c) {
   Rng rng(seed);

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: configure and build the cuda preset, run the CUDA op tests
+# (every op against the CPU reference), run compute-sanitizer memcheck on a reduced op filter,
+# run the CPU golden model tests, and print a summary table. Works offline from a fresh copy of
+# the repository: libraries the system lacks come from .carry/pkg/deps.tar.gz, made by
+# scripts/carry-deps.sh on a Debian 12 machine.
+#
+#   scripts/gpu-check.sh
+# Environment: PAGELLM_CUDA_ARCH (default 90a), JOBS (default 16), PAGELLM_OPS_SEED (op test seed),
+# PAGELLM_CHECK_BUDGET (seconds, default 570) bounds the whole run: each step gets a timeout from
+# what is left, so the summary always prints inside a 10-minute remote command limit;
+# PAGELLM_CHECK_ALL=1 also builds every target of the preset; PAGELLM_BUILD_DIR overrides the
+# preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
+# dependency setup on a machine without a GPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+arch=${PAGELLM_CUDA_ARCH:-90a}
+jobs=${JOBS:-16}
+build=${PAGELLM_BUILD_DIR:-build/cuda}
+logs=$build/gpu-check
+declare -a step_names=() step_results=()
+record() { step_names+=("$1"); step_results+=("$2"); }
+now() { date +%s; }
+deadline=$(( $(now) + ${PAGELLM_CHECK_BUDGET:-570} ))
+# Seconds a step may take: its own cap, or what is left of the budget less 15s for the summary.
+step_limit() {
+  local left=$(( deadline - $(now) - 15 ))
+  [ "$left" -lt 1 ] && left=1  # never 0: `timeout 0` means no limit
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+
+echo "== machine"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+command -v nvcc >/dev/null || export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+nvcc --version | tail -1
+cmake --version | head -1
+
+# --- dependencies: system first, the carried tree for whatever is missing ---
+has_header() {
+  local d
+  for d in /usr/include /usr/local/include; do [ -e "$d/$1" ] && return 0; done
+  return 1
+}
+missing=()
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+for pc in libpcre2-8 libxxhash sentencepiece; do
+  command -v pkg-config >/dev/null && pkg-config --exists "$pc" || missing+=("$pc")
+done
+for h in nlohmann/json.hpp boost/version.hpp gtest/gtest.h gmock/gmock.h utf8proc.h; do
+  has_header "$h" || missing+=("$h")
+done
+cmake_extra=()
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== dependencies missing on this system: ${missing[*]}"
+  root=$repo/.carry/root
+  if [ ! -d "$root" ]; then
+    if [ ! -f .carry/pkg/deps.tar.gz ]; then
+      echo "gpu-check: no .carry/pkg/deps.tar.gz: run scripts/carry-deps.sh on a Debian 12 machine" \
+           "and bring .carry/pkg along" >&2
+      exit 2
+    fi
+    tar -C .carry -xzf .carry/pkg/deps.tar.gz || { echo "gpu-check: cannot unpack deps" >&2; exit 2; }
+  fi
+  echo "   using the carried packages in $root"
+  libdir=$root/usr/lib/x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH="$root/usr:$libdir/cmake:$root/usr/share/cmake${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export CMAKE_LIBRARY_PATH="$libdir${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}"
+  export CMAKE_INCLUDE_PATH="$root/usr/include${CMAKE_INCLUDE_PATH:+:$CMAKE_INCLUDE_PATH}"
+  export PKG_CONFIG_PATH="$libdir/pkgconfig:$root/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The system's pkg-config when there is one (the carried pkgconf needs a recent enough glibc).
+  if command -v pkg-config >/dev/null; then
+    cmake_extra+=("-DPKG_CONFIG_EXECUTABLE=$(command -v pkg-config)")
+  else
+    cmake_extra+=("-DPKG_CONFIG_EXECUTABLE=$root/usr/bin/pkgconf")
+  fi
+fi
+
+# --- configure and build ---
+if command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi
+mkdir -p "$logs"
+t0=$(now)
+echo "== configure (cuda preset, CUDA arch $arch, ${CMAKE_GENERATOR:-Unix Makefiles})"
+if cmake --preset cuda -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGELLM_BENCH=OFF ${cmake_extra[@]+"${cmake_extra[@]}"} \
+     >"$logs/configure.log" 2>&1; then
+  record "configure" "ok ($(( $(now) - t0 ))s)"
+else
+  tail -40 "$logs/configure.log"
+  record "configure" "FAILED (see $logs/configure.log)"
+  printf '\n== summary\n'; for i in "${!step_names[@]}"; do printf '  %-28s %s\n' "${step_names[$i]}" "${step_results[$i]}"; done
+  exit 1
+fi
+
+if [ "${PAGELLM_CHECK_CONFIGURE_ONLY:-0}" = 1 ]; then
+  grep -E "^(UTF8PROC_LIB|UTF8PROC_INCLUDE|Boost_DIR|GTest_DIR|nlohmann_json_DIR|PKG_CONFIG_EXECUTABLE):|^pkgcfg_lib_" \
+    "$build/CMakeCache.txt" | grep -v ADVANCED
+  echo "configure ok"; exit 0
+fi
+
+build_target() {  # name, targets...
+  local name=$1; shift
+  local t=$(now) limit
+  limit=$(step_limit 400)
+  if [ "$limit" -lt 20 ]; then record "build $name" "skipped: out of time"; return 1; fi
+  echo "== build $*"
+  if timeout "$limit" cmake --build "$build" --target "$@" -j "$jobs" >"$logs/build-$name.log" 2>&1; then
+    record "build $name" "ok ($(( $(now) - t ))s)"
+    return 0
+  fi
+  grep -E "error|Error" "$logs/build-$name.log" | head -40
+  record "build $name" "FAILED (see $logs/build-$name.log)"
+  return 1
+}
+ops_built=0; model_built=0
+build_target test_ops test_ops && ops_built=1
+build_target test_model test_model && model_built=1
+if [ "${PAGELLM_CHECK_ALL:-0}" = 1 ]; then build_target all all; fi
+
+# --- op tests ---
+ops_xml=$logs/test_ops.xml
+if [ $ops_built = 1 ]; then
+  echo "== test_ops"
+  t=$(now)
+  rm -f "$ops_xml"
+  timeout "$(step_limit 240)" "$build/tests/test_ops" --gtest_output="xml:$ops_xml" >"$logs/test_ops.log" 2>&1
+  rc=$?
+  grep -E "^\[ +FAILED +\]|CHECK failed|CUDA error|cuBLAS error|^test_ops:" "$logs/test_ops.log" | sort -u | head -40
+  if [ ! -f "$ops_xml" ]; then
+    echo "test_ops ended without its report (crash?), rc=$rc; last lines of its log:"
+    tail -40 "$logs/test_ops.log"
+  fi
+  case $rc in
+    0) record "test_ops" "ok ($(( $(now) - t ))s)" ;;
+    124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
+    *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
+  esac
+
+  # Memcheck on the small cases of each op family: sanitized kernels run 10-100x slower.
+  sanitizer=$(command -v compute-sanitizer || true)
+  [ -z "$sanitizer" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] &&
+    sanitizer=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
+  if [ -n "$sanitizer" ] && [ "$(step_limit 180)" -lt 30 ]; then
+    record "memcheck (reduced ops)" "skipped: out of time"
+  elif [ -n "$sanitizer" ]; then
+    filter='Add.*:SiluMul.*:GatherRows.*:AddRmsNorm.*:Rope.*:RopeStoreKv.*:UploadWeight.DequantizesBlockFormatsToBf16'
+    filter+=':Matmul.OddSizesBf16:Matmul.StridedAndUnalignedOutputs:Matmul.F16AndF32WeightsFallback'
+    filter+=':AttentionDecode.HeadLayoutsAndDims:AttentionDecode.Gqa32x8SplitKv:AttentionPrefill.*'
+    echo "== compute-sanitizer memcheck ($filter)"
+    t=$(now)
+    limit=$(step_limit 180)
+    timeout "$limit" "$sanitizer" --tool memcheck --error-exitcode 99 --print-limit 20 \
+      "$build/tests/test_ops" --gtest_filter="$filter" >"$logs/memcheck.log" 2>&1
+    rc=$?
+    grep -E "=========|FAILED|test_ops:" "$logs/memcheck.log" | head -60
+    case $rc in
+      0) record "memcheck (reduced ops)" "ok ($(( $(now) - t ))s)" ;;
+      124) record "memcheck (reduced ops)" "TIMEOUT after ${limit}s (see $logs/memcheck.log)" ;;
+      99) record "memcheck (reduced ops)" "MEMORY ERRORS (see $logs/memcheck.log)" ;;
+      *) record "memcheck (reduced ops)" "FAILED rc=$rc (see $logs/memcheck.log)" ;;
+    esac
+  else
+    record "memcheck (reduced ops)" "skipped: no compute-sanitizer"
+  fi
+fi
+
+# --- golden model tests (CPU) ---
+if [ $model_built = 1 ]; then
+  echo "== test_model"
+  t=$(now)
+  timeout "$(step_limit 240)" "$build/tests/test_model" >"$logs/test_model.log" 2>&1
+  rc=$?
+  grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
+  record "test_model (CPU golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+fi
+
+# --- summary ---
+printf '\n== op tests\n'
+if [ -f "$ops_xml" ] && command -v python3 >/dev/null; then
+  python3 - "$ops_xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+n_pass = n_fail = 0
+failures = []
+for case in root.iter("testcase"):
+    name = case.get("classname") + "." + case.get("name")
+    msgs = [f.get("message", "") for f in case.findall("failure")]
+    failure = case.find("failure")
+    skipped = case.get("result") == "skipped" or case.find("skipped") is not None
+    status = "FAILED" if failure is not None else ("skipped" if skipped else "passed")
+    if failure is not None:
+        n_fail += 1
+        failures.append((name, msgs))
+    elif not skipped:
+        n_pass += 1
+    print(f"  {name:<48} {status:<8} {float(case.get('time', 0)):7.2f}s")
+print(f"  {'total':<48} {n_pass} passed, {n_fail} failed")
+for name, msgs in failures:
+    print(f"\n  -- {name}: {len(msgs)} failed check(s); the first:")
+    for msg in msgs[:3]:
+        print("\n".join("     " + l for l in msg.splitlines()[:10])[:900])
+PY
+elif [ -f "$logs/test_ops.log" ]; then
+  grep -E "^\[ +(PASSED|FAILED) +\]" "$logs/test_ops.log"
+else
+  echo "  (not run)"
+fi
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp -r "$logs" "$OUT/" 2>/dev/null; fi
+printf '\n== summary\n'
+for i in "${!step_names[@]}"; do printf '  %-28s %s\n' "${step_names[$i]}" "${step_results[$i]}"; done
+printf '  %-28s %ss\n' "total" "$(( $(now) - t0 ))"
+for r in "${step_results[@]}"; do case $r in ok*|skipped*) ;; *) exit 1 ;; esac; done
+exit 0
