@@ -4,12 +4,15 @@ namespace pagellm::cli {
 
 int run_inspect(int argc, char** argv);
 int run_generate(int argc, char** argv);
+int run_template(int argc, char** argv);
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"generate", "generate tokens from a prompt (--model DIR --prompt-ids ... | \"text\")",
        run_generate},
       {"inspect", "print a checkpoint's parsed config, parameter count and bytes", run_inspect},
+      {"template", "render the chat template (--model DIR|FILE.gguf --messages FILE.json [--add-generation-prompt])",
+       run_template},
   };
   return kCommands;
 }
