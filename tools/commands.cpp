@@ -4,6 +4,8 @@ namespace pagellm::cli {
 
 int run_inspect(int argc, char** argv);
 int run_generate(int argc, char** argv);
+int run_tokenize(int argc, char** argv);
+int run_detokenize(int argc, char** argv);
 int run_template(int argc, char** argv);
 
 const std::vector<Command>& commands() {
@@ -11,6 +13,8 @@ const std::vector<Command>& commands() {
       {"generate", "generate tokens from a prompt (--model DIR --prompt-ids ... | \"text\")",
        run_generate},
       {"inspect", "print a checkpoint's parsed config, parameter count and bytes", run_inspect},
+      {"tokenize", "text to token ids, one JSON string per line (--model DIR --jsonl FILE)", run_tokenize},
+      {"detokenize", "token ids to text, one JSON id array per line (--model DIR --jsonl FILE)", run_detokenize},
       {"template", "render the chat template (--model DIR|FILE.gguf --messages FILE.json [--add-generation-prompt])",
        run_template},
   };

@@ -1,4 +1,5 @@
 // Loading a tokenizer from what a model folder holds, and the SentencePiece (tokenizer.model) path.
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -163,8 +164,18 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
     tok->set_special_ids(id_of("bos_token"), id_of("eos_token"), id_of("pad_token"));
     return tok;
   }
-  // A folder with a single .gguf file (the default model's layout).
-  return not_found(path + ": no tokenizer.json or tokenizer.model");
+  // A folder holding one .gguf file.
+  std::vector<std::string> ggufs;
+  if (DIR* dir = ::opendir(path.c_str())) {
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (ends_with(name, ".gguf") && is_file(join(path, name))) ggufs.push_back(join(path, name));
+    }
+    ::closedir(dir);
+  }
+  if (ggufs.size() == 1) return tokenizer_from_gguf_file(ggufs[0]);
+  if (ggufs.size() > 1) return invalid_argument(path + ": several .gguf files; name one");
+  return not_found(path + ": no tokenizer.json, tokenizer.model or .gguf file");
 }
 
 }  // namespace pagellm
