@@ -6,16 +6,6 @@
 
 namespace pagellm {
 
-const char* finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone: return nullptr;
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-  }
-  return nullptr;
-}
-
 StopChecker::StopChecker(const SamplingParams& params, std::span<const int32_t> eos_token_ids)
     : stop_strings_(params.stop),
       stop_token_ids_(params.stop_token_ids),

@@ -27,19 +27,11 @@
 #include <string_view>
 #include <vector>
 
+#include "core/finish_reason.h"
 #include "sample/sampling_params.h"
 
 namespace pagellm {
 
-enum class FinishReason : uint8_t {
-  kNone = 0,  // still running
-  kStop,      // EOS, a stop token or a stop string
-  kLength,    // max_tokens, or the context limit (the engine's call to finish())
-  kAbort,     // the client went away or the request was cancelled (engine-internal)
-};
-
-// The finish_reason string: "stop", "length", "abort"; nullptr for kNone.
-const char* finish_reason_name(FinishReason reason);
 
 struct StopUpdate {
   std::string text;  // safe to stream now; may be empty

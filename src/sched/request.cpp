@@ -13,16 +13,6 @@ const char* request_state_name(RequestState state) {
   return "?";
 }
 
-const char* finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone: return "";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-  }
-  return "?";
-}
-
 int32_t Request::n_live() const {
   int32_t k = 0;
   for (const Sequence& s : seqs) k += s.finished() ? 0 : 1;

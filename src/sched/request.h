@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/finish_reason.h"
 #include "kv/block_table.h"
 
 namespace pagellm {
@@ -22,16 +23,7 @@ using RequestId = uint64_t;
 
 enum class RequestState { kWaiting, kRunning, kPreempted, kFinished, kAborted };
 
-// Why a sequence stopped, in OpenAI's finish_reason words (finish_reason_name).
-enum class FinishReason {
-  kNone,    // still generating
-  kStop,    // EOS, a stop token id or a stop string (the engine decides)
-  kLength,  // max_tokens reached
-  kAbort,   // aborted by the client or failed by the scheduler (see Request::error)
-};
-
 const char* request_state_name(RequestState state);
-const char* finish_reason_name(FinishReason reason);  // "", "stop", "length", "abort"
 inline bool is_terminal(RequestState s) {
   return s == RequestState::kFinished || s == RequestState::kAborted;
 }
