@@ -1,0 +1,479 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/log.h"
+#include "runtime/step_batch.h"
+#include "sample/sample_rng.h"
+#include "sample/sampler.h"
+#include "sample/stop_checker.h"
+#include "tokenizer/detokenizer.h"
+
+namespace pagellm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
+// On the CPU the KV pool needs no profile run: weights are mapped, not copied. Cap the default so
+// a laptop does not reserve most of its memory for cache it will never fill.
+constexpr int64_t kCpuDefaultKvBytes = int64_t{2} << 30;
+
+}  // namespace
+
+// A request the engine thread is working on.
+struct Engine::Live {
+  uint64_t id = 0;
+  EngineRequest req;
+  OutputCallback cb;
+  struct Seq {
+    uint64_t seed = 0;
+    std::vector<int32_t> outputs;
+    std::unique_ptr<IncrementalDetokenizer> detok;
+    std::unique_ptr<StopChecker> stop;
+  };
+  std::vector<Seq> seqs;
+  std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
+  bool prompt_logprobs_sent = false;
+};
+
+Engine::Engine(Model& model, Backend& backend, const Tokenizer* tokenizer,
+               const EngineConfig& config)
+    : model_(model), backend_(backend), tokenizer_(tokenizer), config_(config) {}
+
+Result<std::unique_ptr<Engine>> Engine::create(Model& model, Backend& backend,
+                                               const Tokenizer* tokenizer,
+                                               const EngineConfig& config) {
+  std::unique_ptr<Engine> e(new Engine(model, backend, tokenizer, config));
+  PAGELLM_RETURN_IF_ERROR(e->init());
+  e->thread_ = std::thread([p = e.get()] { p->loop(); });
+  return e;
+}
+
+Engine::~Engine() { shutdown(); }
+
+Status Engine::init() {
+  const ModelConfig& mc = model_.config();
+  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len
+                                             : static_cast<int32_t>(mc.max_position_embeddings);
+  if (max_model_len_ <= 0) return invalid_argument("max_model_len must be positive");
+  if (mc.max_position_embeddings > 0 && max_model_len_ > mc.max_position_embeddings) {
+    return invalid_argument("--max-model-len " + std::to_string(max_model_len_) +
+                            " exceeds the model's max_position_embeddings " +
+                            std::to_string(mc.max_position_embeddings));
+  }
+  const KvSpec spec = model_.kv_spec();
+  const int32_t bs = config_.block_size;
+  if (bs < 1) return invalid_argument("--block-size must be >= 1");
+  kv_block_bytes_ = KvCache::bytes_per_block(spec, bs, backend_.activation_dtype());
+  int64_t budget = config_.kv_cache_memory;
+  if (budget <= 0) {
+    budget = static_cast<int64_t>(backend_.free_memory() * config_.memory_utilization);
+    if (backend_.device() == Device::kCpu) budget = std::min(budget, kCpuDefaultKvBytes);
+  }
+  const int64_t n_blocks = budget / kv_block_bytes_;
+  const int64_t need = (max_model_len_ + bs - 1) / bs;
+  if (n_blocks < need) {
+    return resource_exhausted("a KV cache of " + std::to_string(budget >> 20) + " MiB holds " +
+                              std::to_string(n_blocks * bs) + " tokens, less than one " +
+                              std::to_string(max_model_len_) +
+                              "-token sequence: raise --kv-cache-memory or lower --max-model-len");
+  }
+  cache_ = KvCache::allocate(backend_, spec, bs, n_blocks);
+  KvCacheConfig kv;
+  kv.n_blocks = static_cast<int32_t>(std::min<int64_t>(n_blocks, INT32_MAX));
+  kv.block_size = bs;
+  kv.enable_prefix_caching = config_.enable_prefix_caching;
+  PAGELLM_ASSIGN_OR_RETURN(scheduler_, Scheduler::create(config_.scheduler, kv));
+  stats_.n_kv_blocks = n_blocks;
+  stats_.kv_block_bytes = kv_block_bytes_;
+  PAGELLM_LOG_INFO("KV cache: %lld blocks of %d tokens (%.1f MiB, %lld tokens), max_model_len %d",
+                   static_cast<long long>(n_blocks), bs, n_blocks * kv_block_bytes_ / 1048576.0,
+                   static_cast<long long>(n_blocks * bs), max_model_len_);
+  return {};
+}
+
+Result<uint64_t> Engine::submit(EngineRequest request, OutputCallback on_output) {
+  const int32_t vocab = static_cast<int32_t>(model_.config().vocab_size);
+  SamplingParams& p = request.params;
+  if (request.prompt.empty()) return invalid_argument("the prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= vocab)
+      return invalid_argument("prompt token id " + std::to_string(t) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  }
+  const int32_t n_prompt = static_cast<int32_t>(request.prompt.size());
+  if (n_prompt >= max_model_len_) {
+    return invalid_argument("the prompt has " + std::to_string(n_prompt) +
+                            " tokens, and this model's context is " +
+                            std::to_string(max_model_len_) + " tokens");
+  }
+  if (!p.max_tokens) p.max_tokens = max_model_len_ - n_prompt;
+  if (n_prompt + *p.max_tokens > max_model_len_) {
+    return invalid_argument("the prompt has " + std::to_string(n_prompt) + " tokens and " +
+                            std::to_string(*p.max_tokens) + " more were requested, but this " +
+                            "model's context is " + std::to_string(max_model_len_) + " tokens");
+  }
+  PAGELLM_RETURN_IF_ERROR(p.validate(vocab));
+  if (request.detokenize && !tokenizer_)
+    return invalid_argument("this engine has no tokenizer, so it cannot produce text");
+  if (!request.detokenize && !p.stop.empty())
+    return invalid_argument("stop strings need detokenized output");
+  const uint64_t id = next_id_++;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return Status(StatusCode::kAborted, "the engine is shutting down");
+    inbox_.push_back({id, std::move(request), std::move(on_output)});
+  }
+  ++n_pending_;
+  cv_.notify_one();
+  return id;
+}
+
+void Engine::abort(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborts_.push_back(request_id);
+  }
+  cv_.notify_one();
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Engine::idle() const { return n_pending_.load() == 0; }
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::emit_error(uint64_t id, OutputCallback& cb, const Status& s) {
+  EngineOutput o;
+  o.request_id = id;
+  o.finish = FinishReason::kAbort;
+  o.request_done = true;
+  o.error = s;
+  --n_pending_;  // before the callback, so a caller woken by it sees the engine idle
+  if (cb) cb(std::move(o));
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || !inbox_.empty() || !aborts_.empty() || scheduler_->has_unfinished();
+      });
+      if (stop_) {
+        // Abort everything still live so every stream ends.
+        for (auto& in : inbox_) aborts_.push_back(in.id);
+      }
+    }
+    drain_inbox();
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stop_;
+    }
+    if (stopping) {
+      std::vector<uint64_t> ids;
+      for (auto& [id, l] : live_) ids.push_back(id);
+      for (uint64_t id : ids) {
+        FinishedRequest info;
+        if (scheduler_->abort(id, &info)) finish_request(*live_.at(id), info);
+      }
+      return;
+    }
+    if (scheduler_->has_unfinished()) step();
+  }
+}
+
+void Engine::drain_inbox() {
+  std::deque<Inbox> inbox;
+  std::vector<uint64_t> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox.swap(inbox_);
+    aborts.swap(aborts_);
+  }
+  for (Inbox& in : inbox) {
+    if (std::find(aborts.begin(), aborts.end(), in.id) != aborts.end()) {
+      emit_error(in.id, in.callback, Status(StatusCode::kAborted, "aborted before it started"));
+      continue;
+    }
+    const SamplingParams& p = in.request.params;
+    RequestSpec spec;
+    spec.id = in.id;
+    spec.prompt = in.request.prompt;
+    spec.max_tokens = *p.max_tokens;
+    spec.n = p.n;
+    spec.extra_keys = in.request.extra_keys;
+    // prompt_logprobs need every prompt position computed: a unique salt keeps this request off
+    // the prefix cache.
+    if (p.prompt_logprobs) spec.extra_keys.push_back(0x9e3779b97f4a7c15ull ^ in.id);
+    spec.arrival_ms = now_ms();
+    if (Status s = scheduler_->add_request(std::move(spec)); !s.ok()) {
+      emit_error(in.id, in.callback, s);
+      continue;
+    }
+    auto live = std::make_unique<Live>();
+    live->id = in.id;
+    live->req = std::move(in.request);
+    live->cb = std::move(in.callback);
+    const SamplingParams& lp = live->req.params;
+    const uint64_t base_seed = lp.seed ? *lp.seed : draw_random_seed();
+    const auto& eos = model_.config().eos_token_ids;
+    live->seqs.resize(lp.n);
+    for (int32_t i = 0; i < lp.n; ++i) {
+      auto& s = live->seqs[i];
+      s.seed = derive_sequence_seed(base_seed, static_cast<uint32_t>(i));
+      if (live->req.detokenize)
+        s.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, live->req.skip_special_tokens);
+      s.stop = std::make_unique<StopChecker>(lp, eos);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.prompt_tokens_total += static_cast<int64_t>(live->req.prompt.size());
+    }
+    live_.emplace(in.id, std::move(live));
+  }
+  for (uint64_t id : aborts) {
+    FinishedRequest info;
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    if (scheduler_->abort(id, &info)) finish_request(*it->second, info);
+  }
+}
+
+void Engine::publish_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.scheduler = scheduler_->stats();
+}
+
+void Engine::finish_request(Live& live, const FinishedRequest& info) {
+  // The scheduler has already released the request: publish that before the caller hears it is
+  // done, so a caller that then reads stats() sees its blocks freed.
+  publish_stats();
+  // Sequences still open end now (abort or failure): flush what their stop checker held back.
+  for (size_t i = 0; i < live.seqs.size(); ++i) {
+    auto& s = live.seqs[i];
+    if (s.stop->finished()) continue;
+    EngineOutput o;
+    o.request_id = live.id;
+    o.seq_index = static_cast<int32_t>(i);
+    o.text = s.stop->finish(FinishReason::kAbort);
+    o.finish = FinishReason::kAbort;
+    live.cb(std::move(o));
+  }
+  EngineOutput done;
+  done.request_id = live.id;
+  done.request_done = true;
+  done.finish = info.state == RequestState::kAborted ? FinishReason::kAbort : FinishReason::kNone;
+  if (!info.error.empty()) done.error = Status(StatusCode::kResourceExhausted, info.error);
+  done.prompt_tokens = static_cast<int32_t>(live.req.prompt.size());
+  for (auto& s : live.seqs) done.completion_tokens += static_cast<int32_t>(s.outputs.size());
+  done.cached_tokens = info.n_cached_tokens;
+  --n_pending_;  // before the callback, so a caller woken by it sees the engine idle
+  live.cb(std::move(done));
+  live_.erase(live.id);  // destroys `live`
+}
+
+void Engine::step() {
+  const auto t0 = Clock::now();
+  SchedulePlan plan = scheduler_->schedule(now_ms());
+  for (const FinishedRequest& f : plan.failed) {
+    auto it = live_.find(f.id);
+    if (it != live_.end()) finish_request(*it->second, f);
+  }
+  if (plan.empty()) {
+    // Nothing runnable now (e.g. dynamic batching waiting for its batch): wait a little for an
+    // arrival or an abort rather than spin.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(1),
+                 [&] { return stop_ || !inbox_.empty() || !aborts_.empty(); });
+    return;
+  }
+
+  // Copy-on-write block copies, every layer, before the forward writes into them.
+  for (const BlockCopy& c : plan.copies) {
+    for (size_t l = 0; l < cache_.k.size(); ++l) {
+      for (const Tensor* t : {&cache_.k[l], &cache_.v[l]}) {
+        if (!t->defined()) continue;
+        const int64_t bytes = dtype_bytes(t->dtype, t->stride[0]);
+        backend_.copy(static_cast<char*>(t->data) + c.dst * bytes,
+                      static_cast<char*>(t->data) + c.src * bytes, bytes);
+      }
+    }
+  }
+
+  // Pack the batch. A prefill chunk of a prompt_logprobs request returns logits for every row.
+  if (!builder_) builder_ = std::make_unique<StepBatchBuilder>(backend_, config_.block_size);
+  std::vector<SeqChunk> chunks;
+  chunks.reserve(plan.seqs.size());
+  for (const ScheduledSeq& s : plan.seqs) {
+    const Live& live = *live_.at(s.request_id);
+    SeqChunk c;
+    c.tokens = s.token_ids.data();
+    c.n_tokens = static_cast<int32_t>(s.token_ids.size());
+    c.start_pos = s.context_len - c.n_tokens;
+    c.block_table = s.block_table.data();
+    c.n_blocks = static_cast<int32_t>(s.block_table.size());
+    const bool prompt_lp = live.req.params.prompt_logprobs && s.is_prefill && s.seq_index == 0 &&
+                           c.start_pos < static_cast<int32_t>(live.req.prompt.size());
+    c.logits = prompt_lp ? LogitsWanted::kAll
+               : s.needs_logits ? LogitsWanted::kLast
+                                : LogitsWanted::kNone;
+    chunks.push_back(c);
+  }
+  const StepBatch& batch = builder_->build(chunks);
+  const int64_t V = model_.config().vocab_size;
+  logits_.resize(static_cast<size_t>(batch.n_logits) * V);
+  model_.forward(batch, cache_, logits_.data());
+
+  // Gather the rows to sample (one per sample; n > 1 duplicates the prompt's row).
+  struct Pick {
+    Live* live;
+    int32_t seq_index;
+    const ScheduledSeq* sched;
+  };
+  std::vector<Pick> picks;
+  std::vector<SampleRow> rows;
+  sample_logits_.clear();
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    Live& live = *live_.at(s.request_id);
+    int64_t sample_row = -1;
+    if (chunks[i].logits == LogitsWanted::kAll) {
+      const int32_t n_prompt = static_cast<int32_t>(live.req.prompt.size());
+      const int32_t top_n = *live.req.params.prompt_logprobs;
+      for (int32_t k = 0; k < chunks[i].n_tokens; ++k) {
+        const int32_t pos = chunks[i].start_pos + k;
+        if (pos + 1 < n_prompt) {
+          LogprobsResult r;
+          compute_logprobs({logits_.data() + (row + k) * V, static_cast<size_t>(V)},
+                           live.req.prompt[pos + 1], top_n, r);
+          live.prompt_logprobs.push_back(std::move(r));
+        }
+      }
+      if (s.needs_logits) sample_row = row + chunks[i].n_tokens - 1;
+      row += chunks[i].n_tokens;
+    } else if (chunks[i].logits == LogitsWanted::kLast) {
+      sample_row = row++;
+    }
+    if (sample_row < 0) continue;
+    for (int32_t j = 0; j < s.n_samples; ++j) {
+      const int32_t idx = s.n_samples > 1 ? j : s.seq_index;
+      picks.push_back({&live, idx, &s});
+      sample_logits_.insert(sample_logits_.end(), logits_.begin() + sample_row * V,
+                            logits_.begin() + (sample_row + 1) * V);
+    }
+  }
+  rows.reserve(picks.size());
+  for (const Pick& p : picks) {
+    const Live::Seq& sq = p.live->seqs[p.seq_index];
+    rows.push_back({&p.live->req.params, p.live->req.prompt, sq.outputs, sq.seed});
+  }
+  std::vector<SampleOutput> outs(rows.size());
+  if (!rows.empty()) {
+    if (!sampler_) {
+      SamplerConfig sc;
+      sc.vocab_size = static_cast<int32_t>(V);
+      sc.eos_token_ids = model_.config().eos_token_ids;
+      sampler_ = std::make_unique<Sampler>(sc);
+    }
+    Tensor lt(sample_logits_.data(), DType::kF32, {static_cast<int64_t>(rows.size()), V});
+    Status s = sampler_->sample(lt, rows, outs);
+    PAGELLM_CHECK_MSG(s.ok(), s.to_string().c_str());  // shapes are ours: a bug if wrong
+  }
+
+  // Stop decisions, text, events.
+  std::vector<SampledToken> results;
+  std::vector<uint64_t> failed;
+  int64_t n_generated = 0;
+  for (size_t k = 0; k < picks.size(); ++k) {
+    Live& live = *picks[k].live;
+    const int32_t idx = picks[k].seq_index;
+    if (!outs[k].status.ok()) {
+      if (std::find(failed.begin(), failed.end(), live.id) == failed.end()) failed.push_back(live.id);
+      live.prompt_logprobs.clear();
+      continue;
+    }
+    Live::Seq& sq = live.seqs[idx];
+    const int32_t tok = outs[k].token;
+    sq.outputs.push_back(tok);
+    ++n_generated;
+    const int32_t n_out = static_cast<int32_t>(sq.outputs.size());
+    const int32_t total = static_cast<int32_t>(live.req.prompt.size()) + n_out;
+    const bool last = n_out >= *live.req.params.max_tokens || total >= max_model_len_;
+    std::string delta;
+    if (sq.detok) {
+      auto d = sq.detok->add(tok);
+      if (d.ok()) delta = std::move(*d);
+      if (last) {  // no more tokens will come: release what the detokenizer held back
+        auto rest = sq.detok->finish();
+        if (rest.ok()) delta += *rest;
+      }
+    }
+    StopUpdate u = sq.stop->append(tok, delta);
+    if (u.finish == FinishReason::kNone && last) {
+      u.text += sq.stop->finish(FinishReason::kLength);
+      u.finish = FinishReason::kLength;
+    }
+    EngineOutput o;
+    o.request_id = live.id;
+    o.seq_index = idx;
+    o.token_ids.push_back(tok);
+    o.text = std::move(u.text);
+    if (live.req.params.logprobs) {
+      LogprobsResult r;
+      r.logprob = outs[k].logprob;
+      r.rank = outs[k].rank;
+      r.top = std::move(outs[k].top_logprobs);
+      o.logprobs.push_back(std::move(r));
+    }
+    if (idx == 0 && !live.prompt_logprobs_sent && live.req.params.prompt_logprobs) {
+      o.prompt_logprobs = std::move(live.prompt_logprobs);
+      live.prompt_logprobs_sent = true;
+    }
+    o.finish = u.finish;
+    o.stop_token = u.stop_token;
+    o.stop_string = u.stop_string;
+    live.cb(std::move(o));
+    results.push_back({live.id, idx, tok, u.finish});
+  }
+  std::vector<FinishedRequest> finished = scheduler_->on_step_done(results);
+  for (const FinishedRequest& f : finished) {
+    auto it = live_.find(f.id);
+    if (it != live_.end()) finish_request(*it->second, f);
+  }
+  for (uint64_t id : failed) {
+    FinishedRequest info;
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    if (scheduler_->abort(id, &info)) {
+      info.error = "sampling failed (non-finite logits)";
+      finish_request(*it->second, info);
+    }
+  }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  publish_stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.generation_tokens_total += n_generated;
+  stats_.steps += 1;
+  stats_.busy_seconds += dt;
+}
+
+}  // namespace pagellm

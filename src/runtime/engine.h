@@ -1,0 +1,154 @@
+// Engine: the serving loop. Callers on any thread submit requests and receive a stream of outputs;
+// one engine thread steps while any request is live: the scheduler (sched/) plans a step, the
+// StepBatchBuilder packs it, the model runs it over the paged KV cache, the sampler picks tokens,
+// the detokenizer and stop checker turn them into text deltas and finish decisions, and the
+// scheduler is told what happened. Aborts take effect at the top of the next step, which frees
+// the request's KV blocks before anything else runs.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/finish_reason.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "sample/logprobs.h"
+#include "sample/sampling_params.h"
+#include "sched/scheduler.h"
+#include "runtime/step_batch.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pagellm {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int32_t block_size = 16;
+  bool enable_prefix_caching = true;
+  // KV pool size: explicit bytes, or this fraction of the backend's free memory after weights.
+  int64_t kv_cache_memory = 0;
+  double memory_utilization = 0.9;
+  // Longest prompt + output a request may have (0: the model's max_position_embeddings).
+  int32_t max_model_len = 0;
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // token ids
+  SamplingParams params;        // validated by submit()
+  bool detokenize = true;       // produce text deltas (needs a tokenizer)
+  bool skip_special_tokens = true;
+  std::vector<uint64_t> extra_keys;  // prefix-cache salt (LoRA id, cache_salt)
+};
+
+// One event on a request's stream. For n > 1, each sequence streams its own events.
+struct EngineOutput {
+  uint64_t request_id = 0;
+  int32_t seq_index = 0;
+  std::vector<int32_t> token_ids;      // new tokens in this event
+  std::string text;                    // their text delta (stop strings held back / removed)
+  std::vector<LogprobsResult> logprobs;  // per new token, when params.logprobs is set
+  // Sent once, on the first event of sequence 0, when params.prompt_logprobs is set:
+  // entry i is for prompt[i + 1].
+  std::vector<LogprobsResult> prompt_logprobs;
+  FinishReason finish = FinishReason::kNone;  // set on this sequence's last event
+  std::optional<int32_t> stop_token;          // what matched, when finish == kStop
+  std::optional<std::string> stop_string;
+  bool request_done = false;  // the last event of the whole request (all sequences finished)
+  Status error;               // the request failed (then finish == kAbort, request_done)
+  // Usage, filled on the request_done event.
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+};
+
+using OutputCallback = std::function<void(EngineOutput&&)>;
+
+struct EngineStats {
+  SchedulerStats scheduler;
+  int64_t n_kv_blocks = 0;
+  int64_t kv_block_bytes = 0;
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t steps = 0;
+  double busy_seconds = 0;  // time spent inside steps
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null (token ids only; requests asking for text then fail).
+  static Result<std::unique_ptr<Engine>> create(Model& model, Backend& backend,
+                                                const Tokenizer* tokenizer,
+                                                const EngineConfig& config);
+  ~Engine();
+
+  // Validates and queues a request; `on_output` is called on the engine thread for every event
+  // (it must be quick and must not call back into the engine). Errors (nothing queued):
+  // kInvalidArgument for bad parameters or a prompt that does not fit max_model_len,
+  // kResourceExhausted when the waiting queue is full.
+  Result<uint64_t> submit(EngineRequest request, OutputCallback on_output);
+  // Aborts a request (no-op for unknown or finished ones); its stream ends with finish kAbort.
+  void abort(uint64_t request_id);
+
+  // Stops the engine thread after aborting everything still live.
+  void shutdown();
+
+  EngineStats stats() const;
+  int32_t max_model_len() const { return max_model_len_; }
+  const ModelConfig& model_config() const { return model_.config(); }
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+  bool idle() const;
+
+ private:
+  struct Live;
+  Engine(Model& model, Backend& backend, const Tokenizer* tokenizer, const EngineConfig& config);
+  Status init();
+  void loop();
+  void step();
+  void drain_inbox();
+  void finish_request(Live& live, const FinishedRequest& info);
+  void publish_stats();
+  void emit_error(uint64_t id, OutputCallback& cb, const Status& s);
+
+  Model& model_;
+  Backend& backend_;
+  const Tokenizer* tokenizer_;
+  EngineConfig config_;
+  int32_t max_model_len_ = 0;
+  std::unique_ptr<Scheduler> scheduler_;
+  KvCache cache_;
+  int64_t kv_block_bytes_ = 0;
+
+  struct Inbox {
+    uint64_t id;
+    EngineRequest request;
+    OutputCallback callback;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Inbox> inbox_;
+  std::vector<uint64_t> aborts_;
+  bool stop_ = false;
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<int64_t> n_pending_{0};  // submitted and not yet done
+  EngineStats stats_;                  // guarded by mu_ for readers
+
+  // Engine thread only.
+  std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
+  std::unique_ptr<StepBatchBuilder> builder_;
+  std::unique_ptr<Sampler> sampler_;
+  std::vector<float> logits_;         // [n_logits, vocab] of the step
+  std::vector<float> sample_logits_;  // [n_samples, vocab]: the rows being sampled
+  std::thread thread_;
+};
+
+}  // namespace pagellm
