@@ -801,6 +801,8 @@ Result<Template> Template::parse(std::string_view source) {
     return invalid_argument("chat template syntax error at " + where(program->source, e.pos) + e.message);
   } catch (const std::bad_alloc&) {
     return resource_exhausted("chat template: out of memory while parsing");
+  } catch (const std::exception& e) {
+    return internal_error(std::string("chat template: internal error while parsing: ") + e.what());
   }
   Template t;
   t.program_ = std::move(program);
@@ -825,6 +827,9 @@ Result<std::string> Template::render(const nlohmann::ordered_json& context, cons
     return resource_exhausted("chat template: out of memory while rendering");
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument(std::string("chat template context: ") + e.what());
+  } catch (const std::exception& e) {
+    // Not expected (every failure path throws JinjaError); keep a server alive regardless.
+    return internal_error(std::string("chat template: internal error: ") + e.what());
   }
 }
 
