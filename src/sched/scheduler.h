@@ -9,7 +9,8 @@
 //     abort(id)                   any time between calls; frees the request's blocks at once
 //     plan = schedule(now_ms)
 //     if (!plan.seqs.empty()):
-//         execute plan.copies (block src -> dst, all layers, K and V / the MLA latent) first
+//         execute plan.copies (block src -> dst, all layers, K and V / the MLA latent) first;
+//             they may run as one batch: destinations are distinct and none is also a source
 //         build AttentionMeta from plan.seqs, in order:
 //             cu_seqlens_q     prefix sums of seqs[i].token_ids.size()
 //             seq_lens_kv[i]   seqs[i].context_len

@@ -39,6 +39,14 @@ class KvSim {
   // Checks the plan against the scheduler's view and the simulated cache, then "runs" it.
   void run(const SchedulePlan& plan, const Scheduler& s) {
     const BlockManager& mgr = s.block_manager();
+    // Copies can run as one batch: destinations are distinct and never a source.
+    std::set<BlockId> srcs, dsts;
+    for (const BlockCopy& c : plan.copies) {
+      srcs.insert(c.src);
+      ASSERT_TRUE(dsts.insert(c.dst).second) << "block copied into twice";
+      ASSERT_EQ(mgr.ref_count(c.dst), 1);
+    }
+    for (BlockId d : dsts) ASSERT_FALSE(srcs.count(d)) << "block " << d << " is source and target";
     for (const BlockCopy& c : plan.copies) {
       for (int i = 0; i < bs_; ++i) cell_[c.dst * bs_ + i] = cell_[c.src * bs_ + i];
     }
