@@ -1,0 +1,75 @@
+#include "runtime/serving_model.h"
+
+#include <filesystem>
+
+#include "core/log.h"
+#include "io/default_model.h"
+#include "io/gguf.h"
+
+namespace pagellm {
+namespace {
+
+namespace fs = std::filesystem;
+
+// tokenizer.chat_template and the bos/eos token texts of a GGUF file.
+Result<ChatTemplateSource> load_gguf_template(const std::string& path) {
+  PAGELLM_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
+  ChatTemplateSource src;
+  src.origin = path;
+  PAGELLM_ASSIGN_OR_RETURN(src.source, gguf.get_string("tokenizer.chat_template"));
+  auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
+  auto token_text = [&](const char* key) -> std::string {
+    auto id = gguf.get_i64(key);
+    if (!id.ok() || !tokens.ok() || *id < 0 || *id >= static_cast<int64_t>(tokens->size())) return "";
+    return (*tokens)[static_cast<size_t>(*id)];
+  };
+  src.bos_token = token_text("tokenizer.ggml.bos_token_id");
+  src.eos_token = token_text("tokenizer.ggml.eos_token_id");
+  return src;
+}
+
+}  // namespace
+
+Result<ChatTemplateSource> load_any_chat_template(const std::string& path) {
+  if (fs::path(path).extension() == ".gguf") return load_gguf_template(path);
+  return load_chat_template(path);
+}
+
+Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptions& options) {
+  auto sm = std::make_unique<ServingModel>();
+  sm->path = options.model_path.empty() ? default_model_path() : options.model_path;
+  if (options.model_path.empty() && !fs::exists(sm->path)) {
+    return not_found("the default model is not installed at " + sm->path +
+                     " (run scripts/setup.sh, or give --model DIR)");
+  }
+  PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_checkpoint(sm->path));
+  if (options.device == "cuda") {
+    PAGELLM_ASSIGN_OR_RETURN(sm->backend, make_cuda_backend(0));
+  } else if (options.device == "cpu") {
+    sm->backend = make_cpu_backend();
+  } else {
+    return invalid_argument("--device must be cpu or cuda, got '" + options.device + "'");
+  }
+  PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend));
+  if (options.load_tokenizer) {
+    const std::string tok_path =
+        sm->checkpoint.gguf_path.empty() ? sm->path : sm->checkpoint.gguf_path;
+    auto tok = load_tokenizer(tok_path);
+    if (tok.ok()) {
+      sm->tokenizer = std::move(*tok);
+    } else {
+      PAGELLM_LOG_WARN("no tokenizer (%s): token ids only", tok.status().message().c_str());
+    }
+    auto src = load_any_chat_template(tok_path);
+    if (src.ok()) {
+      auto tpl = ChatTemplate::create(*src);
+      if (!tpl.ok()) return tpl.status();
+      sm->chat_template = std::move(*tpl);
+    } else {
+      PAGELLM_LOG_INFO("no chat template (%s)", src.status().message().c_str());
+    }
+  }
+  return sm;
+}
+
+}  // namespace pagellm

@@ -1,0 +1,41 @@
+// Everything a command needs to serve one model: the checkpoint, the backend, the model on it,
+// the tokenizer and the chat template. `generate`, `chat`, `serve` and `bench` all load through
+// here, so a model path means the same thing everywhere (a folder, a .gguf file, or nothing: the
+// default model that scripts/setup.sh installs).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "io/weights.h"
+#include "model/model.h"
+#include "tokenizer/jinja/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pagellm {
+
+struct ServingModelOptions {
+  std::string model_path;      // empty: default_model_path()
+  std::string device = "cpu";  // "cpu" or "cuda"
+  bool load_tokenizer = true;  // tokenizer + chat template
+};
+
+struct ServingModel {
+  std::string path;
+  LoadedCheckpoint checkpoint;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;        // null when the checkpoint has none
+  std::optional<ChatTemplate> chat_template;   // absent when the checkpoint has none
+};
+
+Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptions& options);
+
+// The chat template of a model folder (chat_template.jinja / tokenizer_config.json) or of a GGUF
+// file (tokenizer.chat_template, with the bos/eos token texts from its vocabulary).
+Result<ChatTemplateSource> load_any_chat_template(const std::string& path);
+
+}  // namespace pagellm
