@@ -47,7 +47,7 @@ std::vector<const Kernels*> supported_kernels() {
 int64_t gemv_prefetch_bytes() {
   static const int64_t bytes = [] {
     if (const char* v = std::getenv("PAGELLM_GEMV_PREFETCH")) return static_cast<int64_t>(std::atoll(v));
-    return int64_t{1024};
+    return int64_t{2048};
   }();
   return bytes;
 }

@@ -73,7 +73,7 @@ double measure_read_bandwidth_gbs() {
   auto sum = k ? k->read_sum : &scalar_sum;
   std::atomic<float> sink{0.0f};  // keeps the reads from being optimized away
   double best = 0.0;
-  for (int run = 0; run < 5; ++run) {
+  for (int run = 0; run < 10; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
       const float s = sum(data + b, e - b);
