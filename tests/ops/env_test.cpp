@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   if (GTEST_FLAG_GET(list_tests)) return rc;
   const long long n = static_cast<long long>(pagellm::optest::n_cases_checked());
   if (n == 0) {
-    std::fprintf(stderr, "test_ops: no op case was checked in this run: a run that checks nothing fails\n");
+    std::fprintf(stderr,
+                 "test_ops: no op case was checked in this run: a run that checks nothing fails\n");
     return 1;
   }
   std::printf("test_ops: %lld op comparisons checked\n", n);

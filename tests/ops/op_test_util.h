@@ -169,7 +169,8 @@ struct Tol {
 // for a second rounding of an intermediate (the bf16 residual) and fp32 summation order. The floor
 // (1% of the rms) covers outputs that cancel to near zero, where fp32 summation over K = 14336
 // terms or 20000 attention keys leaves an absolute error of ~1e-5 of the rms on either side.
-inline constexpr Tol kBf16Tol{1e-2, 1e-2, "bf16 output rounding (2^-9 relative) plus fp32 summation order"};
+inline constexpr Tol kBf16Tol{1e-2, 1e-2,
+                              "bf16 output rounding (2^-9 relative) plus fp32 summation order"};
 inline constexpr Tol kExact{0.0, 0.0, "a copy or exact conversion: bit-identical values expected"};
 
 // Compares got against want; `what` names the op, sizes and seed for the failure message.

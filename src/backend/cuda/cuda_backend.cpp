@@ -416,8 +416,9 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   PAGELLM_CHECK(meta.seq_lens_kv.dtype == DType::kI32 && meta.seq_lens_kv.numel() == meta.n_seqs);
   PAGELLM_CHECK(meta.block_tables.dtype == DType::kI32 && meta.block_tables.size(0) >= meta.n_seqs);
   // The launch shapes come from these host-side bounds: zero with queries present would skip work.
-  PAGELLM_CHECK_MSG(q.size(0) == 0 || (meta.max_seqlen_q > 0 && meta.max_seqlen_kv >= meta.max_seqlen_q),
-                    "attention: meta.max_seqlen_q / max_seqlen_kv not set");
+  PAGELLM_CHECK_MSG(
+      q.size(0) == 0 || (meta.max_seqlen_q > 0 && meta.max_seqlen_kv >= meta.max_seqlen_q),
+      "attention: meta.max_seqlen_q / max_seqlen_kv not set");
   // The decode kernel reads K, V and q as bf16 pairs: even dims and strides keep them 4-byte
   // aligned.
   const auto even = [](int64_t v) { return v % 2 == 0; };
