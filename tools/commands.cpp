@@ -5,6 +5,7 @@ namespace pagellm::cli {
 int run_inspect(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_chat(int argc, char** argv);
+int run_bench(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
 int run_detokenize(int argc, char** argv);
 int run_template(int argc, char** argv);
@@ -13,6 +14,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"generate", "generate tokens from a prompt (--model DIR --prompt-ids ... | \"text\")",
        run_generate},
+      {"bench", "benchmarks: latency (batch 1, GB/s vs bandwidth) | throughput (offline)", run_bench},
       {"chat", "interactive chat on the terminal with the model's chat template", run_chat},
       {"inspect", "print a checkpoint's parsed config, parameter count and bytes", run_inspect},
       {"tokenize", "text to token ids, one JSON string per line (--model DIR --jsonl FILE)", run_tokenize},

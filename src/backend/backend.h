@@ -125,6 +125,11 @@ class Backend {
   virtual void to_f32(const Tensor& x, Tensor& out) = 0;
 };
 
+// The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded
+// streaming reads; on a device, a large device-to-device copy counting bytes read + written
+// (the convention of the 4.25 TB/s H200 figure in docs/PERF.md).
+double measure_memory_bandwidth_gbs(Backend& backend);
+
 // The CPU reference backend. `fast`: use the SIMD/threaded paths (default); false runs the plain
 // reference loops (tests compare the two).
 std::unique_ptr<Backend> make_cpu_backend(bool fast = true);

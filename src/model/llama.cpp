@@ -44,6 +44,11 @@ class LlamaModel final : public Model {
     return {cfg_.num_hidden_layers, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.head_dim};
   }
   int64_t weight_bytes() const override { return weight_bytes_; }
+  int64_t decode_weight_bytes() const override {
+    const int64_t embed = dtype_bytes(embed_tokens_.dtype, embed_tokens_.numel());
+    const int64_t head = dtype_bytes(lm_head_.dtype, lm_head_.numel());
+    return weight_bytes_ - embed + (lm_head_.data == embed_tokens_.data ? head : 0);
+  }
 
   Status load(const WeightSource& w, const LoadOptions& opt) {
     const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;

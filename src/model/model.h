@@ -65,6 +65,9 @@ class Model {
   virtual void forward(const StepBatch& batch, KvCache& cache, float* logits_out) = 0;
   // Bytes of weights held on the backend's device (or mapped, on CPU).
   virtual int64_t weight_bytes() const = 0;
+  // Weight bytes one decode step reads: every matrix but the embedding table (one row of it is
+  // gathered), plus the LM head even when it shares the table. The floor of a batch-1 step.
+  virtual int64_t decode_weight_bytes() const = 0;
 };
 
 struct LoadOptions {

@@ -1,0 +1,252 @@
+// pagellm bench: the engine's own benchmarks.
+//   bench latency     batch-1 prefill and decode speed, and achieved GB/s of weight reads against
+//                     the machine's measured memory bandwidth (measured in the same run)
+//   bench throughput  offline throughput of many requests through the engine (like vLLM's
+//                     benchmark_throughput): requests/s, total and output tokens/s, KV and prefix
+//                     cache statistics; --json prints one JSON object as the last stdout line
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "runtime/engine.h"
+#include "runtime/sequence_runner.h"
+#include "runtime/serving_model.h"
+#include "tools/args.h"
+#include "tools/cli_common.h"
+
+namespace pagellm::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
+  // Skip the lowest ids, where the special tokens of most vocabularies live.
+  std::uniform_int_distribution<int32_t> d(std::min<int64_t>(100, vocab / 2), vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+int bench_latency(int argc, char** argv) {
+  std::vector<std::string> spec = {"model", "device", "input-len", "output-len", "iters", "json!",
+                                   "seed"};
+  Args a("bench latency", spec);
+  if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
+  ServingModelOptions o;
+  o.model_path = a.get_or("model", "");
+  o.device = a.get_or("device", "cpu");
+  o.load_tokenizer = false;
+  const auto t_load = Clock::now();
+  auto sm = load_serving_model(o);
+  if (!sm.ok()) return fail("bench latency", sm.status());
+  const double load_s = seconds_since(t_load);
+  ServingModel& m = **sm;
+  auto in = a.get_int("input-len", 128), out = a.get_int("output-len", 128), it = a.get_int("iters", 3);
+  if (!in.ok() || !out.ok() || !it.ok() || *in < 1 || *out < 2 || *it < 1)
+    return fail("bench latency", invalid_argument("--input-len >= 1, --output-len >= 2, --iters >= 1"));
+  const int64_t V = m.model->config().vocab_size;
+  std::mt19937_64 rng(a.get_int("seed", 0).ok() ? *a.get_int("seed", 0) : 0);
+  const auto prompt = random_tokens(rng, *in, V);
+  SequenceRunner runner(*m.model, *m.backend, static_cast<int32_t>(*in + *out), 16, 2048);
+
+  auto argmax = [&](std::span<const float> row) {
+    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+  double best_prefill = 1e30, best_decode = 1e30;
+  for (int64_t i = 0; i < *it + 1; ++i) {  // the first pass warms up
+    runner.reset();
+    auto t0 = Clock::now();
+    auto lg = runner.feed(prompt, LogitsWanted::kLast);
+    if (!lg.ok()) return fail("bench latency", lg.status());
+    const double prefill = seconds_since(t0);
+    int32_t tok = argmax(*lg);
+    t0 = Clock::now();
+    for (int64_t k = 1; k < *out; ++k) {
+      auto next = runner.feed(std::vector<int32_t>{tok}, LogitsWanted::kLast);
+      if (!next.ok()) return fail("bench latency", next.status());
+      tok = argmax(*next);
+    }
+    const double decode = seconds_since(t0);
+    if (i == 0) continue;
+    best_prefill = std::min(best_prefill, prefill);
+    best_decode = std::min(best_decode, decode);
+  }
+  const double bw = measure_memory_bandwidth_gbs(*m.backend);
+  const double prefill_tps = *in / best_prefill;
+  const double decode_tps = (*out - 1) / best_decode;
+  const KvSpec kv = m.model->kv_spec();
+  // Bytes a decode step reads: the weights, plus the KV cache of the context (its mean length).
+  const double kv_bytes = static_cast<double>(kv.n_layers) *
+                          kv.token_bytes_per_layer(dtype_bytes(m.backend->activation_dtype(), 1)) *
+                          (*in + *out / 2.0);
+  const double bytes_per_token = static_cast<double>(m.model->decode_weight_bytes()) + kv_bytes;
+  const double achieved = bytes_per_token * decode_tps / 1e9;
+  std::printf("model            %s\n", m.path.c_str());
+  std::printf("backend          %s, load %.2f s\n", m.backend->name().c_str(), load_s);
+  std::printf("prefill          %lld tokens: %.1f ms, %.1f tok/s\n", static_cast<long long>(*in),
+              best_prefill * 1e3, prefill_tps);
+  std::printf("decode           %lld tokens: %.2f ms/token, %.1f tok/s\n",
+              static_cast<long long>(*out - 1), best_decode * 1e3 / (*out - 1), decode_tps);
+  std::printf("bytes/token      %.1f MB weights + %.1f MB KV\n", m.model->decode_weight_bytes() / 1e6,
+              kv_bytes / 1e6);
+  std::printf("achieved         %.1f GB/s of %.1f GB/s measured (%.0f%%)\n", achieved, bw,
+              100.0 * achieved / bw);
+  if (a.flag("json")) {
+    nlohmann::json j = {{"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
+                        {"decode_gb_per_s", achieved}, {"memory_bandwidth_gb_per_s", bw},
+                        {"bandwidth_fraction", achieved / bw}, {"input_len", *in},
+                        {"output_len", *out}, {"load_seconds", load_s}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+int bench_throughput(int argc, char** argv) {
+  std::vector<std::string> spec = {"num-prompts", "input-len", "output-len", "dataset", "json!",
+                                   "seed", "shared-prefix-len"};
+  add_model_options(spec);
+  Args a("bench throughput", spec);
+  if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench throughput", s);
+  ServingModelOptions o;
+  o.model_path = a.get_or("model", "");
+  o.device = a.get_or("device", "cpu");
+  o.load_tokenizer = a.has("dataset");
+  auto sm = load_serving_model(o);
+  if (!sm.ok()) return fail("bench throughput", sm.status());
+  ServingModel& m = **sm;
+  auto n = a.get_int("num-prompts", 64), in = a.get_int("input-len", 128),
+       out = a.get_int("output-len", 128), shared = a.get_int("shared-prefix-len", 0);
+  if (!n.ok() || !in.ok() || !out.ok() || !shared.ok() || *n < 1 || *in < 1 || *out < 1 ||
+      *shared < 0 || *shared > *in)
+    return fail("bench throughput", invalid_argument("sizes must be positive, shared prefix <= input"));
+  const int64_t V = m.model->config().vocab_size;
+  std::mt19937_64 rng(0);
+
+  // Requests: random token prompts (optionally sharing a prefix), or a JSONL of {"prompt": ...}.
+  std::vector<EngineRequest> reqs;
+  if (a.has("dataset")) {
+    if (!m.tokenizer) return fail("bench throughput", invalid_argument("--dataset needs a tokenizer"));
+    std::ifstream f(*a.get("dataset"));
+    if (!f) return fail("bench throughput", not_found("cannot read " + *a.get("dataset")));
+    std::string line;
+    while (static_cast<int64_t>(reqs.size()) < *n && std::getline(f, line)) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("prompt") || !j["prompt"].is_string())
+        return fail("bench throughput", invalid_argument("dataset lines must be {\"prompt\": \"...\"}"));
+      auto ids = m.tokenizer->encode(j["prompt"].get<std::string>(), true);
+      if (!ids.ok()) return fail("bench throughput", ids.status());
+      EngineRequest r;
+      r.prompt = std::move(*ids);
+      r.params.max_tokens = j.contains("max_tokens") ? j["max_tokens"].get<int32_t>() : *out;
+      reqs.push_back(std::move(r));
+    }
+  } else {
+    const auto prefix = random_tokens(rng, *shared, V);
+    for (int64_t i = 0; i < *n; ++i) {
+      EngineRequest r;
+      r.prompt = prefix;
+      const auto rest = random_tokens(rng, *in - *shared, V);
+      r.prompt.insert(r.prompt.end(), rest.begin(), rest.end());
+      r.params.max_tokens = static_cast<int32_t>(*out);
+      reqs.push_back(std::move(r));
+    }
+  }
+  for (auto& r : reqs) {
+    r.params.temperature = 1.0f;
+    r.params.seed = 0;
+    r.params.ignore_eos = true;
+    r.detokenize = false;
+  }
+
+  auto cfg = engine_config_from_args(a);
+  if (!cfg.ok()) return fail("bench throughput", cfg.status());
+  // Offline: every request is queued at once.
+  cfg->scheduler.max_waiting = std::max<int32_t>(cfg->scheduler.max_waiting, static_cast<int32_t>(reqs.size()));
+  if (cfg->max_model_len == 0) {
+    int64_t longest = 0;
+    for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size() + *r.params.max_tokens);
+    cfg->max_model_len = static_cast<int32_t>(
+        std::min<int64_t>(longest, m.model->config().max_position_embeddings));
+  }
+  auto engine = Engine::create(*m.model, *m.backend, m.tokenizer.get(), *cfg);
+  if (!engine.ok()) return fail("bench throughput", engine.status());
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t done = 0, failed = 0, prompt_tokens = 0, output_tokens = 0;
+  const auto t0 = Clock::now();
+  for (auto& r : reqs) {
+    auto id = (*engine)->submit(r, [&](EngineOutput&& ev) {
+      if (!ev.request_done) return;
+      std::lock_guard<std::mutex> lock(mu);
+      ++done;
+      if (!ev.error.ok()) ++failed;
+      prompt_tokens += ev.prompt_tokens;
+      output_tokens += ev.completion_tokens;
+      cv.notify_all();
+    });
+    if (!id.ok()) return fail("bench throughput", id.status());
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == static_cast<int64_t>(reqs.size()); });
+  }
+  const double elapsed = seconds_since(t0);
+  const EngineStats st = (*engine)->stats();
+  const double rps = reqs.size() / elapsed;
+  const double total_tps = (prompt_tokens + output_tokens) / elapsed;
+  const double out_tps = output_tokens / elapsed;
+  std::printf("requests         %zu (%lld failed) in %.2f s\n", reqs.size(),
+              static_cast<long long>(failed), elapsed);
+  std::printf("throughput       %.2f requests/s, %.1f total tok/s, %.1f output tok/s\n", rps,
+              total_tps, out_tps);
+  std::printf("engine           %lld steps, busy %.1f%%, %lld preemptions, max-num-seqs %d\n",
+              static_cast<long long>(st.steps), 100.0 * st.busy_seconds / elapsed,
+              static_cast<long long>(st.scheduler.n_preemptions), cfg->scheduler.max_num_seqs);
+  std::printf("kv cache         %lld blocks of %lld bytes\n", static_cast<long long>(st.n_kv_blocks),
+              static_cast<long long>(st.kv_block_bytes));
+  std::printf("prefix cache     %lld of %lld prompt tokens hit (%.1f%%)\n",
+              static_cast<long long>(st.scheduler.prefix.hits),
+              static_cast<long long>(st.scheduler.prefix.queries), 100.0 * st.scheduler.prefix.hit_rate());
+  if (a.flag("json")) {
+    nlohmann::json j = {{"requests_per_s", rps},
+                        {"total_tokens_per_s", total_tps},
+                        {"output_tokens_per_s", out_tps},
+                        {"num_requests", reqs.size()},
+                        {"failed", failed},
+                        {"elapsed_s", elapsed},
+                        {"prompt_tokens", prompt_tokens},
+                        {"output_tokens", output_tokens},
+                        {"max_num_seqs", cfg->scheduler.max_num_seqs},
+                        {"preemptions", st.scheduler.n_preemptions},
+                        {"prefix_cache_queries", st.scheduler.prefix.queries},
+                        {"prefix_cache_hits", st.scheduler.prefix.hits},
+                        {"kv_blocks", st.n_kv_blocks}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int run_bench(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "latency") return bench_latency(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "throughput") return bench_throughput(argc - 1, argv + 1);
+  std::fprintf(stderr, "usage: pagellm bench latency|throughput [options]\n");
+  return 2;
+}
+
+}  // namespace pagellm::cli
