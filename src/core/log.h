@@ -3,13 +3,22 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstddef>
 
 namespace pagellm {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
+enum class LogFormat { kText = 0, kJson = 1 };
+
 void set_log_level(LogLevel level);
 LogLevel log_level();
+// kJson writes each line as one JSON object {"ts","level","msg"} (PAGELLM_LOG_FORMAT=json).
+void set_log_format(LogFormat format);
+LogFormat log_format();
+// Writes one finished line (a trailing newline is added) to the log with a single write, so lines
+// from several threads never interleave. For callers that format their own structured lines.
+void log_write_line(const char* line, size_t size);
 void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
 }  // namespace pagellm

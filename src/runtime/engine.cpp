@@ -39,6 +39,7 @@ struct Engine::Live {
   std::vector<Seq> seqs;
   std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
   bool prompt_logprobs_sent = false;
+  Clock::time_point scheduled_time{};  // first step that ran it (EngineOutput::scheduled_time)
 };
 
 Engine::Engine(Model& model, Backend& backend, const Tokenizer* tokenizer,
@@ -285,6 +286,7 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
   done.prompt_tokens = static_cast<int32_t>(live.req.prompt.size());
   for (auto& s : live.seqs) done.completion_tokens += static_cast<int32_t>(s.outputs.size());
   done.cached_tokens = info.n_cached_tokens;
+  done.scheduled_time = live.scheduled_time;
   --n_pending_;  // before the callback, so a caller woken by it sees the engine idle
   live.cb(std::move(done));
   live_.erase(live.id);  // destroys `live`
@@ -323,7 +325,8 @@ void Engine::step() {
   std::vector<SeqChunk> chunks;
   chunks.reserve(plan.seqs.size());
   for (const ScheduledSeq& s : plan.seqs) {
-    const Live& live = *live_.at(s.request_id);
+    Live& live = *live_.at(s.request_id);
+    if (live.scheduled_time == Clock::time_point{}) live.scheduled_time = t0;
     SeqChunk c;
     c.tokens = s.token_ids.data();
     c.n_tokens = static_cast<int32_t>(s.token_ids.size());
@@ -474,6 +477,11 @@ void Engine::step() {
   stats_.generation_tokens_total += n_generated;
   stats_.steps += 1;
   stats_.busy_seconds += dt;
+  const auto& bounds = EngineStats::kIterationTokenBuckets;
+  const size_t bucket = static_cast<size_t>(
+      std::lower_bound(bounds.begin(), bounds.end(), plan.n_tokens) - bounds.begin());
+  stats_.iteration_tokens[bucket] += 1;
+  stats_.iteration_tokens_sum += plan.n_tokens;
 }
 
 }  // namespace pagellm

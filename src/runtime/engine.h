@@ -6,7 +6,9 @@
 // the request's KV blocks before anything else runs.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -69,6 +71,10 @@ struct EngineOutput {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
+  // When the engine first scheduled the request (its first prefill chunk ran), filled on the
+  // request_done event; the default (epoch) value when it never ran. Servers derive queue time
+  // (arrival -> scheduled) and prefill time (scheduled -> first token) from it.
+  std::chrono::steady_clock::time_point scheduled_time{};
 };
 
 using OutputCallback = std::function<void(EngineOutput&&)>;
@@ -81,6 +87,13 @@ struct EngineStats {
   int64_t generation_tokens_total = 0;
   int64_t steps = 0;
   double busy_seconds = 0;  // time spent inside steps
+  // Tokens computed per step (prefill chunks + decodes), as a histogram with upper bounds
+  // kIterationTokenBuckets (counts per bucket, not cumulative; the last entry counts larger steps):
+  // vllm:iteration_tokens_total.
+  static constexpr std::array<int32_t, 13> kIterationTokenBuckets = {
+      1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+  std::array<int64_t, kIterationTokenBuckets.size() + 1> iteration_tokens{};
+  int64_t iteration_tokens_sum = 0;
 };
 
 class Engine {
