@@ -81,7 +81,9 @@ int run_inspect(int argc, char** argv) {
   } else if (!pos.empty()) {
     return fail(invalid_argument("inspect: unexpected argument '" + pos[0] + "'"));
   }
-  if (!model) return fail(invalid_argument("inspect: expected --model PATH (a model folder or a .gguf file)"));
+  if (!model)
+    return fail(
+        invalid_argument("inspect: expected --model PATH (a model folder or a .gguf file)"));
 
   Result<LoadedCheckpoint> ckpt = open_checkpoint(*model);
   if (!ckpt.ok()) return fail(ckpt.status());
@@ -113,8 +115,9 @@ int run_inspect(int argc, char** argv) {
   std::printf("%-24s%s (%s)\n", "parameters", grouped(params).c_str(), human_count(params).c_str());
   std::printf("%-24s%s (%s)\n", "bytes", grouped(bytes).c_str(), human_bytes(bytes).c_str());
   for (const auto& [name, p] : by_dtype) {
-    std::printf("  %-22s%s bytes (%s), %s parameters in %s tensors\n", name.c_str(), grouped(p.bytes).c_str(),
-                human_bytes(p.bytes).c_str(), grouped(p.params).c_str(), grouped(p.tensors).c_str());
+    std::printf("  %-22s%s bytes (%s), %s parameters in %s tensors\n", name.c_str(),
+                grouped(p.bytes).c_str(), human_bytes(p.bytes).c_str(), grouped(p.params).c_str(),
+                grouped(p.tensors).c_str());
   }
   if (args.flag("tensors")) {
     for (const TensorInfo& t : w.tensors()) {

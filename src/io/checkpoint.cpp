@@ -11,7 +11,8 @@ namespace {
 namespace fs = std::filesystem;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -25,7 +26,8 @@ Result<LoadedCheckpoint> open_checkpoint(const std::string& path) {
     if (ends_with(path, ".gguf")) return open_gguf_checkpoint(path);
     if (ends_with(path, ".safetensors")) {
       // The weights alone are not enough: config.json lives next to them.
-      return invalid_argument(path + ": pass the model folder that holds this file and its config.json");
+      return invalid_argument(path +
+                              ": pass the model folder that holds this file and its config.json");
     }
     return invalid_argument(path + ": not a model folder or a .gguf file");
   }
@@ -34,7 +36,8 @@ Result<LoadedCheckpoint> open_checkpoint(const std::string& path) {
   bool has_safetensors = false;
   for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
     const std::string name = e.path().filename().string();
-    if (ends_with(name, ".safetensors") || name == "model.safetensors.index.json") has_safetensors = true;
+    if (ends_with(name, ".safetensors") || name == "model.safetensors.index.json")
+      has_safetensors = true;
     if (ends_with(name, ".gguf") && e.is_regular_file(ec)) ggufs.push_back(e.path().string());
   }
   if (ec) return invalid_argument(path + ": cannot list the folder: " + ec.message());

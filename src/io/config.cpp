@@ -19,22 +19,30 @@ namespace {
 using json = nlohmann::json;
 
 // Generous bounds that still keep products like vocab * hidden * layers far from int64 overflow.
-constexpr int64_t kMaxDim = int64_t{1} << 24;     // vocab, hidden, intermediate, head sizes
+constexpr int64_t kMaxDim = int64_t{1} << 24;  // vocab, hidden, intermediate, head sizes
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
 constexpr int64_t kMaxPositions = int64_t{1} << 40;
 
 // What a JSON value is, for "must be X, got Y" messages (never dumps the value: it may be huge).
 const char* kind_of(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    default: return "an invalid value";
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an invalid value";
   }
 }
 
@@ -85,7 +93,8 @@ class Fields {
     return error(StatusCode::kInvalidArgument, key, "is missing");
   }
   Status wrong_type(const std::string& key, const char* want, const json& got) const {
-    return error(StatusCode::kInvalidArgument, key, std::string("must be ") + want + ", got " + kind_of(got));
+    return error(StatusCode::kInvalidArgument, key,
+                 std::string("must be ") + want + ", got " + kind_of(got));
   }
 
   // Integer field (an integral float such as 4096.0 is accepted; writers sometimes emit those).
@@ -144,7 +153,8 @@ class Fields {
     return Status::ok_status();
   }
   Status check_positive(const std::string& key, double v) const {
-    if (!(v > 0)) return error(StatusCode::kInvalidArgument, key, "= " + fmt_double(v) + " must be positive");
+    if (!(v > 0))
+      return error(StatusCode::kInvalidArgument, key, "= " + fmt_double(v) + " must be positive");
     return Status::ok_status();
   }
 
@@ -158,7 +168,8 @@ class Fields {
     if (v.is_number_float()) {
       const double d = v.get<double>();
       // 2^63 is the first double past int64's range.
-      if (std::isfinite(d) && d == std::floor(d) && d >= -9.2233720368547758e18 && d < 9.2233720368547758e18) {
+      if (std::isfinite(d) && d == std::floor(d) && d >= -9.2233720368547758e18 &&
+          d < 9.2233720368547758e18) {
         return static_cast<int64_t>(d);
       }
     }
@@ -185,7 +196,8 @@ Status read_token_id(const Fields& f, const std::string& key, std::optional<int3
   std::optional<int64_t> id = Fields::to_int(*scalar);
   if (!id) return f.wrong_type(key, "a token id", *scalar);
   if (*id < 0 || *id > std::numeric_limits<int32_t>::max()) {
-    return f.error(StatusCode::kInvalidArgument, key, "= " + std::to_string(*id) + " is not a valid token id");
+    return f.error(StatusCode::kInvalidArgument, key,
+                   "= " + std::to_string(*id) + " is not a valid token id");
   }
   out = static_cast<int32_t>(*id);
   return Status::ok_status();
@@ -222,11 +234,20 @@ Status read_eos_ids(const Fields& f, std::vector<int32_t>& out) {
 // Keys a rope_scaling / rope_parameters dict may hold. Anything else (long_factor, short_factor,
 // mrope_section, ...) belongs to a variant we do not implement and is refused by name.
 constexpr const char* kRopeKeys[] = {
-    "type",          "rope_type",        "rope_theta",
-    "factor",        "low_freq_factor",  "high_freq_factor",
-    "original_max_position_embeddings",  "beta_fast",
-    "beta_slow",     "attention_factor", "mscale",
-    "mscale_all_dim", "truncate",        "partial_rotary_factor",
+    "type",
+    "rope_type",
+    "rope_theta",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+    "partial_rotary_factor",
 };
 
 bool is_rope_key(const std::string& k) {
@@ -260,7 +281,8 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
       }
       const json* full = Fields(*dict, top.path(), prefix).get("full_attention");
       if (!full || !full->is_object()) {
-        return top.error(StatusCode::kInvalidArgument, prefix + "full_attention", "must be an object");
+        return top.error(StatusCode::kInvalidArgument, prefix + "full_attention",
+                         "must be an object");
       }
       dict = full;
       prefix += "full_attention.";
@@ -277,7 +299,8 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
     PAGELLM_RETURN_IF_ERROR(f.read_string("type", type));
     std::string type_key = "type";
     if (f.has("rope_type")) {
-      PAGELLM_RETURN_IF_ERROR(f.read_string("rope_type", type));  // rope_type wins, as in transformers
+      PAGELLM_RETURN_IF_ERROR(
+          f.read_string("rope_type", type));  // rope_type wins, as in transformers
       type_key = "rope_type";
     }
     PAGELLM_RETURN_IF_ERROR(f.read_double("rope_theta", rope.theta));
@@ -292,7 +315,8 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
     } else if (type == "dynamic") {
       rope.type = RopeType::kDynamic;
       PAGELLM_RETURN_IF_ERROR(f.read_double("factor", rope.factor, /*required=*/true));
-      PAGELLM_RETURN_IF_ERROR(f.read_int("original_max_position_embeddings", rope.original_max_position_embeddings));
+      PAGELLM_RETURN_IF_ERROR(
+          f.read_int("original_max_position_embeddings", rope.original_max_position_embeddings));
     } else if (type == "llama3") {
       rope.type = RopeType::kLlama3;
       PAGELLM_RETURN_IF_ERROR(f.read_double("factor", rope.factor, true));
@@ -302,8 +326,8 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
       if (!(rope.high_freq_factor > rope.low_freq_factor)) {
         // The smoothing ramp divides by (high - low).
         return f.error(StatusCode::kInvalidArgument, "high_freq_factor",
-                       "= " + fmt_double(rope.high_freq_factor) + " must exceed low_freq_factor = " +
-                           fmt_double(rope.low_freq_factor));
+                       "= " + fmt_double(rope.high_freq_factor) +
+                           " must exceed low_freq_factor = " + fmt_double(rope.low_freq_factor));
       }
     } else if (type == "yarn") {
       rope.type = RopeType::kYarn;
@@ -319,10 +343,12 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
       PAGELLM_RETURN_IF_ERROR(f.read_opt_double("mscale", rope.mscale));
       PAGELLM_RETURN_IF_ERROR(f.read_opt_double("mscale_all_dim", rope.mscale_all_dim));
       PAGELLM_RETURN_IF_ERROR(f.read_bool("truncate", rope.truncate));
-      if (rope.attention_factor) PAGELLM_RETURN_IF_ERROR(f.check_positive("attention_factor", *rope.attention_factor));
+      if (rope.attention_factor)
+        PAGELLM_RETURN_IF_ERROR(f.check_positive("attention_factor", *rope.attention_factor));
     } else {
       return f.error(StatusCode::kUnimplemented, type_key,
-                     "= " + quote_name(type) + " is not supported (supported: default, linear, dynamic, llama3, yarn)");
+                     "= " + quote_name(type) +
+                         " is not supported (supported: default, linear, dynamic, llama3, yarn)");
     }
     if (rope.type == RopeType::kLlama3 || rope.type == RopeType::kYarn) {
       // transformers takes a top-level original_max_position_embeddings first, then the dict's,
@@ -330,7 +356,8 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
       int64_t orig = cfg.max_position_embeddings;
       PAGELLM_RETURN_IF_ERROR(f.read_int("original_max_position_embeddings", orig));
       PAGELLM_RETURN_IF_ERROR(top.read_int("original_max_position_embeddings", orig));
-      PAGELLM_RETURN_IF_ERROR(f.check_positive("original_max_position_embeddings", orig, kMaxPositions));
+      PAGELLM_RETURN_IF_ERROR(
+          f.check_positive("original_max_position_embeddings", orig, kMaxPositions));
       rope.original_max_position_embeddings = orig;
       if (rope.type == RopeType::kYarn) {
         // Without a factor (DeepSeek-V3 style) the context extension ratio stands in for it.
@@ -339,9 +366,11 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
       }
     } else if (rope.type == RopeType::kDynamic && rope.original_max_position_embeddings != 0) {
       PAGELLM_RETURN_IF_ERROR(f.check_positive("original_max_position_embeddings",
-                                               rope.original_max_position_embeddings, kMaxPositions));
+                                               rope.original_max_position_embeddings,
+                                               kMaxPositions));
     }
-    if (rope.type != RopeType::kDefault) PAGELLM_RETURN_IF_ERROR(f.check_positive("factor", rope.factor));
+    if (rope.type != RopeType::kDefault)
+      PAGELLM_RETURN_IF_ERROR(f.check_positive("factor", rope.factor));
   }
   PAGELLM_RETURN_IF_ERROR(top.check_positive("rope_theta", rope.theta));
   if (partial) {
@@ -362,7 +391,7 @@ Status parse_rope(const Fields& top, ModelConfig& cfg) {
 struct ArchSpec {
   const char* architecture;
   const char* model_type;
-  int64_t default_max_position;         // transformers' config class default
+  int64_t default_max_position;             // transformers' config class default
   std::optional<int64_t> default_head_dim;  // when absent: this, else hidden / heads
   Status (*parse)(const Fields& f, ModelConfig& cfg);
 };
@@ -377,15 +406,18 @@ Status parse_common(const Fields& f, const ArchSpec* spec, ModelConfig& cfg) {
   PAGELLM_RETURN_IF_ERROR(f.check_positive("hidden_size", cfg.hidden_size, kMaxDim));
   PAGELLM_RETURN_IF_ERROR(f.check_positive("intermediate_size", cfg.intermediate_size, kMaxDim));
   PAGELLM_RETURN_IF_ERROR(f.check_positive("num_hidden_layers", cfg.num_hidden_layers, kMaxLayers));
-  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_attention_heads", cfg.num_attention_heads, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(
+      f.check_positive("num_attention_heads", cfg.num_attention_heads, kMaxDim));
 
   cfg.num_key_value_heads = cfg.num_attention_heads;
   PAGELLM_RETURN_IF_ERROR(f.read_int("num_key_value_heads", cfg.num_key_value_heads));
-  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_key_value_heads", cfg.num_key_value_heads, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(
+      f.check_positive("num_key_value_heads", cfg.num_key_value_heads, kMaxDim));
   if (cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
-    return f.error(StatusCode::kInvalidArgument, "num_key_value_heads",
-                   "= " + std::to_string(cfg.num_key_value_heads) + " does not divide num_attention_heads = " +
-                       std::to_string(cfg.num_attention_heads));
+    return f.error(
+        StatusCode::kInvalidArgument, "num_key_value_heads",
+        "= " + std::to_string(cfg.num_key_value_heads) +
+            " does not divide num_attention_heads = " + std::to_string(cfg.num_attention_heads));
   }
 
   if (f.has("head_dim")) {
@@ -395,7 +427,8 @@ Status parse_common(const Fields& f, const ArchSpec* spec, ModelConfig& cfg) {
   } else {
     if (cfg.hidden_size % cfg.num_attention_heads != 0) {
       return f.error(StatusCode::kInvalidArgument, "hidden_size",
-                     "= " + std::to_string(cfg.hidden_size) + " is not divisible by num_attention_heads = " +
+                     "= " + std::to_string(cfg.hidden_size) +
+                         " is not divisible by num_attention_heads = " +
                          std::to_string(cfg.num_attention_heads) + " (and no head_dim is given)");
     }
     cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
@@ -404,7 +437,8 @@ Status parse_common(const Fields& f, const ArchSpec* spec, ModelConfig& cfg) {
 
   cfg.max_position_embeddings = spec ? spec->default_max_position : 2048;
   PAGELLM_RETURN_IF_ERROR(f.read_int("max_position_embeddings", cfg.max_position_embeddings));
-  PAGELLM_RETURN_IF_ERROR(f.check_positive("max_position_embeddings", cfg.max_position_embeddings, kMaxPositions));
+  PAGELLM_RETURN_IF_ERROR(
+      f.check_positive("max_position_embeddings", cfg.max_position_embeddings, kMaxPositions));
 
   cfg.rms_norm_eps = 1e-6;
   PAGELLM_RETURN_IF_ERROR(f.read_double("rms_norm_eps", cfg.rms_norm_eps));
@@ -418,7 +452,8 @@ Status parse_common(const Fields& f, const ArchSpec* spec, ModelConfig& cfg) {
   PAGELLM_RETURN_IF_ERROR(f.read_bool("tie_word_embeddings", cfg.tie_word_embeddings));
 
   // Fields that change the math in ways we do not implement.
-  for (const char* key : {"quantization_config", "attn_logit_softcapping", "final_logit_softcapping"}) {
+  for (const char* key :
+       {"quantization_config", "attn_logit_softcapping", "final_logit_softcapping"}) {
     if (f.has(key)) return f.error(StatusCode::kUnimplemented, key, "is not supported");
   }
 
@@ -473,8 +508,9 @@ Status check_qwen_window(const Fields& f) {
     if (!lt->is_array()) return f.wrong_type("layer_types", "an array", *lt);
     for (const json& t : *lt) {
       if (!t.is_string() || t.get_ref<const std::string&>() != "full_attention") {
-        return f.error(StatusCode::kUnimplemented, "layer_types",
-                       "holds a layer type other than 'full_attention'; only full attention is supported");
+        return f.error(
+            StatusCode::kUnimplemented, "layer_types",
+            "holds a layer type other than 'full_attention'; only full attention is supported");
       }
     }
   }
@@ -489,7 +525,8 @@ Status parse_qwen2(const Fields& f, ModelConfig& cfg) {
 }
 
 Status parse_qwen3(const Fields& f, ModelConfig& cfg) {
-  // Qwen3: RMSNorm on each q and k head; attention_bias (default false) covers all four projections.
+  // Qwen3: RMSNorm on each q and k head; attention_bias (default false) covers all four
+  // projections.
   cfg.qk_norm = true;
   PAGELLM_RETURN_IF_ERROR(f.read_bool("attention_bias", cfg.attention_bias));
   cfg.o_proj_bias = cfg.attention_bias;
@@ -532,7 +569,8 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
   if (const json* archs = f.get("architectures")) {
     if (!archs->is_array()) return f.wrong_type("architectures", "a list of strings", *archs);
     if (archs->empty()) return f.error(StatusCode::kInvalidArgument, "architectures", "is empty");
-    if (!(*archs)[0].is_string()) return f.wrong_type("architectures", "a list of strings", (*archs)[0]);
+    if (!(*archs)[0].is_string())
+      return f.wrong_type("architectures", "a list of strings", (*archs)[0]);
     cfg.architecture = (*archs)[0].get<std::string>();
   } else if (const char* a = architecture_for_model_type(cfg.model_type)) {
     cfg.architecture = a;
@@ -559,7 +597,8 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
   return cfg;
 }
 
-Status apply_generation_config(const std::string& json_text, const std::string& path, ModelConfig& cfg) {
+Status apply_generation_config(const std::string& json_text, const std::string& path,
+                               ModelConfig& cfg) {
   const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return invalid_argument(path + ": not valid JSON");
   if (!root.is_object()) return invalid_argument(path + ": not a JSON object");
@@ -596,16 +635,23 @@ namespace {
 
 const char* rope_type_name(RopeType t) {
   switch (t) {
-    case RopeType::kDefault: return "default";
-    case RopeType::kLinear: return "linear";
-    case RopeType::kDynamic: return "dynamic";
-    case RopeType::kLlama3: return "llama3";
-    case RopeType::kYarn: return "yarn";
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kDynamic:
+      return "dynamic";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
   }
   return "?";
 }
 
-const char* yes_no(bool b) { return b ? "yes" : "no"; }
+const char* yes_no(bool b) {
+  return b ? "yes" : "no";
+}
 
 }  // namespace
 
@@ -618,7 +664,8 @@ std::string describe(const ModelConfig& cfg) {
     s += value;
     s += '\n';
   };
-  line("architecture", cfg.architecture + (cfg.model_type.empty() ? "" : " (" + cfg.model_type + ")"));
+  line("architecture",
+       cfg.architecture + (cfg.model_type.empty() ? "" : " (" + cfg.model_type + ")"));
   if (!cfg.source.empty()) line("source", cfg.source);
   if (cfg.hidden_size == 0) {
     line("shape", "unknown (architecture not supported)");
@@ -628,14 +675,15 @@ std::string describe(const ModelConfig& cfg) {
   line("hidden_size", std::to_string(cfg.hidden_size));
   line("intermediate_size", std::to_string(cfg.intermediate_size));
   line("num_hidden_layers", std::to_string(cfg.num_hidden_layers));
-  line("attention", std::to_string(cfg.num_attention_heads) + " heads, " + std::to_string(cfg.num_key_value_heads) +
-                        " kv heads, head_dim " + std::to_string(cfg.head_dim) + " (q_dim " +
-                        std::to_string(cfg.q_dim()) + ", kv_dim " + std::to_string(cfg.kv_dim()) + ")");
+  line("attention", std::to_string(cfg.num_attention_heads) + " heads, " +
+                        std::to_string(cfg.num_key_value_heads) + " kv heads, head_dim " +
+                        std::to_string(cfg.head_dim) + " (q_dim " + std::to_string(cfg.q_dim()) +
+                        ", kv_dim " + std::to_string(cfg.kv_dim()) + ")");
   line("max_position_embeddings", std::to_string(cfg.max_position_embeddings));
   line("rms_norm_eps", fmt_double(cfg.rms_norm_eps));
   line("hidden_act", cfg.hidden_act);
-  line("biases", std::string("qkv ") + yes_no(cfg.attention_bias) + ", o_proj " + yes_no(cfg.o_proj_bias) +
-                     ", mlp " + yes_no(cfg.mlp_bias));
+  line("biases", std::string("qkv ") + yes_no(cfg.attention_bias) + ", o_proj " +
+                     yes_no(cfg.o_proj_bias) + ", mlp " + yes_no(cfg.mlp_bias));
   line("qk_norm", yes_no(cfg.qk_norm));
   line("sliding_window", cfg.sliding_window ? std::to_string(*cfg.sliding_window) : "none");
   line("tie_word_embeddings", yes_no(cfg.tie_word_embeddings));
@@ -655,7 +703,8 @@ std::string describe(const ModelConfig& cfg) {
     if (!r.truncate) rope += ", truncate false";
   }
   if (r.original_max_position_embeddings) {
-    rope += ", original_max_position_embeddings " + std::to_string(r.original_max_position_embeddings);
+    rope +=
+        ", original_max_position_embeddings " + std::to_string(r.original_max_position_embeddings);
   }
   if (r.interleaved) rope += ", interleaved";
   line("rope", rope);
@@ -663,7 +712,8 @@ std::string describe(const ModelConfig& cfg) {
                          fmt_double(r.partial_rotary_factor) + ")");
 
   std::string eos;
-  for (size_t i = 0; i < cfg.eos_token_ids.size(); ++i) eos += (i ? ", " : "") + std::to_string(cfg.eos_token_ids[i]);
+  for (size_t i = 0; i < cfg.eos_token_ids.size(); ++i)
+    eos += (i ? ", " : "") + std::to_string(cfg.eos_token_ids[i]);
   line("eos_token_ids", eos.empty() ? "none" : eos);
   line("bos_token_id", cfg.bos_token_id ? std::to_string(*cfg.bos_token_id) : "none");
   line("pad_token_id", cfg.pad_token_id ? std::to_string(*cfg.pad_token_id) : "none");

@@ -13,7 +13,8 @@ namespace pagellm::io_detail {
 inline Result<std::string> read_text_file(const std::string& path, int64_t max_bytes = 256 << 20) {
   PAGELLM_ASSIGN_OR_RETURN(MappedFile f, MappedFile::open(path));
   if (f.size() > max_bytes) {
-    return invalid_argument(path + ": " + std::to_string(f.size()) + " bytes is too large for a text file (limit " +
+    return invalid_argument(path + ": " + std::to_string(f.size()) +
+                            " bytes is too large for a text file (limit " +
                             std::to_string(max_bytes) + ")");
   }
   if (f.size() == 0) return std::string();

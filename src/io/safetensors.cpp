@@ -86,7 +86,8 @@ Status parse_tensor_entry(const std::string& file, const std::string& name, cons
   if (!entry.is_object()) return data_loss(where + "entry is not a JSON object");
 
   auto dt_it = entry.find("dtype");
-  if (dt_it == entry.end() || !dt_it->is_string()) return data_loss(where + "missing string 'dtype'");
+  if (dt_it == entry.end() || !dt_it->is_string())
+    return data_loss(where + "missing string 'dtype'");
   const std::string& dt = dt_it->get_ref<const std::string&>();
   const std::optional<DType> dtype = dtype_from_safetensors(dt);
   if (!dtype) {
@@ -95,7 +96,8 @@ Status parse_tensor_entry(const std::string& file, const std::string& name, cons
   }
 
   auto shape_it = entry.find("shape");
-  if (shape_it == entry.end() || !shape_it->is_array()) return data_loss(where + "missing array 'shape'");
+  if (shape_it == entry.end() || !shape_it->is_array())
+    return data_loss(where + "missing array 'shape'");
   std::vector<int64_t> shape;
   shape.reserve(shape_it->size());
   int64_t numel = 1;
@@ -124,17 +126,18 @@ Status parse_tensor_entry(const std::string& file, const std::string& name, cons
   const std::optional<int64_t> end = as_nonneg_int((*off_it)[1]);
   if (!begin || !end) return data_loss(where + "data_offsets are not non-negative integers");
   if (*begin > *end) {
-    return data_loss(where + "data_offsets [" + std::to_string(*begin) + ", " + std::to_string(*end) +
-                     "] are reversed");
+    return data_loss(where + "data_offsets [" + std::to_string(*begin) + ", " +
+                     std::to_string(*end) + "] are reversed");
   }
   if (*end > data_size) {
-    return data_loss(where + "data_offsets [" + std::to_string(*begin) + ", " + std::to_string(*end) +
-                     "] run past the data region (" + std::to_string(data_size) +
-                     " bytes): file truncated?");
+    return data_loss(where + "data_offsets [" + std::to_string(*begin) + ", " +
+                     std::to_string(*end) + "] run past the data region (" +
+                     std::to_string(data_size) + " bytes): file truncated?");
   }
   if (*end - *begin != nbytes) {
-    return data_loss(where + "shape " + shape_str(shape) + " x " + dt + " is " + std::to_string(nbytes) +
-                     " bytes but data_offsets span " + std::to_string(*end - *begin));
+    return data_loss(where + "shape " + shape_str(shape) + " x " + dt + " is " +
+                     std::to_string(nbytes) + " bytes but data_offsets span " +
+                     std::to_string(*end - *begin));
   }
 
   out.name = name;
@@ -150,15 +153,18 @@ Status parse_tensor_entry(const std::string& file, const std::string& name, cons
 
 }  // namespace
 
-Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size, const std::string& file) {
+Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size,
+                                            const std::string& file) {
   if (size < 8) {
-    return data_loss(file + ": " + std::to_string(size) + " bytes is too short for a safetensors file");
+    return data_loss(file + ": " + std::to_string(size) +
+                     " bytes is too short for a safetensors file");
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];  // little-endian
   if (header_len > static_cast<uint64_t>(size - 8)) {
-    return data_loss(file + ": header length " + std::to_string(header_len) + " exceeds the file size (" +
-                     std::to_string(size) + " bytes): not a safetensors file, or truncated");
+    return data_loss(file + ": header length " + std::to_string(header_len) +
+                     " exceeds the file size (" + std::to_string(size) +
+                     " bytes): not a safetensors file, or truncated");
   }
   const char* hdr = reinterpret_cast<const char*>(data + 8);
   const int64_t data_offset = 8 + static_cast<int64_t>(header_len);
@@ -180,7 +186,9 @@ Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size, c
   const json header = json::parse(hdr, hdr + header_len, on_event, /*allow_exceptions=*/false);
   if (header.is_discarded()) return data_loss(file + ": header is not valid JSON");
   if (!header.is_object()) return data_loss(file + ": header is not a JSON object");
-  if (duplicate) return data_loss(file + ": tensor " + quote_name(*duplicate) + " is listed twice in the header");
+  if (duplicate)
+    return data_loss(file + ": tensor " + quote_name(*duplicate) +
+                     " is listed twice in the header");
 
   SafetensorsHeader out;
   out.data_offset = data_offset;
@@ -200,7 +208,8 @@ Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size, c
     }
     TensorInfo info;
     Span span{};
-    PAGELLM_RETURN_IF_ERROR(parse_tensor_entry(file, name, entry, data_region, data_size, info, span));
+    PAGELLM_RETURN_IF_ERROR(
+        parse_tensor_entry(file, name, entry, data_region, data_size, info, span));
     span.index = out.tensors.size();
     out.tensors.push_back(std::move(info));
     spans.push_back(span);
@@ -216,9 +225,10 @@ Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size, c
     if (s.begin == s.end) continue;
     if (prev && s.begin < prev->end) {
       return data_loss(file + ": tensor " + quote_name(out.tensors[s.index].name) + " (bytes " +
-                       std::to_string(s.begin) + ".." + std::to_string(s.end) + ") overlaps tensor " +
-                       quote_name(out.tensors[prev->index].name) + " (bytes " + std::to_string(prev->begin) +
-                       ".." + std::to_string(prev->end) + ")");
+                       std::to_string(s.begin) + ".." + std::to_string(s.end) +
+                       ") overlaps tensor " + quote_name(out.tensors[prev->index].name) +
+                       " (bytes " + std::to_string(prev->begin) + ".." + std::to_string(prev->end) +
+                       ")");
     }
     prev = &s;
   }
@@ -232,8 +242,11 @@ Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size, c
 
 class SafetensorsWeights final : public WeightSource {
  public:
-  SafetensorsWeights(std::vector<MappedFile> files, std::vector<TensorInfo> tensors, std::string description)
-      : files_(std::move(files)), tensors_(std::move(tensors)), description_(std::move(description)) {
+  SafetensorsWeights(std::vector<MappedFile> files, std::vector<TensorInfo> tensors,
+                     std::string description)
+      : files_(std::move(files)),
+        tensors_(std::move(tensors)),
+        description_(std::move(description)) {
     by_name_.reserve(tensors_.size());
     for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
   }
@@ -300,12 +313,13 @@ Result<std::unique_ptr<WeightSource>> open_sharded(const std::string& model_dir)
     Result<MappedFile> f = MappedFile::open(shard_path);
     if (!f.ok()) {
       if (f.status().code() == StatusCode::kNotFound) {
-        return not_found(index_path + ": shard " + quote_name(shard) + " (holding tensor " + quote_name(names.front()) +
-                         ") is missing: " + shard_path);
+        return not_found(index_path + ": shard " + quote_name(shard) + " (holding tensor " +
+                         quote_name(names.front()) + ") is missing: " + shard_path);
       }
       return f.status();
     }
-    PAGELLM_ASSIGN_OR_RETURN(SafetensorsHeader h, parse_safetensors(f->data(), f->size(), shard_path));
+    PAGELLM_ASSIGN_OR_RETURN(SafetensorsHeader h,
+                             parse_safetensors(f->data(), f->size(), shard_path));
     headers.push_back(std::move(h));
     files.push_back(std::move(*f));  // moving a MappedFile keeps its mapping address
   }
@@ -314,7 +328,8 @@ Result<std::unique_ptr<WeightSource>> open_sharded(const std::string& model_dir)
   for (size_t i = 0; i < headers.size(); ++i) {
     for (const TensorInfo& t : headers[i].tensors) {
       auto [it, inserted] = owner.emplace(t.name, t.file);
-      if (!inserted) return data_loss(t.file + ": tensor " + quote_name(t.name) + " is also in " + it->second);
+      if (!inserted)
+        return data_loss(t.file + ": tensor " + quote_name(t.name) + " is also in " + it->second);
     }
   }
   std::vector<TensorInfo> tensors;
@@ -325,8 +340,8 @@ Result<std::unique_ptr<WeightSource>> open_sharded(const std::string& model_dir)
     for (const std::string& name : names) {
       auto it = owner.find(name);
       if (it == owner.end() || it->second != shard_path) {
-        return data_loss(index_path + ": tensor " + quote_name(name) + " is listed in shard " + quote_name(shard) +
-                         " but absent from " + shard_path +
+        return data_loss(index_path + ": tensor " + quote_name(name) + " is listed in shard " +
+                         quote_name(shard) + " but absent from " + shard_path +
                          (it == owner.end() ? std::string() : " (it is in " + it->second + ")"));
       }
     }

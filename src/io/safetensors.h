@@ -28,10 +28,8 @@ struct SafetensorsHeader {
 // Parses and validates a whole safetensors file held in memory (`file` names it in messages).
 // Checks: header length against the size, JSON syntax, header shape, duplicate names, dtypes,
 // shape * dtype size == end - begin, offsets inside the data region, no two tensors overlapping.
-Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size, const std::string& file);
-
-// The tensors of one or more memory-mapped safetensors files.
-class SafetensorsWeights;
+Result<SafetensorsHeader> parse_safetensors(const uint8_t* data, int64_t size,
+                                            const std::string& file);
 
 // Opens DIR/model.safetensors.index.json and its shards, or DIR/model.safetensors.
 Result<std::unique_ptr<WeightSource>> open_safetensors_weights(const std::string& model_dir);

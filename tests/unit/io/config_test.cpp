@@ -38,7 +38,9 @@ ModelConfig parse_file(const std::string& name) {
   return r.ok() ? *r : ModelConfig{};
 }
 
-json load_json(const std::string& name) { return json::parse(read_file(config_path(name))); }
+json load_json(const std::string& name) {
+  return json::parse(read_file(config_path(name)));
+}
 
 // Parses `j` and expects an error of `code` whose one-line message names `field`.
 void expect_refused(const json& j, StatusCode code, const std::string& field) {
@@ -90,7 +92,9 @@ void expect_llama31_rope(const ModelConfig& c) {
   EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
 }
 
-TEST(Config, Llama31Llama3Rope) { expect_llama31_rope(parse_file("llama-3.1-8b.json")); }
+TEST(Config, Llama31Llama3Rope) {
+  expect_llama31_rope(parse_file("llama-3.1-8b.json"));
+}
 
 TEST(Config, Transformers5RopeParametersMatchClassicKeys) {
   // The same model written by transformers 5: rope_theta moves inside rope_parameters.
@@ -208,8 +212,11 @@ TEST(Config, OtherArchitecturesParseIntoNames) {
   EXPECT_EQ(mx.num_key_value_heads, 8);
 
   // An unknown architecture is not refused here, even with fields we would refuse for ours.
-  json j = {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}, {"hidden_act", "gelu"},
-            {"rope_scaling", {{"type", "longrope"}}}, {"eos_token_id", 7}};
+  json j = {{"architectures", {"Phi3ForCausalLM"}},
+            {"model_type", "phi3"},
+            {"hidden_act", "gelu"},
+            {"rope_scaling", {{"type", "longrope"}}},
+            {"eos_token_id", 7}};
   Result<ModelConfig> r = parse_hf_config(j.dump(), "config.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->architecture, "Phi3ForCausalLM");
@@ -281,7 +288,9 @@ TEST(Config, RopeParametersForms) {
 
   // Flat transformers-5 form with partial_rotary_factor inside.
   json j = base;
-  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1234.0},
+  j["rope_parameters"] = {{"rope_type", "linear"},
+                          {"factor", 2.0},
+                          {"rope_theta", 1234.0},
                           {"partial_rotary_factor", 0.5}};
   Result<ModelConfig> r = parse_hf_config(j.dump(), "config.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -328,8 +337,9 @@ TEST(Config, YarnDetails) {
   j["max_position_embeddings"] = 163840;
   // No factor: the extension ratio stands in (DeepSeek-V3 style). Explicit attention_factor and
   // truncate, and beta values of 0 meaning the defaults.
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 4096},
-                       {"attention_factor", 1.5}, {"truncate", false}, {"beta_fast", 0}, {"beta_slow", 2}};
+  j["rope_scaling"] = {{"rope_type", "yarn"},     {"original_max_position_embeddings", 4096},
+                       {"attention_factor", 1.5}, {"truncate", false},
+                       {"beta_fast", 0},          {"beta_slow", 2}};
   Result<ModelConfig> r = parse_hf_config(j.dump(), "config.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_DOUBLE_EQ(r->rope.factor, 40.0);
@@ -363,7 +373,9 @@ TEST(Config, RefusesUnsupportedRope) {
   expect_refused(j, StatusCode::kUnimplemented, "rope_parameters.mrope_section");
   j["rope_parameters"] = {{"rope_type", "linear"}};
   expect_refused(j, StatusCode::kInvalidArgument, "rope_parameters.factor");
-  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+  j["rope_parameters"] = {{"rope_type", "llama3"},
+                          {"factor", 8.0},
+                          {"low_freq_factor", 4.0},
                           {"high_freq_factor", 4.0}};
   expect_refused(j, StatusCode::kInvalidArgument, "rope_parameters.high_freq_factor");
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"high_freq_factor", 4.0}};
@@ -493,17 +505,19 @@ TEST(Config, ValidatesTypesAndPresence) {
 
 TEST(Config, GenerationConfig) {
   ModelConfig c = parse_file("llama-3-8b.json");
-  ASSERT_TRUE(apply_generation_config(
-                  R"({"bos_token_id": 128000, "eos_token_id": [128001, 128009], "pad_token_id": 128004,
+  ASSERT_TRUE(
+      apply_generation_config(
+          R"({"bos_token_id": 128000, "eos_token_id": [128001, 128009], "pad_token_id": 128004,
                       "do_sample": true, "temperature": 0.6, "top_p": 0.9})",
-                  "generation_config.json", c)
-                  .ok());
+          "generation_config.json", c)
+          .ok());
   EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{128001, 128009}));
   EXPECT_EQ(c.bos_token_id, 128000);
   EXPECT_EQ(c.pad_token_id, 128004);
 
   // Fields that are absent or null keep config.json's values.
-  ASSERT_TRUE(apply_generation_config(R"({"eos_token_id": 7, "bos_token_id": null})", "g.json", c).ok());
+  ASSERT_TRUE(
+      apply_generation_config(R"({"eos_token_id": 7, "bos_token_id": null})", "g.json", c).ok());
   EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{7});
   EXPECT_EQ(c.bos_token_id, 128000);
   EXPECT_EQ(c.pad_token_id, 128004);

@@ -64,7 +64,9 @@ json header_for(const std::vector<TestTensor>& ts, const json& metadata = nullpt
   if (!metadata.is_null()) h["__metadata__"] = metadata;
   int64_t off = 0;
   for (const TestTensor& t : ts) {
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + int64_t(t.bytes.size())}}};
+    h[t.name] = {{"dtype", t.dtype},
+                 {"shape", t.shape},
+                 {"data_offsets", {off, off + int64_t(t.bytes.size())}}};
     off += static_cast<int64_t>(t.bytes.size());
   }
   return h;
@@ -102,7 +104,8 @@ void expect_error(const Status& st, StatusCode code, std::initializer_list<std::
 }
 
 Status parse_bytes(const std::string& file, const std::string& name = "x.safetensors") {
-  return parse_safetensors(reinterpret_cast<const uint8_t*>(file.data()), static_cast<int64_t>(file.size()), name)
+  return parse_safetensors(reinterpret_cast<const uint8_t*>(file.data()),
+                           static_cast<int64_t>(file.size()), name)
       .status();
 }
 
@@ -110,8 +113,8 @@ Status parse_bytes(const std::string& file, const std::string& name = "x.safeten
 
 TEST(SafetensorsParse, GoodHeader) {
   const std::string file = make_file(sample_tensors(), {{"format", "pt"}});
-  Result<SafetensorsHeader> h =
-      parse_safetensors(reinterpret_cast<const uint8_t*>(file.data()), int64_t(file.size()), "m.safetensors");
+  Result<SafetensorsHeader> h = parse_safetensors(reinterpret_cast<const uint8_t*>(file.data()),
+                                                  int64_t(file.size()), "m.safetensors");
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ASSERT_EQ(h->tensors.size(), 6u);
   EXPECT_EQ(h->data_offset % 8, 0);
@@ -148,10 +151,13 @@ TEST(SafetensorsParse, TooShortAndBadLength) {
 }
 
 TEST(SafetensorsParse, BadJson) {
-  expect_error(parse_bytes(raw_file("{\"a\": ", ""), "f.st"), StatusCode::kDataLoss, {"f.st", "JSON"});
-  expect_error(parse_bytes(raw_file("[1, 2]", ""), "f.st"), StatusCode::kDataLoss, {"f.st", "object"});
+  expect_error(parse_bytes(raw_file("{\"a\": ", ""), "f.st"), StatusCode::kDataLoss,
+               {"f.st", "JSON"});
+  expect_error(parse_bytes(raw_file("[1, 2]", ""), "f.st"), StatusCode::kDataLoss,
+               {"f.st", "object"});
   expect_error(parse_bytes(raw_file("", ""), "f.st"), StatusCode::kDataLoss, {"f.st"});
-  expect_error(parse_bytes(raw_file(R"({"t": 3})", ""), "f.st"), StatusCode::kDataLoss, {"f.st", "'t'"});
+  expect_error(parse_bytes(raw_file(R"({"t": 3})", ""), "f.st"), StatusCode::kDataLoss,
+               {"f.st", "'t'"});
 }
 
 TEST(SafetensorsParse, UnsupportedDtypeNamesTensorFileAndDtype) {
@@ -173,11 +179,14 @@ TEST(SafetensorsParse, ShapeMustMatchByteCount) {
   expect_error(parse_bytes(raw_file(h.dump(), data_for(ts)), "f.st"), StatusCode::kDataLoss,
                {"f.st", "'model.norm.weight'", "10 bytes", "span 8"});
   h["model.norm.weight"]["shape"] = {-4};
-  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'model.norm.weight'"});
+  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
+               {"'model.norm.weight'"});
   h["model.norm.weight"]["shape"] = {4.0};
-  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'model.norm.weight'"});
+  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
+               {"'model.norm.weight'"});
   h["model.norm.weight"]["shape"] = "4";
-  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'model.norm.weight'"});
+  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
+               {"'model.norm.weight'"});
   // Products that overflow int64 are caught, not wrapped into a small size.
   h["model.norm.weight"]["shape"] = {int64_t{1} << 40, int64_t{1} << 40};
   expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
@@ -199,13 +208,16 @@ TEST(SafetensorsParse, OffsetsInsideDataRegion) {
                {"cut.st", "'scalar'", "past the data region"});
   json h = header_for(ts);
   h["ids"]["data_offsets"] = {20, 8};
-  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'ids'", "reversed"});
+  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
+               {"'ids'", "reversed"});
   h["ids"]["data_offsets"] = {-4, 8};
   expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'ids'"});
   h["ids"]["data_offsets"] = {0};
-  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'ids'", "data_offsets"});
+  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
+               {"'ids'", "data_offsets"});
   h["ids"].erase("data_offsets");
-  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'ids'", "data_offsets"});
+  expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss,
+               {"'ids'", "data_offsets"});
   h = header_for(ts);
   h["ids"]["data_offsets"] = {18446744073709551604ull, 18446744073709551615ull};
   expect_error(parse_bytes(raw_file(h.dump(), data_for(ts))), StatusCode::kDataLoss, {"'ids'"});
@@ -229,9 +241,8 @@ TEST(SafetensorsParse, OverlapsAreRefused) {
 }
 
 TEST(SafetensorsParse, DuplicateNamesAndMetadata) {
-  const std::string hdr =
-      R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
-      R"( "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
+  const std::string hdr = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                          R"( "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
   expect_error(parse_bytes(raw_file(hdr, std::string(8, '\0')), "f.st"), StatusCode::kDataLoss,
                {"f.st", "'w'", "twice"});
   // A nested duplicate key (inside one entry) is not a duplicate tensor.
@@ -240,8 +251,8 @@ TEST(SafetensorsParse, DuplicateNamesAndMetadata) {
   EXPECT_TRUE(parse_bytes(raw_file(nested, std::string(4, '\0'))).ok());
 
   EXPECT_TRUE(parse_bytes(make_file(sample_tensors(), {{"format", "pt"}, {"note", "x"}})).ok());
-  expect_error(parse_bytes(make_file(sample_tensors(), json::array({1})), "f.st"), StatusCode::kDataLoss,
-               {"f.st", "__metadata__"});
+  expect_error(parse_bytes(make_file(sample_tensors(), json::array({1})), "f.st"),
+               StatusCode::kDataLoss, {"f.st", "__metadata__"});
   expect_error(parse_bytes(make_file(sample_tensors(), {{"format", 1}})), StatusCode::kDataLoss,
                {"__metadata__", "'format'"});
 }
@@ -251,8 +262,9 @@ TEST(SafetensorsParse, DuplicateNamesAndMetadata) {
 class SafetensorsDir : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("pagellm_st_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("pagellm_st_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -320,7 +332,8 @@ void expect_sample_values(const WeightSource& w) {
   EXPECT_EQ(w.find("ids")->shape, std::vector<int64_t>{3});
 
   Result<Tensor> missing = w.get("model.layers.0.self_attn.q_proj.weight");
-  expect_error(missing.status(), StatusCode::kNotFound, {"'model.layers.0.self_attn.q_proj.weight'"});
+  expect_error(missing.status(), StatusCode::kNotFound,
+               {"'model.layers.0.self_attn.q_proj.weight'"});
   Result<Tensor> wrong = w.get("model.embed_tokens.weight", {3, 2});
   expect_error(wrong.status(), StatusCode::kInvalidArgument,
                {"'model.embed_tokens.weight'", "[2, 3]", "expected [3, 2]", ".safetensors"});
@@ -404,7 +417,8 @@ TEST_F(SafetensorsDir, ShardedErrors) {
   idx = index_;
   idx["weight_map"]["ids"] = "../model-00002-of-00002.safetensors";
   write("model.safetensors.index.json", idx.dump());
-  expect_error(open_safetensors_weights(dir()).status(), StatusCode::kDataLoss, {"'ids'", "plain file name"});
+  expect_error(open_safetensors_weights(dir()).status(), StatusCode::kDataLoss,
+               {"'ids'", "plain file name"});
 
   // Malformed index files.
   write("model.safetensors.index.json", "{\"weight_map\": ");
@@ -426,7 +440,8 @@ TEST_F(SafetensorsDir, DuplicateAcrossShards) {
   s2.push_back(ts[1]);
   write("model-00002-of-00002.safetensors", make_file(s2));
   expect_error(open_safetensors_weights(dir()).status(), StatusCode::kDataLoss,
-               {"'model.norm.weight'", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"});
+               {"'model.norm.weight'", "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"});
 }
 
 TEST_F(SafetensorsDir, CorruptShardNamesFile) {
@@ -444,9 +459,11 @@ TEST_F(SafetensorsDir, MissingFiles) {
                {"model.safetensors", "model.safetensors.index.json"});
   expect_error(open_safetensors_weights(path("nope")).status(), StatusCode::kNotFound, {"nope"});
   write("plain", "x");
-  expect_error(open_safetensors_weights(path("plain")).status(), StatusCode::kInvalidArgument, {"plain"});
+  expect_error(open_safetensors_weights(path("plain")).status(), StatusCode::kInvalidArgument,
+               {"plain"});
   write("model.safetensors", "");
-  expect_error(open_safetensors_weights(dir()).status(), StatusCode::kDataLoss, {"model.safetensors"});
+  expect_error(open_safetensors_weights(dir()).status(), StatusCode::kDataLoss,
+               {"model.safetensors"});
 }
 
 TEST_F(SafetensorsDir, CheckpointWithConfig) {
@@ -502,17 +519,21 @@ TEST_F(CheckpointDir, GgufPathsGoToTheGgufReader) {
   write("model.gguf", "garbage, not a GGUF");
   // A .gguf path, and a folder holding exactly one .gguf, both reach the GGUF reader, whose
   // error names the file.
-  expect_error(open_checkpoint(path("model.gguf")).status(), StatusCode::kInvalidArgument, {"model.gguf", "GGUF"});
-  expect_error(open_checkpoint(dir()).status(), StatusCode::kInvalidArgument, {"model.gguf", "GGUF"});
+  expect_error(open_checkpoint(path("model.gguf")).status(), StatusCode::kInvalidArgument,
+               {"model.gguf", "GGUF"});
+  expect_error(open_checkpoint(dir()).status(), StatusCode::kInvalidArgument,
+               {"model.gguf", "GGUF"});
   write("other.gguf", "x");
   expect_error(open_checkpoint(dir()).status(), StatusCode::kInvalidArgument, {"2 .gguf files"});
 }
 
 TEST_F(CheckpointDir, NothingToLoad) {
-  expect_error(open_checkpoint(path("does-not-exist")).status(), StatusCode::kNotFound, {"does-not-exist"});
+  expect_error(open_checkpoint(path("does-not-exist")).status(), StatusCode::kNotFound,
+               {"does-not-exist"});
   expect_error(open_checkpoint(dir()).status(), StatusCode::kNotFound, {dir(), ".gguf"});
   write("weights.bin", "x");
-  expect_error(open_checkpoint(path("weights.bin")).status(), StatusCode::kInvalidArgument, {"weights.bin"});
+  expect_error(open_checkpoint(path("weights.bin")).status(), StatusCode::kInvalidArgument,
+               {"weights.bin"});
   write("model.safetensors", make_file(sample_tensors()));
   expect_error(open_checkpoint(path("model.safetensors")).status(), StatusCode::kInvalidArgument,
                {"model.safetensors", "folder"});
