@@ -40,14 +40,15 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t voca
 }
 
 int bench_latency(int argc, char** argv) {
-  std::vector<std::string> spec = {"model", "device", "input-len", "output-len", "iters", "json!",
-                                   "seed"};
+  std::vector<std::string> spec = {"model", "device", "load-format", "input-len", "output-len",
+                                   "iters", "json!", "seed"};
   Args a("bench latency", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
   ServingModelOptions o;
   o.model_path = a.get_or("model", "");
   o.device = a.get_or("device", "cpu");
   o.load_tokenizer = false;
+  o.load_format = a.get_or("load-format", "auto");
   const auto t_load = Clock::now();
   auto sm = load_serving_model(o);
   if (!sm.ok()) return fail("bench latency", sm.status());
@@ -123,6 +124,7 @@ int bench_throughput(int argc, char** argv) {
   o.model_path = a.get_or("model", "");
   o.device = a.get_or("device", "cpu");
   o.load_tokenizer = a.has("dataset");
+  o.load_format = a.get_or("load-format", "auto");
   auto sm = load_serving_model(o);
   if (!sm.ok()) return fail("bench throughput", sm.status());
   ServingModel& m = **sm;

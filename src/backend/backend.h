@@ -123,12 +123,31 @@ class Backend {
 
   // Converts act rows to f32 (for logits leaving the device).   x act [n, D]; out f32 [n, D]
   virtual void to_f32(const Tensor& x, Tensor& out) = 0;
+
+  // Fills a contiguous f32/f16/bf16 tensor with values uniform in [lo, hi), a pure function of
+  // (seed, element index), so every backend makes the same weights. For `--load-format dummy`:
+  // benchmark models are made directly in device memory, with no checkpoint.
+  virtual void fill_random(Tensor& t, uint64_t seed, float lo, float hi) = 0;
 };
 
 // The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded
 // streaming reads; on a device, a large device-to-device copy counting bytes read + written
 // (the convention of the 4.25 TB/s H200 figure in docs/PERF.md).
 double measure_memory_bandwidth_gbs(Backend& backend);
+
+#ifdef __CUDACC__
+#define PAGELLM_BACKEND_HD __host__ __device__
+#else
+#define PAGELLM_BACKEND_HD
+#endif
+// The value fill_random puts at `index`: uniform in [lo, hi) from a splitmix64 hash.
+PAGELLM_BACKEND_HD inline float random_uniform_at(uint64_t seed, uint64_t index, float lo, float hi) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return lo + (hi - lo) * static_cast<float>((z >> 40) * (1.0 / 16777216.0));
+}
 
 // The CPU reference backend. `fast`: use the SIMD/threaded paths (default); false runs the plain
 // reference loops (tests compare the two).

@@ -32,7 +32,10 @@ class WeightSource {
   virtual const TensorInfo* find(const std::string& name) const = 0;
   // A view of the tensor (CPU memory). Fails with kNotFound naming the tensor and the source, or
   // kInvalidArgument when its shape differs from `expected_shape` (empty: any shape).
-  Result<Tensor> get(const std::string& name, std::vector<int64_t> expected_shape = {}) const;
+  virtual Result<Tensor> get(const std::string& name, std::vector<int64_t> expected_shape = {}) const;
+  // True when tensors have no data (data == nullptr): `--load-format dummy`, whose weights the
+  // model fills with fill_random on its backend.
+  virtual bool is_dummy() const { return false; }
   virtual std::string description() const = 0;  // "model.safetensors (3 shards)" etc.
 };
 
@@ -51,4 +54,7 @@ namespace pagellm {
 // Format-specific openers used by open_checkpoint (io/safetensors.cpp, io/gguf.cpp).
 Result<LoadedCheckpoint> open_safetensors_checkpoint(const std::string& model_dir);
 Result<LoadedCheckpoint> open_gguf_checkpoint(const std::string& gguf_path);
+// A model of the shape a config.json describes (a file, or a folder holding one) with no
+// weights: every tensor the model asks for exists, with data == nullptr (see is_dummy()).
+Result<LoadedCheckpoint> open_dummy_checkpoint(const std::string& config_path);
 }  // namespace pagellm

@@ -42,7 +42,13 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     return not_found("the default model is not installed at " + sm->path +
                      " (run scripts/setup.sh, or give --model DIR)");
   }
-  PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_checkpoint(sm->path));
+  if (options.load_format == "dummy") {
+    PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_dummy_checkpoint(sm->path));
+  } else if (options.load_format == "auto") {
+    PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_checkpoint(sm->path));
+  } else {
+    return invalid_argument("--load-format must be auto or dummy, got '" + options.load_format + "'");
+  }
   if (options.device == "cuda") {
     PAGELLM_ASSIGN_OR_RETURN(sm->backend, make_cuda_backend(0));
   } else if (options.device == "cpu") {
@@ -51,7 +57,7 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     return invalid_argument("--device must be cpu or cuda, got '" + options.device + "'");
   }
   PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend));
-  if (options.load_tokenizer) {
+  if (options.load_tokenizer && options.load_format != "dummy") {
     const std::string tok_path =
         sm->checkpoint.gguf_path.empty() ? sm->path : sm->checkpoint.gguf_path;
     auto tok = load_tokenizer(tok_path);

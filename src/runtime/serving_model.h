@@ -21,6 +21,9 @@ struct ServingModelOptions {
   std::string model_path;      // empty: default_model_path()
   std::string device = "cpu";  // "cpu" or "cuda"
   bool load_tokenizer = true;  // tokenizer + chat template
+  // "auto": the checkpoint at model_path; "dummy": random weights of the shape model_path's
+  // config.json describes (a file or a folder), made on the device, for benchmarks.
+  std::string load_format = "auto";
 };
 
 struct ServingModel {

@@ -108,6 +108,21 @@ class CpuBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
+  void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override {
+    PAGELLM_CHECK(t.is_contiguous() && !is_quantized(t.dtype));
+    const int64_t n = t.numel();
+    ThreadPool::global().parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float v = random_uniform_at(seed, static_cast<uint64_t>(i), lo, hi);
+        switch (t.dtype) {
+          case DType::kF32: t.ptr<float>()[i] = v; break;
+          case DType::kBF16: t.ptr<uint16_t>()[i] = f32_to_bf16(v); break;
+          case DType::kF16: t.ptr<uint16_t>()[i] = f32_to_f16(v); break;
+          default: PAGELLM_CHECK_MSG(false, "fill_random: unsupported dtype");
+        }
+      }
+    });
+  }
 
  private:
   void matmul_fast(const Tensor& x, const Tensor& w, const float* bias, Tensor& out);

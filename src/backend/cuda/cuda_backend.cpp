@@ -498,6 +498,12 @@ void CudaBackend::to_f32(const Tensor& x, Tensor& out) {
   launch_to_f32(rows_of(x), rows_of(out), stream_);
 }
 
+void CudaBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
+  check_on_device(t, "t");
+  PAGELLM_CHECK(is_float_type(t.dtype) && t.is_contiguous());
+  launch_fill_random(t.data, t.dtype, t.numel(), seed, lo, hi, stream_);
+}
+
 }  // namespace cuda
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index) {

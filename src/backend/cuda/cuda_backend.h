@@ -60,6 +60,7 @@ class CudaBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
+  void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
 
   // The stream all ops are queued on (for CUDA graph capture and events).
   cudaStream_t stream() const { return stream_; }

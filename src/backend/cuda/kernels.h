@@ -69,6 +69,10 @@ void launch_silu_mul(const RowView& gate, const RowView& up, const RowView& out,
 void launch_add(const RowView& a, const RowView& b, const RowView& out, cudaStream_t stream);
 // out (f32) = x (bf16, f16 or f32).
 void launch_to_f32(const RowView& x, const RowView& out, cudaStream_t stream);
+
+// Uniform [lo, hi) values by index (random_uniform_at), for dummy weights.
+void launch_fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float lo, float hi,
+                        cudaStream_t stream);
 // out[i, :] = x[rows[i], :] (same dtype, any float type); out must not overlap x.
 void launch_gather_rows(const RowView& x, const int32_t* rows, const RowView& out,
                         cudaStream_t stream);

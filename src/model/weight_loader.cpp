@@ -1,0 +1,48 @@
+#include "model/weight_loader.h"
+
+#include <cmath>
+#include <functional>
+
+namespace pagellm {
+
+WeightLoader::WeightLoader(Backend& backend, const WeightSource& source, const LoadOptions& options)
+    : backend_(backend), source_(source), options_(options) {}
+
+Result<Tensor> WeightLoader::dummy(const std::string& name, std::vector<int64_t> shape, DType dtype,
+                                   float lo, float hi) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  auto& buf = storage_.emplace_back(backend_.allocate(dtype_bytes(dtype, n)));
+  if (!buf) return resource_exhausted("out of memory for dummy weight '" + name + "'");
+  Tensor t(buf->data(), dtype, {n}, backend_.device());
+  backend_.fill_random(t, std::hash<std::string>{}(name), lo, hi);
+  t.ndim = static_cast<int>(shape.size());
+  for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];
+  t.set_contiguous_strides();
+  bytes_ += dtype_bytes(dtype, n);
+  return t;
+}
+
+Result<Tensor> WeightLoader::matrix(const std::string& name, std::vector<int64_t> shape) {
+  if (source_.is_dummy()) {
+    // Uniform with the spread of a 1/sqrt(fan_in)-scaled init, so activations stay O(1).
+    const float a = std::sqrt(3.0f / static_cast<float>(shape.back()));
+    const DType dt = backend_.device() == Device::kCpu ? DType::kBF16 : options_.weight_dtype;
+    return dummy(name, std::move(shape), dt, -a, a);
+  }
+  PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, std::move(shape)));
+  const DType want = backend_.device() == Device::kCpu ? host.dtype : options_.weight_dtype;
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t, backend_.upload_weight(host, want, storage_.emplace_back()));
+  bytes_ += dtype_bytes(t.dtype, t.numel());
+  return t;
+}
+
+Result<Tensor> WeightLoader::vector(const std::string& name, int64_t n, float dummy_value) {
+  if (source_.is_dummy()) return dummy(name, {n}, DType::kF32, dummy_value, dummy_value);
+  PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, {n}));
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t, backend_.upload_weight(host, DType::kF32, storage_.emplace_back()));
+  bytes_ += dtype_bytes(t.dtype, t.numel());
+  return t;
+}
+
+}  // namespace pagellm

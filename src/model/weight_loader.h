@@ -1,0 +1,44 @@
+// WeightLoader: moves a checkpoint's tensors onto a backend for a model, by Hugging Face name and
+// expected shape. Matrices keep their stored type on the CPU (zero-copy from the mapped file) and
+// take LoadOptions::weight_dtype on devices; vectors (norms, biases) become f32. With dummy weights
+// (--load-format dummy) the tensors are allocated on the backend and filled with random values
+// there, seeded by the tensor's name so every run builds the same model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/weights.h"
+#include "model/model.h"
+
+namespace pagellm {
+
+class WeightLoader {
+ public:
+  WeightLoader(Backend& backend, const WeightSource& source, const LoadOptions& options);
+
+  // A [rows, cols] (or any-rank) weight matrix.
+  Result<Tensor> matrix(const std::string& name, std::vector<int64_t> shape);
+  // A 1-D weight; `dummy_value` is what dummy weights hold (1 for norm scales, 0 for biases).
+  Result<Tensor> vector(const std::string& name, int64_t n, float dummy_value);
+  bool has(const std::string& name) const { return source_.find(name) != nullptr; }
+
+  int64_t bytes() const { return bytes_; }
+  // The buffers backing uploaded weights; the model keeps them alive.
+  std::vector<std::unique_ptr<Buffer>>& storage() { return storage_; }
+
+ private:
+  Result<Tensor> dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, float lo,
+                       float hi);
+
+  Backend& backend_;
+  const WeightSource& source_;
+  LoadOptions options_;
+  std::vector<std::unique_ptr<Buffer>> storage_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace pagellm
