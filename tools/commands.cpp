@@ -4,6 +4,7 @@ namespace pagellm::cli {
 
 int run_inspect(int argc, char** argv);
 int run_generate(int argc, char** argv);
+int run_serve(int argc, char** argv);
 int run_chat(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
@@ -12,6 +13,7 @@ int run_template(int argc, char** argv);
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
+      {"serve", "OpenAI-compatible HTTP server (--model DIR --host --port ...; docs/API.md)", run_serve},
       {"generate", "generate tokens from a prompt (--model DIR --prompt-ids ... | \"text\")",
        run_generate},
       {"bench", "benchmarks: latency (batch 1, GB/s vs bandwidth) | throughput (offline)", run_bench},

@@ -1,0 +1,94 @@
+// ApiServer: the OpenAI-compatible API over one Engine.
+//   POST /v1/completions  POST /v1/chat/completions  GET /v1/models[/{id}]
+//   GET /health  GET /version  GET /metrics  POST /tokenize  POST /detokenize
+// It parses and validates requests (openai_protocol.h), applies the chat template, tokenizes,
+// submits to the engine, and turns the engine's events into JSON responses or SSE streams.
+// Engine callbacks arrive on the engine thread and are only posted to the connection's strand;
+// all response work happens there. Docs: docs/API.md, docs/openapi.yaml.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include <boost/asio/signal_set.hpp>
+
+#include "runtime/engine.h"
+#include "server/api_error.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "tokenizer/jinja/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pagellm::server {
+
+struct ApiServerConfig {
+  HttpServerConfig http;
+  std::string served_model_name = "default";
+  std::string model_path;      // reported as the model's "root" in /v1/models
+  std::string api_key;         // "" = no authentication
+  double drain_timeout_s = 30; // SIGTERM: how long in-flight requests may take to finish
+};
+
+class ApiServer {
+ public:
+  // `tokenizer` and `chat_template` may be null (token-id completions only).
+  ApiServer(ApiServerConfig config, Engine& engine, const Tokenizer* tokenizer,
+            const ChatTemplate* chat_template);
+  ~ApiServer();
+
+  // Listens; the server answers requests from here on.
+  Status start();
+  uint16_t port() const { return http_->port(); }
+
+  // Blocks until SIGINT/SIGTERM (or request_stop()), then drains: stops accepting, lets requests
+  // in flight finish for up to drain_timeout_s, aborts the rest, stops the engine and the I/O
+  // threads. A second signal skips the rest of the drain. Returns 0.
+  int run_until_stopped();
+  void request_stop();
+
+  // Used by the handlers (public for the per-request state in api_server.cpp).
+  Engine& engine() { return engine_; }
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+  ServerMetrics& metrics() { return metrics_; }
+  const ApiServerConfig& config() const { return config_; }
+  void track(uint64_t engine_id);
+  void untrack(uint64_t engine_id);
+
+ private:
+  void handle(std::shared_ptr<Exchange> ex);
+  void handle_generate(const std::shared_ptr<Exchange>& ex, bool chat);
+  void handle_models(const std::shared_ptr<Exchange>& ex, const std::string& id);
+  void handle_tokenize(const std::shared_ptr<Exchange>& ex);
+  void handle_detokenize(const std::shared_ptr<Exchange>& ex);
+  bool authorized(const HttpRequest& r) const;
+  std::optional<ApiError> check_model(const std::string& model) const;
+  void abort_all();
+  int64_t n_tracked() const;
+  void wait_signal();
+
+  ApiServerConfig config_;
+  Engine& engine_;
+  const Tokenizer* tokenizer_;
+  const ChatTemplate* chat_template_;
+  ServerMetrics metrics_;
+  int64_t created_ = 0;  // unix time the server started (the model's "created")
+  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<boost::asio::signal_set> signals_;  // destroyed before http_ (its I/O context)
+
+  mutable std::mutex live_mu_;
+  std::unordered_set<uint64_t> live_;  // engine request ids in flight
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  int n_stop_requests_ = 0;
+};
+
+// Sends a JSON error response and counts it.
+void reply_error(ServerMetrics& metrics, Exchange& ex, const ApiError& e, Headers extra = {});
+
+}  // namespace pagellm::server
