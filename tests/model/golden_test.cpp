@@ -175,11 +175,13 @@ std::vector<Param> all_params() {
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, Golden, testing::ValuesIn(all_params()), param_name);
 
-// The same fixtures on the CUDA backend, whose activations, residual stream and KV cache are bf16:
-// bf16 keeps 8 mantissa bits (relative rounding 2^-9 ~ 0.2% per value), and a logit of magnitude
-// ~10 after two layers of rounded matmuls, norms and attention moves by a few hundredths. So the
-// bound is 0.03 on the mean |Δ logprob| and 0.15 on the max, and greedy tokens must agree only
-// where transformers' top-2 margin exceeds 0.3. Skipped (visibly) where no GPU is present.
+// The same fixtures on the CUDA backend, whose activations, residual stream and KV cache are bf16
+// (8 mantissa bits, 2^-9 relative rounding per value). The yardstick is transformers itself run in
+// bf16 on the same sequences: its |Δ logprob| against its own float32 reference is recorded in
+// each fixture (transformers_bf16_noise, 0.02-0.045 mean and 0.07-0.31 max on these peaked tiny
+// models). pagellm must stay within 1.5x of that, mean and max: another bf16 implementation,
+// rounding in different places, lands at the same distance, never a multiple of it. Greedy tokens
+// must agree wherever transformers' top-2 margin exceeds 0.3. Skipped (visibly) without a GPU.
 class GoldenCuda : public testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenCuda, MatchesTransformersInBf16) {
@@ -233,8 +235,9 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
   ASSERT_GT(n, 0);
   std::printf("[ golden-cuda ] %-16s max |dlogprob| %.4f, mean %.5f over %d positions; %d greedy tokens equal\n",
               name.c_str(), max_err, sum_err / n, n, n_greedy);
-  EXPECT_LE(sum_err / n, 0.03) << name;
-  EXPECT_LE(max_err, 0.15) << name;
+  const json& noise = ref["transformers_bf16_noise"];
+  EXPECT_LE(sum_err / n, 1.5 * noise["mean_abs_err"].get<double>()) << name;
+  EXPECT_LE(max_err, 1.5 * noise["max_abs_err"].get<double>()) << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, GoldenCuda, testing::ValuesIn(fixture_names()));

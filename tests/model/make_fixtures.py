@@ -159,7 +159,18 @@ def main():
         for n in PROMPT_LENS:
             prompt = torch.randint(3, BASE["vocab_size"], (n,), generator=gen).tolist()
             cases.append(reference(model, prompt))
+        # transformers' own bf16 error against its float32 reference on the same sequences: the
+        # yardstick for engines that compute in bf16 (the CUDA golden tests allow a multiple of it).
+        model16 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+        errs = []
+        for c in cases:
+            full = c["prompt"] + c["greedy"]
+            with torch.no_grad():
+                lp16 = torch.log_softmax(model16(torch.tensor([full])).logits[0].float(), dim=-1)
+            errs += [abs(lp16[i - 1, full[i]].item() - c["full_logprobs"][i]) for i in range(1, len(full))]
+        meta_bf16 = {"max_abs_err": max(errs), "mean_abs_err": sum(errs) / len(errs)}
         meta = {"name": name, "architecture": arch, "weight_dtype": str(dtype).split(".")[-1],
+                "transformers_bf16_noise": meta_bf16,
                 "torch": torch.__version__, "transformers": transformers.__version__,
                 "cases": cases}
         with open(os.path.join(folder, "reference.json"), "w") as f:

@@ -174,8 +174,11 @@ inline constexpr Tol kBf16Tol{1e-2, 1e-2,
 inline constexpr Tol kExact{0.0, 0.0, "a copy or exact conversion: bit-identical values expected"};
 
 // Compares got against want; `what` names the op, sizes and seed for the failure message.
+// `slack` (optional, per element): an absolute error allowed on top of the relative bound, for
+// outputs whose rounding depends on the magnitude of intermediate terms rather than the result.
 inline ::testing::AssertionResult compare(const std::string& what, const std::vector<float>& got,
-                                          const std::vector<float>& want, const Tol& tol) {
+                                          const std::vector<float>& want, const Tol& tol,
+                                          const std::vector<float>* slack = nullptr) {
   ++n_cases_checked();
   if (got.size() != want.size())
     return ::testing::AssertionFailure()
@@ -191,7 +194,7 @@ inline ::testing::AssertionResult compare(const std::string& what, const std::ve
   for (size_t i = 0; i < got.size(); ++i) {
     const double g = got[i], w = want[i];
     const double err = std::fabs(g - w);
-    const double bound = tol.rtol * std::max(std::fabs(w), floor);
+    const double bound = tol.rtol * std::max(std::fabs(w), floor) + (slack ? (*slack)[i] : 0.0);
     const bool ok =
         std::isfinite(g) == std::isfinite(w) && (err <= bound || (!std::isfinite(w) && g == w));
     if (!ok) {
