@@ -174,7 +174,53 @@ if [ $model_built = 1 ]; then
   record "test_model (CPU golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
 fi
 
+# --- benchmarks (random weights of published shapes, bench/model-configs) ---
+# PAGELLM_CHECK_BENCH=0 skips them. Each prints a JSON line kept in $logs/bench-*.json.
+declare -a bench_rows=()
+run_bench() {  # label, pagellm args...
+  local label=$1; shift
+  local t rc limit
+  limit=$(step_limit 240)
+  if [ "$limit" -lt 20 ]; then record "bench $label" "skipped: out of time"; return; fi
+  t=$(now)
+  timeout "$limit" "$build/tools/pagellm" bench "$@" --json >"$logs/bench-$label.log" 2>&1
+  rc=$?
+  tail -1 "$logs/bench-$label.log" >"$logs/bench-$label.json"
+  grep -vE '^\{' "$logs/bench-$label.log" | grep -v INFO | sed 's/^/    /'
+  record "bench $label" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  bench_rows+=("$label|$(tail -1 "$logs/bench-$label.log")")
+}
+if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
+  if build_target pagellm pagellm; then
+    cfg=bench/model-configs
+    echo "== bench"
+    run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
+      --input-len 512 --output-len 256 --iters 2
+    run_bench latency-llama2-7b latency --model $cfg/llama-2-7b.json --load-format dummy --device cuda \
+      --input-len 512 --output-len 256 --iters 2
+    run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
+      --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
+      --max-num-seqs 256 --max-num-batched-tokens 8192
+  fi
+fi
+
 # --- summary ---
+if [ ${#bench_rows[@]} -gt 0 ]; then
+  printf '\n== benchmarks\n'
+  for row in "${bench_rows[@]}"; do
+    label=${row%%|*}; json=${row#*|}
+    python3 - "$label" "$json" <<'PY' 2>/dev/null || printf '  %-24s %s\n' "$label" "$json"
+import json, sys
+label, j = sys.argv[1], json.loads(sys.argv[2])
+if "decode_tokens_per_s" in j:
+    print(f"  {label:<24} decode {j['decode_tokens_per_s']:8.1f} tok/s ({100*j['bandwidth_fraction']:.0f}% of "
+          f"{j['memory_bandwidth_gb_per_s']:.0f} GB/s), prefill {j['prefill_tokens_per_s']:9.1f} tok/s, load {j['load_seconds']:.1f} s")
+else:
+    print(f"  {label:<24} {j['requests_per_s']:.2f} req/s, {j['total_tokens_per_s']:.0f} total tok/s, "
+          f"{j['output_tokens_per_s']:.0f} output tok/s, {j['failed']} failed")
+PY
+  done
+fi
 printf '\n== op tests\n'
 if [ -f "$ops_xml" ] && command -v python3 >/dev/null; then
   python3 - "$ops_xml" <<'PY'
