@@ -114,9 +114,13 @@ std::vector<std::pair<std::string, std::string>> merges_from_scores(const GgufTo
 
 // transformers' GGUF_TO_FAST_CONVERTERS: Qwen2Converter for the qwen families, the llama converter's
 // plain ByteLevel (GPT-2 regex) for the others.
+bool is_qwen_arch(const std::string& arch) {
+  return arch == "qwen2" || arch == "qwen2moe" || arch == "qwen3" || arch == "qwen3moe" || arch == "qwen35" ||
+         arch == "minimax-m2";
+}
+
 json transformers_byte_level_pre_tokenizer(const std::string& arch) {
-  if (arch == "qwen2" || arch == "qwen2moe" || arch == "qwen3" || arch == "qwen3moe" || arch == "qwen35" ||
-      arch == "minimax-m2") {
+  if (is_qwen_arch(arch)) {
     return json{{"type", "Sequence"}, {"pretokenizers", json::array({split(kQwen2Pattern), byte_level(false)})}};
   }
   return byte_level(true);
@@ -172,12 +176,18 @@ Result<json> gguf_tokenizer_json(const GgufTokenizerData& d, GgufPreTokenizer pr
   json decoders = json::array({{{"type", "ByteFallback"}}, {{"type", "Fuse"}}, replace_meta});
   if (byte_level_model) {
     json pre;
+    bool qwen;
     if (pre_choice == GgufPreTokenizer::kTransformers) {
       pre = transformers_byte_level_pre_tokenizer(d.architecture);
+      qwen = is_qwen_arch(d.architecture);
     } else {
       PAGELLM_ASSIGN_OR_RETURN(pre, byte_level_pre_tokenizer(d.pre));
+      qwen = d.pre == "qwen2" || d.pre == "deepseek-r1-qwen";
+      // Llama-3's tokenizer.json takes a pre-token that is a whole vocabulary entry as is.
+      if (d.pre == "llama-bpe" || d.pre == "llama3") j["model"]["ignore_merges"] = true;
     }
-    j["normalizer"] = nullptr;
+    // Qwen2's tokenizer (and transformers' Qwen2Converter) NFC-normalizes first.
+    j["normalizer"] = qwen ? json{{"type", "NFC"}} : json(nullptr);
     j["pre_tokenizer"] = pre;
     decoders.push_back({{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}});
   } else {

@@ -241,6 +241,34 @@ def gguf_family(gguf_path):
                    len(tok))
 
 
+def gguf_llama_family():
+    """A SentencePiece-style GGUF vocabulary (tokenizer.ggml.model = "llama", no merges: transformers
+    derives them from the scores) built from the spm_bpe fixture, converted by transformers'
+    GGUF converter. gguf_data.json holds the metadata the C++ test feeds to its own GGUF builder."""
+    from transformers.integrations.ggml import convert_gguf_tokenizer
+    src = json.load(open(os.path.join(DATA, "spm_bpe", "tokenizer.json"), encoding="utf-8"))
+    by_id = sorted(src["model"]["vocab"].items(), key=lambda kv: kv[1])
+    tokens = [t for t, _ in by_id]
+    types = []
+    for i, t in enumerate(tokens):
+        types.append(2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else
+                     6 if (len(t) == 6 and t.startswith("<0x")) else 1)
+    data = {"model": "llama", "tokens": tokens, "scores": [-float(i) for i in range(len(tokens))],
+            "token_type": types, "unk_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    d = os.path.join(DATA, "gguf_llama")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "gguf_data.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False)
+    tokenizer_dict = {"tokenizer_type": "llama", "tokens": tokens, "scores": data["scores"], "token_type": types,
+                      "bos_token_id": 1, "eos_token_id": 2, "unk_token_id": 0}
+    tok, _ = convert_gguf_tokenizer("llama", tokenizer_dict)
+    write_expected(os.path.join(d, "expected.jsonl"),
+                   lambda s, sp: tok.encode(s, add_special_tokens=sp).ids,
+                   lambda ids, skip: tok.decode(ids, skip_special_tokens=skip),
+                   tok.get_vocab_size(with_added_tokens=True),
+                   [i for i, t in enumerate(types) if t == 6])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", help="the default model's .gguf file (family 'gguf')")
@@ -252,6 +280,9 @@ def main():
             continue
         hf_family(name, tok)
         print("wrote", name)
+    if not only or "gguf_llama" in only:
+        gguf_llama_family()
+        print("wrote gguf_llama")
     if args.gguf and (not only or "gguf" in only):
         gguf_family(args.gguf)
         print("wrote gguf")

@@ -3,7 +3,10 @@
 // decoded text of pseudo-random id sequences, must equal what HF produced.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <sys/stat.h>
 #include <vector>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/default_model.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pagellm {
@@ -96,6 +100,82 @@ TEST(GgufFamily, DefaultModelMatchesTransformers) {
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   check_family(**tok, "gguf");
 }
+
+}  // namespace
+}  // namespace pagellm
+
+namespace pagellm {
+namespace {
+
+// A SentencePiece-style GGUF vocabulary (no merges; they come from the scores) against
+// transformers' GGUF converter on the same metadata.
+TEST(GgufFamily, LlamaVocabularyMatchesTransformers) {
+  std::ifstream in(kDataDir + "/gguf_llama/gguf_data.json");
+  const json meta = json::parse(in);
+  GgufTokenizerData d;
+  d.architecture = "llama";
+  d.model = meta["model"].get<std::string>();
+  d.tokens = meta["tokens"].get<std::vector<std::string>>();
+  d.scores = meta["scores"].get<std::vector<float>>();
+  d.token_types = meta["token_type"].get<std::vector<int32_t>>();
+  d.unk_id = meta["unk_token_id"].get<int32_t>();
+  d.bos_id = meta["bos_token_id"].get<int32_t>();
+  d.eos_id = meta["eos_token_id"].get<int32_t>();
+  d.add_bos = false;  // transformers' converter alone adds no post-processor
+  auto tok = tokenizer_from_gguf_data(d, "gguf_data.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  check_family(**tok, "gguf_llama");
+}
+
+// tokenizer.ggml.pre with GgufPreTokenizer::kOriginal rebuilds the original tokenizer.json pipeline:
+// a GGUF made from each fixture's vocabulary and merges must encode like the fixture.
+class GgufOriginalPre : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(GgufOriginalPre, MatchesTheOriginalTokenizer) {
+  const auto& [family, pre] = GetParam();
+  std::ifstream in(kDataDir + "/" + family + "/tokenizer.json");
+  const json j = json::parse(in);
+  GgufTokenizerData d;
+  d.architecture = "llama";
+  d.model = "gpt2";
+  d.pre = pre;
+  std::map<int32_t, std::string> by_id;
+  for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it) by_id[it.value()] = it.key();
+  std::set<int32_t> special, other_added;
+  for (const auto& t : j["added_tokens"]) {
+    by_id[t["id"].get<int32_t>()] = t["content"].get<std::string>();
+    (t["special"].get<bool>() ? special : other_added).insert(t["id"].get<int32_t>());
+  }
+  for (const auto& [id, t] : by_id) {
+    ASSERT_EQ(static_cast<size_t>(id), d.tokens.size()) << "ids must be dense";
+    d.tokens.push_back(t);
+    d.token_types.push_back(special.count(id) ? 3 : 1);
+  }
+  for (const auto& m : j["model"]["merges"]) d.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  d.add_bos = false;
+  auto tok = tokenizer_from_gguf_data(d, family, GgufPreTokenizer::kOriginal);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const auto corpus = read_jsonl(kDataDir + "/corpus.jsonl");
+  size_t n = 0;
+  for (const auto& rec : read_jsonl(kDataDir + "/" + family + "/expected.jsonl")) {
+    if (!rec.contains("line")) continue;
+    const auto want = rec["ids_no_special"].get<std::vector<int32_t>>();
+    // Non-special added tokens would be USER_DEFINED entries, which transformers does not add.
+    if (std::any_of(want.begin(), want.end(), [&](int32_t id) { return other_added.count(id) > 0; })) continue;
+    const std::string text = corpus.at(rec["line"].get<size_t>()).get<std::string>();
+    auto got = (*tok)->encode(text, false);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(show(*got), show(want)) << family << " line " << rec["line"] << ": " << json(text).dump();
+    ++n;
+  }
+  EXPECT_GT(n, 70u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizer, GgufOriginalPre,
+                         ::testing::Values(std::pair<std::string, std::string>{"gpt2", "gpt2"},
+                                           std::pair<std::string, std::string>{"llama3", "llama-bpe"},
+                                           std::pair<std::string, std::string>{"qwen2", "qwen2"},
+                                           std::pair<std::string, std::string>{"deepseek_v3", "deepseek-v3"}));
 
 }  // namespace
 }  // namespace pagellm

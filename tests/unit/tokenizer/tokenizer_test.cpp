@@ -83,7 +83,8 @@ TEST(TokenizerInput, LargeInputsFinishInLinearishTime) {
     auto tok = load_tokenizer(kDataDir + "/" + family);
     ASSERT_TRUE(tok.ok());
     // One 2 MB "word" (a single pre-token for the SentencePiece pipeline), then 4 MB of spaces
-    // and of mixed text: all must finish well inside the test timeout.
+    // and of mixed text: all must finish in time linear-ish in the size (seconds in a release build; the bound
+    // leaves room for sanitizer builds).
     const std::string one_word(2 << 20, 'a');
     const std::string spaces(4 << 20, ' ');
     std::string mixed;
@@ -94,7 +95,7 @@ TEST(TokenizerInput, LargeInputsFinishInLinearishTime) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ASSERT_TRUE(ids.ok()) << ids.status().to_string();
       EXPECT_GT(ids->size(), 0u);
-      EXPECT_LT(s, 30.0) << family << ": " << text->size() << " bytes took " << s << " s";
+      EXPECT_LT(s, 120.0) << family << ": " << text->size() << " bytes took " << s << " s";
       // Byte-level BPE is lossless; the SentencePiece-style decoder strips the leading space.
       if (std::string(family) == "gpt2") EXPECT_TRUE(*(*tok)->decode(*ids, false) == *text) << family;
     }
