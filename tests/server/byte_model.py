@@ -42,4 +42,9 @@ def make_byte_model(src_dir, dst_dir):
     }
     with open(os.path.join(dst_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False)
+    # A minimal chat template, so chat requests run on this model too.
+    template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] or '' }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant: {% endif %}")
+    with open(os.path.join(dst_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"chat_template": template}, f)
     return dst_dir
