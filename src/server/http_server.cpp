@@ -529,25 +529,29 @@ void Exchange::respond(int status, std::string_view content_type, std::string bo
   if (started_ || closed_ || !session_) return;
   started_ = complete_ = true;
   status_ = status;
-  session_->write_response(*this, status, content_type, std::move(body), extra);
+  auto s = session_;  // the write may finish the exchange, which drops session_
+  s->write_response(*this, status, content_type, std::move(body), extra);
 }
 
 void Exchange::begin_stream(int status, std::string_view content_type, Headers extra) {
   if (started_ || closed_ || !session_) return;
   started_ = streaming_ = true;
   status_ = status;
-  session_->write_stream_head(*this, status, content_type, extra);
+  auto s = session_;
+  s->write_stream_head(*this, status, content_type, extra);
 }
 
 void Exchange::send(std::string data) {
   if (!streaming_ || complete_ || closed_ || !session_) return;
-  session_->write_stream_data(*this, std::move(data));
+  auto s = session_;
+  s->write_stream_data(*this, std::move(data));
 }
 
 void Exchange::end_stream() {
   if (!streaming_ || complete_ || closed_ || !session_) return;
   complete_ = true;
-  session_->write_stream_end();
+  auto s = session_;
+  s->write_stream_end();
 }
 
 void Exchange::fire_close() {

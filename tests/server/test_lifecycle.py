@@ -144,6 +144,10 @@ def test_sigterm_drains_in_flight_request(server_factory):
 def test_json_logs_carry_request_ids(server_factory):
     s = server_factory(["--model", GOLDEN_LLAMA, "--kv-cache-memory", KV_BYTES, "--log-format", "json"])
     raw(s.url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2}, headers={"X-Request-Id": "abc-123"})
+    # The access line is written once the response is out, so it may trail the client a little.
+    deadline = time.time() + 5
+    while "abc-123" not in s.log() and time.time() < deadline:
+        time.sleep(0.02)
     lines = [json.loads(line) for line in s.log().splitlines() if line.strip()]
     assert all({"ts", "level", "msg"} <= set(j) for j in lines)
     mine = [j for j in lines if j.get("request_id") == "abc-123"]

@@ -71,9 +71,13 @@ def test_seed_reproducible_and_different_seeds_differ(smol_server):
 
 def test_n_choices_and_prompt_lists(smol_server):
     c = smol_server.client()
-    r = c.completions.create(model=SMOL, prompt=["Hello", "One two three"], n=3, max_tokens=5, temperature=1.0, seed=3)
+    r = c.completions.create(model=SMOL, prompt=["Hello", "One two three"], n=3, max_tokens=5, temperature=1.0, seed=3,
+                             extra_body={"return_token_ids": True})
     assert [ch.index for ch in r.choices] == list(range(6))
-    assert r.usage.completion_tokens == sum(1 for _ in r.choices) * 5 or r.usage.completion_tokens <= 30
+    assert r.usage.completion_tokens == sum(len(ch.model_extra["token_ids"]) for ch in r.choices)
+    # Choices 0-2 continue the first prompt, 3-5 the second.
+    assert [ch.model_extra["prompt_token_ids"] for ch in r.choices[:3]] == [r.choices[0].model_extra["prompt_token_ids"]] * 3
+    assert r.choices[3].model_extra["prompt_token_ids"] != r.choices[0].model_extra["prompt_token_ids"]
     # Seeded n > 1: each sequence has its own stream, so the three are not all equal.
     assert len({ch.text for ch in r.choices[:3]}) > 1
 
@@ -218,6 +222,10 @@ def test_request_id_in_and_out(smol_server):
     assert status == 200 and headers["X-Request-Id"] == "my-req-42"
     status, headers, _ = raw(smol_server.url, "/v1/models")
     assert len(headers["X-Request-Id"]) == 32
+    import time
+    deadline = time.time() + 5  # the access line is written just after the response is out
+    while "[my-req-42]" not in smol_server.log() and time.time() < deadline:
+        time.sleep(0.02)
     assert "[my-req-42]" in smol_server.log()
 
 
