@@ -1,0 +1,179 @@
+#include "bench/report.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace pagellm::bench {
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string rate_str(double r) { return std::isinf(r) ? "inf" : fmt("%g", r); }
+
+nlohmann::json rate_json(double r) { return std::isinf(r) ? nlohmann::json("inf") : nlohmann::json(r); }
+
+nlohmann::json hist_json(const HistogramDelta& h) {
+  return {{"count", h.count}, {"mean_ms", h.mean() * 1e3}};
+}
+
+}  // namespace
+
+ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSamples& after) {
+  ServerSideMetrics s;
+  s.ttft_s = histogram_delta(before, after, "vllm:time_to_first_token_seconds");
+  s.itl_s = histogram_delta(before, after, "vllm:inter_token_latency_seconds");
+  if (s.itl_s.count == 0) s.itl_s = histogram_delta(before, after, "vllm:time_per_output_token_seconds");
+  s.e2el_s = histogram_delta(before, after, "vllm:e2e_request_latency_seconds");
+  s.queue_s = histogram_delta(before, after, "vllm:request_queue_time_seconds");
+  s.prompt_tokens = counter_delta(before, after, "vllm:prompt_tokens_total");
+  s.generation_tokens = counter_delta(before, after, "vllm:generation_tokens_total");
+  s.preemptions = counter_delta(before, after, "vllm:num_preemptions_total");
+  return s;
+}
+
+nlohmann::json summary_json(const Summary& s) {
+  return {{"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}, {"n", s.n}};
+}
+
+double slo_attainment(const RunReport& r) {
+  const int64_t n = r.metrics.completed + r.metrics.failed;
+  return n > 0 ? static_cast<double>(r.metrics.n_good) / static_cast<double>(n) : 0.0;
+}
+
+nlohmann::json run_json(const RunReport& r, const Slo& slo, bool with_requests) {
+  const BenchMetrics& m = r.metrics;
+  nlohmann::json j = {{"request_rate", rate_json(r.request_rate)},
+                      {"arrival", r.arrival},
+                      {"burstiness", r.burstiness},
+                      {"max_concurrency", r.max_concurrency},
+                      {"num_prompts", r.num_prompts},
+                      {"duration_s", m.duration_s},
+                      {"completed", m.completed},
+                      {"failed", m.failed},
+                      {"failures", m.failures},
+                      {"total_input_tokens", m.total_input_tokens},
+                      {"total_output_tokens", m.total_output_tokens},
+                      {"request_throughput", m.request_throughput},
+                      {"input_throughput", m.input_throughput},
+                      {"output_throughput", m.output_throughput},
+                      {"total_token_throughput", m.total_token_throughput},
+                      {"goodput", m.goodput},
+                      {"slo", slo.to_string()},
+                      {"slo_attainment", slo_attainment(r)},
+                      {"ttft_ms", summary_json(m.ttft_ms)},
+                      {"tpot_ms", summary_json(m.tpot_ms)},
+                      {"itl_ms", summary_json(m.itl_ms)},
+                      {"e2el_ms", summary_json(m.e2el_ms)}};
+  if (r.server && r.server->any()) {
+    const ServerSideMetrics& s = *r.server;
+    j["server"] = {{"ttft", hist_json(s.ttft_s)},         {"itl", hist_json(s.itl_s)},
+                   {"e2el", hist_json(s.e2el_s)},         {"queue", hist_json(s.queue_s)},
+                   {"prompt_tokens", s.prompt_tokens},    {"generation_tokens", s.generation_tokens},
+                   {"preemptions", s.preemptions}};
+  }
+  if (with_requests) {
+    nlohmann::json reqs = nlohmann::json::array();
+    for (const RequestResult& q : r.requests) {
+      nlohmann::json o = {{"ok", q.ok}, {"start_s", q.start_s}, {"prompt_tokens", q.prompt_tokens},
+                          {"output_tokens", q.output_tokens}, {"ttft_s", q.ttft_s}, {"latency_s", q.latency_s},
+                          {"itl_s", q.itl_s}};
+      if (!q.ok) {
+        o["error"] = q.error_kind;
+        o["error_detail"] = q.error_detail;
+      }
+      reqs.push_back(std::move(o));
+    }
+    j["requests"] = std::move(reqs);
+  }
+  return j;
+}
+
+std::string run_markdown(const RunReport& r, const Slo& slo) {
+  const BenchMetrics& m = r.metrics;
+  std::string s;
+  s += "| metric | value |\n|---|---:|\n";
+  auto row = [&](const std::string& k, const std::string& v) { s += "| " + k + " | " + v + " |\n"; };
+  row("request rate (req/s)", rate_str(r.request_rate) + " (" + r.arrival +
+                                  (r.arrival == "gamma" ? ", burstiness " + fmt("%g", r.burstiness) : "") + ")");
+  if (r.max_concurrency > 0) row("max concurrency", std::to_string(r.max_concurrency));
+  row("completed / failed", std::to_string(m.completed) + " / " + std::to_string(m.failed));
+  for (const auto& [k, v] : m.failures) row("failed: " + k, std::to_string(v));
+  row("duration (s)", fmt("%.2f", m.duration_s));
+  row("input / output tokens", std::to_string(m.total_input_tokens) + " / " + std::to_string(m.total_output_tokens));
+  row("request throughput (req/s)", fmt("%.3f", m.request_throughput));
+  row("input throughput (tok/s)", fmt("%.1f", m.input_throughput));
+  row("output throughput (tok/s)", fmt("%.1f", m.output_throughput));
+  row("total throughput (tok/s)", fmt("%.1f", m.total_token_throughput));
+  if (!slo.empty()) {
+    row("goodput (req/s, SLO " + slo.to_string() + ")", fmt("%.3f", m.goodput));
+    row("SLO attainment", fmt("%.1f%%", 100.0 * slo_attainment(r)));
+  }
+  s += "\n| latency (ms) | mean | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|\n";
+  auto lat = [&](const char* name, const Summary& x) {
+    char b[256];
+    std::snprintf(b, sizeof b, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", name, x.mean, x.p50, x.p90, x.p99, x.max);
+    s += b;
+  };
+  lat("TTFT", m.ttft_ms);
+  lat("TPOT", m.tpot_ms);
+  lat("ITL", m.itl_ms);
+  lat("E2E latency", m.e2el_ms);
+  if (r.server && r.server->any()) {
+    const ServerSideMetrics& v = *r.server;
+    s += "\n| server-side (/metrics) | client mean (ms) | server mean (ms) | server count |\n|---|---:|---:|---:|\n";
+    auto srv = [&](const char* name, double client_ms, const HistogramDelta& h) {
+      char b[256];
+      if (h.count > 0)
+        std::snprintf(b, sizeof b, "| %s | %.2f | %.2f | %.0f |\n", name, client_ms, h.mean() * 1e3, h.count);
+      else
+        std::snprintf(b, sizeof b, "| %s | %.2f | - | 0 |\n", name, client_ms);
+      s += b;
+    };
+    srv("TTFT", m.ttft_ms.mean, v.ttft_s);
+    srv("ITL", m.itl_ms.mean, v.itl_s);
+    srv("E2E latency", m.e2el_ms.mean, v.e2el_s);
+    if (v.queue_s.count > 0) srv("queue time", 0.0, v.queue_s);
+    char b[256];
+    std::snprintf(b, sizeof b, "| generation tokens | %lld | %.0f | |\n", static_cast<long long>(m.total_output_tokens),
+                  v.generation_tokens);
+    s += b;
+  }
+  return s;
+}
+
+std::optional<double> best_rate_meeting_slo(const std::vector<RunReport>& runs, double attainment_target) {
+  std::optional<double> best;
+  for (const RunReport& r : runs)
+    if (slo_attainment(r) >= attainment_target && (!best || r.request_rate > *best)) best = r.request_rate;
+  return best;
+}
+
+std::string sweep_markdown(const std::vector<RunReport>& runs, const Slo& slo, std::optional<double> best_rate,
+                           double attainment_target) {
+  std::string s =
+      "| rate (req/s) | completed | failed | req/s | output tok/s | goodput (req/s) | SLO attained | TTFT p99 (ms) | "
+      "TPOT p99 (ms) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  char b[512];
+  for (const RunReport& r : runs) {
+    const BenchMetrics& m = r.metrics;
+    std::snprintf(b, sizeof b, "| %s | %lld | %lld | %.3f | %.1f | %.3f | %.1f%% | %.2f | %.2f |\n",
+                  rate_str(r.request_rate).c_str(), static_cast<long long>(m.completed),
+                  static_cast<long long>(m.failed), m.request_throughput, m.output_throughput, m.goodput,
+                  100.0 * slo_attainment(r), m.ttft_ms.p99, m.tpot_ms.p99);
+    s += b;
+  }
+  const std::string slo_s = slo.empty() ? "no SLO (every completed request counts)" : "SLO " + slo.to_string();
+  if (best_rate)
+    s += "\nHighest rate meeting the " + slo_s + " for " + fmt("%g", 100 * attainment_target) +
+         "% of requests: " + rate_str(*best_rate) + " req/s\n";
+  else
+    s += "\nNo rate met the " + slo_s + " for " + fmt("%g", 100 * attainment_target) + "% of requests\n";
+  return s;
+}
+
+}  // namespace pagellm::bench

@@ -1,0 +1,79 @@
+// Benchmark workloads: what each request asks for. Synthetic prompts are token ids (sent as
+// `"prompt": [ids]`, so the input length is exact whatever the server's tokenizer); dataset
+// prompts are text.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace pagellm::bench {
+
+struct BenchRequest {
+  std::string prompt_text;           // used when prompt_ids is empty
+  std::vector<int32_t> prompt_ids;   // token-id prompt
+  int64_t prompt_len = 0;            // expected prompt tokens (exact for ids, estimated for text)
+  int64_t max_tokens = 1;
+};
+
+// A distribution of token lengths around a nominal length L.
+//   fixed             always L
+//   uniform:LO,HI     uniform integers in [LO, HI]
+//   lognormal:SIGMA   log-normal with mean L and log-space std SIGMA
+//   pareto:ALPHA      Pareto with mean L and tail index ALPHA (> 1)
+// Samples are clamped to [1, 16 L] (heavy tails otherwise produce lengths no model accepts).
+struct LengthDist {
+  enum class Kind { kFixed, kUniform, kLogNormal, kPareto } kind = Kind::kFixed;
+  int64_t length = 128;
+  int64_t lo = 0, hi = 0;
+  double param = 0;  // sigma or alpha
+  int64_t sample(std::mt19937_64& rng) const;
+};
+Result<LengthDist> parse_length_dist(std::string_view spec, int64_t length, const std::string& option);
+
+struct RandomWorkloadOptions {
+  int64_t n = 100;
+  LengthDist input, output;
+  // Token ids are drawn uniformly from [kFirstId, vocab_size): the low ids hold the special tokens
+  // of most vocabularies, and every served vocabulary is larger than the default.
+  int64_t vocab_size = 1000;
+  uint64_t seed = 0;
+};
+inline constexpr int32_t kFirstRandomId = 100;
+Result<std::vector<BenchRequest>> random_workload(const RandomWorkloadOptions& o);
+
+// Many requests over a few long shared system prompts (prefix caching's best case): request i
+// uses prefix i % n_prefixes of prefix_len tokens followed by its own random suffix.
+struct SharedPrefixOptions {
+  RandomWorkloadOptions base;  // n, suffix lengths (input), output lengths, vocab, seed
+  int64_t n_prefixes = 4;
+  int64_t prefix_len = 1024;
+};
+Result<std::vector<BenchRequest>> shared_prefix_workload(const SharedPrefixOptions& o);
+
+// Counts tokens of a text (a real tokenizer, or the estimate below).
+using TokenCounter = std::function<int64_t(std::string_view)>;
+// About 4 bytes per token, the usual figure for English BPE vocabularies; only used when no
+// tokenizer is given, and only for expected lengths (measured lengths come from the server).
+int64_t estimate_tokens(std::string_view text);
+
+// ShareGPT JSON: an array of {"conversations": [{"from": "human", "value": P}, {"from": "gpt",
+// "value": R}, ...]}; the prompt is P and max_tokens is the token count of R (or
+// `fixed_output_len` when > 0). Conversations with fewer than two turns are skipped; `n` requests
+// are drawn (shuffled with `seed`, repeating if the file is short).
+Result<std::vector<BenchRequest>> sharegpt_workload(const std::string& path, int64_t n,
+                                                    int64_t fixed_output_len, uint64_t seed,
+                                                    const TokenCounter& count_tokens);
+
+// JSON lines of {"prompt": text or [ids], "max_tokens": N}; max_tokens falls back to
+// `default_max_tokens`. The first `n` lines are used, cycling when the file is short.
+Result<std::vector<BenchRequest>> jsonl_workload(const std::string& path, int64_t n,
+                                                 int64_t default_max_tokens,
+                                                 const TokenCounter& count_tokens);
+
+}  // namespace pagellm::bench
