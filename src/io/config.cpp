@@ -533,6 +533,180 @@ Status parse_qwen3(const Fields& f, ModelConfig& cfg) {
   return check_qwen_window(f);
 }
 
+// --- DeepSeek-V2/V3 (MLA + DeepSeekMoE) and Mixtral ---
+
+// A field only one value of which is supported.
+Status require_value(const Fields& f, const std::string& key, bool ok, const std::string& what) {
+  if (ok) return Status::ok_status();
+  return f.error(StatusCode::kUnimplemented, key, "is not supported " + what);
+}
+
+// Routing fields shared by the MoE architectures, checked for consistency.
+Status check_moe(const Fields& f, const ModelConfig& cfg) {
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_experts_per_tok", cfg.num_experts_per_tok,
+                                           cfg.n_routed_experts));
+  if (cfg.topk_method != MoeTopk::kGreedy) {
+    PAGELLM_RETURN_IF_ERROR(f.check_positive("n_group", cfg.n_group, cfg.n_routed_experts));
+    if (cfg.n_routed_experts % cfg.n_group != 0) {
+      return f.error(StatusCode::kInvalidArgument, "n_group",
+                     "= " + std::to_string(cfg.n_group) + " does not divide n_routed_experts = " +
+                         std::to_string(cfg.n_routed_experts));
+    }
+    PAGELLM_RETURN_IF_ERROR(f.check_positive("topk_group", cfg.topk_group, cfg.n_group));
+    const int64_t per_group = cfg.n_routed_experts / cfg.n_group;
+    if (cfg.num_experts_per_tok > cfg.topk_group * per_group) {
+      return f.error(StatusCode::kInvalidArgument, "num_experts_per_tok",
+                     "= " + std::to_string(cfg.num_experts_per_tok) +
+                         " exceeds the experts of topk_group groups (" +
+                         std::to_string(cfg.topk_group * per_group) + ")");
+    }
+    if (cfg.topk_method == MoeTopk::kNoauxTc && per_group < 2) {
+      return f.error(StatusCode::kInvalidArgument, "n_group",
+                     "leaves fewer than 2 experts per group (noaux_tc ranks groups by their top 2)");
+    }
+  }
+  return Status::ok_status();
+}
+
+Status parse_deepseek(const Fields& f, ModelConfig& cfg, bool v3) {
+  // q_lora_rank: absent means the config class default (1536); null means a plain q_proj.
+  auto q_it = f.object().find("q_lora_rank");
+  if (q_it == f.object().end()) {
+    cfg.q_lora_rank = 1536;
+  } else if (!q_it->is_null()) {
+    int64_t r = 0;
+    PAGELLM_RETURN_IF_ERROR(f.read_int("q_lora_rank", r));
+    PAGELLM_RETURN_IF_ERROR(f.check_positive("q_lora_rank", r, kMaxDim));
+    cfg.q_lora_rank = r;
+  }
+  cfg.kv_lora_rank = 512;
+  cfg.qk_nope_head_dim = 128;
+  cfg.qk_rope_head_dim = 64;
+  cfg.v_head_dim = 128;
+  PAGELLM_RETURN_IF_ERROR(f.read_int("kv_lora_rank", cfg.kv_lora_rank));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("qk_nope_head_dim", cfg.qk_nope_head_dim));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("qk_rope_head_dim", cfg.qk_rope_head_dim));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("v_head_dim", cfg.v_head_dim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("kv_lora_rank", cfg.kv_lora_rank, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("qk_nope_head_dim", cfg.qk_nope_head_dim, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("qk_rope_head_dim", cfg.qk_rope_head_dim, kMaxDim));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("v_head_dim", cfg.v_head_dim, kMaxDim));
+  if (cfg.qk_rope_head_dim % 2 != 0) {
+    return f.error(StatusCode::kInvalidArgument, "qk_rope_head_dim",
+                   "= " + std::to_string(cfg.qk_rope_head_dim) + " must be even");
+  }
+  if (cfg.rope.partial_rotary_factor != 1.0) {
+    return f.error(StatusCode::kUnimplemented, "partial_rotary_factor",
+                   "is not supported for " + cfg.architecture +
+                       " (the rotary part is qk_rope_head_dim)");
+  }
+  // As in transformers, RoPE tables are built for head_dim = qk_rope_head_dim.
+  cfg.head_dim = cfg.qk_rope_head_dim;
+
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("attention_bias", cfg.attention_bias));
+  cfg.o_proj_bias = cfg.attention_bias;
+  bool mlp_bias = false;
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("mlp_bias", mlp_bias));
+  PAGELLM_RETURN_IF_ERROR(require_value(f, "mlp_bias", !mlp_bias, "(only false)"));
+  // DeepSeek-V2 rotates interleaved pairs always; V3 by rope_interleave (default true).
+  cfg.rope.interleaved = true;
+  if (v3) PAGELLM_RETURN_IF_ERROR(f.read_bool("rope_interleave", cfg.rope.interleaved));
+
+  cfg.n_routed_experts = v3 ? 256 : 64;
+  cfg.n_shared_experts = v3 ? 1 : 2;
+  cfg.num_experts_per_tok = v3 ? 8 : 0;
+  cfg.moe_intermediate_size = v3 ? 2048 : 1407;
+  cfg.first_k_dense_replace = v3 ? 3 : 0;
+  cfg.routed_scaling_factor = v3 ? 2.5 : 1.0;
+  cfg.n_group = v3 ? 8 : 1;
+  cfg.topk_group = v3 ? 4 : 1;
+  cfg.norm_topk_prob = v3;
+  PAGELLM_RETURN_IF_ERROR(f.read_int("n_routed_experts", cfg.n_routed_experts));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("n_shared_experts", cfg.n_shared_experts));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("num_experts_per_tok", cfg.num_experts_per_tok));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("moe_intermediate_size", cfg.moe_intermediate_size));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("first_k_dense_replace", cfg.first_k_dense_replace));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("moe_layer_freq", cfg.moe_layer_freq));
+  PAGELLM_RETURN_IF_ERROR(f.read_double("routed_scaling_factor", cfg.routed_scaling_factor));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("n_group", cfg.n_group));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("topk_group", cfg.topk_group));
+  PAGELLM_RETURN_IF_ERROR(f.read_bool("norm_topk_prob", cfg.norm_topk_prob));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("n_routed_experts", cfg.n_routed_experts, kMaxDim));
+  if (cfg.n_shared_experts < 0 || cfg.n_shared_experts > kMaxDim) {
+    return f.error(StatusCode::kInvalidArgument, "n_shared_experts",
+                   "= " + std::to_string(cfg.n_shared_experts) + " is out of range");
+  }
+  PAGELLM_RETURN_IF_ERROR(
+      f.check_positive("moe_intermediate_size", cfg.moe_intermediate_size, kMaxDim));
+  if (cfg.first_k_dense_replace < 0) {
+    return f.error(StatusCode::kInvalidArgument, "first_k_dense_replace", "must not be negative");
+  }
+  // transformers makes every layer from first_k_dense_replace on an MoE layer, whatever
+  // moe_layer_freq says; only the value where that agrees with DeepSeek's definition is accepted.
+  PAGELLM_RETURN_IF_ERROR(require_value(f, "moe_layer_freq", cfg.moe_layer_freq == 1,
+                                        "(only 1: every layer from first_k_dense_replace on)"));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("routed_scaling_factor", cfg.routed_scaling_factor));
+
+  std::string topk = v3 ? "noaux_tc" : "greedy";
+  std::string scoring = v3 ? "sigmoid" : "softmax";
+  PAGELLM_RETURN_IF_ERROR(f.read_string("topk_method", topk));
+  PAGELLM_RETURN_IF_ERROR(f.read_string("scoring_func", scoring));
+  if (v3) {
+    // transformers' DeepSeek-V3 router is noaux_tc over sigmoid scores, nothing else.
+    PAGELLM_RETURN_IF_ERROR(require_value(f, "topk_method", topk == "noaux_tc",
+                                          "= " + quote_name(topk) + " for " + cfg.architecture +
+                                              " (only 'noaux_tc')"));
+    PAGELLM_RETURN_IF_ERROR(require_value(f, "scoring_func", scoring == "sigmoid",
+                                          "= " + quote_name(scoring) + " for " +
+                                              cfg.architecture + " (only 'sigmoid')"));
+    cfg.topk_method = MoeTopk::kNoauxTc;
+    cfg.scoring_func = MoeScoring::kSigmoid;
+    PAGELLM_RETURN_IF_ERROR(f.read_int("num_nextn_predict_layers", cfg.num_nextn_predict_layers));
+  } else {
+    if (topk == "greedy") {
+      cfg.topk_method = MoeTopk::kGreedy;
+    } else if (topk == "group_limited_greedy") {
+      cfg.topk_method = MoeTopk::kGroupLimitedGreedy;
+    } else {
+      return f.error(StatusCode::kUnimplemented, "topk_method",
+                     "= " + quote_name(topk) + " is not supported for " + cfg.architecture +
+                         " (supported: greedy, group_limited_greedy)");
+    }
+    // transformers' DeepSeek-V2 router is softmax and never renormalizes the chosen weights.
+    PAGELLM_RETURN_IF_ERROR(require_value(f, "scoring_func", scoring == "softmax",
+                                          "= " + quote_name(scoring) + " for " +
+                                              cfg.architecture + " (only 'softmax')"));
+    PAGELLM_RETURN_IF_ERROR(require_value(f, "norm_topk_prob", !cfg.norm_topk_prob,
+                                          "= true for " + cfg.architecture + " (only false)"));
+    cfg.scoring_func = MoeScoring::kSoftmax;
+  }
+  return check_moe(f, cfg);
+}
+
+Status parse_deepseek_v2(const Fields& f, ModelConfig& cfg) { return parse_deepseek(f, cfg, false); }
+Status parse_deepseek_v3(const Fields& f, ModelConfig& cfg) { return parse_deepseek(f, cfg, true); }
+
+Status parse_mixtral(const Fields& f, ModelConfig& cfg) {
+  // Mixtral's sliding_window defaults to null (full attention).
+  if (f.has("sliding_window")) {
+    int64_t w = 0;
+    PAGELLM_RETURN_IF_ERROR(f.read_int("sliding_window", w));
+    PAGELLM_RETURN_IF_ERROR(f.check_positive("sliding_window", w, kMaxPositions));
+    cfg.sliding_window = w;
+  }
+  // The router: softmax over the experts, top-k, weights renormalized to sum to 1.
+  cfg.n_routed_experts = 8;
+  cfg.num_experts_per_tok = 2;
+  PAGELLM_RETURN_IF_ERROR(f.read_int("num_local_experts", cfg.n_routed_experts));
+  PAGELLM_RETURN_IF_ERROR(f.read_int("num_experts_per_tok", cfg.num_experts_per_tok));
+  PAGELLM_RETURN_IF_ERROR(f.check_positive("num_local_experts", cfg.n_routed_experts, kMaxDim));
+  cfg.moe_intermediate_size = cfg.intermediate_size;
+  cfg.topk_method = MoeTopk::kGreedy;
+  cfg.scoring_func = MoeScoring::kSoftmax;
+  cfg.norm_topk_prob = true;
+  return check_moe(f, cfg);
+}
+
 const ArchSpec* arch_spec(const std::string& architecture) {
   static const ArchSpec kSpecs[] = {
       {"LlamaForCausalLM", "llama", 2048, std::nullopt, parse_llama},
@@ -540,6 +714,9 @@ const ArchSpec* arch_spec(const std::string& architecture) {
       {"Qwen2ForCausalLM", "qwen2", 32768, std::nullopt, parse_qwen2},
       // transformers' Qwen3Config defaults head_dim to 128 rather than deriving it.
       {"Qwen3ForCausalLM", "qwen3", 32768, int64_t{128}, parse_qwen3},
+      {"DeepseekV2ForCausalLM", "deepseek_v2", 2048, std::nullopt, parse_deepseek_v2},
+      {"DeepseekV3ForCausalLM", "deepseek_v3", 4096, std::nullopt, parse_deepseek_v3},
+      {"MixtralForCausalLM", "mixtral", 4096 * 32, std::nullopt, parse_mixtral},
   };
   for (const ArchSpec& s : kSpecs)
     if (architecture == s.architecture) return &s;
@@ -552,6 +729,9 @@ const char* architecture_for_model_type(const std::string& model_type) {
   if (model_type == "mistral") return "MistralForCausalLM";
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "deepseek_v2") return "DeepseekV2ForCausalLM";
+  if (model_type == "deepseek_v3") return "DeepseekV3ForCausalLM";
+  if (model_type == "mixtral") return "MixtralForCausalLM";
   return nullptr;
 }
 
@@ -687,6 +867,26 @@ std::string describe(const ModelConfig& cfg) {
   line("qk_norm", yes_no(cfg.qk_norm));
   line("sliding_window", cfg.sliding_window ? std::to_string(*cfg.sliding_window) : "none");
   line("tie_word_embeddings", yes_no(cfg.tie_word_embeddings));
+
+  if (cfg.kv_lora_rank > 0) {
+    line("mla", "q_lora_rank " + (cfg.q_lora_rank ? std::to_string(*cfg.q_lora_rank) : "none") +
+                    ", kv_lora_rank " + std::to_string(cfg.kv_lora_rank) + ", qk_nope " +
+                    std::to_string(cfg.qk_nope_head_dim) + ", qk_rope " +
+                    std::to_string(cfg.qk_rope_head_dim) + ", v " + std::to_string(cfg.v_head_dim));
+  }
+  if (cfg.n_routed_experts > 0) {
+    const char* topk = cfg.topk_method == MoeTopk::kGreedy             ? "greedy"
+                       : cfg.topk_method == MoeTopk::kGroupLimitedGreedy ? "group_limited_greedy"
+                                                                         : "noaux_tc";
+    line("moe", std::to_string(cfg.n_routed_experts) + " routed experts (top " +
+                    std::to_string(cfg.num_experts_per_tok) + ", " + topk + ", " +
+                    (cfg.scoring_func == MoeScoring::kSoftmax ? "softmax" : "sigmoid") +
+                    (cfg.norm_topk_prob ? ", renormalized" : "") + ", scale " +
+                    fmt_double(cfg.routed_scaling_factor) + "), " +
+                    std::to_string(cfg.n_shared_experts) + " shared, intermediate " +
+                    std::to_string(cfg.moe_intermediate_size) + ", dense layers " +
+                    std::to_string(cfg.first_k_dense_replace));
+  }
 
   const RopeConfig& r = cfg.rope;
   std::string rope = std::string(rope_type_name(r.type)) + ", theta " + fmt_double(r.theta);

@@ -33,6 +33,15 @@ struct RopeConfig {
   bool interleaved = false;  // rotate pairs (2i, 2i+1) instead of halves (DeepSeek-V2 q/k_pe)
 };
 
+// How a mixture-of-experts router picks each token's experts (DeepSeek's topk_method).
+enum class MoeTopk {
+  kGreedy,              // the top-k scores
+  kGroupLimitedGreedy,  // top-k within the topk_group groups with the best max score (V2)
+  kNoauxTc,             // V3: groups ranked by their top-2 (score + e_score_correction_bias)
+                        // sum; experts chosen by score + bias, weighted by the raw score
+};
+enum class MoeScoring { kSoftmax, kSigmoid };
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string model_type;    // e.g. "llama"
@@ -54,6 +63,30 @@ struct ModelConfig {
   bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k before RoPE
   std::optional<int64_t> sliding_window;  // Mistral / Qwen2 with use_sliding_window
   RopeConfig rope;
+
+  // Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank > 0 marks an MLA model. Queries are
+  // [qk_nope_head_dim | qk_rope_head_dim] per head; the KV cache holds one latent row per token:
+  // kv_lora_rank compressed values + the qk_rope_head_dim shared rotary key.
+  std::optional<int64_t> q_lora_rank;  // unset: a plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  // Mixture of experts (DeepSeekMoE, Mixtral); n_routed_experts > 0 marks an MoE model.
+  int64_t n_routed_experts = 0;       // Mixtral: num_local_experts
+  int64_t n_shared_experts = 0;       // always-on experts of moe_intermediate_size each
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;  // Mixtral: intermediate_size
+  int64_t first_k_dense_replace = 0;  // layers [0, k) use a dense MLP
+  int64_t moe_layer_freq = 1;         // only 1 is supported (every layer from k on is MoE)
+  double routed_scaling_factor = 1.0;
+  MoeTopk topk_method = MoeTopk::kGreedy;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = false;  // renormalize the chosen weights to sum to 1 (Mixtral: always)
+  MoeScoring scoring_func = MoeScoring::kSoftmax;
+  int64_t num_nextn_predict_layers = 0;  // DeepSeek-V3 multi-token prediction (not run)
 
   // Generation defaults (generation_config.json / GGUF tokenizer metadata).
   std::vector<int32_t> eos_token_ids;

@@ -7,6 +7,8 @@ namespace pagellm {
 // Each architecture file defines one of these. They are called explicitly (not from static
 // initializers) because a static library drops object files that nothing references.
 void register_llama_family();
+void register_deepseek_v2();  // DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+void register_mixtral();
 
 namespace {
 
@@ -18,6 +20,8 @@ std::map<std::string, ModelFactory>& factories() {
 std::map<std::string, ModelFactory>& registry() {
   static const bool builtins = [] {
     register_llama_family();
+    register_deepseek_v2();
+    register_mixtral();
     return true;
   }();
   (void)builtins;

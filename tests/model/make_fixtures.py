@@ -38,6 +38,12 @@ BASE = dict(
     initializer_range=0.25,  # large on purpose: peaked distributions, clear greedy margins
 )
 
+# Shared shape of the DeepSeek (MLA + DeepSeekMoE) fixtures, small enough for < 300 KB.
+MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+           v_head_dim=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+           moe_intermediate_size=32, first_k_dense_replace=1, moe_layer_freq=1,
+           norm_topk_prob=False, scoring_func="softmax")
+
 # name -> (model_type, architecture, overrides, weight dtype)
 VARIANTS = {
     "llama": ("llama", "LlamaForCausalLM", {}, torch.bfloat16),
@@ -64,6 +70,27 @@ VARIANTS = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM",
               {"head_dim": 32, "tie_word_embeddings": True, "attention_bias": False,
                "use_sliding_window": False}, torch.bfloat16),
+    # MLA without a query LoRA, softmax router, greedy top-k; layer 0 dense, layer 1 MoE.
+    "deepseek_v2": ("deepseek_v2", "DeepseekV2ForCausalLM",
+                    dict(MLA, q_lora_rank=None, topk_method="greedy", n_group=None,
+                         topk_group=None, routed_scaling_factor=1.5), torch.bfloat16),
+    # MLA with a query LoRA, group-limited greedy routing over 4 groups of 2 experts.
+    "deepseek_v2_qlora": ("deepseek_v2", "DeepseekV2ForCausalLM",
+                          dict(MLA, q_lora_rank=24, topk_method="group_limited_greedy", n_group=4,
+                               topk_group=2, n_shared_experts=2), torch.bfloat16),
+    # V3: sigmoid scores, noaux_tc with a (randomized) e_score_correction_bias, normalized top-k,
+    # yarn RoPE whose mscale and mscale_all_dim differ (both the cos/sin and the softmax scale).
+    "deepseek_v3": ("deepseek_v3", "DeepseekV3ForCausalLM",
+                    dict(MLA, q_lora_rank=24, topk_method="noaux_tc", scoring_func="sigmoid",
+                         n_group=4, topk_group=2, num_experts_per_tok=3, norm_topk_prob=True,
+                         routed_scaling_factor=2.5,
+                         rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                       "original_max_position_embeddings": 16, "beta_fast": 32,
+                                       "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}),
+                    torch.bfloat16),
+    "mixtral": ("mixtral", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48,
+                 "sliding_window": None}, torch.bfloat16),
 }
 
 PROMPT_LENS = (7, 40)
@@ -145,6 +172,10 @@ def main():
                     p.copy_(1.0 + 0.3 * torch.randn_like(p))
                 elif n.endswith("bias"):
                     p.copy_(0.2 * torch.randn_like(p))
+            for n, b in model.named_buffers():
+                if n.endswith("e_score_correction_bias"):
+                    # Large enough to change which experts win against sigmoid scores in (0, 1).
+                    b.copy_(0.3 * torch.randn_like(b))
         model = model.to(dtype)
         model.save_pretrained(folder, safe_serialization=True)
         for extra in ("generation_config.json",):

@@ -1,0 +1,410 @@
+// DeepSeek-V2 and DeepSeek-V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM): pre-norm decoder with
+// multi-head latent attention (MLA) and DeepSeekMoE (routed + shared experts; the first
+// first_k_dense_replace layers use a dense MLP). Weight names are Hugging Face's, verbatim.
+//
+// MLA keeps one latent row per token in the KV cache: [k_pe (rope dim P) | c_kv (kv_lora_rank R)],
+// where c_kv = kv_a_layernorm(kv_a_proj_with_mqa(h)[:R]) and k_pe is the rotated shared key. The
+// per-head keys and values are never materialized: attention runs in the absorbed form, with
+// W_UK (the key half of kv_b_proj) folded into the query:
+//   q_abs_h = W_UK_h^T q_nope_h                         [R]
+//   score   = (q_pe_h . k_pe + q_abs_h . c_kv) * scale  (one "head" of dim P + R against the latent)
+//   o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
+// which is the same sum as transformers' expanded form (only summation order differs). The latent
+// cache is the attention op's K (dim P + R) and, as a column view of the same rows, its V (dim R).
+// The row puts k_pe first because the rope op rotates the leading dims of each head.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/log.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "model/rope.h"
+#include "model/weight_loader.h"
+
+namespace pagellm {
+namespace {
+
+struct DeepseekLayer {
+  Tensor input_layernorm, post_attention_layernorm;  // [D]
+  Tensor q_proj;                    // [H*(N+P), D] (no q_lora_rank)
+  Tensor q_a_proj, q_a_bias;        // [Rq, D], [Rq]
+  Tensor q_a_layernorm;             // [Rq]
+  Tensor q_b_proj;                  // [H*(N+P), Rq]
+  Tensor kv_a_pe, kv_a_pe_bias;     // rows [R, R+P) of kv_a_proj_with_mqa: [P, D], [P]
+  Tensor kv_a_c, kv_a_c_bias;       // rows [0, R): [R, D], [R]
+  Tensor kv_a_layernorm;            // [R]
+  Tensor kv_b_proj;                 // [H*(N+V), R]
+  Tensor q_absorb;                  // f32 [H*(P+R), N+P]: per head [[0 | I_P], [W_UK_h^T | 0]]
+  Tensor o_proj, o_bias;            // [D, H*V], [D]
+  bool moe = false;
+  MoeExpert mlp;                    // dense layers
+  Tensor router, correction_bias;   // [E, D], [E] (V3)
+  std::vector<MoeExpert> experts;   // [E]
+  MoeExpert shared;                 // intermediate moe_intermediate_size * n_shared_experts
+};
+
+struct Workspace {
+  int64_t capacity_tokens = 0;
+  int64_t capacity_logits = 0;
+  std::unique_ptr<Buffer> buf, logits_buf;
+  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate, up, act, routed, shared;
+  Tensor router_logits;            // f32 [cap, E]
+  Tensor cos_sin;                  // f32 [cap, P]
+  Tensor hl, logits;               // [cap_logits, D], [cap_logits, V]
+};
+
+class DeepseekModel final : public Model {
+ public:
+  DeepseekModel(const ModelConfig& cfg, Backend& backend)
+      : cfg_(cfg), backend_(backend), rope_(cfg),
+        moe_(backend, cfg.hidden_size, cfg.moe_intermediate_size) {}
+
+  const ModelConfig& config() const override { return cfg_; }
+  KvSpec kv_spec() const override {
+    return {cfg_.num_hidden_layers, 1, cfg_.qk_rope_head_dim + cfg_.kv_lora_rank, 0};
+  }
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  int64_t decode_weight_bytes() const override {
+    // A batch-1 step reads the dense weights and only top-k routed experts of each MoE layer.
+    const int64_t embed = dtype_bytes(embed_tokens_.dtype, embed_tokens_.numel());
+    const int64_t head = dtype_bytes(lm_head_.dtype, lm_head_.numel());
+    return weight_bytes_ - embed + (lm_head_.data == embed_tokens_.data ? head : 0) -
+           unrouted_expert_bytes_;
+  }
+
+  Status load(const WeightSource& w, const LoadOptions& opt) {
+    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const int64_t H = cfg_.num_attention_heads, N = cfg_.qk_nope_head_dim;
+    const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
+    const int64_t E = cfg_.n_routed_experts, Fm = cfg_.moe_intermediate_size;
+    WeightLoader ld(backend_, w, opt);
+    auto matrix = [&](const std::string& name, std::vector<int64_t> shape, Tensor& out) -> Status {
+      PAGELLM_ASSIGN_OR_RETURN(out, ld.matrix(name, std::move(shape)));
+      return {};
+    };
+    auto vec = [&](const std::string& name, int64_t n, float dummy, Tensor& out) -> Status {
+      PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, dummy));
+      return {};
+    };
+    auto swiglu = [&](const std::string& p, int64_t f, MoeExpert& m) -> Status {
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "gate_proj.weight", {f, D}, m.gate_proj));
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "up_proj.weight", {f, D}, m.up_proj));
+      return matrix(p + "down_proj.weight", {D, f}, m.down_proj);
+    };
+    PAGELLM_RETURN_IF_ERROR(matrix("model.embed_tokens.weight", {V, D}, embed_tokens_));
+    PAGELLM_RETURN_IF_ERROR(vec("model.norm.weight", D, 1.0f, norm_));
+    if (ld.has("lm_head.weight")) {
+      PAGELLM_RETURN_IF_ERROR(matrix("lm_head.weight", {V, D}, lm_head_));
+    } else if (cfg_.tie_word_embeddings) {
+      lm_head_ = embed_tokens_;
+    } else {
+      return not_found(w.description() + ": tensor 'lm_head.weight' is missing and the config "
+                       "does not tie word embeddings");
+    }
+    if (cfg_.num_nextn_predict_layers > 0) {
+      PAGELLM_LOG_INFO("%s: skipping %lld multi-token-prediction layer(s) (model.layers.%lld.*)",
+                       cfg_.source.c_str(), static_cast<long long>(cfg_.num_nextn_predict_layers),
+                       static_cast<long long>(cfg_.num_hidden_layers));
+    }
+    const int64_t expert_bytes_each = 3 * D * Fm;  // elements; scaled by dtype below
+    layers_.resize(cfg_.num_hidden_layers);
+    for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      const std::string a = p + "self_attn.";
+      DeepseekLayer& L = layers_[i];
+      PAGELLM_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", D, 1.0f, L.input_layernorm));
+      PAGELLM_RETURN_IF_ERROR(
+          vec(p + "post_attention_layernorm.weight", D, 1.0f, L.post_attention_layernorm));
+      if (cfg_.q_lora_rank) {
+        const int64_t Rq = *cfg_.q_lora_rank;
+        PAGELLM_RETURN_IF_ERROR(matrix(a + "q_a_proj.weight", {Rq, D}, L.q_a_proj));
+        if (cfg_.attention_bias)
+          PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_proj.bias", Rq, 0.0f, L.q_a_bias));
+        PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_layernorm.weight", Rq, 1.0f, L.q_a_layernorm));
+        PAGELLM_RETURN_IF_ERROR(matrix(a + "q_b_proj.weight", {H * (N + P), Rq}, L.q_b_proj));
+      } else {
+        PAGELLM_RETURN_IF_ERROR(matrix(a + "q_proj.weight", {H * (N + P), D}, L.q_proj));
+      }
+      Tensor kv_a, kv_a_bias;
+      PAGELLM_RETURN_IF_ERROR(matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, kv_a));
+      L.kv_a_c = kv_a.slice_rows(0, R);
+      L.kv_a_pe = kv_a.slice_rows(R, R + P);
+      if (cfg_.attention_bias) {
+        PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_proj_with_mqa.bias", R + P, 0.0f, kv_a_bias));
+        L.kv_a_c_bias = kv_a_bias.slice_rows(0, R);
+        L.kv_a_pe_bias = kv_a_bias.slice_rows(R, R + P);
+      }
+      PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_layernorm.weight", R, 1.0f, L.kv_a_layernorm));
+      PAGELLM_RETURN_IF_ERROR(matrix(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
+      PAGELLM_RETURN_IF_ERROR(build_absorbed_query(a + "kv_b_proj.weight", L));
+      PAGELLM_RETURN_IF_ERROR(matrix(a + "o_proj.weight", {D, H * Vd}, L.o_proj));
+      if (cfg_.attention_bias) PAGELLM_RETURN_IF_ERROR(vec(a + "o_proj.bias", D, 0.0f, L.o_bias));
+
+      L.moe = i >= cfg_.first_k_dense_replace;
+      if (!L.moe) {
+        PAGELLM_RETURN_IF_ERROR(swiglu(p + "mlp.", F, L.mlp));
+        continue;
+      }
+      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.gate.weight", {E, D}, L.router));
+      if (cfg_.topk_method == MoeTopk::kNoauxTc) {
+        PAGELLM_RETURN_IF_ERROR(
+            vec(p + "mlp.gate.e_score_correction_bias", E, 0.0f, L.correction_bias));
+      }
+      L.experts.resize(E);
+      for (int64_t e = 0; e < E; ++e) {
+        PAGELLM_RETURN_IF_ERROR(
+            swiglu(p + "mlp.experts." + std::to_string(e) + ".", Fm, L.experts[e]));
+      }
+      if (cfg_.n_shared_experts > 0) {
+        PAGELLM_RETURN_IF_ERROR(
+            swiglu(p + "mlp.shared_experts.", Fm * cfg_.n_shared_experts, L.shared));
+      }
+      unrouted_expert_bytes_ +=
+          dtype_bytes(L.experts[0].gate_proj.dtype, expert_bytes_each) *
+          (E - cfg_.num_experts_per_tok);
+    }
+    // The absorbed query blocks are read every step too.
+    weight_bytes_ = ld.bytes() + static_cast<int64_t>(layers_.size()) * H * (P + R) * (N + P) * 4;
+    storage_ = std::move(ld.storage());
+    // transformers: 1/sqrt(qk_head_dim), times yarn's mscale(factor, mscale_all_dim)^2.
+    double scale = 1.0 / std::sqrt(static_cast<double>(N + P));
+    const RopeConfig& r = cfg_.rope;
+    if (r.type != RopeType::kDefault && r.mscale_all_dim && *r.mscale_all_dim != 0 &&
+        r.factor > 1) {
+      const double m = 0.1 * *r.mscale_all_dim * std::log(r.factor) + 1.0;
+      scale *= m * m;
+    }
+    attn_params_.scale = static_cast<float>(scale);
+    return {};
+  }
+
+  void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
+    const int64_t n = b.n_tokens, H = cfg_.num_attention_heads;
+    const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim;
+    const int64_t R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
+    const int64_t F = cfg_.intermediate_size, Fs = cfg_.moe_intermediate_size * cfg_.n_shared_experts;
+    const int64_t E = cfg_.n_routed_experts;
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    reserve(n, b.n_logits);
+    Workspace& ws = ws_;
+    Tensor x = ws.x.slice_rows(0, n);                // [n, D]
+    Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
+    Tensor h = ws.h.slice_rows(0, n);                // [n, D]
+    Tensor q = ws.q.slice_rows(0, n);                // [n, H*(N+P)]
+    Tensor lat = ws.lat.slice_rows(0, n);            // [n, P+R]: k_pe | c_kv
+    Tensor qfull = ws.qfull.slice_rows(0, n);        // [n, H*(P+R)]: per head q_pe | q_abs
+    Tensor attn_lat = ws.attn_lat.slice_rows(0, n);  // [n, H*R]
+    Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
+    Tensor lat_pe = lat.slice_cols(0, P), lat_c = lat.slice_cols(P, P + R);  // [n, P], [n, R]
+    Tensor lat3 = lat.reshape({n, 1, P + R});                                // [n, 1, P+R]
+    Tensor lat3_c = lat3.slice_cols(P, P + R);                               // [n, 1, R]
+    Tensor qfull3 = qfull.reshape({n, H, P + R});                            // [n, H, P+R]
+    Tensor attn_lat3 = attn_lat.reshape({n, H, R});                          // [n, H, R]
+    Tensor cos_sin = upload_cos_sin(b);                                      // f32 [n, P]
+
+    backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const DeepseekLayer& L = layers_[l];
+      if (l == 0) {
+        backend_.rms_norm(residual, L.input_layernorm, eps, h);
+      } else {
+        backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MLP out
+      }
+      // --- MLA ---
+      if (cfg_.q_lora_rank) {
+        Tensor qa = ws.qa.slice_rows(0, n);  // [n, Rq]
+        backend_.matmul(h, L.q_a_proj, L.q_a_bias, qa);
+        backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
+        backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(N+P)]
+      } else {
+        backend_.matmul(h, L.q_proj, Tensor(), q);     // [n, H*(N+P)]
+      }
+      for (int64_t hd = 0; hd < H; ++hd) {  // [n, N+P] -> [n, P+R] per head
+        Tensor qh = q.slice_cols(hd * (N + P), (hd + 1) * (N + P));
+        Tensor oh = qfull.slice_cols(hd * (P + R), (hd + 1) * (P + R));
+        backend_.matmul(qh, L.q_absorb.slice_rows(hd * (P + R), (hd + 1) * (P + R)), Tensor(), oh);
+      }
+      backend_.matmul(h, L.kv_a_pe, L.kv_a_pe_bias, lat_pe);  // [n, P]
+      backend_.matmul(h, L.kv_a_c, L.kv_a_c_bias, lat_c);     // [n, R]
+      backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
+      // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
+      // column view of the same cache rows, so it is written twice with the same values.
+      Tensor v_cache = cache.k[l].slice_cols(P, P + R);  // [blocks, bs, 1, R]
+      backend_.rope_store_kv(qfull3, lat3, lat3_c, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
+                             cache.k[l], v_cache);
+      backend_.attention(qfull3, cache.k[l], v_cache, b.attn, attn_params_, attn_lat3);
+      for (int64_t hd = 0; hd < H; ++hd) {  // W_UV_h: [n, R] -> [n, Vd]
+        const int64_t row = hd * (N + Vd) + N;
+        Tensor oh = attn_v.slice_cols(hd * Vd, (hd + 1) * Vd);
+        backend_.matmul(attn_lat.slice_cols(hd * R, (hd + 1) * R),
+                        L.kv_b_proj.slice_rows(row, row + Vd), Tensor(), oh);
+      }
+      backend_.matmul(attn_v, L.o_proj, L.o_bias, x);  // [n, D]
+      backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
+      // --- MLP ---
+      if (!L.moe) {
+        Tensor gate = ws.gate.slice_rows(0, n).slice_cols(0, F);
+        Tensor up = ws.up.slice_rows(0, n).slice_cols(0, F);
+        Tensor act = ws.act.slice_rows(0, n).slice_cols(0, F);
+        run_swiglu(backend_, L.mlp, h, gate, up, act, x);  // [n, D]
+        continue;
+      }
+      Tensor logits = ws.router_logits.slice_rows(0, n);  // f32 [n, E]
+      backend_.matmul(h, L.router, Tensor(), logits);
+      host_logits_.resize(n * E);
+      backend_.copy_to_host(host_logits_.data(), logits.data, n * E * sizeof(float));
+      route_tokens(cfg_, host_logits_.data(),
+                   L.correction_bias.defined() ? L.correction_bias.ptr<float>() : nullptr, n,
+                   routing_);
+      Tensor routed = ws.routed.slice_rows(0, n);  // [n, D]
+      moe_.run(h, routing_, L.experts, routed);
+      if (cfg_.n_shared_experts > 0) {
+        Tensor gate = ws.gate.slice_rows(0, n).slice_cols(0, Fs);
+        Tensor up = ws.up.slice_rows(0, n).slice_cols(0, Fs);
+        Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);
+        Tensor shared = ws.shared.slice_rows(0, n);
+        run_swiglu(backend_, L.shared, h, gate, up, act, shared);
+        backend_.add(routed, shared, x);  // routed + shared, in transformers' order
+      } else {
+        std::memcpy(x.data, routed.data, x.nbytes());
+      }
+    }
+    backend_.add_rms_norm(x, residual, norm_, eps, h);
+    if (b.n_logits == 0) return;
+    Tensor hl = ws.hl.slice_rows(0, b.n_logits);          // [m, D]
+    Tensor logits = ws.logits.slice_rows(0, b.n_logits);  // f32 [m, V]
+    backend_.gather_rows(h, b.logits_rows, hl);
+    backend_.matmul(hl, lm_head_, Tensor(), logits);
+    backend_.copy_to_host(logits_out, logits.data, logits.nbytes());
+  }
+
+ private:
+  // q_absorb for one layer, from kv_b_proj's key rows (W_UK_h [N, R] per head), built on the
+  // host: per head the [P+R, N+P] block maps q_h = [q_nope | q_pe] to [q_pe | W_UK_h^T q_nope].
+  // The identity block copies q_pe exactly (x * 1 + 0 in f32).
+  Status build_absorbed_query(const std::string& name, DeepseekLayer& L) {
+    const int64_t H = cfg_.num_attention_heads, N = cfg_.qk_nope_head_dim;
+    const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
+    const Tensor& kvb = L.kv_b_proj;
+    if (is_quantized(kvb.dtype) || kvb.device != Device::kCpu) {
+      return unimplemented(cfg_.source + ": tensor '" + name + "' of type " +
+                           std::string(dtype_name(kvb.dtype)) +
+                           " cannot be absorbed (MLA needs an f32/f16/bf16 kv_b_proj on the CPU)");
+    }
+    std::vector<float> row(R);
+    auto buf = backend_.allocate(H * (P + R) * (N + P) * sizeof(float));
+    Tensor A = buf->view(DType::kF32, {H * (P + R), N + P});
+    float* a = A.ptr<float>();
+    std::memset(a, 0, A.nbytes());
+    for (int64_t hd = 0; hd < H; ++hd) {
+      float* blk = a + hd * (P + R) * (N + P);
+      for (int64_t i = 0; i < P; ++i) blk[i * (N + P) + N + i] = 1.0f;
+      for (int64_t j = 0; j < N; ++j) {
+        to_f32(kvb.dtype, kvb.row_ptr(hd * (N + Vd) + j), row.data(), R);
+        for (int64_t c = 0; c < R; ++c) blk[(P + c) * (N + P) + j] = row[c];
+      }
+    }
+    L.q_absorb = A;
+    absorb_storage_.push_back(std::move(buf));
+    return {};
+  }
+
+  void reserve(int64_t n, int64_t m) {
+    Workspace& ws = ws_;
+    const DType dt = backend_.activation_dtype();
+    const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size, H = cfg_.num_attention_heads;
+    const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank;
+    const int64_t Vd = cfg_.v_head_dim, E = cfg_.n_routed_experts;
+    const int64_t Rq = cfg_.q_lora_rank.value_or(1);
+    const int64_t F = std::max(cfg_.intermediate_size,
+                               cfg_.moe_intermediate_size * std::max<int64_t>(cfg_.n_shared_experts, 1));
+    if (n > ws.capacity_tokens) {
+      const int64_t cap = std::max<int64_t>(n, 16);
+      const int64_t cols[] = {D, D, D, Rq, H * (N + P), P + R, H * (P + R), H * R, H * Vd,
+                              F, F, F, D, D, E, P};
+      int64_t total = 0;
+      for (int64_t c : cols) total += (dtype_bytes(dt, cap * c) + 63) / 64 * 64 + 64;
+      ws.buf = backend_.allocate(total);
+      char* p = static_cast<char*>(ws.buf->data());
+      auto take = [&](DType t, int64_t c) {
+        Tensor x(p, t, {cap, c}, backend_.device());
+        p += (dtype_bytes(t, cap * c) + 63) / 64 * 64 + 64;
+        return x;
+      };
+      ws.x = take(dt, D), ws.residual = take(dt, D), ws.h = take(dt, D), ws.qa = take(dt, Rq);
+      ws.q = take(dt, H * (N + P)), ws.lat = take(dt, P + R), ws.qfull = take(dt, H * (P + R));
+      ws.attn_lat = take(dt, H * R), ws.attn_v = take(dt, H * Vd);
+      ws.gate = take(dt, F), ws.up = take(dt, F), ws.act = take(dt, F);
+      ws.routed = take(dt, D), ws.shared = take(dt, D);
+      ws.router_logits = take(DType::kF32, E), ws.cos_sin = take(DType::kF32, P);
+      ws.capacity_tokens = cap;
+    }
+    if (m > ws.capacity_logits) {
+      const int64_t cap = std::max<int64_t>(m, 1);
+      ws.logits_buf = backend_.allocate(dtype_bytes(dt, cap * (D + V)) + 128);
+      char* p = static_cast<char*>(ws.logits_buf->data());
+      ws.hl = Tensor(p, dt, {cap, D}, backend_.device());
+      p += (dtype_bytes(dt, cap * D) + 63) / 64 * 64;
+      ws.logits = Tensor(p, dt, {cap, V}, backend_.device());
+      ws.capacity_logits = cap;
+    }
+  }
+
+  // RoPE table for this step's positions (yarn is position-only, so no per-sequence length).
+  Tensor upload_cos_sin(const StepBatch& b) {
+    const int64_t n = b.n_tokens, rd = rope_.rotary_dim();
+    host_cos_sin_.resize(n * rd);
+    seq_len_.resize(n);
+    for (size_t s = 0; s + 1 < b.cu_seqlens_q.size(); ++s) {
+      int32_t mx = 0;
+      for (int32_t i = b.cu_seqlens_q[s]; i < b.cu_seqlens_q[s + 1]; ++i)
+        mx = std::max(mx, b.positions[i] + 1);
+      for (int32_t i = b.cu_seqlens_q[s]; i < b.cu_seqlens_q[s + 1]; ++i) seq_len_[i] = mx;
+    }
+    rope_.fill_cos_sin(b.positions.data(), seq_len_.data(), n, host_cos_sin_.data());
+    Tensor t = ws_.cos_sin.slice_rows(0, n);
+    backend_.copy_from_host(t.data, host_cos_sin_.data(), n * rd * 4);
+    return t;
+  }
+
+  ModelConfig cfg_;
+  Backend& backend_;
+  RotaryEmbedding rope_;
+  AttentionParams attn_params_;
+  MoeExperts moe_;
+  MoeRouting routing_;
+  Tensor embed_tokens_, norm_, lm_head_;
+  std::vector<DeepseekLayer> layers_;
+  std::vector<std::unique_ptr<Buffer>> storage_, absorb_storage_;
+  int64_t weight_bytes_ = 0;
+  int64_t unrouted_expert_bytes_ = 0;
+  Workspace ws_;
+  std::vector<float> host_cos_sin_, host_logits_;
+  std::vector<int32_t> seq_len_;
+};
+
+Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backend& backend,
+                                             const LoadOptions& opt) {
+  const ModelConfig& c = ckpt.config;
+  if (c.kv_lora_rank <= 0 || c.n_routed_experts <= 0) {
+    return invalid_argument(c.source + ": " + c.architecture +
+                            " needs kv_lora_rank and n_routed_experts");
+  }
+  if (backend.device() != Device::kCpu || backend.activation_dtype() != DType::kF32) {
+    return unimplemented(c.source + ": " + c.architecture + " (MLA, MoE) runs on the CPU backend "
+                         "only for now, not on '" + backend.name() + "'");
+  }
+  auto m = std::make_unique<DeepseekModel>(c, backend);
+  PAGELLM_RETURN_IF_ERROR(m->load(*ckpt.weights, opt));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace
+
+void register_deepseek_v2() {
+  for (const char* name : {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+    register_architecture(name, make_deepseek);
+}
+
+}  // namespace pagellm
