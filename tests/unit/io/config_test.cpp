@@ -225,6 +225,135 @@ TEST(Config, OtherArchitecturesParseIntoNames) {
   EXPECT_THAT(describe(*r), HasSubstr("Phi3ForCausalLM"));
 }
 
+TEST(Config, DeepSeekV2LiteMlaAndMoe) {
+  ModelConfig c = parse_file("deepseek-v2-lite.json");
+  EXPECT_FALSE(c.q_lora_rank.has_value());  // null: a plain q_proj
+  EXPECT_EQ(c.kv_lora_rank, 512);
+  EXPECT_EQ(c.qk_nope_head_dim, 128);
+  EXPECT_EQ(c.qk_rope_head_dim, 64);
+  EXPECT_EQ(c.v_head_dim, 128);
+  EXPECT_EQ(c.head_dim, 64);  // RoPE tables are built for the rope part, as in transformers
+  EXPECT_EQ(c.rotary_dim(), 64);
+  EXPECT_TRUE(c.rope.interleaved);
+  EXPECT_EQ(c.n_routed_experts, 64);
+  EXPECT_EQ(c.n_shared_experts, 2);
+  EXPECT_EQ(c.num_experts_per_tok, 6);
+  EXPECT_EQ(c.moe_intermediate_size, 1408);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.topk_method, MoeTopk::kGreedy);
+  EXPECT_EQ(c.scoring_func, MoeScoring::kSoftmax);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_THAT(describe(c), HasSubstr("kv_lora_rank 512"));
+  EXPECT_THAT(describe(c), HasSubstr("64 routed experts (top 6, greedy, softmax"));
+
+  // An absent q_lora_rank is the config class default, not "none".
+  json j = load_json("deepseek-v2-lite.json");
+  j.erase("q_lora_rank");
+  Result<ModelConfig> r = parse_hf_config(j.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->q_lora_rank, 1536);
+  j["q_lora_rank"] = 1536;
+  j["topk_method"] = "group_limited_greedy";
+  j["n_group"] = 8;
+  j["topk_group"] = 3;
+  r = parse_hf_config(j.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->topk_method, MoeTopk::kGroupLimitedGreedy);
+  EXPECT_EQ(r->n_group, 8);
+  EXPECT_EQ(r->topk_group, 3);
+}
+
+TEST(Config, DeepSeekV3Defaults) {
+  json j = load_json("deepseek-v2-lite.json");
+  j["architectures"] = {"DeepseekV3ForCausalLM"};
+  j["model_type"] = "deepseek_v3";
+  for (const char* k : {"topk_method", "scoring_func", "norm_topk_prob", "n_group", "topk_group",
+                        "routed_scaling_factor", "n_routed_experts", "num_experts_per_tok"})
+    j.erase(k);
+  j["num_nextn_predict_layers"] = 1;
+  j["rope_interleave"] = false;
+  Result<ModelConfig> r = parse_hf_config(j.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->topk_method, MoeTopk::kNoauxTc);
+  EXPECT_EQ(r->scoring_func, MoeScoring::kSigmoid);
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_EQ(r->n_routed_experts, 256);
+  EXPECT_EQ(r->num_experts_per_tok, 8);
+  EXPECT_EQ(r->n_group, 8);
+  EXPECT_EQ(r->topk_group, 4);
+  EXPECT_DOUBLE_EQ(r->routed_scaling_factor, 2.5);
+  EXPECT_EQ(r->num_nextn_predict_layers, 1);
+  EXPECT_FALSE(r->rope.interleaved);
+}
+
+TEST(Config, Mixtral8x7B) {
+  ModelConfig c = parse_file("mixtral-8x7b.json");
+  EXPECT_EQ(c.n_routed_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_intermediate_size, c.intermediate_size);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.scoring_func, MoeScoring::kSoftmax);
+  EXPECT_EQ(c.topk_method, MoeTopk::kGreedy);
+  json j = load_json("mixtral-8x7b.json");
+  j.erase("sliding_window");
+  Result<ModelConfig> r = parse_hf_config(j.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(r->sliding_window.has_value());  // Mixtral's default is full attention
+  j["num_experts_per_tok"] = 9;
+  expect_refused(j, StatusCode::kInvalidArgument, "num_experts_per_tok");
+  j["num_experts_per_tok"] = 2;
+  j["num_local_experts"] = 0;
+  expect_refused(j, StatusCode::kInvalidArgument, "num_local_experts");
+}
+
+TEST(Config, RefusesUnsupportedMoeAndMla) {
+  const json base = load_json("deepseek-v2-lite.json");
+  auto with = [&](const char* key, const json& v) {
+    json j = base;
+    j[key] = v;
+    return j;
+  };
+  expect_refused(with("topk_method", "noaux_tc"), StatusCode::kUnimplemented, "topk_method");
+  expect_refused(with("scoring_func", "sigmoid"), StatusCode::kUnimplemented, "scoring_func");
+  expect_refused(with("norm_topk_prob", true), StatusCode::kUnimplemented, "norm_topk_prob");
+  expect_refused(with("moe_layer_freq", 2), StatusCode::kUnimplemented, "moe_layer_freq");
+  expect_refused(with("mlp_bias", true), StatusCode::kUnimplemented, "mlp_bias");
+  expect_refused(with("kv_lora_rank", 0), StatusCode::kInvalidArgument, "kv_lora_rank");
+  expect_refused(with("q_lora_rank", -1), StatusCode::kInvalidArgument, "q_lora_rank");
+  expect_refused(with("qk_rope_head_dim", 7), StatusCode::kInvalidArgument, "qk_rope_head_dim");
+  expect_refused(with("v_head_dim", "128"), StatusCode::kInvalidArgument, "v_head_dim");
+  expect_refused(with("num_experts_per_tok", 65), StatusCode::kInvalidArgument,
+                 "num_experts_per_tok");
+  expect_refused(with("routed_scaling_factor", 0), StatusCode::kInvalidArgument,
+                 "routed_scaling_factor");
+  json j = with("topk_method", "group_limited_greedy");
+  j["n_group"] = 5;  // does not divide 64 experts
+  expect_refused(j, StatusCode::kInvalidArgument, "n_group");
+  j["n_group"] = 8;
+  j["topk_group"] = 9;
+  expect_refused(j, StatusCode::kInvalidArgument, "topk_group");
+  j["topk_group"] = 1;  // one group of 8 experts covers the 6 wanted
+  EXPECT_TRUE(parse_hf_config(j.dump(), "config.json").ok());
+  j["num_experts_per_tok"] = 9;
+  expect_refused(j, StatusCode::kInvalidArgument, "num_experts_per_tok");
+
+  json v3 = base;
+  v3["architectures"] = {"DeepseekV3ForCausalLM"};
+  v3["model_type"] = "deepseek_v3";
+  v3["topk_method"] = "greedy";
+  v3["scoring_func"] = "sigmoid";
+  v3["n_group"] = 8;
+  v3["topk_group"] = 4;
+  expect_refused(v3, StatusCode::kUnimplemented, "topk_method");
+  v3["topk_method"] = "noaux_tc";
+  v3["scoring_func"] = "softmax";
+  expect_refused(v3, StatusCode::kUnimplemented, "scoring_func");
+  v3["scoring_func"] = "sigmoid";
+  v3["n_group"] = 64;  // one expert per group: noaux_tc ranks groups by their top 2
+  v3["topk_group"] = 6;
+  expect_refused(v3, StatusCode::kInvalidArgument, "n_group");
+}
+
 TEST(Config, LlamaBiases) {
   json j = load_json("llama-3-8b.json");
   j["attention_bias"] = true;
