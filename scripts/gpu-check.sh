@@ -201,6 +201,23 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
       --max-num-seqs 256 --max-num-batched-tokens 8192
+    # The server on the GPU: a real `pagellm serve --device cuda` answering a completion.
+    t=$(now)
+    port_file=$logs/serve.port
+    "$build/tools/pagellm" serve --model tests/data/golden/llama --device cuda --port 0 \
+      >"$logs/serve.log" 2>&1 &
+    serve_pid=$!
+    for _ in $(seq 1 60); do grep -q "listening on" "$logs/serve.log" && break; sleep 0.5; done
+    url=$(grep -o "http://[0-9.:]*" "$logs/serve.log" | head -1)
+    if [ -n "$url" ] && curl -sf "$url/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model": "tests/data/golden/llama", "prompt": [5, 17, 42], "max_tokens": 8, "temperature": 0, "return_token_ids": true}' \
+        >"$logs/serve-response.json"; then
+      record "serve --device cuda" "ok ($(( $(now) - t ))s): $(head -c 160 "$logs/serve-response.json")"
+    else
+      record "serve --device cuda" "FAILED (see $logs/serve.log)"
+      tail -5 "$logs/serve.log"
+    fi
+    kill -TERM $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null
   fi
 fi
 
