@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/gguf.h"
+#include "runtime/serving_model.h"
 #include "tokenizer/jinja/chat_template.h"
 #include "tools/args.h"
 
@@ -26,23 +26,6 @@ int fail(const std::string& msg) {
   return 1;
 }
 
-// tokenizer.chat_template and the bos/eos token texts of a GGUF file.
-Result<ChatTemplateSource> load_gguf_template(const std::string& path) {
-  PAGELLM_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
-  ChatTemplateSource src;
-  src.origin = path;
-  PAGELLM_ASSIGN_OR_RETURN(src.source, gguf.get_string("tokenizer.chat_template"));
-  auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
-  auto token_text = [&](const char* key) -> std::string {
-    auto id = gguf.get_i64(key);
-    if (!id.ok() || !tokens.ok() || *id < 0 || *id >= static_cast<int64_t>(tokens->size())) return "";
-    return (*tokens)[static_cast<size_t>(*id)];
-  };
-  src.bos_token = token_text("tokenizer.ggml.bos_token_id");
-  src.eos_token = token_text("tokenizer.ggml.eos_token_id");
-  return src;
-}
-
 }  // namespace
 
 int run_template(int argc, char** argv) {
@@ -52,8 +35,7 @@ int run_template(int argc, char** argv) {
   const auto messages_path = args.get("messages");
   if (!model || !messages_path) return fail("--model and --messages are required\n" + args.usage());
 
-  const bool is_gguf = std::filesystem::path(*model).extension() == ".gguf";
-  auto src = is_gguf ? load_gguf_template(*model) : load_chat_template(*model);
+  auto src = load_any_chat_template(*model);
   if (!src.ok()) return fail(src.status().message());
   auto tmpl = ChatTemplate::create(*src);
   if (!tmpl.ok()) return fail(tmpl.status().message());
