@@ -168,10 +168,13 @@ fi
 if [ $model_built = 1 ]; then
   echo "== test_model"
   t=$(now)
-  timeout "$(step_limit 240)" "$build/tests/test_model" >"$logs/test_model.log" 2>&1
+  # GoldenGguf converts checkpoints with the Python tools of .venv, which the GPU machine lacks;
+  # CI runs it. Everything else (CPU golden, GoldenCuda, MoE) runs here.
+  timeout "$(step_limit 240)" "$build/tests/test_model" --gtest_filter=-GoldenGguf.* \
+    >"$logs/test_model.log" 2>&1
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
-  record "test_model (CPU golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---
