@@ -353,19 +353,7 @@ class DeepseekModel final : public Model {
 
   // RoPE table for this step's positions (yarn is position-only, so no per-sequence length).
   Tensor upload_cos_sin(const StepBatch& b) {
-    const int64_t n = b.n_tokens, rd = rope_.rotary_dim();
-    host_cos_sin_.resize(n * rd);
-    seq_len_.resize(n);
-    for (size_t s = 0; s + 1 < b.cu_seqlens_q.size(); ++s) {
-      int32_t mx = 0;
-      for (int32_t i = b.cu_seqlens_q[s]; i < b.cu_seqlens_q[s + 1]; ++i)
-        mx = std::max(mx, b.positions[i] + 1);
-      for (int32_t i = b.cu_seqlens_q[s]; i < b.cu_seqlens_q[s + 1]; ++i) seq_len_[i] = mx;
-    }
-    rope_.fill_cos_sin(b.positions.data(), seq_len_.data(), n, host_cos_sin_.data());
-    Tensor t = ws_.cos_sin.slice_rows(0, n);
-    backend_.copy_from_host(t.data, host_cos_sin_.data(), n * rd * 4);
-    return t;
+    return rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
   }
 
   ModelConfig cfg_;
@@ -380,8 +368,7 @@ class DeepseekModel final : public Model {
   int64_t weight_bytes_ = 0;
   int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
-  std::vector<float> host_cos_sin_, host_logits_;
-  std::vector<int32_t> seq_len_;
+  std::vector<float> host_logits_;
 };
 
 Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backend& backend,

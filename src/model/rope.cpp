@@ -130,4 +130,22 @@ void RotaryEmbedding::fill_cos_sin(const int32_t* positions, const int32_t* seq_
   }
 }
 
+Tensor RotaryEmbedding::upload_step_table(const std::vector<int32_t>& positions,
+                                          const std::vector<int32_t>& cu_seqlens,
+                                          Backend& backend, const Tensor& dst) const {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  host_table_.resize(n * rotary_dim_);
+  seq_len_.assign(n, 0);
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    int32_t longest = 0;
+    for (int32_t i = cu_seqlens[s]; i < cu_seqlens[s + 1]; ++i)
+      longest = std::max(longest, positions[i] + 1);
+    for (int32_t i = cu_seqlens[s]; i < cu_seqlens[s + 1]; ++i) seq_len_[i] = longest;
+  }
+  fill_cos_sin(positions.data(), seq_len_.data(), n, host_table_.data());
+  Tensor t = dst.slice_rows(0, n);
+  backend.copy_from_host(t.data, host_table_.data(), n * rotary_dim_ * 4);
+  return t;
+}
+
 }  // namespace pagellm

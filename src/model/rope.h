@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "io/model_config.h"
 
 namespace pagellm {
@@ -31,12 +32,22 @@ class RotaryEmbedding {
   // Inverse frequencies for a sequence length (dynamic NTK depends on it), [rotary_dim / 2].
   std::vector<float> inv_freq(int64_t seq_len) const;
 
+  // One step's table: the cos/sin rows of n tokens at `positions` (sequence s owning tokens
+  // [cu_seqlens[s], cu_seqlens[s+1]); dynamic NTK scales for each sequence's longest position in
+  // the step, as transformers does per forward call), computed on the host and uploaded into
+  // rows [0, n) of `dst` (f32 [capacity, rotary_dim] on the backend), which is returned sliced.
+  Tensor upload_step_table(const std::vector<int32_t>& positions,
+                           const std::vector<int32_t>& cu_seqlens, Backend& backend,
+                           const Tensor& dst) const;
+
  private:
   RopeConfig rope_;
   int64_t rotary_dim_ = 0;
   int64_t max_position_ = 0;
   float attention_scaling_ = 1.0f;
   std::vector<float> base_inv_freq_;  // for every variant but dynamic beyond max_position
+  mutable std::vector<float> host_table_;  // upload_step_table's staging
+  mutable std::vector<int32_t> seq_len_;
 };
 
 }  // namespace pagellm
