@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -223,7 +224,8 @@ void Session::write() {
 void Session::on_write(error_code ec) {
   if (ec) return on_io_error(ec, "write");
   parser_.emplace();
-  parser_->body_limit(boost::none);  // a stream's length is bounded by max_tokens, not by us
+  // A stream is bounded by max_tokens and the deadline, not by a byte count.
+  parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
   arm();
   http::async_read_header(*stream_, buf_, *parser_,
                           [self = shared_from_this()](error_code ec2, size_t) { self->on_header(ec2); });
