@@ -4,6 +4,8 @@
 //   bench throughput  offline throughput of many requests through the engine (like vLLM's
 //                     benchmark_throughput): requests/s, total and output tokens/s, KV and prefix
 //                     cache statistics; --json prints one JSON object as the last stdout line
+//   bench serve       open-loop load against an OpenAI-compatible server (tools/cmd_bench_serve.cpp)
+//   bench cost        $ per million tokens of `bench serve` reports (tools/cmd_bench_serve.cpp)
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +23,7 @@
 #include "runtime/serving_model.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
+#include "tools/cmd_bench_serve.h"
 
 namespace pagellm::cli {
 namespace {
@@ -247,7 +250,9 @@ int bench_throughput(int argc, char** argv) {
 int run_bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "latency") return bench_latency(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "throughput") return bench_throughput(argc - 1, argv + 1);
-  std::fprintf(stderr, "usage: pagellm bench latency|throughput [options]\n");
+  if (argc >= 2 && std::string(argv[1]) == "serve") return bench_serve(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "cost") return bench_cost(argc - 1, argv + 1);
+  std::fprintf(stderr, "usage: pagellm bench latency|throughput|serve|cost [options]\n");
   return 2;
 }
 

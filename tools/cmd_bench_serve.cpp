@@ -1,0 +1,384 @@
+// pagellm bench serve: an open-loop load generator against any OpenAI-compatible server (this
+// one, vLLM, SGLang, llama.cpp's llama-server); see docs/BENCHMARKS.md for the method.
+// pagellm bench cost: a report's throughput in $ per million tokens, from bench/prices.toml.
+#include "tools/cmd_bench_serve.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "bench/arrival.h"
+#include "bench/client.h"
+#include "bench/cost.h"
+#include "bench/prometheus.h"
+#include "bench/report.h"
+#include "bench/workload.h"
+#include "tools/args.h"
+#include "tools/cli_common.h"
+
+namespace pagellm::cli {
+namespace {
+
+using namespace pagellm::bench;
+
+Result<double> parse_rate(const std::string& s) {
+  if (s == "inf" || s == "INF" || s == "Inf") return std::numeric_limits<double>::infinity();
+  char* e = nullptr;
+  const double r = std::strtod(s.c_str(), &e);
+  if (s.empty() || *e || !(r > 0) || !std::isfinite(r))
+    return invalid_argument("request rate '" + s + "' must be a positive number or inf");
+  return r;
+}
+
+Result<std::vector<double>> parse_rates(const std::string& list) {
+  std::vector<double> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto r = parse_rate(item);
+    if (!r.ok()) return Status(r.status().code(), "--sweep-rate: " + r.status().message());
+    out.push_back(*r);
+  }
+  if (out.empty()) return invalid_argument("--sweep-rate needs at least one rate");
+  return out;
+}
+
+// A child `pagellm serve` on a free loopback port, stopped (SIGTERM, then SIGKILL) on scope exit.
+class ChildServer {
+ public:
+  ~ChildServer() { stop(); }
+
+  Status start(const std::string& model, const std::string& device, double wait_s) {
+    unsigned short port = 0;
+    {
+      boost::asio::io_context ioc;
+      boost::asio::ip::tcp::acceptor a(
+          ioc, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+      port = a.local_endpoint().port();
+    }
+    url_ = "http://127.0.0.1:" + std::to_string(port);
+    std::vector<std::string> args = {"pagellm", "serve", "--host", "127.0.0.1", "--port", std::to_string(port)};
+    if (!model.empty()) args.insert(args.end(), {"--model", model});
+    if (!device.empty()) args.insert(args.end(), {"--device", device});
+    pid_ = fork();
+    if (pid_ < 0) return internal_error("fork failed: cannot start pagellm serve");
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& s : args) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    std::fprintf(stderr, "bench serve: started pagellm serve (pid %d) at %s\n", static_cast<int>(pid_), url_.c_str());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    while (std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return internal_error("pagellm serve exited before it was healthy (see its log above)");
+      }
+      if (http_get(url_, "/health", 2).ok()) return {};
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    return internal_error("pagellm serve was not healthy at " + url_ + "/health within --server-start-timeout");
+  }
+
+  void stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 100; ++i) {  // 10 s to drain
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  const std::string& url() const { return url_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string url_;
+};
+
+Result<std::string> first_model_id(const std::string& base_url, double timeout_s) {
+  auto body = http_get(base_url, "/v1/models", timeout_s);
+  if (!body.ok()) return body.status();
+  const auto j = nlohmann::json::parse(*body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
+      !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
+    return invalid_argument(base_url + "/v1/models lists no model: pass --model");
+  return j["data"][0]["id"].get<std::string>();
+}
+
+std::optional<PromSamples> scrape(const std::string& url) {
+  auto text = http_get(url, "/metrics", 10);
+  if (!text.ok()) return std::nullopt;
+  auto s = parse_prometheus(*text);
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench serve: ignoring /metrics: %s\n", s.status().message().c_str());
+    return std::nullopt;
+  }
+  return *s;
+}
+
+}  // namespace
+
+int bench_serve(int argc, char** argv) {
+  const char* kCmd = "bench serve";
+  std::vector<std::string> spec = {
+      "base-url", "endpoint", "model", "served-model-name", "device", "num-prompts", "request-rate", "burstiness",
+      "arrival", "mix-heavy-fraction", "mix-pareto-alpha", "max-concurrency", "input-len", "output-len",
+      "input-len-dist", "output-len-dist", "dataset-name", "dataset-path", "random-vocab-size", "num-prefixes",
+      "prefix-len", "seed", "slo", "slo-attainment", "sweep-rate", "output-json", "save-requests!", "timeout",
+      "stall-timeout", "keep-alive!", "no-ignore-eos!", "api-key", "extra-body", "no-metrics!",
+      "server-start-timeout", "gpu", "precision"};
+  Args a(kCmd, spec);
+  if (Status s = a.parse(argc, argv); !s.ok()) return fail(kCmd, s);
+
+  auto n = a.get_int("num-prompts", 100), in = a.get_int("input-len", 1024), out = a.get_int("output-len", 128);
+  auto seed = a.get_int("seed", 0), cap = a.get_int("max-concurrency", 0);
+  auto vocab = a.get_int("random-vocab-size", 1000), n_pre = a.get_int("num-prefixes", 4);
+  auto burst = a.get_double("burstiness", 1.0), timeout = a.get_double("timeout", 600);
+  auto stall = a.get_double("stall-timeout", 60), attain = a.get_double("slo-attainment", 0.9);
+  auto heavy = a.get_double("mix-heavy-fraction", 0.2), alpha = a.get_double("mix-pareto-alpha", 1.5);
+  auto start_wait = a.get_double("server-start-timeout", 600);
+  for (const Status* s : {&n.status(), &in.status(), &out.status(), &seed.status(), &cap.status(), &vocab.status(),
+                          &n_pre.status(), &burst.status(), &timeout.status(), &stall.status(), &attain.status(),
+                          &heavy.status(), &alpha.status(), &start_wait.status()})
+    if (!s->ok()) return fail(kCmd, *s);
+  auto prefix_len = a.get_int("prefix-len", *in);
+  if (!prefix_len.ok()) return fail(kCmd, prefix_len.status());
+  if (*n < 1 || *cap < 0) return fail(kCmd, invalid_argument("--num-prompts >= 1 and --max-concurrency >= 0"));
+  if (!(*attain > 0 && *attain <= 1)) return fail(kCmd, invalid_argument("--slo-attainment must be in (0, 1]"));
+
+  Slo slo;
+  if (auto v = a.get("slo")) {
+    auto s = parse_slo(*v);
+    if (!s.ok()) return fail(kCmd, s.status());
+    slo = *s;
+  }
+  auto arrival_kind = parse_arrival_kind(a.get_or("arrival", a.has("burstiness") ? "gamma" : "poisson"));
+  if (!arrival_kind.ok()) return fail(kCmd, arrival_kind.status());
+  std::vector<double> rates;
+  if (auto sw = a.get("sweep-rate")) {
+    auto r = parse_rates(*sw);
+    if (!r.ok()) return fail(kCmd, r.status());
+    rates = *r;
+  } else {
+    auto r = parse_rate(a.get_or("request-rate", "inf"));
+    if (!r.ok()) return fail(kCmd, Status(r.status().code(), "--request-rate: " + r.status().message()));
+    rates = {*r};
+  }
+
+  // The workload (the same requests for every rate of a sweep).
+  auto in_dist = parse_length_dist(a.get_or("input-len-dist", "fixed"), *in, "--input-len-dist");
+  auto out_dist = parse_length_dist(a.get_or("output-len-dist", "fixed"), *out, "--output-len-dist");
+  if (!in_dist.ok()) return fail(kCmd, in_dist.status());
+  if (!out_dist.ok()) return fail(kCmd, out_dist.status());
+  RandomWorkloadOptions ro;
+  ro.n = *n;
+  ro.input = *in_dist;
+  ro.output = *out_dist;
+  ro.vocab_size = *vocab;
+  ro.seed = static_cast<uint64_t>(*seed);
+  const std::string dataset = a.get_or("dataset-name", "random");
+  const std::string dataset_path = a.get_or("dataset-path", "");
+  if ((dataset == "sharegpt" || dataset == "jsonl") && dataset_path.empty())
+    return fail(kCmd, invalid_argument("--dataset-name " + dataset + " needs --dataset-path"));
+  Result<std::vector<BenchRequest>> reqs = invalid_argument("--dataset-name '" + dataset +
+                                                            "' is not random|sharegpt|jsonl|shared-prefix");
+  if (dataset == "random") reqs = random_workload(ro);
+  else if (dataset == "shared-prefix") reqs = shared_prefix_workload({ro, *n_pre, *prefix_len});
+  else if (dataset == "sharegpt") reqs = sharegpt_workload(dataset_path, *n, a.has("output-len") ? *out : 0, ro.seed, estimate_tokens);
+  else if (dataset == "jsonl") reqs = jsonl_workload(dataset_path, *n, *out, estimate_tokens);
+  if (!reqs.ok()) return fail(kCmd, reqs.status());
+
+  // The server: given, or a child `pagellm serve`.
+  ChildServer child;
+  ClientOptions co;
+  if (auto url = a.get("base-url")) {
+    co.base_url = *url;
+  } else {
+    if (Status s = child.start(a.get_or("model", ""), a.get_or("device", ""), *start_wait); !s.ok())
+      return fail(kCmd, s);
+    co.base_url = child.url();
+  }
+  co.path = a.get_or("endpoint", "/v1/completions");
+  co.timeout_s = *timeout;
+  co.stall_timeout_s = *stall;
+  co.keep_alive = a.flag("keep-alive");
+  co.max_concurrency = *cap;
+  co.ignore_eos = !a.flag("no-ignore-eos");
+  co.api_key = a.get_or("api-key", "");
+  if (auto eb = a.get("extra-body")) {
+    co.extra_body = nlohmann::json::parse(*eb, nullptr, false);
+    if (co.extra_body.is_discarded() || !co.extra_body.is_object())
+      return fail(kCmd, invalid_argument("--extra-body must be a JSON object"));
+  }
+  // The model name the requests carry: --served-model-name, else --model when a server was given,
+  // else the first one the server lists.
+  if (auto name = a.get("served-model-name")) co.model = *name;
+  else if (a.has("base-url") && a.has("model")) co.model = *a.get("model");
+  else {
+    auto id = first_model_id(co.base_url, 30);
+    if (!id.ok()) return fail(kCmd, id.status());
+    co.model = *id;
+  }
+
+  std::vector<RunReport> runs;
+  for (double rate : rates) {
+    ArrivalOptions ao;
+    ao.kind = *arrival_kind;
+    ao.rate = rate;
+    ao.burstiness = *burst;
+    ao.heavy_fraction = *heavy;
+    ao.pareto_alpha = *alpha;
+    ao.seed = static_cast<uint64_t>(*seed);
+    auto times = arrival_times(ao, *n);
+    if (!times.ok()) return fail(kCmd, times.status());
+    std::fprintf(stderr, "bench serve: %lld requests at %s req/s (%s) to %s%s, model %s\n",
+                 static_cast<long long>(*n), std::isinf(rate) ? "inf" : std::to_string(rate).c_str(),
+                 arrival_kind_name(ao.kind), co.base_url.c_str(), co.path.c_str(), co.model.c_str());
+    std::optional<PromSamples> before = a.flag("no-metrics") ? std::nullopt : scrape(co.base_url);
+    auto res = run_load(co, *reqs, *times);
+    if (!res.ok()) return fail(kCmd, res.status());
+    RunReport r;
+    r.request_rate = rate;
+    r.arrival = arrival_kind_name(ao.kind);
+    r.burstiness = *burst;
+    r.max_concurrency = *cap;
+    r.num_prompts = *n;
+    r.metrics = compute_metrics(res->results, res->duration_s, slo);
+    if (before) {
+      if (auto after = scrape(co.base_url)) r.server = server_side_metrics(*before, *after);
+    }
+    // The first failure of each kind, so a failed run says why.
+    std::map<std::string, std::string> first;
+    for (const RequestResult& q : res->results)
+      if (!q.ok && !first.count(q.error_kind)) first[q.error_kind] = q.error_detail;
+    for (const auto& [k, d] : first) std::fprintf(stderr, "bench serve: %s: %s\n", k.c_str(), d.c_str());
+    r.requests = std::move(res->results);
+    std::printf("%s\n", run_markdown(r, slo).c_str());
+    runs.push_back(std::move(r));
+  }
+  std::optional<double> best;
+  if (runs.size() > 1) {
+    best = best_rate_meeting_slo(runs, *attain);
+    std::printf("%s\n", sweep_markdown(runs, slo, best, *attain).c_str());
+  }
+
+  if (auto path = a.get("output-json")) {
+    // The top level carries the single run's figures (or, for a sweep, those of the best rate
+    // meeting the SLO, else the last rate), so every report reads the same way.
+    const RunReport& head = [&]() -> const RunReport& {
+      if (best)
+        for (const RunReport& r : runs)
+          if (r.request_rate == *best) return r;
+      return runs.back();
+    }();
+    nlohmann::json j = run_json(head, slo, false);
+    j["schema"] = kReportSchema;
+    j["base_url"] = co.base_url;
+    j["endpoint"] = co.path;
+    j["model"] = co.model;
+    j["dataset"] = dataset;
+    j["input_len"] = *in;
+    j["output_len"] = *out;
+    j["input_len_dist"] = a.get_or("input-len-dist", "fixed");
+    j["output_len_dist"] = a.get_or("output-len-dist", "fixed");
+    j["seed"] = *seed;
+    j["keep_alive"] = co.keep_alive;
+    if (auto g = a.get("gpu")) j["gpu"] = *g;
+    if (auto p = a.get("precision")) j["precision"] = *p;
+    j["runs"] = nlohmann::json::array();
+    for (const RunReport& r : runs) j["runs"].push_back(run_json(r, slo, a.flag("save-requests")));
+    if (runs.size() > 1) j["max_rate_meeting_slo"] = best ? nlohmann::json(*best) : nlohmann::json(nullptr);
+    std::ofstream f(*path);
+    if (!f || !(f << j.dump(2) << "\n")) return fail(kCmd, invalid_argument(*path + ": cannot write the report"));
+    std::fprintf(stderr, "bench serve: wrote %s\n", path->c_str());
+  }
+  for (const RunReport& r : runs)
+    if (r.metrics.completed == 0) return 1;
+  return 0;
+}
+
+int bench_cost(int argc, char** argv) {
+  const char* kCmd = "bench cost";
+  // --report may repeat: collect every occurrence before the common parser (which keeps one value).
+  std::vector<std::string> reports;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--report" && i + 1 < argc) reports.push_back(argv[++i]);
+    else if (s.rfind("--report=", 0) == 0) reports.push_back(s.substr(9));
+    else rest.push_back(argv[i]);
+  }
+  Args a(kCmd, {"gpu", "gpus", "utilization", "prices", "precision", "json!"});
+  if (Status s = a.parse(static_cast<int>(rest.size()), rest.data()); !s.ok()) return fail(kCmd, s);
+  for (const auto& p : a.positionals()) reports.push_back(p);
+  if (reports.empty()) return fail(kCmd, invalid_argument("give at least one --report FILE.json"));
+  auto gpus = a.get_int("gpus", 1);
+  auto util = a.get_double("utilization", 0.6);
+  if (!gpus.ok()) return fail(kCmd, gpus.status());
+  if (!util.ok()) return fail(kCmd, util.status());
+  auto prices = PriceTable::load(a.get_or("prices", "bench/prices.toml"));
+  if (!prices.ok()) return fail(kCmd, prices.status());
+  std::vector<CostRow> rows;
+  for (const std::string& path : reports) {
+    std::ifstream f(path);
+    if (!f) return fail(kCmd, not_found(path + ": cannot open the report"));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return fail(kCmd, data_loss(path + ": not a JSON report"));
+    if (j.value("schema", "") != kReportSchema)
+      return fail(kCmd, data_loss(path + ": schema is not " + std::string(kReportSchema)));
+    if (!j.contains("output_throughput") || !j["output_throughput"].is_number())
+      return fail(kCmd, data_loss(path + ": no numeric 'output_throughput'"));
+    CostInput in;
+    in.label = path;
+    // The command line wins over the report's tags, so one report can be priced on other GPUs.
+    in.gpu = a.has("gpu") ? *a.get("gpu") : j.value("gpu", "");
+    in.precision = a.has("precision") ? *a.get("precision") : j.value("precision", "");
+    if (in.gpu.empty()) return fail(kCmd, invalid_argument(path + ": no 'gpu' in the report: pass --gpu"));
+    in.n_gpus = *gpus;
+    in.utilization = *util;
+    in.output_tokens_per_s = j["output_throughput"].get<double>();
+    in.total_tokens_per_s = j.value("total_token_throughput", 0.0);
+    auto row = compute_cost(in, *prices);
+    if (!row.ok()) return fail(kCmd, Status(row.status().code(), path + ": " + row.status().message()));
+    rows.push_back(*row);
+  }
+  std::printf("%s", cost_markdown(rows).c_str());
+  if (a.flag("json")) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const CostRow& r : rows)
+      arr.push_back({{"report", r.in.label}, {"gpu", r.in.gpu}, {"precision", r.in.precision},
+                     {"units", r.in.n_gpus}, {"utilization", r.in.utilization},
+                     {"output_throughput", r.in.output_tokens_per_s}, {"usd_per_hour", r.usd_per_hour},
+                     {"output_tok_s_per_usd_hour", r.output_tok_s_per_usd_hour},
+                     {"usd_per_million_output_tokens", r.usd_per_million_output},
+                     {"usd_per_million_total_tokens", r.usd_per_million_total}});
+    std::printf("%s\n", arr.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace pagellm::cli
