@@ -4,6 +4,7 @@
 #include "tools/cmd_bench_serve.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -242,6 +243,12 @@ int bench_serve(int argc, char** argv) {
     co.model = *id;
   }
 
+  // Every request in flight holds a socket: allow as many as the hard limit permits.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+
   std::vector<RunReport> runs;
   for (double rate : rates) {
     ArrivalOptions ao;
@@ -253,8 +260,10 @@ int bench_serve(int argc, char** argv) {
     ao.seed = static_cast<uint64_t>(*seed);
     auto times = arrival_times(ao, *n);
     if (!times.ok()) return fail(kCmd, times.status());
+    char rate_s[32] = "inf";
+    if (!std::isinf(rate)) std::snprintf(rate_s, sizeof rate_s, "%g", rate);
     std::fprintf(stderr, "bench serve: %lld requests at %s req/s (%s) to %s%s, model %s\n",
-                 static_cast<long long>(*n), std::isinf(rate) ? "inf" : std::to_string(rate).c_str(),
+                 static_cast<long long>(*n), rate_s,
                  arrival_kind_name(ao.kind), co.base_url.c_str(), co.path.c_str(), co.model.c_str());
     std::optional<PromSamples> before = a.flag("no-metrics") ? std::nullopt : scrape(co.base_url);
     auto res = run_load(co, *reqs, *times);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -344,7 +345,9 @@ void Session::on_io_error(error_code ec, const char* phase) {
   if (ec == beast::error::timeout) {
     if (Clock::now() >= deadline_) return fail("timeout", std::string("no response within the deadline (") + phase + ")");
     if (std::string_view(phase) == "connect") return fail("connect", "connect timed out");
-    return fail("stalled", "no byte for " + std::to_string(r_.o_.stall_timeout_s) + " s (" + phase + ")");
+    char b[96];
+    std::snprintf(b, sizeof b, "no byte for %g s (%s)", r_.o_.stall_timeout_s, phase);
+    return fail("stalled", b);
   }
   if (std::string_view(phase) == "connect") return fail("connect", ec.message());
   if (ec.category() == http::make_error_code(http::error::end_of_stream).category() &&
