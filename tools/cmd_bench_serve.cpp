@@ -26,6 +26,7 @@
 #include "bench/prometheus.h"
 #include "bench/report.h"
 #include "bench/workload.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
 
@@ -149,7 +150,7 @@ int bench_serve(int argc, char** argv) {
       "input-len-dist", "output-len-dist", "dataset-name", "dataset-path", "random-vocab-size", "num-prefixes",
       "prefix-len", "seed", "slo", "slo-attainment", "sweep-rate", "output-json", "save-requests!", "timeout",
       "stall-timeout", "keep-alive!", "no-ignore-eos!", "api-key", "extra-body", "no-metrics!",
-      "server-start-timeout", "gpu", "precision"};
+      "server-start-timeout", "gpu", "precision", "tokenizer"};
   Args a(kCmd, spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail(kCmd, s);
 
@@ -205,10 +206,22 @@ int bench_serve(int argc, char** argv) {
     return fail(kCmd, invalid_argument("--dataset-name " + dataset + " needs --dataset-path"));
   Result<std::vector<BenchRequest>> reqs = invalid_argument("--dataset-name '" + dataset +
                                                             "' is not random|sharegpt|jsonl|shared-prefix");
+  // Text datasets: expected lengths by a real tokenizer when one is given, else estimated.
+  TokenCounter count_tokens = estimate_tokens;
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (auto tp = a.get("tokenizer")) {
+    auto t = load_tokenizer(*tp);
+    if (!t.ok()) return fail(kCmd, t.status());
+    tokenizer = std::move(*t);
+    count_tokens = [&tokenizer](std::string_view text) -> int64_t {
+      auto ids = tokenizer->encode(text, /*add_special_tokens=*/false);
+      return ids.ok() ? static_cast<int64_t>(ids->size()) : estimate_tokens(text);
+    };
+  }
   if (dataset == "random") reqs = random_workload(ro);
   else if (dataset == "shared-prefix") reqs = shared_prefix_workload({ro, *n_pre, *prefix_len});
-  else if (dataset == "sharegpt") reqs = sharegpt_workload(dataset_path, *n, a.has("output-len") ? *out : 0, ro.seed, estimate_tokens);
-  else if (dataset == "jsonl") reqs = jsonl_workload(dataset_path, *n, *out, estimate_tokens);
+  else if (dataset == "sharegpt") reqs = sharegpt_workload(dataset_path, *n, a.has("output-len") ? *out : 0, ro.seed, count_tokens);
+  else if (dataset == "jsonl") reqs = jsonl_workload(dataset_path, *n, *out, count_tokens);
   if (!reqs.ok()) return fail(kCmd, reqs.status());
 
   // The server: given, or a child `pagellm serve`.
