@@ -126,18 +126,16 @@ std::string run_markdown(const RunReport& r, const Slo& slo) {
   if (r.server && r.server->any()) {
     const ServerSideMetrics& v = *r.server;
     s += "\n| server-side (/metrics) | client mean (ms) | server mean (ms) | server count |\n|---|---:|---:|---:|\n";
+    // client_ms < 0: the client has no counterpart (queue time is only visible to the server).
     auto srv = [&](const char* name, double client_ms, const HistogramDelta& h) {
-      char b[256];
-      if (h.count > 0)
-        std::snprintf(b, sizeof b, "| %s | %.2f | %.2f | %.0f |\n", name, client_ms, h.mean() * 1e3, h.count);
-      else
-        std::snprintf(b, sizeof b, "| %s | %.2f | - | 0 |\n", name, client_ms);
-      s += b;
+      const std::string c = client_ms < 0 ? "-" : fmt("%.2f", client_ms);
+      const std::string v = h.count > 0 ? fmt("%.2f", h.mean() * 1e3) : "-";
+      s += "| " + std::string(name) + " | " + c + " | " + v + " | " + fmt("%.0f", h.count) + " |\n";
     };
     srv("TTFT", m.ttft_ms.mean, v.ttft_s);
     srv("ITL", m.itl_ms.mean, v.itl_s);
     srv("E2E latency", m.e2el_ms.mean, v.e2el_s);
-    if (v.queue_s.count > 0) srv("queue time", 0.0, v.queue_s);
+    if (v.queue_s.count > 0) srv("queue time", -1.0, v.queue_s);
     char b[256];
     std::snprintf(b, sizeof b, "| generation tokens | %lld | %.0f | |\n", static_cast<long long>(m.total_output_tokens),
                   v.generation_tokens);
