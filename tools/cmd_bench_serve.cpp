@@ -150,7 +150,7 @@ int bench_serve(int argc, char** argv) {
       "input-len-dist", "output-len-dist", "dataset-name", "dataset-path", "random-vocab-size", "num-prefixes",
       "prefix-len", "seed", "slo", "slo-attainment", "sweep-rate", "output-json", "save-requests!", "timeout",
       "stall-timeout", "keep-alive!", "no-ignore-eos!", "api-key", "extra-body", "no-metrics!",
-      "server-start-timeout", "gpu", "precision", "tokenizer"};
+      "server-start-timeout", "gpu", "precision", "tokenizer", "num-warmups"};
   Args a(kCmd, spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail(kCmd, s);
 
@@ -260,6 +260,23 @@ int bench_serve(int argc, char** argv) {
   if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
+  }
+
+  // Warm-up requests, one at a time and not measured: a cold server's first requests pay for lazy
+  // allocation, page faults and caches that no later request sees.
+  auto n_warm = a.get_int("num-warmups", 0);
+  if (!n_warm.ok() || *n_warm < 0) return fail(kCmd, invalid_argument("--num-warmups must be >= 0"));
+  if (*n_warm > 0) {
+    std::vector<BenchRequest> warm;
+    for (int64_t i = 0; i < *n_warm; ++i) warm.push_back((*reqs)[static_cast<size_t>(i) % reqs->size()]);
+    ClientOptions wo = co;
+    wo.max_concurrency = 1;
+    auto w = run_load(wo, warm, std::vector<double>(warm.size(), 0.0));
+    if (!w.ok()) return fail(kCmd, w.status());
+    int64_t n_ok = 0;
+    for (const RequestResult& q : w->results) n_ok += q.ok;
+    std::fprintf(stderr, "bench serve: %lld warm-up requests, %lld succeeded\n", static_cast<long long>(*n_warm),
+                 static_cast<long long>(n_ok));
   }
 
   std::vector<RunReport> runs;
