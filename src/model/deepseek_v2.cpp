@@ -79,29 +79,16 @@ class DeepseekModel final : public Model {
     const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
     const int64_t E = cfg_.n_routed_experts, Fm = cfg_.moe_intermediate_size;
     WeightLoader ld(backend_, w, opt);
-    auto matrix = [&](const std::string& name, std::vector<int64_t> shape, Tensor& out) -> Status {
-      PAGELLM_ASSIGN_OR_RETURN(out, ld.matrix(name, std::move(shape)));
-      return {};
-    };
     auto vec = [&](const std::string& name, int64_t n, float dummy, Tensor& out) -> Status {
       PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, dummy));
       return {};
     };
     auto swiglu = [&](const std::string& p, int64_t f, MoeExpert& m) -> Status {
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "gate_proj.weight", {f, D}, m.gate_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "up_proj.weight", {f, D}, m.up_proj));
-      return matrix(p + "down_proj.weight", {D, f}, m.down_proj);
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "gate_proj.weight", {f, D}, m.gate_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "up_proj.weight", {f, D}, m.up_proj));
+      return ld.matrix_into(p + "down_proj.weight", {D, f}, m.down_proj);
     };
-    PAGELLM_RETURN_IF_ERROR(matrix("model.embed_tokens.weight", {V, D}, embed_tokens_));
-    PAGELLM_RETURN_IF_ERROR(vec("model.norm.weight", D, 1.0f, norm_));
-    if (ld.has("lm_head.weight")) {
-      PAGELLM_RETURN_IF_ERROR(matrix("lm_head.weight", {V, D}, lm_head_));
-    } else if (cfg_.tie_word_embeddings) {
-      lm_head_ = embed_tokens_;
-    } else {
-      return not_found(w.description() + ": tensor 'lm_head.weight' is missing and the config "
-                       "does not tie word embeddings");
-    }
+    PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
     if (cfg_.num_nextn_predict_layers > 0) {
       PAGELLM_LOG_INFO("%s: skipping %lld multi-token-prediction layer(s) (model.layers.%lld.*)",
                        cfg_.source.c_str(), static_cast<long long>(cfg_.num_nextn_predict_layers),
@@ -118,16 +105,16 @@ class DeepseekModel final : public Model {
           vec(p + "post_attention_layernorm.weight", D, 1.0f, L.post_attention_layernorm));
       if (cfg_.q_lora_rank) {
         const int64_t Rq = *cfg_.q_lora_rank;
-        PAGELLM_RETURN_IF_ERROR(matrix(a + "q_a_proj.weight", {Rq, D}, L.q_a_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_a_proj.weight", {Rq, D}, L.q_a_proj));
         if (cfg_.attention_bias)
           PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_proj.bias", Rq, 0.0f, L.q_a_bias));
         PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_layernorm.weight", Rq, 1.0f, L.q_a_layernorm));
-        PAGELLM_RETURN_IF_ERROR(matrix(a + "q_b_proj.weight", {H * (N + P), Rq}, L.q_b_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_b_proj.weight", {H * (N + P), Rq}, L.q_b_proj));
       } else {
-        PAGELLM_RETURN_IF_ERROR(matrix(a + "q_proj.weight", {H * (N + P), D}, L.q_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {H * (N + P), D}, L.q_proj));
       }
       Tensor kv_a, kv_a_bias;
-      PAGELLM_RETURN_IF_ERROR(matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, kv_a));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_a_proj_with_mqa.weight", {R + P, D}, kv_a));
       L.kv_a_c = kv_a.slice_rows(0, R);
       L.kv_a_pe = kv_a.slice_rows(R, R + P);
       if (cfg_.attention_bias) {
@@ -136,9 +123,9 @@ class DeepseekModel final : public Model {
         L.kv_a_pe_bias = kv_a_bias.slice_rows(R, R + P);
       }
       PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_layernorm.weight", R, 1.0f, L.kv_a_layernorm));
-      PAGELLM_RETURN_IF_ERROR(matrix(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
       PAGELLM_RETURN_IF_ERROR(build_absorbed_query(a + "kv_b_proj.weight", L));
-      PAGELLM_RETURN_IF_ERROR(matrix(a + "o_proj.weight", {D, H * Vd}, L.o_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "o_proj.weight", {D, H * Vd}, L.o_proj));
       if (cfg_.attention_bias) PAGELLM_RETURN_IF_ERROR(vec(a + "o_proj.bias", D, 0.0f, L.o_bias));
 
       L.moe = i >= cfg_.first_k_dense_replace;
@@ -146,7 +133,7 @@ class DeepseekModel final : public Model {
         PAGELLM_RETURN_IF_ERROR(swiglu(p + "mlp.", F, L.mlp));
         continue;
       }
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.gate.weight", {E, D}, L.router));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.gate.weight", {E, D}, L.router));
       if (cfg_.topk_method == MoeTopk::kNoauxTc) {
         PAGELLM_RETURN_IF_ERROR(
             vec(p + "mlp.gate.e_score_correction_bias", E, 0.0f, L.correction_bias));

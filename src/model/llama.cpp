@@ -55,55 +55,34 @@ class LlamaModel final : public Model {
     const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     WeightLoader ld(backend_, w, opt);
-    auto matrix = [&](const std::string& name, std::vector<int64_t> shape, Tensor& out) -> Status {
-      PAGELLM_ASSIGN_OR_RETURN(out, ld.matrix(name, std::move(shape)));
-      return {};
-    };
-    auto norm = [&](const std::string& name, int64_t n, Tensor& out) -> Status {
-      PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, 1.0f));
-      return {};
-    };
-    auto bias = [&](const std::string& name, int64_t n, Tensor& out) -> Status {
-      PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, 0.0f));
-      return {};
-    };
-    PAGELLM_RETURN_IF_ERROR(matrix("model.embed_tokens.weight", {V, D}, embed_tokens_));
-    PAGELLM_RETURN_IF_ERROR(norm("model.norm.weight", D, norm_));
-    if (ld.has("lm_head.weight")) {
-      PAGELLM_RETURN_IF_ERROR(matrix("lm_head.weight", {V, D}, lm_head_));
-    } else if (cfg_.tie_word_embeddings) {
-      lm_head_ = embed_tokens_;
-    } else {
-      return not_found(w.description() + ": tensor 'lm_head.weight' is missing and the config "
-                       "does not tie word embeddings");
-    }
+    PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       LlamaLayer& L = layers_[i];
-      PAGELLM_RETURN_IF_ERROR(norm(p + "input_layernorm.weight", D, L.input_layernorm));
-      PAGELLM_RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "input_layernorm.weight", D, L.input_layernorm));
+      PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
       if (cfg_.attention_bias) {
-        PAGELLM_RETURN_IF_ERROR(bias(p + "self_attn.q_proj.bias", Hq * Dh, L.q_bias));
-        PAGELLM_RETURN_IF_ERROR(bias(p + "self_attn.k_proj.bias", Hkv * Dh, L.k_bias));
-        PAGELLM_RETURN_IF_ERROR(bias(p + "self_attn.v_proj.bias", Hkv * Dh, L.v_bias));
+        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.q_proj.bias", Hq * Dh, L.q_bias));
+        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.k_proj.bias", Hkv * Dh, L.k_bias));
+        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.v_proj.bias", Hkv * Dh, L.v_bias));
       }
-      if (cfg_.o_proj_bias) PAGELLM_RETURN_IF_ERROR(bias(p + "self_attn.o_proj.bias", D, L.o_bias));
+      if (cfg_.o_proj_bias) PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.o_proj.bias", D, L.o_bias));
       if (cfg_.qk_norm) {
-        PAGELLM_RETURN_IF_ERROR(norm(p + "self_attn.q_norm.weight", Dh, L.q_norm));
-        PAGELLM_RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", Dh, L.k_norm));
+        PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "self_attn.q_norm.weight", Dh, L.q_norm));
+        PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "self_attn.k_norm.weight", Dh, L.k_norm));
       }
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.gate_proj.weight", {F, D}, L.gate_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.up_proj.weight", {F, D}, L.up_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "mlp.down_proj.weight", {D, F}, L.down_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.gate_proj.weight", {F, D}, L.gate_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.up_proj.weight", {F, D}, L.up_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.down_proj.weight", {D, F}, L.down_proj));
       if (cfg_.mlp_bias) {
-        PAGELLM_RETURN_IF_ERROR(bias(p + "mlp.gate_proj.bias", F, L.gate_bias));
-        PAGELLM_RETURN_IF_ERROR(bias(p + "mlp.up_proj.bias", F, L.up_bias));
-        PAGELLM_RETURN_IF_ERROR(bias(p + "mlp.down_proj.bias", D, L.down_bias));
+        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "mlp.gate_proj.bias", F, L.gate_bias));
+        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "mlp.up_proj.bias", F, L.up_bias));
+        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "mlp.down_proj.bias", D, L.down_bias));
       }
     }
     weight_bytes_ = ld.bytes();

@@ -54,43 +54,26 @@ class MixtralModel final : public Model {
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const int64_t E = cfg_.n_routed_experts;
     WeightLoader ld(backend_, w, opt);
-    auto matrix = [&](const std::string& name, std::vector<int64_t> shape, Tensor& out) -> Status {
-      PAGELLM_ASSIGN_OR_RETURN(out, ld.matrix(name, std::move(shape)));
-      return {};
-    };
-    auto norm = [&](const std::string& name, int64_t n, Tensor& out) -> Status {
-      PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, 1.0f));
-      return {};
-    };
-    PAGELLM_RETURN_IF_ERROR(matrix("model.embed_tokens.weight", {V, D}, embed_tokens_));
-    PAGELLM_RETURN_IF_ERROR(norm("model.norm.weight", D, norm_));
-    if (ld.has("lm_head.weight")) {
-      PAGELLM_RETURN_IF_ERROR(matrix("lm_head.weight", {V, D}, lm_head_));
-    } else if (cfg_.tie_word_embeddings) {
-      lm_head_ = embed_tokens_;
-    } else {
-      return not_found(w.description() + ": tensor 'lm_head.weight' is missing and the config "
-                       "does not tie word embeddings");
-    }
+    PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       MixtralLayer& L = layers_[i];
-      PAGELLM_RETURN_IF_ERROR(norm(p + "input_layernorm.weight", D, L.input_layernorm));
+      PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "input_layernorm.weight", D, L.input_layernorm));
       PAGELLM_RETURN_IF_ERROR(
-          norm(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
-      PAGELLM_RETURN_IF_ERROR(matrix(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
+          ld.norm_into(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
       const std::string m = p + "block_sparse_moe.";
-      PAGELLM_RETURN_IF_ERROR(matrix(m + "gate.weight", {E, D}, L.router));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "gate.weight", {E, D}, L.router));
       L.experts.resize(E);
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
-        PAGELLM_RETURN_IF_ERROR(matrix(x + "w1.weight", {F, D}, L.experts[e].gate_proj));
-        PAGELLM_RETURN_IF_ERROR(matrix(x + "w3.weight", {F, D}, L.experts[e].up_proj));
-        PAGELLM_RETURN_IF_ERROR(matrix(x + "w2.weight", {D, F}, L.experts[e].down_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(x + "w1.weight", {F, D}, L.experts[e].gate_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(x + "w3.weight", {F, D}, L.experts[e].up_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(x + "w2.weight", {D, F}, L.experts[e].down_proj));
       }
       unrouted_expert_bytes_ += dtype_bytes(L.experts[0].gate_proj.dtype, 3 * D * F) *
                                 (E - cfg_.num_experts_per_tok);

@@ -45,4 +45,33 @@ Result<Tensor> WeightLoader::vector(const std::string& name, int64_t n, float du
   return t;
 }
 
+Status WeightLoader::matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out) {
+  PAGELLM_ASSIGN_OR_RETURN(out, matrix(name, std::move(shape)));
+  return {};
+}
+
+Status WeightLoader::norm_into(const std::string& name, int64_t n, Tensor& out) {
+  PAGELLM_ASSIGN_OR_RETURN(out, vector(name, n, 1.0f));
+  return {};
+}
+
+Status WeightLoader::bias_into(const std::string& name, int64_t n, Tensor& out) {
+  PAGELLM_ASSIGN_OR_RETURN(out, vector(name, n, 0.0f));
+  return {};
+}
+
+Status WeightLoader::embeddings_and_head(const ModelConfig& cfg, Tensor& embed, Tensor& final_norm,
+                                         Tensor& lm_head) {
+  const int64_t V = cfg.vocab_size, D = cfg.hidden_size;
+  PAGELLM_RETURN_IF_ERROR(matrix_into("model.embed_tokens.weight", {V, D}, embed));
+  PAGELLM_RETURN_IF_ERROR(norm_into("model.norm.weight", D, final_norm));
+  if (has("lm_head.weight")) return matrix_into("lm_head.weight", {V, D}, lm_head);
+  if (!cfg.tie_word_embeddings) {
+    return not_found(source_.description() + ": tensor 'lm_head.weight' is missing and the config "
+                     "does not tie word embeddings");
+  }
+  lm_head = embed;
+  return {};
+}
+
 }  // namespace pagellm

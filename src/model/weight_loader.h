@@ -26,6 +26,15 @@ class WeightLoader {
   Result<Tensor> vector(const std::string& name, int64_t n, float dummy_value);
   bool has(const std::string& name) const { return source_.find(name) != nullptr; }
 
+  // The same, storing into `out`: for the long load sequences of the architecture files.
+  Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
+  Status norm_into(const std::string& name, int64_t n, Tensor& out);  // dummy value 1
+  Status bias_into(const std::string& name, int64_t n, Tensor& out);  // dummy value 0
+  // model.embed_tokens, model.norm and the LM head, which is the embedding table when the
+  // checkpoint has no lm_head.weight and the config ties them (else an error naming the tensor).
+  Status embeddings_and_head(const ModelConfig& cfg, Tensor& embed, Tensor& final_norm,
+                             Tensor& lm_head);
+
   int64_t bytes() const { return bytes_; }
   // The buffers backing uploaded weights; the model keeps them alive.
   std::vector<std::unique_ptr<Buffer>>& storage() { return storage_; }
