@@ -84,6 +84,7 @@ class Session : public std::enable_shared_from_this<Session> {
   RequestResult res_;
   Clock::time_point t0_, deadline_, last_chunk_, done_at_;
   int64_t n_content_chunks_ = 0;
+  int64_t n_events_ = 0;
   size_t n_body_bytes_ = 0;
   bool got_usage_ = false;
   bool got_finish_reason_ = false;
@@ -272,6 +273,7 @@ void Session::handle_bytes(std::string_view bytes, Clock::time_point now) {
   sse_.feed(bytes, events_);
   if (sse_.overflowed()) return fail("malformed_sse", "an SSE event longer than 16 MiB");
   for (const std::string& e : events_) {
+    ++n_events_;
     handle_event(e, now);
     if (finished_ || done_seen_) return;
   }
@@ -328,6 +330,11 @@ void Session::on_body_end() {
   if (got_finish_reason_ && n_content_chunks_ > 0) {
     done_at_ = Clock::now();
     return succeed();
+  }
+  if (n_events_ == 0) {
+    // A whole body without one SSE event: the server ignored "stream": true (or is not OpenAI's).
+    return fail("malformed_sse", "the response held no SSE event (Content-Type: " +
+                                     std::string(parser_->get()[http::field::content_type]) + ")");
   }
   fail("dropped", "the stream ended before [DONE]");
 }

@@ -25,7 +25,7 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-enum class Mode { kOk, kStall, kDrop, kStatus500, kMalformed };
+enum class Mode { kOk, kStall, kDrop, kStatus500, kMalformed, kNotStreamed };
 
 struct Script {
   Mode mode = Mode::kOk;
@@ -125,6 +125,12 @@ class FakeServer {
       const std::string b = R"({"error":{"message":"boom","type":"internal_error"}})";
       net::write(s, net::buffer("HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
                                 "Connection: close\r\nContent-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b), ec);
+      return false;
+    }
+    if (script_.mode == Mode::kNotStreamed) {  // a server that ignores "stream": true
+      const std::string b = R"({"choices":[{"index":0,"text":"abc","finish_reason":"length"}]})";
+      net::write(s, net::buffer("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b), ec);
       return false;
     }
     std::string h = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n";
@@ -252,7 +258,8 @@ struct FailureCase {
 
 TEST(Client, FailuresAreClassifiedInBoundedTime) {
   for (FailureCase c : {FailureCase{Mode::kStall, "stalled"}, FailureCase{Mode::kDrop, "dropped"},
-                        FailureCase{Mode::kStatus500, "http_500"}, FailureCase{Mode::kMalformed, "malformed_sse"}}) {
+                        FailureCase{Mode::kStatus500, "http_500"}, FailureCase{Mode::kMalformed, "malformed_sse"},
+                        FailureCase{Mode::kNotStreamed, "malformed_sse"}}) {
     FakeServer srv({c.mode, 0.01, 0.01, 5, false});
     const auto t0 = Clock::now();
     auto r = run_load(options(srv), requests(2), {0.0, 0.0});
