@@ -33,6 +33,8 @@ ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSampl
   s.prompt_tokens = counter_delta(before, after, "vllm:prompt_tokens_total");
   s.generation_tokens = counter_delta(before, after, "vllm:generation_tokens_total");
   s.preemptions = counter_delta(before, after, "vllm:num_preemptions_total");
+  s.prefix_cache_queries = counter_delta(before, after, "vllm:prefix_cache_queries_total");
+  s.prefix_cache_hits = counter_delta(before, after, "vllm:prefix_cache_hits_total");
   return s;
 }
 
@@ -74,7 +76,9 @@ nlohmann::json run_json(const RunReport& r, const Slo& slo, bool with_requests) 
     j["server"] = {{"ttft", hist_json(s.ttft_s)},         {"itl", hist_json(s.itl_s)},
                    {"e2el", hist_json(s.e2el_s)},         {"queue", hist_json(s.queue_s)},
                    {"prompt_tokens", s.prompt_tokens},    {"generation_tokens", s.generation_tokens},
-                   {"preemptions", s.preemptions}};
+                   {"preemptions", s.preemptions},
+                   {"prefix_cache_queries", s.prefix_cache_queries},
+                   {"prefix_cache_hits", s.prefix_cache_hits}};
   }
   if (with_requests) {
     nlohmann::json reqs = nlohmann::json::array();
@@ -98,8 +102,11 @@ std::string run_markdown(const RunReport& r, const Slo& slo) {
   std::string s;
   s += "| metric | value |\n|---|---:|\n";
   auto row = [&](const std::string& k, const std::string& v) { s += "| " + k + " | " + v + " |\n"; };
-  row("request rate (req/s)", rate_str(r.request_rate) + " (" + r.arrival +
-                                  (r.arrival == "gamma" ? ", burstiness " + fmt("%g", r.burstiness) : "") + ")");
+  row("request rate (req/s)",
+      std::isinf(r.request_rate)
+          ? std::string("inf (all at once)")
+          : rate_str(r.request_rate) + " (" + r.arrival +
+                (r.arrival == "gamma" ? ", burstiness " + fmt("%g", r.burstiness) : "") + ")");
   if (r.max_concurrency > 0) row("max concurrency", std::to_string(r.max_concurrency));
   row("completed / failed", std::to_string(m.completed) + " / " + std::to_string(m.failed));
   for (const auto& [k, v] : m.failures) row("failed: " + k, std::to_string(v));
@@ -140,6 +147,10 @@ std::string run_markdown(const RunReport& r, const Slo& slo) {
     std::snprintf(b, sizeof b, "| generation tokens | %lld | %.0f | |\n", static_cast<long long>(m.total_output_tokens),
                   v.generation_tokens);
     s += b;
+    if (v.prefix_cache_queries > 0)
+      s += "| prefix cache hit rate | | " + fmt("%.1f%%", 100.0 * v.prefix_cache_hits / v.prefix_cache_queries) + " | " +
+           fmt("%.0f", v.prefix_cache_queries) + " |\n";
+    if (v.preemptions > 0) s += "| preemptions | | " + fmt("%.0f", v.preemptions) + " | |\n";
   }
   return s;
 }

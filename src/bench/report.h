@@ -24,6 +24,8 @@ struct ServerSideMetrics {
   double prompt_tokens = 0;      // vllm:prompt_tokens_total
   double generation_tokens = 0;  // vllm:generation_tokens_total
   double preemptions = 0;        // vllm:num_preemptions_total
+  double prefix_cache_queries = 0;  // vllm:prefix_cache_queries_total (prompt tokens looked up)
+  double prefix_cache_hits = 0;     // vllm:prefix_cache_hits_total (of those, found cached)
   bool any() const { return ttft_s.count > 0 || itl_s.count > 0 || e2el_s.count > 0 || generation_tokens > 0; }
 };
 ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSamples& after);
