@@ -206,16 +206,26 @@ TEST_F(EngineTest, AbortsFreeEveryBlock) {
   Waiter w;
   std::vector<uint64_t> ids;
   for (int i = 0; i < 40; ++i) {
-    auto id = e->submit(greedy(random_prompt(rng, 5 + i), 16), w.callback(&cs[i]));
+    // 40 tokens each: far longer than the abort below takes to land, so every aborted request is
+    // still live when its abort arrives (queued, mid-prefill or mid-decode).
+    auto id = e->submit(greedy(random_prompt(rng, 5 + i % 19), 40), w.callback(&cs[i]));
     ASSERT_TRUE(id.ok());
     ids.push_back(*id);
+    if (i % 2 == 0) e->abort(*id);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  for (size_t i = 0; i < ids.size(); i += 2) e->abort(ids[i]);
   w.wait(40);
-  int n_aborted = 0;
-  for (auto& c : cs) n_aborted += c.done.finish == FinishReason::kAbort;
-  EXPECT_GE(n_aborted, 1);
+  int n_aborted = 0, n_complete = 0;
+  for (int i = 0; i < 40; ++i) {
+    if (cs[i].done.finish == FinishReason::kAbort) {
+      ++n_aborted;
+      EXPECT_EQ(i % 2, 0) << "request " << i << " was not aborted";
+    } else {
+      ++n_complete;
+      EXPECT_EQ(cs[i].tokens[0].size(), 40u) << "request " << i;
+    }
+  }
+  EXPECT_GE(n_aborted, 15);
+  EXPECT_EQ(n_complete + n_aborted, 40);
   const auto st = e->stats().scheduler;
   EXPECT_EQ(st.kv_usage, 0.0);
   EXPECT_EQ(st.n_running, 0);
