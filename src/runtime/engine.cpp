@@ -353,7 +353,7 @@ void Engine::step() {
   };
   std::vector<Pick> picks;
   std::vector<SampleRow> rows;
-  sample_logits_.clear();
+  std::vector<int64_t> sample_rows;  // the logits_ row each pick samples from
   int64_t row = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
@@ -380,8 +380,7 @@ void Engine::step() {
     for (int32_t j = 0; j < s.n_samples; ++j) {
       const int32_t idx = s.n_samples > 1 ? j : s.seq_index;
       picks.push_back({&live, idx, &s});
-      sample_logits_.insert(sample_logits_.end(), logits_.begin() + sample_row * V,
-                            logits_.begin() + (sample_row + 1) * V);
+      sample_rows.push_back(sample_row);
     }
   }
   rows.reserve(picks.size());
@@ -397,7 +396,18 @@ void Engine::step() {
       sc.eos_token_ids = model_.config().eos_token_ids;
       sampler_ = std::make_unique<Sampler>(sc);
     }
-    Tensor lt(sample_logits_.data(), DType::kF32, {static_cast<int64_t>(rows.size()), V});
+    // Usually (decodes and final prompt chunks, n == 1) the sampled rows are exactly logits_ in
+    // order and the sampler reads them in place; prompt-logprob chunks and n > 1 need a packed copy.
+    bool in_place = static_cast<int64_t>(sample_rows.size()) == batch.n_logits;
+    for (size_t k = 0; in_place && k < sample_rows.size(); ++k) in_place = sample_rows[k] == static_cast<int64_t>(k);
+    float* base = logits_.data();
+    if (!in_place) {
+      sample_logits_.resize(sample_rows.size() * V);
+      for (size_t k = 0; k < sample_rows.size(); ++k)
+        std::copy_n(logits_.data() + sample_rows[k] * V, V, sample_logits_.data() + k * V);
+      base = sample_logits_.data();
+    }
+    Tensor lt(base, DType::kF32, {static_cast<int64_t>(rows.size()), V});
     Status s = sampler_->sample(lt, rows, outs);
     PAGELLM_CHECK_MSG(s.ok(), s.to_string().c_str());  // shapes are ours: a bug if wrong
   }
