@@ -221,6 +221,24 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
       tail -5 "$logs/serve.log"
     fi
     kill -TERM $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null
+
+    # The online serving benchmark of docs/BENCHMARKS.md (PAGELLM_CHECK_SERVE_BENCH=1): `bench
+    # serve` starts `pagellm serve --device cuda` on random Llama-3-8B weights (the child reads
+    # PAGELLM_LOAD_FORMAT etc. from the environment) and sweeps Poisson arrival rates.
+    if [ "${PAGELLM_CHECK_SERVE_BENCH:-0}" = 1 ]; then
+      t=$(now)
+      limit=$(step_limit 400)
+      PAGELLM_LOAD_FORMAT=dummy PAGELLM_MAX_NUM_SEQS=256 PAGELLM_MAX_NUM_BATCHED_TOKENS=8192 \
+        timeout "$limit" "$build/tools/pagellm" bench serve --model bench/model-configs/llama-3-8b.json \
+        --device cuda --num-prompts 200 --input-len 576 --input-len-dist uniform:128,1024 \
+        --output-len 128 --random-vocab-size 128000 --sweep-rate ${PAGELLM_SERVE_RATES:-2,8,20,inf} \
+        --slo ttft=1000,tpot=30 --num-warmups 2 --gpu H200 --precision bf16 \
+        --extra-body '{"return_token_ids": true}' \
+        --output-json "$logs/bench-serve.json" >"$logs/bench-serve.log" 2>&1
+      rc=$?
+      grep -v INFO "$logs/bench-serve.log" | tail -60
+      record "bench serve (online)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+    fi
   fi
 fi
 

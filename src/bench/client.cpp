@@ -312,6 +312,10 @@ void Session::handle_event(const std::string& data, Clock::time_point now) {
     const auto t = d->find("content");
     if (t != d->end() && t->is_string() && !t->get_ref<const std::string&>().empty()) content = true;
   }
+  // Token ids count as content too (vLLM's / pagellm's return_token_ids): a model served without
+  // a tokenizer streams ids with empty text.
+  if (const auto ids = c.find("token_ids"); ids != c.end() && ids->is_array() && !ids->empty())
+    content = true;
   if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) got_finish_reason_ = true;
   if (!content) return;
   if (n_content_chunks_ == 0) res_.ttft_s = secs(now - t0_);
