@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "model/logits_head.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/rope.h"
@@ -46,12 +47,10 @@ struct DeepseekLayer {
 
 struct Workspace {
   int64_t capacity_tokens = 0;
-  int64_t capacity_logits = 0;
-  std::unique_ptr<Buffer> buf, logits_buf;
+  std::unique_ptr<Buffer> buf;
   Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate, up, act, routed, shared;
   Tensor router_logits;            // f32 [cap, E]
   Tensor cos_sin;                  // f32 [cap, P]
-  Tensor hl, logits;               // [cap_logits, D], [cap_logits, V]
 };
 
 class DeepseekModel final : public Model {
@@ -74,7 +73,7 @@ class DeepseekModel final : public Model {
   }
 
   Status load(const WeightSource& w, const LoadOptions& opt) {
-    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size;
     const int64_t H = cfg_.num_attention_heads, N = cfg_.qk_nope_head_dim;
     const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
     const int64_t E = cfg_.n_routed_experts, Fm = cfg_.moe_intermediate_size;
@@ -173,7 +172,7 @@ class DeepseekModel final : public Model {
     const int64_t F = cfg_.intermediate_size, Fs = cfg_.moe_intermediate_size * cfg_.n_shared_experts;
     const int64_t E = cfg_.n_routed_experts;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    reserve(n, b.n_logits);
+    reserve(n);
     Workspace& ws = ws_;
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
@@ -258,12 +257,7 @@ class DeepseekModel final : public Model {
       }
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
-    if (b.n_logits == 0) return;
-    Tensor hl = ws.hl.slice_rows(0, b.n_logits);          // [m, D]
-    Tensor logits = ws.logits.slice_rows(0, b.n_logits);  // f32 [m, V]
-    backend_.gather_rows(h, b.logits_rows, hl);
-    backend_.matmul(hl, lm_head_, Tensor(), logits);
-    backend_.copy_to_host(logits_out, logits.data, logits.nbytes());
+    head_.run(h, b, lm_head_, logits_out);
   }
 
  private:
@@ -297,10 +291,10 @@ class DeepseekModel final : public Model {
     return {};
   }
 
-  void reserve(int64_t n, int64_t m) {
+  void reserve(int64_t n) {
     Workspace& ws = ws_;
     const DType dt = backend_.activation_dtype();
-    const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size, H = cfg_.num_attention_heads;
+    const int64_t D = cfg_.hidden_size, H = cfg_.num_attention_heads;
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank;
     const int64_t Vd = cfg_.v_head_dim, E = cfg_.n_routed_experts;
     const int64_t Rq = cfg_.q_lora_rank.value_or(1);
@@ -327,15 +321,6 @@ class DeepseekModel final : public Model {
       ws.router_logits = take(DType::kF32, E), ws.cos_sin = take(DType::kF32, P);
       ws.capacity_tokens = cap;
     }
-    if (m > ws.capacity_logits) {
-      const int64_t cap = std::max<int64_t>(m, 1);
-      ws.logits_buf = backend_.allocate(dtype_bytes(dt, cap * (D + V)) + 128);
-      char* p = static_cast<char*>(ws.logits_buf->data());
-      ws.hl = Tensor(p, dt, {cap, D}, backend_.device());
-      p += (dtype_bytes(dt, cap * D) + 63) / 64 * 64;
-      ws.logits = Tensor(p, dt, {cap, V}, backend_.device());
-      ws.capacity_logits = cap;
-    }
   }
 
   // RoPE table for this step's positions (yarn is position-only, so no per-sequence length).
@@ -355,6 +340,7 @@ class DeepseekModel final : public Model {
   int64_t weight_bytes_ = 0;
   int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
+  LogitsHead head_{backend_};
   std::vector<float> host_logits_;
 };
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "model/logits_head.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
@@ -29,11 +30,9 @@ struct LlamaLayer {
 // allocate.
 struct Workspace {
   int64_t capacity_tokens = 0;
-  int64_t capacity_logits = 0;
-  std::unique_ptr<Buffer> buf, logits_buf, meta_buf;
+  std::unique_ptr<Buffer> buf, meta_buf;
   Tensor x, residual, h, q, k, v, attn, gate, up, act;  // [cap, ...]
   Tensor cos_sin;  // f32 [cap, rotary_dim]
-  Tensor hl, logits, logits_f32;  // [cap_logits, D], [cap_logits, V] act, f32
 };
 
 class LlamaModel final : public Model {
@@ -52,7 +51,7 @@ class LlamaModel final : public Model {
   }
 
   Status load(const WeightSource& w, const LoadOptions& opt) {
-    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size;
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     WeightLoader ld(backend_, w, opt);
     PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
@@ -96,7 +95,7 @@ class LlamaModel final : public Model {
     const int64_t n = b.n_tokens, Dh = cfg_.head_dim;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    reserve(n, b.n_logits);
+    reserve(n);
     Workspace& ws = ws_;
     Tensor x = ws.x.slice_rows(0, n);           // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
@@ -139,26 +138,15 @@ class LlamaModel final : public Model {
       backend_.matmul(act, L.down_proj, L.down_bias, x);                 // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
-    if (b.n_logits == 0) return;
-    Tensor hl = ws.hl.slice_rows(0, b.n_logits);          // [m, D]
-    Tensor logits = ws.logits.slice_rows(0, b.n_logits);  // [m, V]
-    backend_.gather_rows(h, b.logits_rows, hl);
-    backend_.matmul(hl, lm_head_, Tensor(), logits);
-    if (logits.dtype == DType::kF32) {
-      backend_.copy_to_host(logits_out, logits.data, logits.nbytes());
-    } else {
-      Tensor lf = ws.logits_f32.slice_rows(0, b.n_logits);
-      backend_.to_f32(logits, lf);
-      backend_.copy_to_host(logits_out, lf.data, lf.nbytes());
-    }
+    head_.run(h, b, lm_head_, logits_out);
   }
 
  private:
-  // Grows the workspace to hold n tokens and m logit rows.
-  void reserve(int64_t n, int64_t m) {
+  // Grows the workspace to hold n tokens.
+  void reserve(int64_t n) {
     Workspace& ws = ws_;
     const DType dt = backend_.activation_dtype();
-    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size;
     const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
@@ -176,18 +164,6 @@ class LlamaModel final : public Model {
       ws.cos_sin = ws.meta_buf->view(DType::kF32, {cap, rd});
       ws.capacity_tokens = cap;
     }
-    if (m > ws.capacity_logits) {
-      const int64_t cap = std::max<int64_t>(m, 1);
-      const int64_t row = dtype_bytes(dt, D) + dtype_bytes(dt, V) + (dt == DType::kF32 ? 0 : V * 4);
-      ws.logits_buf = backend_.allocate(cap * row + 64 * 3);
-      char* p = static_cast<char*>(ws.logits_buf->data());
-      ws.hl = Tensor(p, dt, {cap, D}, backend_.device());
-      p += (dtype_bytes(dt, cap * D) + 63) / 64 * 64;
-      ws.logits = Tensor(p, dt, {cap, V}, backend_.device());
-      p += (dtype_bytes(dt, cap * V) + 63) / 64 * 64;
-      if (dt != DType::kF32) ws.logits_f32 = Tensor(p, DType::kF32, {cap, V}, backend_.device());
-      ws.capacity_logits = cap;
-    }
   }
 
   // RoPE table for this step's positions, computed on the host and uploaded.
@@ -204,6 +180,7 @@ class LlamaModel final : public Model {
   std::vector<std::unique_ptr<Buffer>> storage_;
   int64_t weight_bytes_ = 0;
   Workspace ws_;
+  LogitsHead head_{backend_};
 };
 
 Result<std::unique_ptr<Model>> make_llama(const LoadedCheckpoint& ckpt, Backend& backend,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "model/logits_head.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/rope.h"
@@ -24,10 +25,8 @@ struct MixtralLayer {
 
 struct Workspace {
   int64_t capacity_tokens = 0;
-  int64_t capacity_logits = 0;
-  std::unique_ptr<Buffer> buf, logits_buf;
+  std::unique_ptr<Buffer> buf;
   Tensor x, residual, h, q, k, v, attn, router_logits, cos_sin;
-  Tensor hl, logits;
 };
 
 class MixtralModel final : public Model {
@@ -50,7 +49,7 @@ class MixtralModel final : public Model {
   }
 
   Status load(const WeightSource& w, const LoadOptions& opt) {
-    const int64_t D = cfg_.hidden_size, F = cfg_.moe_intermediate_size, V = cfg_.vocab_size;
+    const int64_t D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const int64_t E = cfg_.n_routed_experts;
     WeightLoader ld(backend_, w, opt);
@@ -89,7 +88,7 @@ class MixtralModel final : public Model {
     const int64_t n = b.n_tokens, Dh = cfg_.head_dim, E = cfg_.n_routed_experts;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    reserve(n, b.n_logits);
+    reserve(n);
     Workspace& ws = ws_;
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
@@ -126,19 +125,14 @@ class MixtralModel final : public Model {
       moe_.run(h, routing_, L.experts, x);  // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
-    if (b.n_logits == 0) return;
-    Tensor hl = ws.hl.slice_rows(0, b.n_logits);          // [m, D]
-    Tensor logits = ws.logits.slice_rows(0, b.n_logits);  // f32 [m, V]
-    backend_.gather_rows(h, b.logits_rows, hl);
-    backend_.matmul(hl, lm_head_, Tensor(), logits);
-    backend_.copy_to_host(logits_out, logits.data, logits.nbytes());
+    head_.run(h, b, lm_head_, logits_out);
   }
 
  private:
-  void reserve(int64_t n, int64_t m) {
+  void reserve(int64_t n) {
     Workspace& ws = ws_;
     const DType dt = backend_.activation_dtype();
-    const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size, E = cfg_.n_routed_experts;
+    const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts;
     const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
@@ -156,15 +150,6 @@ class MixtralModel final : public Model {
       ws.k = take(dt, kvd), ws.v = take(dt, kvd), ws.attn = take(dt, qd);
       ws.router_logits = take(DType::kF32, E), ws.cos_sin = take(DType::kF32, rd);
       ws.capacity_tokens = cap;
-    }
-    if (m > ws.capacity_logits) {
-      const int64_t cap = std::max<int64_t>(m, 1);
-      ws.logits_buf = backend_.allocate(dtype_bytes(dt, cap * (D + V)) + 128);
-      char* p = static_cast<char*>(ws.logits_buf->data());
-      ws.hl = Tensor(p, dt, {cap, D}, backend_.device());
-      p += (dtype_bytes(dt, cap * D) + 63) / 64 * 64;
-      ws.logits = Tensor(p, dt, {cap, V}, backend_.device());
-      ws.capacity_logits = cap;
     }
   }
 
@@ -184,6 +169,7 @@ class MixtralModel final : public Model {
   int64_t weight_bytes_ = 0;
   int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
+  LogitsHead head_{backend_};
   std::vector<float> host_logits_;
 };
 

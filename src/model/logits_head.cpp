@@ -1,0 +1,40 @@
+#include "model/logits_head.h"
+
+#include <algorithm>
+
+namespace pagellm {
+
+void LogitsHead::reserve(int64_t m, int64_t d, int64_t v) {
+  if (m <= capacity_) return;
+  const DType dt = backend_.activation_dtype();
+  const int64_t cap = std::max<int64_t>(m, 1);
+  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const int64_t hl_bytes = aligned(dtype_bytes(dt, cap * d));
+  const int64_t lg_bytes = aligned(dtype_bytes(dt, cap * v));
+  const int64_t f32_bytes = dt == DType::kF32 ? 0 : aligned(cap * v * 4);
+  buf_ = backend_.allocate(hl_bytes + lg_bytes + f32_bytes);
+  char* p = static_cast<char*>(buf_->data());
+  hl_ = Tensor(p, dt, {cap, d}, backend_.device());
+  logits_ = Tensor(p + hl_bytes, dt, {cap, v}, backend_.device());
+  if (f32_bytes) logits_f32_ = Tensor(p + hl_bytes + lg_bytes, DType::kF32, {cap, v}, backend_.device());
+  capacity_ = cap;
+}
+
+void LogitsHead::run(const Tensor& h, const StepBatch& batch, const Tensor& lm_head, float* out) {
+  const int64_t m = batch.n_logits;
+  if (m == 0) return;
+  reserve(m, h.cols(), lm_head.size(0));
+  Tensor hl = hl_.slice_rows(0, m);          // [m, D]
+  Tensor logits = logits_.slice_rows(0, m);  // [m, V]
+  backend_.gather_rows(h, batch.logits_rows, hl);
+  backend_.matmul(hl, lm_head, Tensor(), logits);
+  if (logits.dtype == DType::kF32) {
+    backend_.copy_to_host(out, logits.data, logits.nbytes());
+    return;
+  }
+  Tensor lf = logits_f32_.slice_rows(0, m);
+  backend_.to_f32(logits, lf);
+  backend_.copy_to_host(out, lf.data, lf.nbytes());
+}
+
+}  // namespace pagellm

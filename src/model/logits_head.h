@@ -1,0 +1,30 @@
+// LogitsHead: the last step of every causal LM here. Gathers the hidden rows whose logits the
+// batch wants (StepBatch::logits_rows), multiplies them by the LM head and copies f32 logits to
+// the host, converting on the device first when activations are not f32. Its scratch grows with
+// the largest n_logits seen and is reused, so steady-state steps allocate nothing.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+namespace pagellm {
+
+class LogitsHead {
+ public:
+  explicit LogitsHead(Backend& backend) : backend_(backend) {}
+
+  //   h act [n_tokens, D] (final-normed hidden states); lm_head [V, D]; out host f32 [n_logits, V]
+  void run(const Tensor& h, const StepBatch& batch, const Tensor& lm_head, float* out);
+
+ private:
+  void reserve(int64_t m, int64_t d, int64_t v);
+
+  Backend& backend_;
+  int64_t capacity_ = 0;
+  std::unique_ptr<Buffer> buf_;
+  Tensor hl_, logits_, logits_f32_;  // [cap, D], [cap, V] act, [cap, V] f32 (non-f32 act only)
+};
+
+}  // namespace pagellm
