@@ -18,6 +18,7 @@
 
 #include "core/log.h"
 #include "model/logits_head.h"
+#include "model/scratch.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/rope.h"
@@ -302,23 +303,13 @@ class DeepseekModel final : public Model {
                                cfg_.moe_intermediate_size * std::max<int64_t>(cfg_.n_shared_experts, 1));
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
-      const int64_t cols[] = {D, D, D, Rq, H * (N + P), P + R, H * (P + R), H * R, H * Vd,
-                              F, F, F, D, D, E, P};
-      int64_t total = 0;
-      for (int64_t c : cols) total += (dtype_bytes(dt, cap * c) + 63) / 64 * 64 + 64;
-      ws.buf = backend_.allocate(total);
-      char* p = static_cast<char*>(ws.buf->data());
-      auto take = [&](DType t, int64_t c) {
-        Tensor x(p, t, {cap, c}, backend_.device());
-        p += (dtype_bytes(t, cap * c) + 63) / 64 * 64 + 64;
-        return x;
-      };
-      ws.x = take(dt, D), ws.residual = take(dt, D), ws.h = take(dt, D), ws.qa = take(dt, Rq);
-      ws.q = take(dt, H * (N + P)), ws.lat = take(dt, P + R), ws.qfull = take(dt, H * (P + R));
-      ws.attn_lat = take(dt, H * R), ws.attn_v = take(dt, H * Vd);
-      ws.gate = take(dt, F), ws.up = take(dt, F), ws.act = take(dt, F);
-      ws.routed = take(dt, D), ws.shared = take(dt, D);
-      ws.router_logits = take(DType::kF32, E), ws.cos_sin = take(DType::kF32, P);
+      ws.buf = allocate_scratch(
+          backend_, cap,
+          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qa, dt, Rq},
+           {&ws.q, dt, H * (N + P)}, {&ws.lat, dt, P + R}, {&ws.qfull, dt, H * (P + R)},
+           {&ws.attn_lat, dt, H * R}, {&ws.attn_v, dt, H * Vd}, {&ws.gate, dt, F}, {&ws.up, dt, F},
+           {&ws.act, dt, F}, {&ws.routed, dt, D}, {&ws.shared, dt, D},
+           {&ws.router_logits, DType::kF32, E}, {&ws.cos_sin, DType::kF32, P}});
       ws.capacity_tokens = cap;
     }
   }

@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "model/logits_head.h"
+#include "model/scratch.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
@@ -30,7 +31,7 @@ struct LlamaLayer {
 // allocate.
 struct Workspace {
   int64_t capacity_tokens = 0;
-  std::unique_ptr<Buffer> buf, meta_buf;
+  std::unique_ptr<Buffer> buf;
   Tensor x, residual, h, q, k, v, attn, gate, up, act;  // [cap, ...]
   Tensor cos_sin;  // f32 [cap, rotary_dim]
 };
@@ -150,18 +151,11 @@ class LlamaModel final : public Model {
     const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
-      const int64_t per_token = dtype_bytes(dt, 3 * D + 2 * qd + 2 * kvd + 3 * F);
-      ws.buf = backend_.allocate(cap * per_token + 64 * 16);
-      char* p = static_cast<char*>(ws.buf->data());
-      auto take = [&](int64_t cols) {
-        Tensor t(p, dt, {cap, cols}, backend_.device());
-        p += (dtype_bytes(dt, cap * cols) + 63) / 64 * 64;
-        return t;
-      };
-      ws.x = take(D), ws.residual = take(D), ws.h = take(D), ws.q = take(qd), ws.k = take(kvd),
-      ws.v = take(kvd), ws.attn = take(qd), ws.gate = take(F), ws.up = take(F), ws.act = take(F);
-      ws.meta_buf = backend_.allocate(cap * rd * 4);
-      ws.cos_sin = ws.meta_buf->view(DType::kF32, {cap, rd});
+      ws.buf = allocate_scratch(
+          backend_, cap,
+          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.q, dt, qd}, {&ws.k, dt, kvd},
+           {&ws.v, dt, kvd}, {&ws.attn, dt, qd}, {&ws.gate, dt, F}, {&ws.up, dt, F},
+           {&ws.act, dt, F}, {&ws.cos_sin, DType::kF32, rd}});
       ws.capacity_tokens = cap;
     }
   }

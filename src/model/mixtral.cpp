@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/logits_head.h"
+#include "model/scratch.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/rope.h"
@@ -136,19 +137,11 @@ class MixtralModel final : public Model {
     const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
-      const int64_t cols[] = {D, D, D, qd, kvd, kvd, qd, E, rd};
-      int64_t total = 0;
-      for (int64_t c : cols) total += (dtype_bytes(dt, cap * c) + 63) / 64 * 64;
-      ws.buf = backend_.allocate(total);
-      char* p = static_cast<char*>(ws.buf->data());
-      auto take = [&](DType t, int64_t c) {
-        Tensor x(p, t, {cap, c}, backend_.device());
-        p += (dtype_bytes(t, cap * c) + 63) / 64 * 64;
-        return x;
-      };
-      ws.x = take(dt, D), ws.residual = take(dt, D), ws.h = take(dt, D), ws.q = take(dt, qd);
-      ws.k = take(dt, kvd), ws.v = take(dt, kvd), ws.attn = take(dt, qd);
-      ws.router_logits = take(DType::kF32, E), ws.cos_sin = take(DType::kF32, rd);
+      ws.buf = allocate_scratch(
+          backend_, cap,
+          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.q, dt, qd}, {&ws.k, dt, kvd},
+           {&ws.v, dt, kvd}, {&ws.attn, dt, qd}, {&ws.router_logits, DType::kF32, E},
+           {&ws.cos_sin, DType::kF32, rd}});
       ws.capacity_tokens = cap;
     }
   }
