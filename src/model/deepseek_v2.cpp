@@ -166,6 +166,8 @@ class DeepseekModel final : public Model {
     return {};
   }
 
+  Tensor last_logits() const override { return head_.logits(); }
+
   void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
     const int64_t n = b.n_tokens, H = cfg_.num_attention_heads;
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim;

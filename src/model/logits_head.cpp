@@ -22,12 +22,15 @@ void LogitsHead::reserve(int64_t m, int64_t d, int64_t v) {
 
 void LogitsHead::run(const Tensor& h, const StepBatch& batch, const Tensor& lm_head, float* out) {
   const int64_t m = batch.n_logits;
+  last_ = Tensor();
   if (m == 0) return;
   reserve(m, h.cols(), lm_head.size(0));
   Tensor hl = hl_.slice_rows(0, m);          // [m, D]
   Tensor logits = logits_.slice_rows(0, m);  // [m, V]
   backend_.gather_rows(h, batch.logits_rows, hl);
   backend_.matmul(hl, lm_head, Tensor(), logits);
+  last_ = logits;
+  if (out == nullptr) return;
   if (logits.dtype == DType::kF32) {
     backend_.copy_to_host(out, logits.data, logits.nbytes());
     return;

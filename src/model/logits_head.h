@@ -1,6 +1,7 @@
 // LogitsHead: the last step of every causal LM here. Gathers the hidden rows whose logits the
-// batch wants (StepBatch::logits_rows), multiplies them by the LM head and copies f32 logits to
-// the host, converting on the device first when activations are not f32. Its scratch grows with
+// batch wants (StepBatch::logits_rows), multiplies them by the LM head and, when asked, copies f32
+// logits to the host (converting on the device first when activations are not f32); otherwise
+// the logits stay on the device for the device sampler (logits()). Its scratch grows with
 // the largest n_logits seen and is reused, so steady-state steps allocate nothing.
 #pragma once
 
@@ -16,7 +17,10 @@ class LogitsHead {
   explicit LogitsHead(Backend& backend) : backend_(backend) {}
 
   //   h act [n_tokens, D] (final-normed hidden states); lm_head [V, D]; out host f32 [n_logits, V]
+  //   or nullptr (keep them on the device).
   void run(const Tensor& h, const StepBatch& batch, const Tensor& lm_head, float* out);
+  // The last run's logits, act [n_logits, V] on the device.
+  Tensor logits() const { return last_; }
 
  private:
   void reserve(int64_t m, int64_t d, int64_t v);
@@ -24,6 +28,7 @@ class LogitsHead {
   Backend& backend_;
   int64_t capacity_ = 0;
   std::unique_ptr<Buffer> buf_;
+  Tensor last_;
   Tensor hl_, logits_, logits_f32_;  // [cap, D], [cap, V] act, [cap, V] f32 (non-f32 act only)
 };
 

@@ -85,6 +85,8 @@ class MixtralModel final : public Model {
     return {};
   }
 
+  Tensor last_logits() const override { return head_.logits(); }
+
   void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
     const int64_t n = b.n_tokens, Dh = cfg_.head_dim, E = cfg_.n_routed_experts;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;

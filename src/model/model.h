@@ -61,8 +61,12 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual KvSpec kv_spec() const = 0;
-  // Runs the batch; logits_out is host f32 [batch.n_logits, vocab_size].
+  // Runs the batch. With logits_out (host f32 [batch.n_logits, vocab_size]) the logits are copied
+  // there; with nullptr they stay on the device, in last_logits().
   virtual void forward(const StepBatch& batch, KvCache& cache, float* logits_out) = 0;
+  // The last forward's logits on the backend's device: [n_logits, vocab_size], activation dtype.
+  // Valid until the next forward.
+  virtual Tensor last_logits() const = 0;
   // Bytes of weights held on the backend's device (or mapped, on CPU).
   virtual int64_t weight_bytes() const = 0;
   // Weight bytes one decode step reads: every matrix but the embedding table (one row of it is
