@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,12 +44,40 @@ struct AttentionMeta {
   int32_t block_size = 16;
   int32_t max_seqlen_q = 0;   // host-side bounds, for launch shapes
   int32_t max_seqlen_kv = 0;
+  // Host-side totals over the step, for cost accounting (ProfilingBackend): the KV tokens the
+  // sequences hold (sum of seq_lens_kv: what one attention call must read per layer), and the
+  // query-key pairs the causal mask admits (sum over query tokens of position + 1, before any
+  // sliding window). 0 when the builder of the metadata did not count them.
+  int64_t total_kv_tokens = 0;
+  int64_t total_qk_pairs = 0;
 };
 
 struct AttentionParams {
   float scale = 1.0f;       // softmax scale, usually 1/sqrt(head_dim) (times yarn mscale^2)
   int32_t window = -1;      // sliding window in tokens; -1: none
   float softcap = 0.0f;     // tanh soft-capping of scores; 0: none
+};
+
+// A recording of ops on a device backend, replayed with one launch (a CUDA graph): the device work
+// of a decode step without the host cost of launching each kernel. Replays read and write the same
+// addresses as the recording did, with whatever those buffers hold at replay time.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+  virtual void replay() = 0;
+};
+
+// Timestamps on a backend's own timeline, for timing ops one by one (ProfilingBackend).
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  // Enqueues a timestamp that is taken once all work queued before it has finished; returns its
+  // index: 0, 1, 2, ... since the last reset().
+  virtual int mark() = 0;
+  // Milliseconds from mark a to mark b. Valid only once the backend has synchronized past b.
+  virtual double elapsed_ms(int a, int b) const = 0;
+  // Forgets every mark; their resources are reused by the next ones.
+  virtual void reset() = 0;
 };
 
 class Backend {
@@ -74,6 +103,20 @@ class Backend {
   // (e.g. keep Q4_1, or convert f32 to bf16); kF32 for norms and other small vectors.
   virtual Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                        std::unique_ptr<Buffer>& storage) = 0;
+
+  // --- graphs ---
+  // Runs `record` with the backend's ops recorded instead of executed and returns the recording;
+  // null when this backend cannot record (the CPU backend) or the recording failed (the caller
+  // then runs the ops directly). Recorded ops must not copy to or from the host or allocate: run
+  // the same ops once directly first, so scratch buffers and workspaces already have their size.
+  virtual std::unique_ptr<OpGraph> capture(const std::function<void()>& record) {
+    (void)record;
+    return nullptr;
+  }
+  // Increases whenever device memory that a recording may reference is released (a buffer freed,
+  // a workspace regrown): a recording made at an older epoch may point at freed memory and must be
+  // made again.
+  virtual uint64_t allocation_epoch() const { return 0; }
 
   // --- ops ---
   // out[i, :] = table[ids[i], :]   table [V, D] any dtype; ids i32 [n]; out act [n, D]
@@ -128,6 +171,12 @@ class Backend {
   // (seed, element index), so every backend makes the same weights. For `--load-format dummy`:
   // benchmark models are made directly in device memory, with no checkpoint.
   virtual void fill_random(Tensor& t, uint64_t seed, float lo, float hi) = 0;
+
+  // --- profiling ---
+  // A timer on this backend's timeline. The default synchronizes and reads the host's steady
+  // clock at each mark: exact for a synchronous backend (the CPU), correct but intrusive for an
+  // asynchronous one, which should override it with device-side timestamps (CUDA events).
+  virtual std::unique_ptr<OpTimer> make_op_timer();
 };
 
 // The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded

@@ -96,6 +96,16 @@ struct Tensor {
     t.shape[0] = end - begin;
     return t;
   }
+  // A 2-D [rows, heads * dim] view as [rows, heads, dim], keeping the row stride, so a column
+  // slice of a wider buffer (q out of a fused q|k|v projection) can be addressed per head.
+  Tensor split_heads(int64_t heads, int64_t dim) const {
+    PAGELLM_CHECK(ndim == 2 && heads * dim == shape[1] && stride[1] == 1);
+    Tensor t = *this;
+    t.ndim = 3;
+    t.shape = {shape[0], heads, dim, 1};
+    t.stride = {stride[0], dim, 1, 0};
+    return t;
+  }
   // Columns [begin, end) of the last dimension (a strided view).
   Tensor slice_cols(int64_t begin, int64_t end) const {
     PAGELLM_CHECK(!is_quantized(dtype));

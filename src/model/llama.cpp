@@ -2,6 +2,7 @@
 // MistralForCausalLM (sliding window), Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM (q/k norm,
 // explicit head_dim). Pre-norm decoder: RMSNorm -> GQA attention with RoPE -> residual ->
 // RMSNorm -> SwiGLU MLP -> residual. Weight names are Hugging Face's, verbatim.
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -19,10 +20,12 @@ struct LlamaLayer {
   Tensor input_layernorm;           // [D]
   Tensor q_proj, k_proj, v_proj;    // [Hq*Dh, D], [Hkv*Dh, D], [Hkv*Dh, D]
   Tensor q_bias, k_bias, v_bias;    // [Hq*Dh], [Hkv*Dh], [Hkv*Dh] (Qwen2, attention_bias)
+  Tensor qkv_proj, qkv_bias;        // fused (devices): q|k|v stacked by rows
   Tensor o_proj, o_bias;            // [D, Hq*Dh], [D]
   Tensor q_norm, k_norm;            // [Dh] (Qwen3)
   Tensor post_attention_layernorm;  // [D]
   Tensor gate_proj, up_proj;        // [F, D]
+  Tensor gate_up_proj, gate_up_bias;  // fused (devices): gate|up stacked by rows, [2F, D]
   Tensor down_proj;                 // [D, F]
   Tensor gate_bias, up_bias, down_bias;  // mlp_bias
 };
@@ -32,7 +35,9 @@ struct LlamaLayer {
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  Tensor x, residual, h, q, k, v, attn, gate, up, act;  // [cap, ...]
+  // qkv holds a step's q, k and v: column slices of each row when the projection is fused,
+  // else three contiguous blocks carved from the same memory (see proj_views); gate_up likewise.
+  Tensor x, residual, h, qkv, attn, gate_up, act;  // [cap, ...]
   Tensor cos_sin;  // f32 [cap, rotary_dim]
 };
 
@@ -55,6 +60,8 @@ class LlamaModel final : public Model {
     const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size;
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     WeightLoader ld(backend_, w, opt);
+    fuse_mlp_ = backend_.device() != Device::kCpu;
+    fuse_qkv_ = fuse_mlp_ && !cfg_.qk_norm;
     PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
@@ -62,28 +69,54 @@ class LlamaModel final : public Model {
       LlamaLayer& L = layers_[i];
       PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "input_layernorm.weight", D, L.input_layernorm));
       PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
-      if (cfg_.attention_bias) {
-        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.q_proj.bias", Hq * Dh, L.q_bias));
-        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.k_proj.bias", Hkv * Dh, L.k_bias));
-        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.v_proj.bias", Hkv * Dh, L.v_bias));
+      const std::string a = p + "self_attn.";
+      if (fuse_qkv_) {
+        PAGELLM_ASSIGN_OR_RETURN(L.qkv_proj, ld.stacked_matrix({{a + "q_proj.weight", Hq * Dh},
+                                                                {a + "k_proj.weight", Hkv * Dh},
+                                                                {a + "v_proj.weight", Hkv * Dh}},
+                                                               D));
+        if (cfg_.attention_bias) {
+          PAGELLM_ASSIGN_OR_RETURN(L.qkv_bias, ld.stacked_vector({{a + "q_proj.bias", Hq * Dh},
+                                                                  {a + "k_proj.bias", Hkv * Dh},
+                                                                  {a + "v_proj.bias", Hkv * Dh}},
+                                                                 0.0f));
+        }
+      } else {
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {Hq * Dh, D}, L.q_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "k_proj.weight", {Hkv * Dh, D}, L.k_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "v_proj.weight", {Hkv * Dh, D}, L.v_proj));
+        if (cfg_.attention_bias) {
+          PAGELLM_RETURN_IF_ERROR(ld.bias_into(a + "q_proj.bias", Hq * Dh, L.q_bias));
+          PAGELLM_RETURN_IF_ERROR(ld.bias_into(a + "k_proj.bias", Hkv * Dh, L.k_bias));
+          PAGELLM_RETURN_IF_ERROR(ld.bias_into(a + "v_proj.bias", Hkv * Dh, L.v_bias));
+        }
       }
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "o_proj.weight", {D, Hq * Dh}, L.o_proj));
       if (cfg_.o_proj_bias) PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.o_proj.bias", D, L.o_bias));
       if (cfg_.qk_norm) {
         PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "self_attn.q_norm.weight", Dh, L.q_norm));
         PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "self_attn.k_norm.weight", Dh, L.k_norm));
       }
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.gate_proj.weight", {F, D}, L.gate_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.up_proj.weight", {F, D}, L.up_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "mlp.down_proj.weight", {D, F}, L.down_proj));
-      if (cfg_.mlp_bias) {
-        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "mlp.gate_proj.bias", F, L.gate_bias));
-        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "mlp.up_proj.bias", F, L.up_bias));
-        PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "mlp.down_proj.bias", D, L.down_bias));
+      const std::string m = p + "mlp.";
+      if (fuse_mlp_) {
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.gate_up_proj,
+            ld.stacked_matrix({{m + "gate_proj.weight", F}, {m + "up_proj.weight", F}}, D));
+        if (cfg_.mlp_bias) {
+          PAGELLM_ASSIGN_OR_RETURN(
+              L.gate_up_bias,
+              ld.stacked_vector({{m + "gate_proj.bias", F}, {m + "up_proj.bias", F}}, 0.0f));
+        }
+      } else {
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "gate_proj.weight", {F, D}, L.gate_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "up_proj.weight", {F, D}, L.up_proj));
+        if (cfg_.mlp_bias) {
+          PAGELLM_RETURN_IF_ERROR(ld.bias_into(m + "gate_proj.bias", F, L.gate_bias));
+          PAGELLM_RETURN_IF_ERROR(ld.bias_into(m + "up_proj.bias", F, L.up_bias));
+        }
       }
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "down_proj.weight", {D, F}, L.down_proj));
+      if (cfg_.mlp_bias) PAGELLM_RETURN_IF_ERROR(ld.bias_into(m + "down_proj.bias", D, L.down_bias));
     }
     weight_bytes_ = ld.bytes();
     storage_ = std::move(ld.storage());
@@ -95,24 +128,37 @@ class LlamaModel final : public Model {
   Tensor last_logits() const override { return head_.logits(); }
 
   void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
+    prepare(b);
+    compute(b, cache);
+    if (logits_out != nullptr && b.n_logits > 0) head_.download(logits_out);
+  }
+
+  bool supports_graphs() const override { return true; }
+
+  void prepare(const StepBatch& b) override {
+    reserve(b.n_tokens);
+    rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
+  }
+
+  void compute(const StepBatch& b, KvCache& cache) override {
     const int64_t n = b.n_tokens, Dh = cfg_.head_dim;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    reserve(n);
+    PAGELLM_CHECK_MSG(n <= ws_.capacity_tokens, "compute() before prepare() sized the scratch");
     Workspace& ws = ws_;
-    Tensor x = ws.x.slice_rows(0, n);           // [n, D]
+    Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
-    Tensor h = ws.h.slice_rows(0, n);           // [n, D]
-    Tensor q = ws.q.slice_rows(0, n);           // [n, Hq*Dh]
-    Tensor k = ws.k.slice_rows(0, n);           // [n, Hkv*Dh]
-    Tensor v = ws.v.slice_rows(0, n);           // [n, Hkv*Dh]
-    Tensor attn = ws.attn.slice_rows(0, n);     // [n, Hq*Dh]
-    Tensor gate = ws.gate.slice_rows(0, n);     // [n, F]
-    Tensor up = ws.up.slice_rows(0, n);         // [n, F]
-    Tensor act = ws.act.slice_rows(0, n);       // [n, F]
-    Tensor q3 = q.reshape({n, Hq, Dh}), k3 = k.reshape({n, Hkv, Dh}), v3 = v.reshape({n, Hkv, Dh});
+    Tensor h = ws.h.slice_rows(0, n);                // [n, D]
+    Tensor attn = ws.attn.slice_rows(0, n);          // [n, Hq*Dh]
+    Tensor act = ws.act.slice_rows(0, n);            // [n, F]
+    Proj qkv = proj_views(ws.qkv, n, {cfg_.q_dim(), cfg_.kv_dim(), cfg_.kv_dim()}, fuse_qkv_);
+    Proj gu = proj_views(ws.gate_up, n, {cfg_.intermediate_size, cfg_.intermediate_size},
+                               fuse_mlp_);
+    Tensor q = qkv.part[0], k = qkv.part[1], v = qkv.part[2];
+    Tensor gate = gu.part[0], up = gu.part[1];
+    Tensor q3 = q.split_heads(Hq, Dh), k3 = k.split_heads(Hkv, Dh), v3 = v.split_heads(Hkv, Dh);
     Tensor attn3 = attn.reshape({n, Hq, Dh});
-    Tensor cos_sin = upload_cos_sin(b);  // f32 [n, rotary_dim]
+    Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, rotary_dim], uploaded by prepare()
 
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -122,10 +168,14 @@ class LlamaModel final : public Model {
       } else {
         backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MLP out
       }
-      backend_.matmul(h, L.q_proj, L.q_bias, q);
-      backend_.matmul(h, L.k_proj, L.k_bias, k);
-      backend_.matmul(h, L.v_proj, L.v_bias, v);
-      if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE
+      if (fuse_qkv_) {
+        backend_.matmul(h, L.qkv_proj, L.qkv_bias, qkv.all);
+      } else {
+        backend_.matmul(h, L.q_proj, L.q_bias, q);
+        backend_.matmul(h, L.k_proj, L.k_bias, k);
+        backend_.matmul(h, L.v_proj, L.v_bias, v);
+      }
+      if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE (q, k contiguous here)
         Tensor qh = q.reshape({n * Hq, Dh}), kh = k.reshape({n * Hkv, Dh});
         backend_.rms_norm(qh, L.q_norm, eps, qh);
         backend_.rms_norm(kh, L.k_norm, eps, kh);
@@ -135,16 +185,45 @@ class LlamaModel final : public Model {
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul(attn, L.o_proj, L.o_bias, x);                      // [n, D]
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
-      backend_.matmul(h, L.gate_proj, L.gate_bias, gate);
-      backend_.matmul(h, L.up_proj, L.up_bias, up);
+      if (fuse_mlp_) {
+        backend_.matmul(h, L.gate_up_proj, L.gate_up_bias, gu.all);
+      } else {
+        backend_.matmul(h, L.gate_proj, L.gate_bias, gate);
+        backend_.matmul(h, L.up_proj, L.up_bias, up);
+      }
       backend_.silu_mul(gate, up, act);
       backend_.matmul(act, L.down_proj, L.down_bias, x);                 // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
-    head_.run(h, b, lm_head_, logits_out);
+    head_.run(h, b, lm_head_, nullptr);
   }
 
  private:
+  // A step's outputs of a projection with parts of the given widths. Fused: one GEMM writes
+  // [n, sum of widths] and the parts are column slices of it. Separate: each part is its own
+  // contiguous [n, width] block carved from the same scratch (the CPU backend's ops, and the
+  // per-head RMSNorm of Qwen3, want contiguous rows).
+  struct Proj {
+    Tensor all;
+    std::array<Tensor, 3> part;
+  };
+  static Proj proj_views(const Tensor& scratch, int64_t n, std::initializer_list<int64_t> widths,
+                         bool fused) {
+    Proj p;
+    int64_t total = 0;
+    for (int64_t w : widths) total += w;
+    PAGELLM_CHECK(scratch.cols() == total && n <= scratch.rows());
+    p.all = scratch.slice_rows(0, n);
+    int64_t off = 0, i = 0;
+    for (int64_t w : widths) {
+      p.part[i++] = fused ? p.all.slice_cols(off, off + w)
+                          : Tensor(static_cast<char*>(scratch.data) + dtype_bytes(scratch.dtype, n * off),
+                                   scratch.dtype, {n, w}, scratch.device);
+      off += w;
+    }
+    return p;
+  }
+
   // Grows the workspace to hold n tokens.
   void reserve(int64_t n) {
     Workspace& ws = ws_;
@@ -155,16 +234,11 @@ class LlamaModel final : public Model {
       const int64_t cap = std::max<int64_t>(n, 16);
       ws.buf = allocate_scratch(
           backend_, cap,
-          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.q, dt, qd}, {&ws.k, dt, kvd},
-           {&ws.v, dt, kvd}, {&ws.attn, dt, qd}, {&ws.gate, dt, F}, {&ws.up, dt, F},
-           {&ws.act, dt, F}, {&ws.cos_sin, DType::kF32, rd}});
+          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qkv, dt, qd + 2 * kvd},
+           {&ws.attn, dt, qd}, {&ws.gate_up, dt, 2 * F}, {&ws.act, dt, F},
+           {&ws.cos_sin, DType::kF32, rd}});
       ws.capacity_tokens = cap;
     }
-  }
-
-  // RoPE table for this step's positions, computed on the host and uploaded.
-  Tensor upload_cos_sin(const StepBatch& b) {
-    return rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
   }
 
   ModelConfig cfg_;
@@ -177,6 +251,10 @@ class LlamaModel final : public Model {
   int64_t weight_bytes_ = 0;
   Workspace ws_;
   LogitsHead head_{backend_};
+  // Devices stack q|k|v and gate|up into one GEMM each; the CPU keeps the checkpoint's matrices
+  // (mapped without a copy). Qwen3's per-head q/k norm wants contiguous q and k, so no q|k|v there.
+  bool fuse_mlp_ = false;
+  bool fuse_qkv_ = false;
 };
 
 Result<std::unique_ptr<Model>> make_llama(const LoadedCheckpoint& ckpt, Backend& backend,

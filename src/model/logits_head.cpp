@@ -30,14 +30,17 @@ void LogitsHead::run(const Tensor& h, const StepBatch& batch, const Tensor& lm_h
   backend_.gather_rows(h, batch.logits_rows, hl);
   backend_.matmul(hl, lm_head, Tensor(), logits);
   last_ = logits;
-  if (out == nullptr) return;
+  if (out != nullptr) logits_to_host(backend_, logits, logits_f32_, out);
+}
+
+void logits_to_host(Backend& backend, const Tensor& logits, const Tensor& f32_scratch, float* out) {
   if (logits.dtype == DType::kF32) {
-    backend_.copy_to_host(out, logits.data, logits.nbytes());
+    backend.copy_to_host(out, logits.data, logits.nbytes());
     return;
   }
-  Tensor lf = logits_f32_.slice_rows(0, m);
-  backend_.to_f32(logits, lf);
-  backend_.copy_to_host(out, lf.data, lf.nbytes());
+  Tensor lf = f32_scratch.slice_rows(0, logits.rows());
+  backend.to_f32(logits, lf);
+  backend.copy_to_host(out, lf.data, lf.nbytes());
 }
 
 }  // namespace pagellm

@@ -12,6 +12,10 @@
 
 namespace pagellm {
 
+// Copies device logits (act [m, V]) to host f32 `out`, converting through `f32_scratch` (device f32,
+// at least [m, V]) when activations are not f32. Waits for the copy.
+void logits_to_host(Backend& backend, const Tensor& logits, const Tensor& f32_scratch, float* out);
+
 class LogitsHead {
  public:
   explicit LogitsHead(Backend& backend) : backend_(backend) {}
@@ -21,6 +25,8 @@ class LogitsHead {
   void run(const Tensor& h, const StepBatch& batch, const Tensor& lm_head, float* out);
   // The last run's logits, act [n_logits, V] on the device.
   Tensor logits() const { return last_; }
+  // Copies them to host f32 [n_logits, V] and waits.
+  void download(float* out) { logits_to_host(backend_, last_, logits_f32_, out); }
 
  private:
   void reserve(int64_t m, int64_t d, int64_t v);

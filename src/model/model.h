@@ -67,6 +67,20 @@ class Model {
   // The last forward's logits on the backend's device: [n_logits, vocab_size], activation dtype.
   // Valid until the next forward.
   virtual Tensor last_logits() const = 0;
+  // CUDA graphs (runtime/decode_graphs.h). A model that splits a step into host-side preparation
+  // (per-step tables uploaded into scratch that does not move) and pure device work returns true;
+  // the decode-graph runner then records compute() once per batch size and replays it. forward()
+  // is prepare() + compute() + the logits copy.
+  virtual bool supports_graphs() const { return false; }
+  // Sizes scratch for the batch and uploads its per-step tables (RoPE). Not recordable.
+  virtual void prepare(const StepBatch& batch) { (void)batch; }
+  // Every device op of the step, ending with the logits in last_logits(). Recordable once the
+  // same shapes have run directly (scratch and workspaces sized).
+  virtual void compute(const StepBatch& batch, KvCache& cache) {
+    (void)batch;
+    (void)cache;
+    PAGELLM_CHECK_MSG(false, "this architecture does not support graphs (supports_graphs())");
+  }
   // Bytes of weights held on the backend's device (or mapped, on CPU).
   virtual int64_t weight_bytes() const = 0;
   // Weight bytes one decode step reads: every matrix but the embedding table (one row of it is

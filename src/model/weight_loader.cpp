@@ -45,6 +45,49 @@ Result<Tensor> WeightLoader::vector(const std::string& name, int64_t n, float du
   return t;
 }
 
+Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int64_t cols) {
+  PAGELLM_CHECK(!loaded.empty() && loaded.size() <= storage_.size());
+  const DType dt = loaded[0].dtype;
+  int64_t rows = 0;
+  for (const Tensor& t : loaded) {
+    if (t.dtype != dt || is_quantized(dt) || !t.is_contiguous() || t.numel() % cols != 0)
+      return invalid_argument("cannot stack weights of different or quantized types (" +
+                              t.shape_string() + ")");
+    rows += t.numel() / cols;
+  }
+  auto buf = backend_.allocate(dtype_bytes(dt, rows * cols));
+  if (!buf) return resource_exhausted("out of memory stacking weights");
+  char* dst = static_cast<char*>(buf->data());
+  for (const Tensor& t : loaded) {
+    backend_.copy(dst, t.data, t.nbytes());
+    dst += t.nbytes();
+  }
+  backend_.synchronize();  // the parts are freed next
+  storage_.resize(storage_.size() - loaded.size());
+  const Tensor out = cols == 1 ? Tensor(buf->data(), dt, {rows}, backend_.device())
+                               : Tensor(buf->data(), dt, {rows, cols}, backend_.device());
+  storage_.push_back(std::move(buf));
+  return out;
+}
+
+Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int64_t cols) {
+  std::vector<Tensor> loaded;
+  for (const Part& p : parts) {
+    PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}));
+    loaded.push_back(t);
+  }
+  return stack_loaded(loaded, cols);
+}
+
+Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, float dummy_value) {
+  std::vector<Tensor> loaded;
+  for (const Part& p : parts) {
+    PAGELLM_ASSIGN_OR_RETURN(Tensor t, vector(p.name, p.rows, dummy_value));
+    loaded.push_back(t);
+  }
+  return stack_loaded(loaded, 1);
+}
+
 Status WeightLoader::matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out) {
   PAGELLM_ASSIGN_OR_RETURN(out, matrix(name, std::move(shape)));
   return {};

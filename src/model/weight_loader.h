@@ -26,6 +26,18 @@ class WeightLoader {
   Result<Tensor> vector(const std::string& name, int64_t n, float dummy_value);
   bool has(const std::string& name) const { return source_.find(name) != nullptr; }
 
+  // Matrices (or vectors) with the same column count stacked by rows into one weight
+  // [sum of rows, cols]: q|k|v or gate|up, so a device runs one GEMM where the checkpoint has
+  // several. Each part is loaded (or made, for dummy weights) exactly as matrix() / vector() would
+  // load it alone, so the stack holds the same values. Quantized parts are refused: on devices they
+  // are dequantized on upload, and the CPU keeps its parts separate.
+  struct Part {
+    std::string name;
+    int64_t rows;
+  };
+  Result<Tensor> stacked_matrix(const std::vector<Part>& parts, int64_t cols);
+  Result<Tensor> stacked_vector(const std::vector<Part>& parts, float dummy_value);
+
   // The same, storing into `out`: for the long load sequences of the architecture files.
   Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
   Status norm_into(const std::string& name, int64_t n, Tensor& out);  // dummy value 1
@@ -42,6 +54,8 @@ class WeightLoader {
  private:
   Result<Tensor> dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, float lo,
                        float hi);
+  // Copies `loaded`, the tensors loaded last, into one stacked buffer and frees them.
+  Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols);
 
   Backend& backend_;
   const WeightSource& source_;

@@ -6,6 +6,10 @@
 // scores fit in shared memory), then writes either the final output (one split) or its
 // unnormalized partial sum with the chunk's max and sum of exponentials; a second kernel merges
 // the splits (log-sum-exp rescaling). Splitting long contexts keeps all SMs busy at small batch.
+// The number of splits is planned on the host from max_seqlen_kv; each sequence then cuts its own
+// context into that many chunks of whole warps-worth of keys, read on the device. So a launch
+// planned for a bound (a CUDA graph recorded for max_model_len) serves every shorter context, and
+// short sequences beside long ones still spread over all splits.
 //
 // Prefill: one block per (tile of 16 queries, sequence, query head) walks tiles of 32 keys from
 // the cache (cached prefix included), with causal and sliding-window masks and an online softmax
@@ -89,8 +93,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   const int32_t pos = a.seq_lens_kv[s] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int32_t begin = lo + split * chunk;
-  const int32_t n_tok = max(0, min(begin + chunk, pos + 1) - begin);
+  // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
+  // bound, which sizes shared memory) because the plan covers the longest span.
+  const int32_t span = pos + 1 - lo;
+  const int32_t my_chunk = min(chunk, (span + n_splits - 1) / n_splits + 31 & ~31);
+  const int32_t begin = lo + split * my_chunk;
+  const int32_t n_tok = max(0, min(begin + my_chunk, pos + 1) - begin);
   const int h0 = kvh * G;
 
   const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
@@ -174,7 +182,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const int h = h0 + g;
       if (n_splits == 1) {
         if (active) {
-          const float inv = 1.0f / ml[2 * g + 1];  // >= 1: the query's own key is in the chunk
+          // l >= 1 when the query's own key is in the chunk; 0 only for a padding sequence with
+          // no context (graph batches), whose output is then 0 rather than NaN.
+          const float l = ml[2 * g + 1];
+          const float inv = l > 0.0f ? 1.0f / l : 0.0f;
           bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
           o[e] = from_float<bf16>(acc[gg].x * inv);
           if (e + 1 < Dv) o[e + 1] = from_float<bf16>(acc[gg].y * inv);
@@ -211,7 +222,7 @@ __global__ void decode_reduce_kernel(AttentionArgs a, int n_splits,
     const float l = part_ml[2 * (base + i) + 1];
     if (l > 0.0f) l_all += expf(part_ml[2 * (base + i)] - m_all) * l;
   }
-  const float inv = 1.0f / l_all;
+  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;  // 0: a padding sequence, no context
   bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
   for (int e = threadIdx.x; e < a.head_dim_v; e += blockDim.x) {
     float acc = 0.0f;

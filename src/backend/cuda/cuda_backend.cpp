@@ -30,7 +30,8 @@ namespace {
 
 class CudaBuffer final : public Buffer {
  public:
-  explicit CudaBuffer(int64_t nbytes) : nbytes_(nbytes) {
+  CudaBuffer(int64_t nbytes, std::shared_ptr<std::atomic<uint64_t>> epoch)
+      : nbytes_(nbytes), epoch_(std::move(epoch)) {
     if (nbytes > 0) {
       const cudaError_t err = cudaMalloc(&data_, static_cast<size_t>(nbytes));
       if (err != cudaSuccess) {
@@ -43,7 +44,10 @@ class CudaBuffer final : public Buffer {
     }
   }
   ~CudaBuffer() override {
-    if (data_ != nullptr) cudaFree(data_);  // best effort: nothing useful to do on failure here
+    if (data_ != nullptr) {
+      cudaFree(data_);  // best effort: nothing useful to do on failure here
+      ++*epoch_;        // recordings that used this memory are stale now
+    }
   }
   void* data() const override { return data_; }
   int64_t nbytes() const override { return nbytes_; }
@@ -52,6 +56,18 @@ class CudaBuffer final : public Buffer {
  private:
   void* data_ = nullptr;
   int64_t nbytes_ = 0;
+  std::shared_ptr<std::atomic<uint64_t>> epoch_;
+};
+
+class CudaGraph final : public OpGraph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }  // best effort, as for buffers
+  void replay() override { CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
 };
 
 bool is_float_type(DType t) {
@@ -149,7 +165,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index) {
 
 std::unique_ptr<Buffer> CudaBackend::allocate(int64_t nbytes) {
   PAGELLM_CHECK(nbytes >= 0);
-  return std::make_unique<CudaBuffer>(nbytes);
+  return std::make_unique<CudaBuffer>(nbytes, epoch_);
 }
 
 int64_t CudaBackend::free_memory() const {
@@ -208,7 +224,10 @@ void CudaBackend::synchronize() {
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
   if (nbytes > upload_staging_bytes_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
-    if (upload_staging_ != nullptr) CUDA_CHECK(cudaFree(upload_staging_));
+    if (upload_staging_ != nullptr) {
+      CUDA_CHECK(cudaFree(upload_staging_));
+      ++*epoch_;
+    }
     upload_staging_ = nullptr;
     CUDA_CHECK(cudaMalloc(&upload_staging_, nbytes));
     upload_staging_bytes_ = nbytes;
@@ -219,7 +238,10 @@ void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
 void* CudaBackend::ensure_attention_workspace(int64_t nbytes) {
   if (nbytes > attn_workspace_bytes_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier steps may still use the old one
-    if (attn_workspace_ != nullptr) CUDA_CHECK(cudaFree(attn_workspace_));
+    if (attn_workspace_ != nullptr) {
+      CUDA_CHECK(cudaFree(attn_workspace_));
+      ++*epoch_;
+    }
     attn_workspace_ = nullptr;
     // Grow geometrically so a slowly lengthening context does not reallocate every step.
     const int64_t bytes = std::max(nbytes, attn_workspace_bytes_ * 2);
@@ -227,6 +249,32 @@ void* CudaBackend::ensure_attention_workspace(int64_t nbytes) {
     attn_workspace_bytes_ = bytes;
   }
   return attn_workspace_;
+}
+
+std::unique_ptr<OpGraph> CudaBackend::capture(const std::function<void()>& record) {
+  // Thread-local mode: only this thread's capture-unsafe calls (a synchronize, an allocation) fail
+  // the capture; other threads of the process are unaffected.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  record();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (end != cudaSuccess || graph == nullptr) {
+    std::fprintf(stderr, "cuda backend: graph capture failed: %s; running ops directly\n",
+                 cudaGetErrorString(end));
+    cudaGetLastError();  // clear the sticky capture error so later calls see a clean state
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable keeps what it needs
+  if (inst != cudaSuccess) {
+    std::fprintf(stderr, "cuda backend: graph instantiation failed: %s; running ops directly\n",
+                 cudaGetErrorString(inst));
+    cudaGetLastError();
+    return nullptr;
+  }
+  return std::make_unique<CudaGraph>(exec, stream_);
 }
 
 Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,

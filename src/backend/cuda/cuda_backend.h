@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,8 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override;
+  std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override;
+  uint64_t allocation_epoch() const override { return epoch_->load(); }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
@@ -61,6 +64,8 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
+  // CUDA events on stream() (backend/cuda/op_timer.cpp).
+  std::unique_ptr<OpTimer> make_op_timer() override;
 
   // The stream all ops are queued on (for CUDA graph capture and events).
   cudaStream_t stream() const { return stream_; }
@@ -82,6 +87,9 @@ class CudaBackend final : public Backend {
   void* ensure_upload_staging(int64_t nbytes);
   void* ensure_attention_workspace(int64_t nbytes);
 
+  // Shared with the buffers this backend hands out, which bump it when they free their memory
+  // (they may outlive the backend, hence shared ownership).
+  std::shared_ptr<std::atomic<uint64_t>> epoch_ = std::make_shared<std::atomic<uint64_t>>(0);
   int device_ = 0;
   int n_sms_ = 0;
   std::string name_;
