@@ -65,6 +65,13 @@ const StepBatch& StepBatchBuilder::build(const std::vector<SeqChunk>& seqs) {
   b.attn.block_size = block_size_;
   b.attn.max_seqlen_q = max_q;
   b.attn.max_seqlen_kv = max_kv;
+  b.attn.total_kv_tokens = 0;
+  b.attn.total_qk_pairs = 0;
+  for (const SeqChunk& c : seqs) {
+    const int64_t n = c.n_tokens, kv = int64_t{c.start_pos} + c.n_tokens;
+    b.attn.total_kv_tokens += kv;
+    b.attn.total_qk_pairs += n * c.start_pos + n * (n + 1) / 2;  // query i sees start_pos + i + 1 keys
+  }
   b.logits_rows = Tensor(base + off_lr, DType::kI32, {std::max(n_logits, 1)}, dev);
   return b;
 }

@@ -1,0 +1,246 @@
+#include "backend/profiling_backend.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <utility>
+
+#include "core/check.h"
+
+namespace pagellm {
+namespace op_cost {
+namespace {
+
+std::string key(const char* f, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+long long ll(int64_t v) { return static_cast<long long>(v); }
+
+// Bytes of a tensor's elements at its storage size (blocks for quantized dtypes).
+double bytes_of(const Tensor& t) { return t.defined() ? static_cast<double>(dtype_bytes(t.dtype, t.numel())) : 0.0; }
+
+// Whether `inner` starts inside the first row of `outer` with the same row strides: a column
+// view of the same rows (MLA keeps V as the trailing columns of the latent K row).
+bool column_view_of(const Tensor& inner, const Tensor& outer) {
+  if (!inner.defined() || !outer.defined() || inner.ndim != outer.ndim) return false;
+  const char* a = static_cast<const char*>(inner.data);
+  const char* b = static_cast<const char*>(outer.data);
+  if (a < b || a >= b + dtype_bytes(outer.dtype, outer.cols())) return false;
+  for (int i = 0; i + 1 < outer.ndim; ++i)
+    if (inner.stride[i] != outer.stride[i] || inner.shape[i] != outer.shape[i]) return false;
+  return true;
+}
+
+OpSample sample(const char* op, std::string shape, double bytes, double flops = 0) {
+  OpSample s;
+  s.op = op;
+  s.shape = std::move(shape);
+  s.bytes = bytes;
+  s.flops = flops;
+  return s;
+}
+
+}  // namespace
+
+OpSample embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  const int64_t n = ids.numel(), d = table.cols();
+  // Only the looked-up rows of the table are read.
+  const double rows = static_cast<double>(dtype_bytes(table.dtype, n * d));
+  return sample("embedding", key("n=%lld d=%lld %s", ll(n), ll(d), std::string(dtype_name(table.dtype)).c_str()),
+                rows + bytes_of(ids) + bytes_of(out));
+}
+
+OpSample rms_norm(const Tensor& x, const Tensor& w, const Tensor& out) {
+  return sample("rms_norm", key("n=%lld d=%lld", ll(x.rows()), ll(x.cols())),
+                bytes_of(x) + bytes_of(w) + bytes_of(out));
+}
+
+OpSample add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& out) {
+  // The residual is read and written back; x read; out written.
+  return sample("add_rms_norm", key("n=%lld d=%lld", ll(x.rows()), ll(x.cols())),
+                bytes_of(x) + 2 * bytes_of(residual) + bytes_of(w) + bytes_of(out));
+}
+
+OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+  std::string shape = key("n=%lld k=%lld m=%lld %s%s", ll(n), ll(k), ll(m),
+                          std::string(dtype_name(w.dtype)).c_str(), bias.defined() ? " +bias" : "");
+  return sample("matmul", std::move(shape), bytes_of(w) + bytes_of(x) + bytes_of(out) + bytes_of(bias),
+                2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
+}
+
+OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                       const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache) {
+  const int64_t n = q.size(0), hq = q.size(1), hkv = k.size(1), d = k.size(2), dv = v.size(2);
+  const bool v_in_k = column_view_of(v, k), vc_in_kc = column_view_of(v_cache, k_cache);
+  // q and k are rotated in place (read + written); the new keys and values go to the cache.
+  const double elem = static_cast<double>(dtype_bytes(k_cache.dtype, 1));
+  const double stored = static_cast<double>(n * hkv) * elem * static_cast<double>(vc_in_kc ? d : d + dv);
+  const double bytes = 2 * bytes_of(q) + 2 * bytes_of(k) + (v_in_k ? 0 : bytes_of(v)) + bytes_of(cos_sin) +
+                       bytes_of(slot_mapping) + stored;
+  return sample("rope_store_kv",
+                key("n=%lld hq=%lld hkv=%lld d=%lld dv=%lld rot=%lld", ll(n), ll(hq), ll(hkv), ll(d), ll(dv),
+                    ll(cos_sin.cols())),
+                bytes);
+}
+
+OpSample rope(const Tensor& x, const Tensor& cos_sin) {
+  return sample("rope",
+                key("n=%lld h=%lld d=%lld rot=%lld", ll(x.size(0)), ll(x.ndim >= 3 ? x.size(1) : 1), ll(x.cols()),
+                    ll(cos_sin.cols())),
+                2 * bytes_of(x) + bytes_of(cos_sin));
+}
+
+OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMeta& meta,
+                   const Tensor& out) {
+  const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
+  const int64_t hkv = k_cache.size(2), dv = v_cache.size(3);
+  const bool v_in_k = column_view_of(v_cache, k_cache);
+  const double elem = static_cast<double>(dtype_bytes(k_cache.dtype, 1));
+  const double kv_bytes = static_cast<double>(meta.total_kv_tokens) * static_cast<double>(hkv) * elem *
+                          static_cast<double>(v_in_k ? k_cache.cols() : k_cache.cols() + dv);
+  const double flops = 2.0 * static_cast<double>(meta.total_qk_pairs) * static_cast<double>(hq) *
+                       static_cast<double>(d + dv);
+  // Without the host-side totals (metadata not made by StepBatchBuilder) the KV traffic is
+  // unknown: the key says so rather than report a rate that leaves it out silently.
+  const std::string kv = meta.total_kv_tokens > 0 ? std::to_string(meta.total_kv_tokens) : std::string("?");
+  return sample("attention",
+                key("seqs=%d q=%lld kv=%s hq=%lld hkv=%lld d=%lld dv=%lld", meta.n_seqs, ll(n), kv.c_str(), ll(hq),
+                    ll(hkv), ll(d), ll(dv)),
+                bytes_of(q) + bytes_of(out) + kv_bytes, flops);
+}
+
+OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  return sample("silu_mul", key("n=%lld f=%lld", ll(gate.rows()), ll(gate.cols())),
+                bytes_of(gate) + bytes_of(up) + bytes_of(out));
+}
+
+OpSample add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  return sample("add", key("n=%lld d=%lld", ll(a.rows()), ll(a.cols())), bytes_of(a) + bytes_of(b) + bytes_of(out));
+}
+
+OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
+  // Only the gathered rows of x are read: as many as out has.
+  return sample("gather_rows", key("m=%lld d=%lld", ll(out.rows()), ll(out.cols())),
+                static_cast<double>(dtype_bytes(x.dtype, out.rows() * x.cols())) + bytes_of(rows) + bytes_of(out));
+}
+
+OpSample to_f32(const Tensor& x, const Tensor& out) {
+  return sample("to_f32", key("n=%lld d=%lld %s", ll(x.rows()), ll(x.cols()), std::string(dtype_name(x.dtype)).c_str()),
+                bytes_of(x) + bytes_of(out));
+}
+
+OpSample fill_random(const Tensor& t) {
+  return sample("fill_random", key("numel=%lld %s", ll(t.numel()), std::string(dtype_name(t.dtype)).c_str()),
+                bytes_of(t));
+}
+
+OpSample copy_from_host(int64_t nbytes) {
+  return sample("copy_from_host", key("bytes=%lld", ll(nbytes)), static_cast<double>(nbytes));
+}
+OpSample copy_to_host(int64_t nbytes) {
+  return sample("copy_to_host", key("bytes=%lld", ll(nbytes)), static_cast<double>(nbytes));
+}
+OpSample copy(int64_t nbytes) { return sample("copy", key("bytes=%lld", ll(nbytes)), 2.0 * static_cast<double>(nbytes)); }
+
+}  // namespace op_cost
+
+ProfilingBackend::ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {
+  PAGELLM_CHECK_MSG(inner_ != nullptr, "ProfilingBackend needs a backend to forward to");
+}
+
+void ProfilingBackend::start() {
+  if (!timer_) timer_ = inner_->make_op_timer();
+  inner_->synchronize();  // earlier work must not land inside the first op's bracket
+  timer_->reset();
+  pending_.clear();
+  recording_ = true;
+}
+
+std::vector<OpSample> ProfilingBackend::stop() {
+  PAGELLM_CHECK_MSG(recording_, "ProfilingBackend::stop without start");
+  recording_ = false;
+  inner_->synchronize();
+  std::vector<OpSample> out;
+  out.reserve(pending_.size());
+  for (Pending& p : pending_) {
+    p.sample.ms = timer_->elapsed_ms(p.begin, p.end);
+    out.push_back(std::move(p.sample));
+  }
+  pending_.clear();
+  timer_->reset();
+  return out;
+}
+
+template <typename Cost, typename Op>
+void ProfilingBackend::timed(Cost&& cost, Op&& op) {
+  if (!recording_) {
+    op();
+    return;
+  }
+  Pending p;
+  p.sample = cost();
+  p.begin = timer_->mark();
+  op();
+  p.end = timer_->mark();
+  pending_.push_back(std::move(p));
+}
+
+void ProfilingBackend::copy_from_host(void* dst, const void* src, int64_t nbytes) {
+  timed([&] { return op_cost::copy_from_host(nbytes); }, [&] { inner_->copy_from_host(dst, src, nbytes); });
+}
+void ProfilingBackend::copy_to_host(void* dst, const void* src, int64_t nbytes) {
+  timed([&] { return op_cost::copy_to_host(nbytes); }, [&] { inner_->copy_to_host(dst, src, nbytes); });
+}
+void ProfilingBackend::copy(void* dst, const void* src, int64_t nbytes) {
+  timed([&] { return op_cost::copy(nbytes); }, [&] { inner_->copy(dst, src, nbytes); });
+}
+
+void ProfilingBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  timed([&] { return op_cost::embedding(table, ids, out); }, [&] { inner_->embedding(table, ids, out); });
+}
+void ProfilingBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  timed([&] { return op_cost::rms_norm(x, w, out); }, [&] { inner_->rms_norm(x, w, eps, out); });
+}
+void ProfilingBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps, Tensor& out) {
+  timed([&] { return op_cost::add_rms_norm(x, residual, w, out); },
+        [&] { inner_->add_rms_norm(x, residual, w, eps, out); });
+}
+void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  timed([&] { return op_cost::matmul(x, w, bias, out); }, [&] { inner_->matmul(x, w, bias, out); });
+}
+void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
+                                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
+  timed([&] { return op_cost::rope_store_kv(q, k, v, cos_sin, slot_mapping, k_cache, v_cache); },
+        [&] { inner_->rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache); });
+}
+void ProfilingBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
+  timed([&] { return op_cost::rope(x, cos_sin); }, [&] { inner_->rope(x, cos_sin, interleaved); });
+}
+void ProfilingBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                 const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
+  timed([&] { return op_cost::attention(q, k_cache, v_cache, meta, out); },
+        [&] { inner_->attention(q, k_cache, v_cache, meta, params, out); });
+}
+void ProfilingBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  timed([&] { return op_cost::silu_mul(gate, up, out); }, [&] { inner_->silu_mul(gate, up, out); });
+}
+void ProfilingBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  timed([&] { return op_cost::add(a, b, out); }, [&] { inner_->add(a, b, out); });
+}
+void ProfilingBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  timed([&] { return op_cost::gather_rows(x, rows, out); }, [&] { inner_->gather_rows(x, rows, out); });
+}
+void ProfilingBackend::to_f32(const Tensor& x, Tensor& out) {
+  timed([&] { return op_cost::to_f32(x, out); }, [&] { inner_->to_f32(x, out); });
+}
+void ProfilingBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
+  timed([&] { return op_cost::fill_random(t); }, [&] { inner_->fill_random(t, seed, lo, hi); });
+}
+
+}  // namespace pagellm

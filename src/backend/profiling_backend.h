@@ -1,0 +1,118 @@
+// ProfilingBackend: a Backend that forwards every call to an inner backend and, while recording,
+// brackets each op with two timestamps on the inner backend's own timeline (its OpTimer: CUDA
+// events on the GPU, the steady clock on the CPU) and notes the op's cost model — bytes moved and
+// flops computed, from its tensors' shapes and dtypes (op_cost below). Results are the inner
+// backend's, bit for bit: the decorator never touches data.
+//
+// Ops run one by one as the model issues them: a model that captures CUDA graphs does not see a
+// CUDA backend through the decorator, so the profiled step is the eager one. Timing costs host
+// time per op (two timestamps, and the cost model's shape key), which widens launch gaps but not
+// the bracketed device time; compare the summed op time with an unprofiled step's wall time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/op_profile.h"
+
+namespace pagellm {
+
+// The cost model of each op: name, shape key, bytes and flops (ms left 0). Bytes are the op's
+// minimum memory traffic: every input read once and every output written once, at the storage
+// size of its dtype (a quantized weight counts its blocks, scales included); an in-place operand
+// counts as read and written. Flops are counted for matmul and attention only; the other ops
+// are data movement, judged by their bandwidth.
+namespace op_cost {
+
+OpSample embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+OpSample rms_norm(const Tensor& x, const Tensor& w, const Tensor& out);
+OpSample add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& out);
+// 2 n m k flops for x [n, k] @ w[m, k]^T; bytes: the weight, x, out and the bias.
+OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                       const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache);
+OpSample rope(const Tensor& x, const Tensor& cos_sin);
+// KV bytes are those of meta.total_kv_tokens (each sequence's cache read once); flops are
+// 2 (D + Dv) per query head and query-key pair (meta.total_qk_pairs). A V cache that is a column
+// view of the K cache's rows (MLA's latent cache) is not counted twice.
+OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                   const AttentionMeta& meta, const Tensor& out);
+OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
+OpSample add(const Tensor& a, const Tensor& b, const Tensor& out);
+OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
+OpSample to_f32(const Tensor& x, const Tensor& out);
+OpSample fill_random(const Tensor& t);
+// Host<->device copies count the bytes that cross the bus; a device copy counts them read and
+// written (the convention of measure_memory_bandwidth_gbs).
+OpSample copy_from_host(int64_t nbytes);
+OpSample copy_to_host(int64_t nbytes);
+OpSample copy(int64_t nbytes);
+
+}  // namespace op_cost
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner);
+
+  Backend& inner() { return *inner_; }
+
+  // Starts recording (dropping anything recorded before). Ops are forwarded whether or not
+  // recording is on; off, they cost one extra virtual call.
+  void start();
+  // Stops recording, waits for the backend, and returns the ops run since start(), in order,
+  // with their times.
+  std::vector<OpSample> stop();
+  bool recording() const { return recording_; }
+
+  std::string name() const override { return inner_->name(); }
+  Device device() const override { return inner_->device(); }
+  DType activation_dtype() const override { return inner_->activation_dtype(); }
+
+  std::unique_ptr<Buffer> allocate(int64_t nbytes) override { return inner_->allocate(nbytes); }
+  int64_t free_memory() const override { return inner_->free_memory(); }
+  void copy_from_host(void* dst, const void* src, int64_t nbytes) override;
+  void copy_to_host(void* dst, const void* src, int64_t nbytes) override;
+  void copy(void* dst, const void* src, int64_t nbytes) override;
+  void synchronize() override { inner_->synchronize(); }
+  Result<Tensor> upload_weight(const Tensor& host, DType dtype,
+                               std::unique_ptr<Buffer>& storage) override {
+    return inner_->upload_weight(host, dtype, storage);
+  }
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
+  void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
+                    Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
+                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
+  void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void to_f32(const Tensor& x, Tensor& out) override;
+  void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
+
+  std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
+
+ private:
+  // Runs `op`; while recording, between two marks, noting cost() (evaluated before the first
+  // mark, so building the shape key is not timed).
+  template <typename Cost, typename Op>
+  void timed(Cost&& cost, Op&& op);
+
+  struct Pending {
+    OpSample sample;
+    int begin = 0, end = 0;  // timer marks
+  };
+  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<OpTimer> timer_;  // made on the first start()
+  std::vector<Pending> pending_;
+  bool recording_ = false;
+};
+
+}  // namespace pagellm
