@@ -1,6 +1,7 @@
 // pagellm bench: the engine's own benchmarks.
 //   bench latency     batch-1 prefill and decode speed, and achieved GB/s of weight reads against
-//                     the machine's measured memory bandwidth (measured in the same run)
+//                     the machine's measured memory bandwidth (measured in the same run);
+//                     --profile adds the per-op time table of a prefill and of a decode step
 //   bench throughput  offline throughput of many requests through the engine (like vLLM's
 //                     benchmark_throughput): requests/s, total and output tokens/s, KV and prefix
 //                     cache statistics; --json prints one JSON object as the last stdout line
@@ -12,12 +13,15 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/op_profile.h"
+#include "backend/profiling_backend.h"
 #include "runtime/engine.h"
 #include "runtime/sequence_runner.h"
 #include "runtime/serving_model.h"
@@ -42,16 +46,54 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t voca
   return t;
 }
 
+constexpr const char* kLatencyHelp = R"(usage: pagellm bench latency [options]
+Batch-1 prefill and decode speed of one sequence, and the achieved GB/s of a decode step against
+the memory bandwidth measured in the same run.
+  --model PATH          model folder, .gguf file, or config.json with --load-format dummy
+  --device cpu|cuda     (cpu)
+  --load-format F       auto | dummy: random weights of the config's shape (auto)
+  --input-len N         prompt tokens (128)
+  --output-len N        generated tokens, >= 2 (128)
+  --iters N             timed repetitions after one warm-up; the best is reported (3)
+  --seed N              seed of the random prompt (0)
+  --json                also print one JSON object as the last line
+  --profile             then time every op of one prefill of --input-len tokens and of one decode
+                        step at the end of the prompt, and print a table per step: op and shape,
+                        calls, time, share, GB/s and TFLOP/s against the ceilings, and the summed
+                        op time against the wall time of the same step unprofiled (the difference
+                        is launch and host overhead). Profiled ops run one by one, without CUDA
+                        graphs, each between two timestamps (CUDA events on the GPU).
+  --peak-tflops X       the compute ceiling for --profile, TFLOP/s of the activation dtype
+                        (default: 798, bf16 dense, on an H200; otherwise none, and the column
+                        is left out)
+)";
+
+// The compute ceiling of --profile: --peak-tflops, else a measured figure for known devices.
+Result<double> peak_tflops(const Args& a, const std::string& backend_name) {
+  // 798 TFLOP/s: the bf16 cuBLASLt GEMM ceiling measured on an H200 (docs/PERF.md).
+  const double fallback = backend_name.find("H200") != std::string::npos ? 798.0 : 0.0;
+  auto v = a.get_double("peak-tflops", fallback);
+  if (!v.ok()) return v.status();
+  if (*v < 0) return invalid_argument("--peak-tflops must be >= 0 (0: unknown)");
+  return *v;
+}
+
 int bench_latency(int argc, char** argv) {
   std::vector<std::string> spec = {"model", "device", "load-format", "input-len", "output-len",
-                                   "iters", "json!", "seed"};
+                                   "iters", "json!", "seed", "profile!", "peak-tflops", "help!"};
   Args a("bench latency", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
+  if (a.flag("help")) {
+    std::printf("%s", kLatencyHelp);
+    return 0;
+  }
+  const bool profile = a.flag("profile");
   ServingModelOptions o;
   o.model_path = a.get_or("model", "");
   o.device = a.get_or("device", "cpu");
   o.load_tokenizer = false;
   o.load_format = a.get_or("load-format", "auto");
+  o.profile_ops = profile;
   const auto t_load = Clock::now();
   auto sm = load_serving_model(o);
   if (!sm.ok()) return fail("bench latency", sm.status());
@@ -60,6 +102,8 @@ int bench_latency(int argc, char** argv) {
   auto in = a.get_int("input-len", 128), out = a.get_int("output-len", 128), it = a.get_int("iters", 3);
   if (!in.ok() || !out.ok() || !it.ok() || *in < 1 || *out < 2 || *it < 1)
     return fail("bench latency", invalid_argument("--input-len >= 1, --output-len >= 2, --iters >= 1"));
+  auto peak = peak_tflops(a, m.backend->name());
+  if (!peak.ok()) return fail("bench latency", peak.status());
   const int64_t V = m.model->config().vocab_size;
   std::mt19937_64 rng(a.get_int("seed", 0).ok() ? *a.get_int("seed", 0) : 0);
   const auto prompt = random_tokens(rng, *in, V);
@@ -68,7 +112,11 @@ int bench_latency(int argc, char** argv) {
   auto argmax = [&](std::span<const float> row) {
     return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
   };
-  double best_prefill = 1e30, best_decode = 1e30;
+  // The bandwidth ceiling first: its large copies evict the caches, which the timed runs warm.
+  Backend& device = m.profiler ? m.profiler->inner() : *m.backend;
+  const double bw = measure_memory_bandwidth_gbs(device);
+  // best_first_decode: the decode step right after the prompt, the step --profile times.
+  double best_prefill = 1e30, best_decode = 1e30, best_first_decode = 1e30;
   for (int64_t i = 0; i < *it + 1; ++i) {  // the first pass warms up
     runner.reset();
     auto t0 = Clock::now();
@@ -77,17 +125,19 @@ int bench_latency(int argc, char** argv) {
     const double prefill = seconds_since(t0);
     int32_t tok = argmax(*lg);
     t0 = Clock::now();
+    double first_decode = 0;
     for (int64_t k = 1; k < *out; ++k) {
       auto next = runner.feed(std::vector<int32_t>{tok}, LogitsWanted::kLast);
       if (!next.ok()) return fail("bench latency", next.status());
       tok = argmax(*next);
+      if (k == 1) first_decode = seconds_since(t0);
     }
     const double decode = seconds_since(t0);
     if (i == 0) continue;
     best_prefill = std::min(best_prefill, prefill);
     best_decode = std::min(best_decode, decode);
+    best_first_decode = std::min(best_first_decode, first_decode);
   }
-  const double bw = measure_memory_bandwidth_gbs(*m.backend);
   const double prefill_tps = *in / best_prefill;
   const double decode_tps = (*out - 1) / best_decode;
   const KvSpec kv = m.model->kv_spec();
@@ -107,11 +157,42 @@ int bench_latency(int argc, char** argv) {
               kv_bytes / 1e6);
   std::printf("achieved         %.1f GB/s of %.1f GB/s measured (%.0f%%)\n", achieved, bw,
               100.0 * achieved / bw);
+
+  // --profile: the same prefill and first decode step again, every op timed; the first profiled
+  // pass warms the timing path (timer resources are made on first use) and is discarded.
+  std::optional<OpProfileTable> prefill_table, decode_table;
+  if (profile) {
+    ProfilingBackend& prof = *m.profiler;
+    std::vector<OpSample> prefill_ops, decode_ops;
+    for (int pass = 0; pass < 2; ++pass) {
+      runner.reset();
+      prof.start();
+      auto lg = runner.feed(prompt, LogitsWanted::kLast);
+      if (!lg.ok()) return fail("bench latency", lg.status());
+      prefill_ops = prof.stop();
+      const int32_t tok = argmax(*lg);
+      prof.start();
+      auto next = runner.feed(std::vector<int32_t>{tok}, LogitsWanted::kLast);
+      if (!next.ok()) return fail("bench latency", next.status());
+      decode_ops = prof.stop();
+    }
+    const OpCeilings ceilings{bw, *peak};
+    prefill_table = summarize_ops("prefill, " + std::to_string(*in) + " tokens", prefill_ops,
+                                  best_prefill * 1e3, ceilings);
+    decode_table = summarize_ops("decode step, context " + std::to_string(*in + 1), decode_ops,
+                                 best_first_decode * 1e3, ceilings);
+    std::printf("\nper-op profile (ops one by one, no CUDA graphs; times between timestamps on the %s "
+                "timeline)\n\n%s\n%s",
+                device.device() == Device::kCpu ? "host" : "device", format_op_table(*prefill_table).c_str(),
+                format_op_table(*decode_table).c_str());
+  }
   if (a.flag("json")) {
     nlohmann::json j = {{"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
                         {"decode_gb_per_s", achieved}, {"memory_bandwidth_gb_per_s", bw},
                         {"bandwidth_fraction", achieved / bw}, {"input_len", *in},
                         {"output_len", *out}, {"load_seconds", load_s}};
+    if (profile)
+      j["profile"] = {{"prefill", op_table_json(*prefill_table)}, {"decode", op_table_json(*decode_table)}};
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;

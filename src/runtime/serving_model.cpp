@@ -56,6 +56,11 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
   } else {
     return invalid_argument("--device must be cpu or cuda, got '" + options.device + "'");
   }
+  if (options.profile_ops) {
+    auto prof = std::make_unique<ProfilingBackend>(std::move(sm->backend));
+    sm->profiler = prof.get();
+    sm->backend = std::move(prof);
+  }
   PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend));
   if (options.load_tokenizer && options.load_format != "dummy") {
     const std::string tok_path =

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/profiling_backend.h"
 #include "core/status.h"
 #include "io/weights.h"
 #include "model/model.h"
@@ -24,12 +25,16 @@ struct ServingModelOptions {
   // "auto": the checkpoint at model_path; "dummy": random weights of the shape model_path's
   // config.json describes (a file or a folder), made on the device, for benchmarks.
   std::string load_format = "auto";
+  // Wrap the backend in a ProfilingBackend before the model is loaded, so that every op of a
+  // step can be timed (`bench latency --profile`); recording stays off until asked for.
+  bool profile_ops = false;
 };
 
 struct ServingModel {
   std::string path;
   LoadedCheckpoint checkpoint;
   std::unique_ptr<Backend> backend;
+  ProfilingBackend* profiler = nullptr;  // `backend` itself when profile_ops, else null
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;        // null when the checkpoint has none
   std::optional<ChatTemplate> chat_template;   // absent when the checkpoint has none

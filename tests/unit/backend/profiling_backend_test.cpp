@@ -191,6 +191,10 @@ TEST(ProfilingBackend, RecordsOpsInOrderOnlyWhileStarted) {
   EXPECT_TRUE(prof.stop().empty());
   EXPECT_EQ(prof.name(), plain->name());
   EXPECT_EQ(prof.device(), Device::kCpu);
+  // No graphs through the decorator: the engine must run (and the profile time) each op.
+  bool ran = false;
+  EXPECT_EQ(prof.capture([&] { ran = true; }), nullptr);
+  EXPECT_FALSE(ran);
 }
 
 // Runs of spaces as one: table columns are padded to the widest cell.
