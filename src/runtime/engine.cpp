@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/log.h"
+#include "model/logits_head.h"
 #include "runtime/step_batch.h"
 #include "sample/sample_rng.h"
 #include "sample/sampler.h"
@@ -90,6 +91,11 @@ Status Engine::init() {
   kv.block_size = bs;
   kv.enable_prefix_caching = config_.enable_prefix_caching;
   PAGELLM_ASSIGN_OR_RETURN(scheduler_, Scheduler::create(config_.scheduler, kv));
+  if (!config_.enforce_eager) {
+    graphs_ = DecodeGraphs::create(model_, backend_, cache_, bs, config_.scheduler.max_num_seqs,
+                                   max_model_len_);
+    if (graphs_) PAGELLM_RETURN_IF_ERROR(warm_up());
+  }
   stats_.n_kv_blocks = n_blocks;
   stats_.kv_block_bytes = kv_block_bytes_;
   PAGELLM_LOG_INFO("KV cache: %lld blocks of %d tokens (%.1f MiB, %lld tokens), max_model_len %d",
@@ -292,6 +298,38 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
   live_.erase(live.id);  // destroys `live`
 }
 
+Tensor Engine::run_model(const std::vector<SeqChunk>& chunks) {
+  if (graphs_ && graphs_->accepts(chunks)) return graphs_->run(chunks);
+  if (!builder_) builder_ = std::make_unique<StepBatchBuilder>(backend_, config_.block_size);
+  const StepBatch& batch = builder_->build(chunks);
+  model_.forward(batch, cache_, nullptr);
+  return batch.n_logits > 0 ? model_.last_logits() : Tensor();
+}
+
+Status Engine::warm_up() {
+  // The largest prompt chunk a step can hold, run once op by op: it sizes the model's scratch
+  // and the backend's workspaces for good, so recorded decode graphs are not invalidated by the
+  // first long prompt. It writes KV into blocks no request owns yet.
+  const auto t0 = Clock::now();
+  const int32_t bs = config_.block_size;
+  const int32_t n = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_ - 1);
+  if (n > 0) {
+    std::vector<int32_t> tokens(n, 0), table((n + bs - 1) / bs);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    SeqChunk c;
+    c.tokens = tokens.data();
+    c.n_tokens = n;
+    c.block_table = table.data();
+    c.n_blocks = static_cast<int32_t>(table.size());
+    run_model({c});
+  }
+  graphs_->warm_up();
+  PAGELLM_LOG_INFO("warm-up: a %d-token step and %zu decode graphs (batch 1..%d) in %.2f s", n,
+                   graphs_->buckets().size(), graphs_->buckets().back(),
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+  return {};
+}
+
 void Engine::step() {
   const auto t0 = Clock::now();
   SchedulePlan plan = scheduler_->schedule(now_ms());
@@ -321,7 +359,6 @@ void Engine::step() {
   }
 
   // Pack the batch. A prefill chunk of a prompt_logprobs request returns logits for every row.
-  if (!builder_) builder_ = std::make_unique<StepBatchBuilder>(backend_, config_.block_size);
   std::vector<SeqChunk> chunks;
   chunks.reserve(plan.seqs.size());
   for (const ScheduledSeq& s : plan.seqs) {
@@ -340,10 +377,18 @@ void Engine::step() {
                                 : LogitsWanted::kNone;
     chunks.push_back(c);
   }
-  const StepBatch& batch = builder_->build(chunks);
   const int64_t V = model_.config().vocab_size;
-  logits_.resize(static_cast<size_t>(batch.n_logits) * V);
-  model_.forward(batch, cache_, logits_.data());
+  const Tensor device_logits = run_model(chunks);  // [n_logits, V] on the backend's device
+  const int64_t n_logits = device_logits.rows();
+  logits_.resize(static_cast<size_t>(n_logits) * V);
+  if (n_logits > 0) {
+    if (device_logits.dtype != DType::kF32 &&
+        (!logits_f32_ || logits_f32_->nbytes() < n_logits * V * 4)) {
+      logits_f32_ = backend_.allocate(n_logits * V * 4);
+    }
+    const Tensor f32 = logits_f32_ ? logits_f32_->view(DType::kF32, {n_logits, V}) : Tensor();
+    logits_to_host(backend_, device_logits, f32, logits_.data());
+  }
 
   // Gather the rows to sample (one per sample; n > 1 duplicates the prompt's row).
   struct Pick {
@@ -398,7 +443,7 @@ void Engine::step() {
     }
     // Usually (decodes and final prompt chunks, n == 1) the sampled rows are exactly logits_ in
     // order and the sampler reads them in place; prompt-logprob chunks and n > 1 need a packed copy.
-    bool in_place = static_cast<int64_t>(sample_rows.size()) == batch.n_logits;
+    bool in_place = static_cast<int64_t>(sample_rows.size()) == n_logits;
     for (size_t k = 0; in_place && k < sample_rows.size(); ++k) in_place = sample_rows[k] == static_cast<int64_t>(k);
     float* base = logits_.data();
     if (!in_place) {

@@ -27,6 +27,7 @@
 #include "sample/logprobs.h"
 #include "sample/sampling_params.h"
 #include "sched/scheduler.h"
+#include "runtime/decode_graphs.h"
 #include "runtime/step_batch.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -42,6 +43,9 @@ struct EngineConfig {
   double memory_utilization = 0.9;
   // Longest prompt + output a request may have (0: the model's max_position_embeddings).
   int32_t max_model_len = 0;
+  // Run every step op by op: no recorded decode graphs (runtime/decode_graphs.h) and no start-up
+  // warm-up. For debugging and for comparing against the graph path.
+  bool enforce_eager = false;
 };
 
 struct EngineRequest {
@@ -125,6 +129,11 @@ class Engine {
   struct Live;
   Engine(Model& model, Backend& backend, const Tokenizer* tokenizer, const EngineConfig& config);
   Status init();
+  // Start-up run that sizes scratch, then the decode graphs' recordings (device backends).
+  Status warm_up();
+  // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
+  // on the device ([n_logits, vocab]; undefined when the step wants none).
+  Tensor run_model(const std::vector<SeqChunk>& chunks);
   void loop();
   void step();
   void drain_inbox();
@@ -158,6 +167,8 @@ class Engine {
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
   std::unique_ptr<StepBatchBuilder> builder_;
+  std::unique_ptr<DecodeGraphs> graphs_;   // null: eager steps only (CPU, --enforce-eager)
+  std::unique_ptr<Buffer> logits_f32_;     // device f32 staging for logits bound to the host
   std::unique_ptr<Sampler> sampler_;
   std::vector<float> logits_;         // [n_logits, vocab] of the step
   std::vector<float> sample_logits_;  // [n_samples, vocab]: the rows being sampled

@@ -4,11 +4,14 @@
 #include <numeric>
 #include <string>
 
+#include "model/logits_head.h"
+
 namespace pagellm {
 
 SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
-                               int32_t block_size, int32_t max_chunk)
+                               int32_t block_size, int32_t max_chunk, bool use_graphs)
     : model_(model),
+      backend_(backend),
       max_len_(max_len),
       max_chunk_(std::max(1, max_chunk)),
       vocab_(model.config().vocab_size),
@@ -17,6 +20,7 @@ SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
   cache_ = KvCache::allocate(backend, model.kv_spec(), block_size, n_blocks);
   block_table_.resize(n_blocks);
   std::iota(block_table_.begin(), block_table_.end(), 0);
+  if (use_graphs) graphs_ = DecodeGraphs::create(model, backend, cache_, block_size, 1, max_len);
 }
 
 Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tokens,
@@ -46,6 +50,13 @@ Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tok
     c.logits = wanted == LogitsWanted::kAll                 ? LogitsWanted::kAll
                : (wanted == LogitsWanted::kLast && last_chunk) ? LogitsWanted::kLast
                                                                : LogitsWanted::kNone;
+    if (graphs_ && graphs_->accepts({c})) {
+      const Tensor logits = graphs_->run({c});
+      if (!logits_f32_) logits_f32_ = backend_.allocate(vocab_ * 4);
+      logits_to_host(backend_, logits, logits_f32_->view(DType::kF32, {1, vocab_}), logits_.data());
+      length_ += 1;
+      return std::span<const float>(logits_.data(), logits_.size());
+    }
     const StepBatch& b = builder_.build({c});
     model_.forward(b, cache_, logits_.data() + row * vocab_);
     row += b.n_logits;

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/decode_graphs.h"
 #include "runtime/step_batch.h"
 
 namespace pagellm {
@@ -16,8 +18,10 @@ class SequenceRunner {
  public:
   // Room for max_len tokens. Prefill is split into chunks of at most max_chunk tokens so scratch
   // memory stays bounded whatever the prompt length.
+  // One-token decode steps replay a recorded graph where the backend can record (use_graphs,
+  // runtime/decode_graphs.h).
   SequenceRunner(Model& model, Backend& backend, int32_t max_len, int32_t block_size = 16,
-                 int32_t max_chunk = 512);
+                 int32_t max_chunk = 512, bool use_graphs = true);
 
   // Appends tokens to the sequence and runs them. Returns the logits (f32, row-major
   // [rows, vocab]) of the last token (kLast), of every fed token (kAll), or nothing (kNone).
@@ -30,6 +34,7 @@ class SequenceRunner {
 
  private:
   Model& model_;
+  Backend& backend_;
   int32_t max_len_;
   int32_t max_chunk_;
   int32_t length_ = 0;
@@ -38,6 +43,8 @@ class SequenceRunner {
   StepBatchBuilder builder_;
   std::vector<int32_t> block_table_;
   std::vector<float> logits_;
+  std::unique_ptr<DecodeGraphs> graphs_;
+  std::unique_ptr<Buffer> logits_f32_;  // device f32 row for graph logits on their way to the host
 };
 
 }  // namespace pagellm

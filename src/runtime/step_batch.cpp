@@ -8,8 +8,26 @@ StepBatchBuilder::StepBatchBuilder(Backend& backend, int32_t block_size)
     : backend_(backend), block_size_(block_size) {}
 
 const StepBatch& StepBatchBuilder::build(const std::vector<SeqChunk>& seqs) {
-  const int32_t n_seqs = static_cast<int32_t>(seqs.size());
-  int32_t n_tokens = 0, n_logits = 0, max_blocks = 1, max_q = 0, max_kv = 0;
+  return pack(seqs, 0, 0, 0);
+}
+
+const StepBatch& StepBatchBuilder::build_padded(const std::vector<SeqChunk>& seqs, int32_t n_seqs,
+                                                int32_t table_width, int32_t max_context) {
+  PAGELLM_CHECK(static_cast<int32_t>(seqs.size()) <= n_seqs && table_width >= 1);
+  for (const SeqChunk& s : seqs) {
+    PAGELLM_CHECK_MSG(s.n_tokens == 1 && s.logits == LogitsWanted::kLast,
+                      "a padded batch holds decode steps only");
+    PAGELLM_CHECK(s.n_blocks <= table_width && s.start_pos + 1 <= max_context);
+  }
+  return pack(seqs, n_seqs - static_cast<int32_t>(seqs.size()), table_width, max_context);
+}
+
+const StepBatch& StepBatchBuilder::pack(const std::vector<SeqChunk>& seqs, int32_t n_pad,
+                                        int32_t table_width, int32_t max_context) {
+  const int32_t n_real = static_cast<int32_t>(seqs.size());
+  const int32_t n_seqs = n_real + n_pad;
+  int32_t n_tokens = n_pad, n_logits = n_pad, max_blocks = std::max(table_width, 1);
+  int32_t max_q = n_pad > 0 ? 1 : 0, max_kv = max_context;
   for (const SeqChunk& s : seqs) {
     PAGELLM_CHECK(s.n_tokens > 0);
     PAGELLM_CHECK_MSG(static_cast<int64_t>(s.n_blocks) * block_size_ >= s.start_pos + s.n_tokens,
@@ -31,7 +49,7 @@ const StepBatch& StepBatchBuilder::build(const std::vector<SeqChunk>& seqs) {
   b.cu_seqlens_q.resize(n_seqs + 1);
   int32_t t = 0, lr = 0;
   staging_[off_cu] = 0;
-  for (int32_t s = 0; s < n_seqs; ++s) {
+  for (int32_t s = 0; s < n_real; ++s) {
     const SeqChunk& c = seqs[s];
     for (int32_t i = 0; i < c.n_tokens; ++i, ++t) {
       const int32_t pos = c.start_pos + i;
@@ -46,6 +64,13 @@ const StepBatch& StepBatchBuilder::build(const std::vector<SeqChunk>& seqs) {
     staging_[off_kv + s] = c.start_pos + c.n_tokens;
     std::copy(c.block_table, c.block_table + c.n_blocks,
               staging_.begin() + off_bt + int64_t{s} * max_blocks);
+  }
+  for (int32_t s = n_real; s < n_seqs; ++s, ++t) {  // padding: token 0, slot -1, no context
+    staging_[off_slots + t] = -1;
+    b.positions[t] = 0;
+    staging_[off_lr + lr++] = t;
+    staging_[off_cu + s + 1] = t + 1;
+    b.cu_seqlens_q[s + 1] = t + 1;
   }
   b.cu_seqlens_q[0] = 0;
 

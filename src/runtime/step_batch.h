@@ -35,7 +35,19 @@ class StepBatchBuilder {
   // The returned batch's device tensors stay valid until the next build().
   const StepBatch& build(const std::vector<SeqChunk>& seqs);
 
+  // A decode step laid out for a recorded graph (runtime/decode_graphs.h): `seqs` (one token each)
+  // followed by padding up to `n_seqs` sequences, and block tables `table_width` entries wide, so
+  // that for a given n_seqs every device array sits at the same address step after step (the
+  // device buffer only grows, and a first build at the largest n_seqs sizes it). Padding sequences
+  // have token 0, no context and slot -1 (nothing is stored); their logits rows are computed and
+  // ignored. Attention is planned for contexts up to max_context.
+  const StepBatch& build_padded(const std::vector<SeqChunk>& seqs, int32_t n_seqs,
+                                int32_t table_width, int32_t max_context);
+
  private:
+  const StepBatch& pack(const std::vector<SeqChunk>& seqs, int32_t n_pad, int32_t table_width,
+                        int32_t max_context);
+
   Backend& backend_;
   int32_t block_size_;
   std::vector<int32_t> staging_;

@@ -1,0 +1,81 @@
+// DecodeGraphs: decode steps (one new token per sequence) replayed from recorded graphs instead of
+// launched op by op. A decode step of a dense 8B model is ~330 kernel launches whose host cost is
+// as long as their device time at small batch; a replay is one launch, and the next step's host
+// work overlaps the device's.
+//
+// A graph bakes in every device address and launch shape, so the runner keeps them fixed:
+// - batches are padded to a bucket size (1, 2, 4, 8, then multiples of 8 up to max_seqs), laid
+//   out by a builder of its own at fixed offsets with block tables max_model_len wide
+//   (StepBatchBuilder::build_padded);
+// - attention is planned for max_model_len (the decode kernel cuts each sequence's real context
+//   on the device);
+// - the model's scratch and the backend's workspaces must not move: a bucket is recorded right
+//   after the same batch ran directly (which sizes them), and every recording is dropped when the
+//   backend's allocation epoch moves (some buffer was freed or regrown), to be recorded again on
+//   its next use.
+// Per step only the host-side tables are uploaded (batch metadata, the RoPE rows), then the
+// graph replays. Not used when the backend cannot record (CPU) or the model cannot split its
+// step (Model::supports_graphs()).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/step_batch.h"
+
+namespace pagellm {
+
+class DecodeGraphs {
+ public:
+  // Null when graphs are not possible for this model on this backend. `cache` must outlive the
+  // runner; max_seqs bounds the decode batch, max_model_len every sequence's context.
+  static std::unique_ptr<DecodeGraphs> create(Model& model, Backend& backend, KvCache& cache,
+                                              int32_t block_size, int32_t max_seqs,
+                                              int32_t max_model_len);
+
+  // True when `seqs` is a decode step this runner takes: every chunk one token wanting its
+  // logits, no more sequences than the largest bucket.
+  bool accepts(const std::vector<SeqChunk>& seqs) const;
+
+  // Runs an accepted step; returns its logits on the device, rows [0, seqs.size()) in order
+  // (act [seqs.size(), vocab]), valid until the next step.
+  Tensor run(const std::vector<SeqChunk>& seqs);
+
+  // Records every bucket now, largest first, with padding-only batches (nothing is stored), so the
+  // first real step of any size replays at once.
+  void warm_up();
+
+  const std::vector<int32_t>& buckets() const { return buckets_; }
+  int64_t n_recorded() const { return n_recorded_; }  // recordings made so far (re-recordings too)
+
+ private:
+  DecodeGraphs(Model& model, Backend& backend, KvCache& cache, int32_t block_size,
+               int32_t max_seqs, int32_t max_model_len);
+
+  struct Recording {
+    std::unique_ptr<OpGraph> graph;
+    Tensor logits;  // act [bucket, vocab]: where the replay leaves them
+    uint64_t epoch = 0;
+    bool unrecordable = false;  // the backend refused to record it: always run directly
+  };
+
+  int32_t bucket_for(int32_t n) const;
+  void size_builder();
+  Tensor run_and_record(int32_t bucket, const StepBatch& batch);
+
+  Model& model_;
+  Backend& backend_;
+  KvCache& cache_;
+  int32_t table_width_;
+  int32_t max_model_len_;
+  std::vector<int32_t> buckets_;
+  StepBatchBuilder builder_;
+  std::map<int32_t, Recording> recordings_;
+  bool sized_ = false;  // the builder's buffer has been grown for the largest bucket
+  int64_t n_recorded_ = 0;
+};
+
+}  // namespace pagellm
