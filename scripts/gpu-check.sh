@@ -199,6 +199,10 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     echo "== bench"
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
+    # Per-op time of one 512-token prefill and of the decode step after it (ops one by one, CUDA
+    # events around each): the tables are in $logs/bench-profile-llama3-8b.log, and in its .json.
+    run_bench profile-llama3-8b latency --profile --model $cfg/llama-3-8b.json --load-format dummy \
+      --device cuda --input-len 512 --output-len 8 --iters 2
     run_bench latency-llama2-7b latency --model $cfg/llama-2-7b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
@@ -250,7 +254,13 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
     python3 - "$label" "$json" <<'PY' 2>/dev/null || printf '  %-24s %s\n' "$label" "$json"
 import json, sys
 label, j = sys.argv[1], json.loads(sys.argv[2])
-if "decode_tokens_per_s" in j:
+if "profile" in j:
+    def step(name):
+        p = j["profile"][name]
+        wall = f" of {p['wall_ms']:.2f} ms wall" if p["wall_ms"] else ""
+        return f"{name} ops {p['sum_ms']:.2f} ms{wall}"
+    print(f"  {label:<24} {step('prefill')}, {step('decode')} (tables in the log)")
+elif "decode_tokens_per_s" in j:
     print(f"  {label:<24} decode {j['decode_tokens_per_s']:8.1f} tok/s ({100*j['bandwidth_fraction']:.0f}% of "
           f"{j['memory_bandwidth_gb_per_s']:.0f} GB/s), prefill {j['prefill_tokens_per_s']:9.1f} tok/s, load {j['load_seconds']:.1f} s")
 else:
