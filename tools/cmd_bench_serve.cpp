@@ -189,40 +189,38 @@ int bench_serve(int argc, char** argv) {
     rates = {*r};
   }
 
-  // The workload (the same requests for every rate of a sweep).
+  // The workload: each rate of a sweep draws its own prompts (bench/workload.h says why); run 0's
+  // is made now so that a bad dataset fails before any server starts.
   auto in_dist = parse_length_dist(a.get_or("input-len-dist", "fixed"), *in, "--input-len-dist");
   auto out_dist = parse_length_dist(a.get_or("output-len-dist", "fixed"), *out, "--output-len-dist");
   if (!in_dist.ok()) return fail(kCmd, in_dist.status());
   if (!out_dist.ok()) return fail(kCmd, out_dist.status());
-  RandomWorkloadOptions ro;
-  ro.n = *n;
-  ro.input = *in_dist;
-  ro.output = *out_dist;
-  ro.vocab_size = *vocab;
-  ro.seed = static_cast<uint64_t>(*seed);
-  const std::string dataset = a.get_or("dataset-name", "random");
-  const std::string dataset_path = a.get_or("dataset-path", "");
-  if ((dataset == "sharegpt" || dataset == "jsonl") && dataset_path.empty())
-    return fail(kCmd, invalid_argument("--dataset-name " + dataset + " needs --dataset-path"));
-  Result<std::vector<BenchRequest>> reqs = invalid_argument("--dataset-name '" + dataset +
-                                                            "' is not random|sharegpt|jsonl|shared-prefix");
+  WorkloadSpec ws;
+  ws.random.n = *n;
+  ws.random.input = *in_dist;
+  ws.random.output = *out_dist;
+  ws.random.vocab_size = *vocab;
+  ws.random.seed = static_cast<uint64_t>(*seed);
+  ws.dataset = a.get_or("dataset-name", "random");
+  ws.path = a.get_or("dataset-path", "");
+  ws.n_prefixes = *n_pre;
+  ws.prefix_len = *prefix_len;
+  ws.fixed_output_len = a.has("output-len") ? *out : 0;
+  ws.default_max_tokens = *out;
+  const std::string& dataset = ws.dataset;
   // Text datasets: expected lengths by a real tokenizer when one is given, else estimated.
-  TokenCounter count_tokens = estimate_tokens;
   std::unique_ptr<Tokenizer> tokenizer;
   if (auto tp = a.get("tokenizer")) {
     auto t = load_tokenizer(*tp);
     if (!t.ok()) return fail(kCmd, t.status());
     tokenizer = std::move(*t);
-    count_tokens = [&tokenizer](std::string_view text) -> int64_t {
+    ws.count_tokens = [&tokenizer](std::string_view text) -> int64_t {
       auto ids = tokenizer->encode(text, /*add_special_tokens=*/false);
       return ids.ok() ? static_cast<int64_t>(ids->size()) : estimate_tokens(text);
     };
   }
-  if (dataset == "random") reqs = random_workload(ro);
-  else if (dataset == "shared-prefix") reqs = shared_prefix_workload({ro, *n_pre, *prefix_len});
-  else if (dataset == "sharegpt") reqs = sharegpt_workload(dataset_path, *n, a.has("output-len") ? *out : 0, ro.seed, count_tokens);
-  else if (dataset == "jsonl") reqs = jsonl_workload(dataset_path, *n, *out, count_tokens);
-  if (!reqs.ok()) return fail(kCmd, reqs.status());
+  auto first_workload = make_workload(ws, 0);
+  if (!first_workload.ok()) return fail(kCmd, first_workload.status());
 
   // The server: given, or a child `pagellm serve`.
   ChildServer child;
@@ -267,8 +265,13 @@ int bench_serve(int argc, char** argv) {
   auto n_warm = a.get_int("num-warmups", 0);
   if (!n_warm.ok() || *n_warm < 0) return fail(kCmd, invalid_argument("--num-warmups must be >= 0"));
   if (*n_warm > 0) {
+    // Warm-up prompts come from a run index no measured run uses: a warm-up that sent a measured
+    // prompt would leave it in the prefix cache.
+    auto warm_workload = make_workload(ws, static_cast<int64_t>(rates.size()));
+    if (!warm_workload.ok()) return fail(kCmd, warm_workload.status());
+    const std::vector<BenchRequest>& pool = warm_workload->requests;
     std::vector<BenchRequest> warm;
-    for (int64_t i = 0; i < *n_warm; ++i) warm.push_back((*reqs)[static_cast<size_t>(i) % reqs->size()]);
+    for (int64_t i = 0; i < *n_warm; ++i) warm.push_back(pool[static_cast<size_t>(i) % pool.size()]);
     ClientOptions wo = co;
     wo.max_concurrency = 1;
     auto w = run_load(wo, warm, std::vector<double>(warm.size(), 0.0));
@@ -280,7 +283,21 @@ int bench_serve(int argc, char** argv) {
   }
 
   std::vector<RunReport> runs;
-  for (double rate : rates) {
+  bool prompts_repeat = false;  // a dataset too small to give every rate its own entries
+  for (size_t run_index = 0; run_index < rates.size(); ++run_index) {
+    const double rate = rates[run_index];
+    Result<Workload> workload = run_index == 0 ? std::move(first_workload) : make_workload(ws, static_cast<int64_t>(run_index));
+    if (!workload.ok()) return fail(kCmd, workload.status());
+    if (rates.size() > 1 && workload->reuses_entries) {
+      prompts_repeat = true;
+      std::fprintf(stderr,
+                   "bench serve: %s holds %lld requests, fewer than the %lld that %zu rates of %lld need: "
+                   "this rate repeats prompts an earlier run sent (prefix-cache hits may flatter it)\n",
+                   ws.path.c_str(), static_cast<long long>(workload->pool_size),
+                   static_cast<long long>(*n) * static_cast<long long>(rates.size()), rates.size(),
+                   static_cast<long long>(*n));
+    }
+    const std::vector<BenchRequest>& reqs = workload->requests;
     ArrivalOptions ao;
     ao.kind = *arrival_kind;
     ao.rate = rate;
@@ -292,11 +309,13 @@ int bench_serve(int argc, char** argv) {
     if (!times.ok()) return fail(kCmd, times.status());
     char rate_s[32] = "inf";
     if (!std::isinf(rate)) std::snprintf(rate_s, sizeof rate_s, "%g", rate);
-    std::fprintf(stderr, "bench serve: %lld requests at %s req/s (%s) to %s%s, model %s\n",
-                 static_cast<long long>(*n), rate_s,
-                 arrival_kind_name(ao.kind), co.base_url.c_str(), co.path.c_str(), co.model.c_str());
+    std::string source = "workload seed " + std::to_string(workload->seed);
+    if (workload->first >= 0) source += ", from entry " + std::to_string(workload->first);
+    std::fprintf(stderr, "bench serve: %lld requests at %s req/s (%s) to %s%s, model %s, %s\n",
+                 static_cast<long long>(*n), rate_s, arrival_kind_name(ao.kind), co.base_url.c_str(),
+                 co.path.c_str(), co.model.c_str(), source.c_str());
     std::optional<PromSamples> before = a.flag("no-metrics") ? std::nullopt : scrape(co.base_url);
-    auto res = run_load(co, *reqs, *times);
+    auto res = run_load(co, reqs, *times);
     if (!res.ok()) return fail(kCmd, res.status());
     RunReport r;
     r.request_rate = rate;
@@ -304,6 +323,8 @@ int bench_serve(int argc, char** argv) {
     r.burstiness = *burst;
     r.max_concurrency = *cap;
     r.num_prompts = *n;
+    r.workload_seed = workload->seed;
+    r.dataset_first = workload->first;
     r.metrics = compute_metrics(res->results, res->duration_s, slo);
     if (before) {
       if (auto after = scrape(co.base_url)) r.server = server_side_metrics(*before, *after);
@@ -321,6 +342,11 @@ int bench_serve(int argc, char** argv) {
   if (runs.size() > 1) {
     best = best_rate_meeting_slo(runs, *attain);
     std::printf("%s\n", sweep_markdown(runs, slo, best, *attain).c_str());
+    std::printf("%s\n", prompts_repeat ? "Some rates repeated prompts of earlier rates: the dataset is too small for "
+                                         "--num-prompts per rate."
+                                       : "Each rate sent its own prompts (workload seed or dataset entries derived from "
+                                         "--seed and the rate's index), so no rate ran against a prefix cache that "
+                                         "an earlier rate had warmed.");
   }
 
   if (auto path = a.get("output-json")) {
@@ -348,7 +374,11 @@ int bench_serve(int argc, char** argv) {
     if (auto p = a.get("precision")) j["precision"] = *p;
     j["runs"] = nlohmann::json::array();
     for (const RunReport& r : runs) j["runs"].push_back(run_json(r, slo, a.flag("save-requests")));
-    if (runs.size() > 1) j["max_rate_meeting_slo"] = best ? nlohmann::json(*best) : nlohmann::json(nullptr);
+    if (runs.size() > 1) {
+      j["max_rate_meeting_slo"] = best ? nlohmann::json(*best) : nlohmann::json(nullptr);
+      // Each run's own prompts: "workload_seed" (and "dataset_first") in every run object.
+      j["distinct_prompts_per_rate"] = !prompts_repeat;
+    }
     std::ofstream f(*path);
     if (!f || !(f << j.dump(2) << "\n")) return fail(kCmd, invalid_argument(*path + ": cannot write the report"));
     std::fprintf(stderr, "bench serve: wrote %s\n", path->c_str());

@@ -54,6 +54,7 @@ nlohmann::json run_json(const RunReport& r, const Slo& slo, bool with_requests) 
                       {"burstiness", r.burstiness},
                       {"max_concurrency", r.max_concurrency},
                       {"num_prompts", r.num_prompts},
+                      {"workload_seed", r.workload_seed},
                       {"duration_s", m.duration_s},
                       {"completed", m.completed},
                       {"failed", m.failed},
@@ -71,6 +72,7 @@ nlohmann::json run_json(const RunReport& r, const Slo& slo, bool with_requests) 
                       {"tpot_ms", summary_json(m.tpot_ms)},
                       {"itl_ms", summary_json(m.itl_ms)},
                       {"e2el_ms", summary_json(m.e2el_ms)}};
+  if (r.dataset_first >= 0) j["dataset_first"] = r.dataset_first;
   if (r.server && r.server->any()) {
     const ServerSideMetrics& s = *r.server;
     j["server"] = {{"ttft", hist_json(s.ttft_s)},         {"itl", hist_json(s.itl_s)},

@@ -36,6 +36,10 @@ struct RunReport {
   double burstiness = 1;
   int64_t max_concurrency = 0;
   int64_t num_prompts = 0;
+  // Where this run's prompts came from (bench/workload.h: each run of a sweep draws its own):
+  // the seed of a synthetic workload or of a ShareGPT shuffle, and a file dataset's first entry.
+  uint64_t workload_seed = 0;
+  int64_t dataset_first = -1;  // -1: not a file dataset
   BenchMetrics metrics;
   std::optional<ServerSideMetrics> server;
   std::vector<RequestResult> requests;  // kept for --save-requests

@@ -135,8 +135,10 @@ int64_t estimate_tokens(std::string_view text) {
 
 Result<std::vector<BenchRequest>> sharegpt_workload(const std::string& path, int64_t n,
                                                     int64_t fixed_output_len, uint64_t seed,
-                                                    const TokenCounter& count_tokens) {
+                                                    const TokenCounter& count_tokens, int64_t first,
+                                                    int64_t* pool_size) {
   if (n < 1) return invalid_argument("--num-prompts must be >= 1");
+  if (first < 0) return invalid_argument("sharegpt_workload: first must be >= 0");
   auto text = read_file(path);
   if (!text.ok()) return text.status();
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -160,15 +162,18 @@ Result<std::vector<BenchRequest>> sharegpt_workload(const std::string& path, int
   if (pool.empty()) return data_loss(path + ": no conversation with a human turn and a gpt turn");
   std::mt19937_64 rng(seed);
   std::shuffle(pool.begin(), pool.end(), rng);
+  if (pool_size) *pool_size = static_cast<int64_t>(pool.size());
   std::vector<BenchRequest> out;
-  for (int64_t i = 0; i < n; ++i) out.push_back(pool[static_cast<size_t>(i) % pool.size()]);
+  for (int64_t i = 0; i < n; ++i) out.push_back(pool[static_cast<size_t>(first + i) % pool.size()]);
   return out;
 }
 
 Result<std::vector<BenchRequest>> jsonl_workload(const std::string& path, int64_t n,
                                                  int64_t default_max_tokens,
-                                                 const TokenCounter& count_tokens) {
+                                                 const TokenCounter& count_tokens, int64_t first,
+                                                 int64_t* pool_size) {
   if (n < 1) return invalid_argument("--num-prompts must be >= 1");
+  if (first < 0) return invalid_argument("jsonl_workload: first must be >= 0");
   std::ifstream f(path);
   if (!f) return not_found(path + ": cannot open the dataset");
   std::vector<BenchRequest> pool;
@@ -202,9 +207,51 @@ Result<std::vector<BenchRequest>> jsonl_workload(const std::string& path, int64_
     pool.push_back(std::move(r));
   }
   if (pool.empty()) return data_loss(path + ": no requests");
+  if (pool_size) *pool_size = static_cast<int64_t>(pool.size());
   std::vector<BenchRequest> out;
-  for (int64_t i = 0; i < n; ++i) out.push_back(pool[static_cast<size_t>(i) % pool.size()]);
+  for (int64_t i = 0; i < n; ++i) out.push_back(pool[static_cast<size_t>(first + i) % pool.size()]);
   return out;
+}
+
+uint64_t run_workload_seed(uint64_t base_seed, int64_t run_index) {
+  if (run_index == 0) return base_seed;
+  // splitmix64 of the pair: nearby (seed, index) pairs give unrelated mt19937_64 streams.
+  uint64_t z = base_seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(run_index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+Result<Workload> make_workload(const WorkloadSpec& spec, int64_t run_index) {
+  if (run_index < 0) return invalid_argument("make_workload: run_index must be >= 0");
+  Workload w;
+  const int64_t n = spec.random.n;
+  if (spec.dataset == "random" || spec.dataset == "shared-prefix") {
+    RandomWorkloadOptions o = spec.random;
+    o.seed = w.seed = run_workload_seed(spec.random.seed, run_index);
+    auto reqs = spec.dataset == "random" ? random_workload(o)
+                                         : shared_prefix_workload({o, spec.n_prefixes, spec.prefix_len});
+    if (!reqs.ok()) return reqs.status();
+    w.requests = std::move(*reqs);
+    return w;
+  }
+  if (spec.dataset == "sharegpt" || spec.dataset == "jsonl") {
+    if (spec.path.empty()) return invalid_argument("--dataset-name " + spec.dataset + " needs --dataset-path");
+    // One shuffle (ShareGPT) for every run, and consecutive windows of it: distinct entries for
+    // as many runs as the file holds.
+    w.seed = spec.random.seed;
+    w.first = run_index * n;
+    auto reqs = spec.dataset == "sharegpt"
+                    ? sharegpt_workload(spec.path, n, spec.fixed_output_len, w.seed, spec.count_tokens, w.first,
+                                        &w.pool_size)
+                    : jsonl_workload(spec.path, n, spec.default_max_tokens, spec.count_tokens, w.first, &w.pool_size);
+    if (!reqs.ok()) return reqs.status();
+    w.requests = std::move(*reqs);
+    w.reuses_entries = (run_index + 1) * n > w.pool_size;
+    if (w.pool_size > 0) w.first %= w.pool_size;
+    return w;
+  }
+  return invalid_argument("--dataset-name '" + spec.dataset + "' is not random|sharegpt|jsonl|shared-prefix");
 }
 
 }  // namespace pagellm::bench

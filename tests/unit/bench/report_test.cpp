@@ -41,6 +41,13 @@ TEST(Report, JsonHasTheSchemaFields) {
   EXPECT_EQ(j["requests"].size(), 2u);
   EXPECT_EQ(j["requests"][1]["error"], "dropped");
   EXPECT_FALSE(j.contains("server"));
+  EXPECT_EQ(j["workload_seed"], 0u);
+  EXPECT_FALSE(j.contains("dataset_first"));  // a synthetic workload
+  r.workload_seed = 0x9e3779b97f4a7c15ull;   // seeds span all 64 bits
+  r.dataset_first = 8;
+  const nlohmann::json j2 = run_json(r, Slo{}, false);
+  EXPECT_EQ(j2["workload_seed"].get<uint64_t>(), 0x9e3779b97f4a7c15ull);
+  EXPECT_EQ(j2["dataset_first"], 8);
   const std::string md = run_markdown(r, Slo{});
   EXPECT_NE(md.find("| TTFT | 100.00 |"), std::string::npos) << md;
   EXPECT_NE(md.find("failed: dropped | 1"), std::string::npos) << md;

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <set>
+#include <string>
 
 namespace pagellm::bench {
 namespace {
@@ -105,6 +108,113 @@ TEST(Workload, Jsonl) {
   auto bad = jsonl_workload(temp_file("bad.jsonl", "{\"prompt\": \"x\"}\n{\"max_tokens\": 3}\n"), 1, 16, estimate_tokens);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad.jsonl:2"), std::string::npos) << bad.status().message();
+}
+
+// A prompt as one comparable value: its text, or its token ids.
+std::string prompt_key(const BenchRequest& r) {
+  if (!r.prompt_ids.empty()) {
+    std::string k = "ids:";
+    for (int32_t id : r.prompt_ids) k += std::to_string(id) + ",";
+    return k;
+  }
+  return "text:" + r.prompt_text;
+}
+
+// Runs 0 .. n_runs - 1 of a spec: no prompt of one run may appear in another (a sweep whose
+// rates repeated prompts would measure every rate after the first against a warm prefix cache).
+void expect_disjoint_runs(const WorkloadSpec& spec, int n_runs) {
+  std::map<std::string, int> owner;  // prompt -> the run that sent it
+  for (int run = 0; run < n_runs; ++run) {
+    auto w = make_workload(spec, run);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_EQ(static_cast<int64_t>(w->requests.size()), spec.random.n);
+    EXPECT_FALSE(w->reuses_entries) << spec.dataset << " run " << run;
+    std::set<std::string> mine;
+    for (const BenchRequest& r : w->requests) mine.insert(prompt_key(r));
+    for (const std::string& k : mine) {
+      auto [it, fresh] = owner.try_emplace(k, run);
+      EXPECT_TRUE(fresh) << spec.dataset << ": run " << run << " repeats a prompt of run " << it->second;
+    }
+  }
+  EXPECT_GT(owner.size(), 0u);
+}
+
+TEST(Workload, RunSeeds) {
+  EXPECT_EQ(run_workload_seed(42, 0), 42u);  // run 0 is the single-run workload
+  std::set<uint64_t> seen = {42};
+  for (int64_t i = 1; i < 100; ++i) EXPECT_TRUE(seen.insert(run_workload_seed(42, i)).second) << i;
+  EXPECT_NE(run_workload_seed(42, 1), run_workload_seed(43, 1));
+  EXPECT_FALSE(make_workload(WorkloadSpec{}, -1).ok());
+}
+
+TEST(Workload, EveryRunOfASweepDrawsItsOwnRandomPrompts) {
+  WorkloadSpec spec;
+  spec.random.n = 50;
+  spec.random.input = *parse_length_dist("uniform:8,40", 24, "i");
+  spec.random.output = *parse_length_dist("fixed", 8, "o");
+  spec.random.vocab_size = 32000;
+  spec.random.seed = 7;
+  // Run 0 sends exactly what a single run with the same seed sends.
+  auto single = random_workload(spec.random);
+  auto run0 = make_workload(spec, 0);
+  ASSERT_TRUE(single.ok() && run0.ok());
+  EXPECT_EQ(run0->seed, 7u);
+  EXPECT_EQ(run0->first, -1);
+  ASSERT_EQ(run0->requests.size(), single->size());
+  for (size_t i = 0; i < single->size(); ++i) {
+    EXPECT_EQ(run0->requests[i].prompt_ids, (*single)[i].prompt_ids);
+    EXPECT_EQ(run0->requests[i].max_tokens, (*single)[i].max_tokens);
+  }
+  expect_disjoint_runs(spec, 4);
+}
+
+TEST(Workload, EveryRunOfASweepHasItsOwnSharedPrefixes) {
+  WorkloadSpec spec;
+  spec.dataset = "shared-prefix";
+  spec.random.n = 12;
+  spec.random.input = *parse_length_dist("fixed", 4, "i");
+  spec.random.output = *parse_length_dist("fixed", 4, "o");
+  spec.random.vocab_size = 32000;
+  spec.n_prefixes = 3;
+  spec.prefix_len = 64;
+  expect_disjoint_runs(spec, 3);
+  // Not only the suffixes: the long system prompts themselves differ between runs.
+  auto a = make_workload(spec, 0), b = make_workload(spec, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const BenchRequest& x : a->requests)
+    for (const BenchRequest& y : b->requests)
+      EXPECT_FALSE(std::equal(x.prompt_ids.begin(), x.prompt_ids.begin() + 64, y.prompt_ids.begin()));
+}
+
+TEST(Workload, EveryRunOfASweepTakesItsOwnDatasetEntries) {
+  std::string sharegpt = "[", jsonl;
+  for (int i = 0; i < 12; ++i) {
+    sharegpt += std::string(i ? "," : "") + R"({"conversations": [{"from": "human", "value": "question )" +
+                std::to_string(i) + R"("}, {"from": "gpt", "value": "answer"}]})";
+    jsonl += R"({"prompt": "line )" + std::to_string(i) + "\"}\n";
+  }
+  sharegpt += "]";
+  for (const char* kind : {"sharegpt", "jsonl"}) {
+    WorkloadSpec spec;
+    spec.dataset = kind;
+    spec.path = temp_file(std::string("sweep.") + kind, kind == std::string("jsonl") ? jsonl : sharegpt);
+    spec.random.n = 4;
+    spec.random.seed = 3;
+    expect_disjoint_runs(spec, 3);  // 3 runs x 4 = the 12 entries
+    auto w1 = make_workload(spec, 1);
+    ASSERT_TRUE(w1.ok());
+    EXPECT_EQ(w1->first, 4);
+    EXPECT_EQ(w1->pool_size, 12);
+    // A fourth run finds no fresh entry left, and says so.
+    auto w3 = make_workload(spec, 3);
+    ASSERT_TRUE(w3.ok());
+    EXPECT_TRUE(w3->reuses_entries) << kind;
+  }
+  WorkloadSpec no_path;
+  no_path.dataset = "jsonl";
+  EXPECT_FALSE(make_workload(no_path, 0).ok());
+  no_path.dataset = "csv";
+  EXPECT_FALSE(make_workload(no_path, 0).ok());
 }
 
 }  // namespace
