@@ -66,6 +66,8 @@ the memory bandwidth measured in the same run.
   --peak-tflops X       the compute ceiling for --profile, TFLOP/s of the activation dtype
                         (default: 798, bf16 dense, on an H200; otherwise none, and the column
                         is left out)
+With --profile the whole run is eager (no graph replay), timed and profiled alike, so its decode
+figures are those of launching every op; run without it for the graph-replayed decode speed.
 )";
 
 // The compute ceiling of --profile: --peak-tflops, else a measured figure for known devices.
@@ -149,6 +151,9 @@ int bench_latency(int argc, char** argv) {
   const double achieved = bytes_per_token * decode_tps / 1e9;
   std::printf("model            %s\n", m.path.c_str());
   std::printf("backend          %s, load %.2f s\n", m.backend->name().c_str(), load_s);
+  // The profiling decorator records no graphs, so every step of this run is eager: the decode
+  // figures are those of launching each op, not of graph replay.
+  if (profile) std::printf("mode             eager (--profile: no CUDA graphs in any step)\n");
   std::printf("prefill          %lld tokens: %.1f ms, %.1f tok/s\n", static_cast<long long>(*in),
               best_prefill * 1e3, prefill_tps);
   std::printf("decode           %lld tokens: %.2f ms/token, %.1f tok/s\n",
