@@ -26,6 +26,7 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
+constexpr int kDecodeKeys = 8;         // keys a warp loads before using any of them
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
 constexpr int kSmemSoftBudget = 64 * 1024;
@@ -62,7 +63,9 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
   const int64_t q_bytes = static_cast<int64_t>(p.group) * p.dmax * 2;
   const int64_t per_token = static_cast<int64_t>(p.group) * 4;
-  int64_t cap = (kSmemSoftBudget - q_bytes) / per_token / 32 * 32;
+  const int64_t fixed_bytes =
+      q_bytes + static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * p.dmax * 4;
+  int64_t cap = (kSmemSoftBudget - fixed_bytes) / per_token / 32 * 32;
   cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
   // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
   const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.hkv;
@@ -72,11 +75,18 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
-  p.smem = static_cast<size_t>(per_token * chunk + q_bytes + p.group * 8);
+  const int64_t red_bytes =
+      static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * p.dmax * 4;
+  p.smem = static_cast<size_t>(per_token * chunk + q_bytes + p.group * 8 + red_bytes);
   return p;
 }
 
-// Shared memory: scores f32 [G][chunk] | m, l f32 [G][2] | q bf16 [G][DMAX].
+// Shared memory: scores f32 [G][chunk] | m, l f32 [G][2] | q bf16 [G][DMAX] |
+//                PV partial sums f32 [kDecodeWarps][min(G, kDecodeHeadTile)][DMAX].
+// Both passes over the context keep many loads in flight, which is what decode attention is bound
+// by: QK takes kDecodeKeys keys per warp per iteration (all their K loads issued before any math),
+// PV spreads keys over the warps (each lane owns DMAX / 32 contiguous V dims, so a warp reads whole
+// rows) and sums the warps' partial results through shared memory at the end.
 template <int DMAX>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
@@ -87,9 +97,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int q_tok = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
   const int G = a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
+  const int tile = min(G, kDecodeHeadTile);
   float* scores = smem;
   float* ml = scores + static_cast<size_t>(G) * chunk;
   bf16* qs = reinterpret_cast<bf16*>(ml + 2 * G);
+  float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   const int32_t pos = a.seq_lens_kv[s] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
@@ -108,29 +120,45 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncthreads();
 
-  // Scores: a warp per key; lanes hold pairs of K elements, reused for every head of the group.
+  // Scores: a warp per key, kDecodeKeys keys per iteration; lanes hold pairs of K elements,
+  // reused for every head of the group.
   constexpr int kPairs = DMAX / 64;
-  for (int t = warp; t < n_tok; t += kDecodeWarps) {
-    const bf16* krow = cache_row(a.k_cache, table, begin + t, a.block_size, kvh);
-    float2 kr[kPairs];
+  for (int t0 = warp * kDecodeKeys; t0 < n_tok; t0 += kDecodeWarps * kDecodeKeys) {
+    float2 kr[kDecodeKeys][kPairs];
 #pragma unroll
-    for (int c = 0; c < kPairs; ++c) {
-      const int e = 2 * (lane + 32 * c);
-      kr[c] = e < D ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + e))
-                    : make_float2(0.0f, 0.0f);
-    }
-    for (int g = 0; g < G; ++g) {
-      float dot = 0.0f;
+    for (int u = 0; u < kDecodeKeys; ++u) {
+      const bool valid = t0 + u < n_tok;
+      const bf16* krow = valid ? cache_row(a.k_cache, table, begin + t0 + u, a.block_size, kvh) : nullptr;
 #pragma unroll
       for (int c = 0; c < kPairs; ++c) {
         const int e = 2 * (lane + 32 * c);
-        if (e < D) {
-          const float2 qv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qs + g * DMAX + e));
-          dot += qv.x * kr[c].x + qv.y * kr[c].y;
-        }
+        kr[u][c] = valid && e < D
+                       ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + e))
+                       : make_float2(0.0f, 0.0f);
       }
-      dot = warp_sum(dot);
-      if (lane == 0) scores[g * chunk + t] = cap_score(dot * a.scale, a.softcap);
+    }
+    for (int g = 0; g < G; ++g) {
+      float2 qv[kPairs];
+#pragma unroll
+      for (int c = 0; c < kPairs; ++c) {
+        const int e = 2 * (lane + 32 * c);
+        qv[c] = e < D ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qs + g * DMAX + e))
+                      : make_float2(0.0f, 0.0f);
+      }
+      float dot[kDecodeKeys];
+#pragma unroll
+      for (int u = 0; u < kDecodeKeys; ++u) {
+        dot[u] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kPairs; ++c) dot[u] += qv[c].x * kr[u][c].x + qv[c].y * kr[u][c].y;
+      }
+#pragma unroll
+      for (int u = 0; u < kDecodeKeys; ++u) dot[u] = warp_sum(dot[u]);
+      if (lane == 0) {
+#pragma unroll
+        for (int u = 0; u < kDecodeKeys; ++u)
+          if (t0 + u < n_tok) scores[g * chunk + t0 + u] = cap_score(dot[u] * a.scale, a.softcap);
+      }
     }
   }
   __syncthreads();
@@ -154,54 +182,79 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncthreads();
 
-  // P . V: a thread per pair of V dims, kDecodeHeadTile heads per pass so each V load is shared.
-  const int e = 2 * tid;
-  const bool active = e < Dv;
-  for (int g0 = 0; g0 < G; g0 += kDecodeHeadTile) {
-    float2 acc[kDecodeHeadTile];
+  // P . V: warp w takes keys w, w + kDecodeWarps, ...; lane owns dims [e0, e0 + kDims).
+  constexpr int kDims = DMAX / 32;
+  const int e0 = lane * kDims;
+  for (int g0 = 0; g0 < G; g0 += tile) {
+    const int gn = min(tile, G - g0);
+    float acc[kDecodeHeadTile][kDims];
 #pragma unroll
-    for (int gg = 0; gg < kDecodeHeadTile; ++gg) acc[gg] = make_float2(0.0f, 0.0f);
-    if (active) {
-      for (int t = 0; t < n_tok; ++t) {
-        const bf16* vrow = cache_row(a.v_cache, table, begin + t, a.block_size, kvh);
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + e));
+    for (int gg = 0; gg < kDecodeHeadTile; ++gg)
 #pragma unroll
-        for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
-          if (g0 + gg < G) {
-            const float p = scores[(g0 + gg) * chunk + t];
-            acc[gg].x += p * v.x;
-            acc[gg].y += p * v.y;
+      for (int d = 0; d < kDims; ++d) acc[gg][d] = 0.0f;
+    if (e0 < Dv) {
+      for (int t0 = warp; t0 < n_tok; t0 += kDecodeWarps * kDecodeKeys) {
+        float2 vr[kDecodeKeys][kDims / 2];
+#pragma unroll
+        for (int u = 0; u < kDecodeKeys; ++u) {
+          const int t = t0 + u * kDecodeWarps;
+          const bf16* vrow = t < n_tok ? cache_row(a.v_cache, table, begin + t, a.block_size, kvh) : nullptr;
+#pragma unroll
+          for (int c = 0; c < kDims / 2; ++c) {
+            const int e = e0 + 2 * c;
+            vr[u][c] = t < n_tok && e < Dv
+                           ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + e))
+                           : make_float2(0.0f, 0.0f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kDecodeKeys; ++u) {
+          const int t = t0 + u * kDecodeWarps;
+          if (t >= n_tok) break;
+#pragma unroll
+          for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
+            if (gg < gn) {
+              const float p = scores[(g0 + gg) * chunk + t];
+#pragma unroll
+              for (int c = 0; c < kDims / 2; ++c) {
+                acc[gg][2 * c] += p * vr[u][c].x;
+                acc[gg][2 * c + 1] += p * vr[u][c].y;
+              }
+            }
           }
         }
       }
     }
+    // Sum the warps' partial results.
 #pragma unroll
     for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
-      const int g = g0 + gg;
-      if (g >= G) break;
-      const int h = h0 + g;
+      if (gg < gn) {
+#pragma unroll
+        for (int d = 0; d < kDims; ++d) red[(warp * tile + gg) * DMAX + e0 + d] = acc[gg][d];
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < gn * Dv; idx += kDecodeThreads) {
+      const int gg = idx / Dv, e = idx % Dv, g = g0 + gg, h = h0 + g;
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) v += red[(w * tile + gg) * DMAX + e];
       if (n_splits == 1) {
-        if (active) {
-          // l >= 1 when the query's own key is in the chunk; 0 only for a padding sequence with
-          // no context (graph batches), whose output is then 0 rather than NaN.
-          const float l = ml[2 * g + 1];
-          const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-          bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
-          o[e] = from_float<bf16>(acc[gg].x * inv);
-          if (e + 1 < Dv) o[e + 1] = from_float<bf16>(acc[gg].y * inv);
-        }
+        // l >= 1 when the query's own key is in the chunk; 0 only for a padding sequence with no
+        // context (graph batches), whose output is then 0 rather than NaN.
+        const float l = ml[2 * g + 1];
+        bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
+        o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
       } else {
         const int64_t slot = (static_cast<int64_t>(s) * a.hq + h) * n_splits + split;
-        if (active) {
-          part_acc[slot * Dv + e] = acc[gg].x;
-          if (e + 1 < Dv) part_acc[slot * Dv + e + 1] = acc[gg].y;
-        }
-        if (tid == 0) {
+        part_acc[slot * Dv + e] = v;
+        if (e == 0) {
           part_ml[2 * slot] = ml[2 * g];
           part_ml[2 * slot + 1] = ml[2 * g + 1];
         }
       }
     }
+    __syncthreads();  // red is reused by the next head tile
   }
 }
 

@@ -178,10 +178,39 @@ Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias,
   return plans_.emplace(key, p).first->second;
 }
 
-void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-               const RowView& out) {
-  if (x.n_rows == 0 || w.n_rows == 0) return;
-  Plan& p = plan_for(x, w, bias, bias_dtype, out);
+void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                       DType bias_dtype, const RowView& out) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return;
+  cudaEvent_t ev[3];
+  for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+  // Warm both up, then time kReps runs of each; the output is overwritten with the same values.
+  constexpr int kReps = 5;
+  Plan lt = p, gv = p;
+  lt.use_gemv = false;
+  gv.use_gemv = true;
+  run_plan(lt, x, w, bias, bias_dtype, out);
+  run_plan(gv, x, w, bias, bias_dtype, out);
+  CUDA_CHECK(cudaEventRecord(ev[0], stream_));
+  for (int i = 0; i < kReps; ++i) run_plan(lt, x, w, bias, bias_dtype, out);
+  CUDA_CHECK(cudaEventRecord(ev[1], stream_));
+  for (int i = 0; i < kReps; ++i) run_plan(gv, x, w, bias, bias_dtype, out);
+  CUDA_CHECK(cudaEventRecord(ev[2], stream_));
+  CUDA_CHECK(cudaEventSynchronize(ev[2]));
+  float t_lt = 0.0f, t_gv = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&t_lt, ev[0], ev[1]));
+  CUDA_CHECK(cudaEventElapsedTime(&t_gv, ev[1], ev[2]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  p.use_gemv = t_gv < t_lt;
+}
+
+void Gemm::run_plan(const Plan& p, const RowView& x, const RowView& w, const void* bias,
+                    DType bias_dtype, const RowView& out) {
+  if (p.use_gemv) {
+    launch_gemv(x, w, bias, bias_dtype, out, stream_);
+    return;
+  }
   if (p.use_fallback) {
     launch_gemm_fallback(x, w, bias, bias_dtype, out, stream_);
     return;
@@ -193,6 +222,15 @@ void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w.data, p.a, x.data, p.b, &beta, out.data,
                               p.d, out.data, p.d, &p.algo, workspace_, kWorkspaceBytes, stream_));
   if (bias != nullptr && !p.bias_in_epilogue) launch_add_bias(out, bias, bias_dtype, stream_);
+}
+
+void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+               const RowView& out) {
+  if (x.n_rows == 0 || w.n_rows == 0) return;
+  const size_t n_plans_before = plans_.size();
+  Plan& p = plan_for(x, w, bias, bias_dtype, out);
+  if (plans_.size() != n_plans_before && gemv_supported(x, w, out)) choose_gemv(p, x, w, bias, bias_dtype, out);
+  run_plan(p, x, w, bias, bias_dtype, out);
 }
 
 }  // namespace pagellm::cuda

@@ -1,6 +1,7 @@
 // Dense GEMM for matmul(): out[n, M] = x[n, K] . w[M, K]^T (+ bias), through cuBLASLt for bf16
-// weights (fp32 compute, bf16 or f32 out) and a plain tiled kernel for weight types cuBLASLt
-// cannot pair with bf16 activations (f32, f16).
+// weights (fp32 compute, bf16 or f32 out) or, for decode-sized n, the GEMV kernel of gemv.cu when
+// it measures faster on the shape, and a plain tiled kernel for weight types cuBLASLt cannot pair
+// with bf16 activations (f32, f16).
 #pragma once
 
 #include <cublasLt.h>
@@ -42,7 +43,15 @@ class Gemm {
     cublasLtMatmulAlgo_t algo{};
     bool bias_in_epilogue = false;  // otherwise added by a separate kernel
     bool use_fallback = false;      // cuBLASLt had no algorithm: the tiled kernel runs instead
+    bool use_gemv = false;          // decode-sized n: gemv.cu measured faster than cuBLASLt
   };
+  // For n <= kGemvMaxRows: times cuBLASLt's plan and the GEMV kernel on this call's buffers (a few
+  // runs each, on the first call of a shape, which the engine makes op by op before recording
+  // graphs) and keeps the faster. During a graph recording it cannot time, and keeps cuBLASLt.
+  void choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                   const RowView& out);
+  void run_plan(const Plan& p, const RowView& x, const RowView& w, const void* bias,
+                DType bias_dtype, const RowView& out);
   Plan& plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out);
   bool try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/device_sample.h"
 #include "core/dtype.h"
 
 namespace pagellm::cuda {
@@ -95,6 +96,15 @@ void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dt
 void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                           const RowView& out, cudaStream_t stream);
 
+// --- gemv.cu ---
+// out[n, M] = x[n, K] . w[M, K]^T (+ bias) for decode-sized n (1..kGemvMaxRows), bf16 x and w,
+// bf16 or f32 out (rows may be strided), fp32 accumulation. Needs K, x's and w's row strides
+// multiples of 8 elements and x, w 16-byte aligned (gemv_supported).
+constexpr int64_t kGemvMaxRows = 8;
+bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
+void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                 const RowView& out, cudaStream_t stream);
+
 // --- attention.cu ---
 struct AttentionArgs {
   const void* q = nullptr;  // bf16 [n_tokens, hq, head_dim]
@@ -118,5 +128,26 @@ int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms);
 // Runs decode (max_seqlen_q == 1: split-KV + reduction) or ragged prefill (tiled). `workspace`
 // must hold attention_workspace_bytes(a, n_sms).
 void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaStream_t stream);
+
+// --- sampling.cu ---
+// One device sampling step (Backend::sample): rows[i] samples logits row rows[i].logits_row of
+// `logits` [*, vocab] (bf16 or f32, row stride ld elements) and writes results[i]. rows, edits
+// and results are device pointers.
+struct SampleLaunch {
+  const void* logits = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t ld = 0;
+  int32_t vocab = 0;
+  const DeviceSampleRow* rows = nullptr;
+  int32_t n_rows = 0;
+  const DeviceSampleEdit* edits = nullptr;
+  DeviceSampleResult* results = nullptr;
+  int n_sms = 0;
+  bool cluster_ok = false;  // thread-block clusters available (sm_90)
+  int force_group = 0;      // > 0: blocks per row (tests and benchmarks); 0: chosen from the shape
+};
+void launch_sample(const SampleLaunch& l, cudaStream_t stream);
+// Dynamic shared memory of one sampling block whose slice of the row is `slice` tokens.
+int64_t sample_shared_bytes(int32_t slice);
 
 }  // namespace pagellm::cuda

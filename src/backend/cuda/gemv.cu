@@ -1,0 +1,147 @@
+// Matrix-vector products for decode: out[n, M] = x[n, K] . w[M, K]^T (+ bias) with n <= 8 and bf16
+// weights. At these sizes the product is a stream over the weights, so the kernel is built to keep
+// as many weight bytes in flight as the memory system needs: each warp owns kGemvRows output rows,
+// each lane reads 16-byte pieces of them (a warp covers 512 contiguous bytes of a row per load) and
+// issues kGemvUnroll such loads per row before using any; x (n rows, a few to a few hundred KB)
+// is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
+// warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster.
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace pagellm::cuda {
+namespace {
+
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kGemvRows = 2;    // output rows per warp
+constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
+
+// Weights are read once: bypass L1 so x stays there.
+__device__ __forceinline__ uint4 load_stream(const bf16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+__device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
+  if (bias == nullptr) return 0.0f;
+  switch (t) {
+    case DType::kBF16: return to_float(static_cast<const bf16*>(bias)[m]);
+    case DType::kF16: return to_float(static_cast<const __half*>(bias)[m]);
+    default: return static_cast<const float*>(bias)[m];
+  }
+}
+
+template <int N, typename TOut>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
+                const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
+                int64_t ldo, int64_t m_dim, int64_t k_dim) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGemvRows;
+  if (m0 >= m_dim) return;
+  float acc[kGemvRows][N];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[r][j] = 0.0f;
+  const bf16* wr[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
+
+  constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
+  for (int64_t k0 = lane * 8; k0 < k_dim; k0 += kStep * kGemvUnroll) {
+    uint4 wv[kGemvUnroll][kGemvRows];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t k = k0 + u * kStep;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        wv[u][r] = k < k_dim ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t k = k0 + u * kStep;
+      if (k >= k_dim) break;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + j * ldx + k));
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[r][j] = warp_sum(acc[r][j]);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      const int64_t m = m0 + r;
+      if (m >= m_dim) break;
+      const float b = bias_at(bias, bias_dtype, m);
+#pragma unroll
+      for (int j = 0; j < N; ++j) out[j * ldo + m] = from_float<TOut>(acc[r][j] + b);
+    }
+  }
+}
+
+template <int N>
+void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+              const RowView& out, cudaStream_t stream) {
+  const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kGemvRows);
+  const auto* xp = static_cast<const bf16*>(x.data);
+  const auto* wp = static_cast<const bf16*>(w.data);
+  if (out.dtype == DType::kF32) {
+    gemv_kernel<N, float><<<grid, kGemvThreads, 0, stream>>>(
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols);
+  } else {
+    gemv_kernel<N, bf16><<<grid, kGemvThreads, 0, stream>>>(
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool gemv_supported(const RowView& x, const RowView& w, const RowView& out) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return x.n_rows >= 1 && x.n_rows <= kGemvMaxRows && w.dtype == DType::kBF16 &&
+         x.dtype == DType::kBF16 && (out.dtype == DType::kBF16 || out.dtype == DType::kF32) &&
+         x.cols % 8 == 0 && x.ld % 8 == 0 && w.ld % 8 == 0 && aligned16(x.data) &&
+         aligned16(w.data) && w.n_rows > 0;
+}
+
+void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                 const RowView& out, cudaStream_t stream) {
+  PAGELLM_CHECK_MSG(gemv_supported(x, w, out), "gemv: unsupported shape, type or alignment");
+  switch (x.n_rows) {
+    case 1: launch_n<1>(x, w, bias, bias_dtype, out, stream); break;
+    case 2: launch_n<2>(x, w, bias, bias_dtype, out, stream); break;
+    case 3: launch_n<3>(x, w, bias, bias_dtype, out, stream); break;
+    case 4: launch_n<4>(x, w, bias, bias_dtype, out, stream); break;
+    case 5: launch_n<5>(x, w, bias, bias_dtype, out, stream); break;
+    case 6: launch_n<6>(x, w, bias, bias_dtype, out, stream); break;
+    case 7: launch_n<7>(x, w, bias, bias_dtype, out, stream); break;
+    default: launch_n<8>(x, w, bias, bias_dtype, out, stream); break;
+  }
+}
+
+}  // namespace pagellm::cuda
