@@ -3,6 +3,9 @@
 // outputs at unaligned addresses, bias, bf16 and f32 outputs.
 #include "op_test_util.h"
 
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+
 namespace pagellm::optest {
 namespace {
 
@@ -15,6 +18,7 @@ struct MatmulCase {
   int64_t x_offset = 0;    // x is columns [x_offset, x_offset + k) of a wider buffer
   int64_t out_offset = 0;  // out is columns [out_offset, out_offset + m) of a wider buffer
   int64_t out_pad = 0;     // extra columns after the slice
+  bool force_gemv = false;  // call the GEMV kernel directly instead of matmul()'s choice
 };
 
 // fp32 output: no output rounding, only summation order differs: ~sqrt(K) * 2^-24 of the partial
@@ -47,7 +51,18 @@ void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCas
   const int64_t esz = c.out_dtype == DType::kF32 ? 4 : 2;
   DevBuf out(cuda, c.n * ldo * esz);  // filled with the 0xA5 sentinel, slice and padding alike
   Tensor out_t = out.view(c.out_dtype, {c.n, ldo}).slice_cols(c.out_offset, c.out_offset + c.m);
-  cuda.matmul(x_t, *w_dev, b_dev, out_t);
+  if (c.force_gemv) {
+    auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
+    ASSERT_NE(cb, nullptr);
+    const cuda::RowView xv{x_t.data, x_t.dtype, x_t.rows(), x_t.cols(), x_t.row_stride()};
+    const cuda::RowView wv2{w_dev->data, w_dev->dtype, w_dev->rows(), w_dev->cols(), w_dev->row_stride()};
+    const cuda::RowView ov{out_t.data, out_t.dtype, out_t.rows(), out_t.cols(), out_t.row_stride()};
+    ASSERT_TRUE(cuda::gemv_supported(xv, wv2, ov));
+    cuda::launch_gemv(xv, wv2, b_dev.data, b_dev.defined() ? b_dev.dtype : DType::kF32, ov,
+                      cb->stream());
+  } else {
+    cuda.matmul(x_t, *w_dev, b_dev, out_t);
+  }
 
   std::vector<float> want(c.n * c.m);
   Tensor want_t = host_f32(want, {c.n, c.m});
@@ -56,7 +71,7 @@ void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCas
              want_t);
 
   const std::string what =
-      Label("matmul", seed)("n", c.n)("k", c.k)("m", c.m)("w", dtype_name(c.w_dtype))(
+      Label(c.force_gemv ? "gemv" : "matmul", seed)("n", c.n)("k", c.k)("m", c.m)("w", dtype_name(c.w_dtype))(
           "out", dtype_name(c.out_dtype))("bias", c.bias ? dtype_name(c.bias_dtype) : "none")(
           "x_offset", c.x_offset)("out_offset", c.out_offset)("ldo", ldo);
   std::vector<float> got;
@@ -116,6 +131,30 @@ TEST(Matmul, Llama8BShapes) {
                     {n, 4096, 1024, DType::kBF16, DType::kBF16, DType::kF32, true});
   for (int64_t n : {1, 7, 19}) run_matmul_case(cuda, cpu, ++seed, {n, 4096, 14336});
   for (int64_t n : {1, 7}) run_matmul_case(cuda, cpu, ++seed, {n, 14336, 4096});
+}
+
+// The decode GEMV (gemv.cu) directly, whatever matmul() would pick: every batch size it takes,
+// K one 8-element piece up to a partial unrolled stretch (8, 264, 4104), odd M (a half-empty last
+// warp), bias in every type, bf16 and f32 outputs written into column slices.
+TEST(Matmul, GemvEveryBatchSize) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 2300;
+  int cases = 0;
+  for (int64_t n = 1; n <= 8; ++n) {
+    for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}}) {
+      MatmulCase c{n, k, m};
+      c.force_gemv = true;
+      run_matmul_case(cuda, cpu, ++seed, c);
+      c.out_dtype = DType::kF32;
+      c.bias = true;
+      c.bias_dtype = n % 2 ? DType::kBF16 : DType::kF32;
+      c.out_offset = 5;
+      c.out_pad = 2;
+      run_matmul_case(cuda, cpu, ++seed, c);
+      cases += 2;
+    }
+  }
+  EXPECT_EQ(cases, 48);
 }
 
 TEST(Matmul, LmHeadLogits) {
