@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/device_sample.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -177,6 +178,21 @@ class Backend {
   // clock at each mark: exact for a synchronous backend (the CPU), correct but intrusive for an
   // asynchronous one, which should override it with device-side timestamps (CUDA events).
   virtual std::unique_ptr<OpTimer> make_op_timer();
+
+  // --- sampling ---
+  // Whether sample() runs here. The CPU backend says no: the engine then downloads the logits and
+  // runs the host Sampler (sample/sampler.h), which is the reference this op reproduces.
+  virtual bool supports_sampling() const { return false; }
+  // Samples n_rows tokens from logits [n, vocab] (bf16 or f32, on this device) with the semantics
+  // of the CPU Sampler; row i reads logits row rows[i].logits_row and its edits
+  // edits[rows[i].edit_begin .. edit_end). rows, edits and out are host memory; the results are
+  // complete when the call returns: rows and edits go up in one copy, only the results come back
+  // (one copy, one wait). Preconditions (shapes, sorted in-range edits) are CHECKed.
+  virtual void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                      const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) {
+    (void)logits, (void)rows, (void)n_rows, (void)edits, (void)n_edits, (void)out;
+    PAGELLM_CHECK_MSG(false, "sample() called on a backend without device sampling");
+  }
 };
 
 // The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded

@@ -1,0 +1,57 @@
+// Packing a sampling step for a device backend (Backend::sample, backend/device_sample.h), and
+// turning its results back into the CPU Sampler's outputs, so the engine can sample on either
+// device through one interface and get the same tokens, logprobs and row errors.
+//
+// Per row the pack holds the scalar parameters and a sparse edit list: one entry per distinct
+// token that logit_bias, min_tokens suppression or the penalties touch, with everything needed to
+// recompute that token's processed logit from its raw one exactly as apply_logit_bias,
+// suppress_tokens and apply_penalties do (sample/logits_processors.h): its bias, whether it is
+// suppressed, whether it occurs in prompt ∪ output (repetition) and its output count (presence /
+// frequency). The entries are sorted by token. Host-side problems (a token outside the
+// vocabulary) mark the row kSampleSkip and keep the CPU Sampler's error for it; the device still
+// checks the row's logits, whose error takes precedence, as on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/device_sample.h"
+#include "core/status.h"
+#include "sample/sampler.h"
+
+namespace pagellm {
+
+struct PackedSampleBatch {
+  std::vector<DeviceSampleRow> rows;
+  std::vector<DeviceSampleEdit> edits;
+  std::vector<Status> host_status;  // per row: the error found while packing (kSampleSkip rows)
+};
+
+class SampleBatchPacker {
+ public:
+  // config: the vocabulary size and the model's EOS ids, as for the CPU Sampler.
+  explicit SampleBatchPacker(const SamplerConfig& config);
+
+  // Packs rows[i] to sample logits row logits_rows[i] (n > 1 samples may share a row). `out` is
+  // overwritten; its vectors keep their capacity from step to step.
+  void pack(std::span<const SampleRow> rows, std::span<const int64_t> logits_rows,
+            PackedSampleBatch& out);
+
+  // The device's results for `batch` (one per packed row) as the CPU Sampler would have reported
+  // them: token, logprob / rank / top list when asked, and the same Status codes and messages.
+  static void unpack(const PackedSampleBatch& batch, std::span<const DeviceSampleResult> results,
+                     std::span<SampleOutput> out);
+
+ private:
+  int32_t vocab_;
+  std::vector<int32_t> eos_;
+  // Per token: the edit index in the row being packed, valid where stamp_[t] == epoch_ (no
+  // clearing of the vocabulary-sized arrays between rows).
+  std::vector<uint32_t> stamp_;
+  std::vector<int32_t> slot_;
+  uint32_t epoch_ = 0;
+  std::vector<int32_t> suppress_;
+};
+
+}  // namespace pagellm
