@@ -36,7 +36,7 @@ bool column_view_of(const Tensor& inner, const Tensor& outer) {
   return true;
 }
 
-OpSample sample(const char* op, std::string shape, double bytes, double flops = 0) {
+OpSample make_sample(const char* op, std::string shape, double bytes, double flops = 0) {
   OpSample s;
   s.op = op;
   s.shape = std::move(shape);
@@ -51,18 +51,18 @@ OpSample embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   const int64_t n = ids.numel(), d = table.cols();
   // Only the looked-up rows of the table are read.
   const double rows = static_cast<double>(dtype_bytes(table.dtype, n * d));
-  return sample("embedding", key("n=%lld d=%lld %s", ll(n), ll(d), std::string(dtype_name(table.dtype)).c_str()),
+  return make_sample("embedding", key("n=%lld d=%lld %s", ll(n), ll(d), std::string(dtype_name(table.dtype)).c_str()),
                 rows + bytes_of(ids) + bytes_of(out));
 }
 
 OpSample rms_norm(const Tensor& x, const Tensor& w, const Tensor& out) {
-  return sample("rms_norm", key("n=%lld d=%lld", ll(x.rows()), ll(x.cols())),
+  return make_sample("rms_norm", key("n=%lld d=%lld", ll(x.rows()), ll(x.cols())),
                 bytes_of(x) + bytes_of(w) + bytes_of(out));
 }
 
 OpSample add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& out) {
   // The residual is read and written back; x read; out written.
-  return sample("add_rms_norm", key("n=%lld d=%lld", ll(x.rows()), ll(x.cols())),
+  return make_sample("add_rms_norm", key("n=%lld d=%lld", ll(x.rows()), ll(x.cols())),
                 bytes_of(x) + 2 * bytes_of(residual) + bytes_of(w) + bytes_of(out));
 }
 
@@ -70,7 +70,7 @@ OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
   const int64_t n = x.rows(), k = x.cols(), m = w.rows();
   std::string shape = key("n=%lld k=%lld m=%lld %s%s", ll(n), ll(k), ll(m),
                           std::string(dtype_name(w.dtype)).c_str(), bias.defined() ? " +bias" : "");
-  return sample("matmul", std::move(shape), bytes_of(w) + bytes_of(x) + bytes_of(out) + bytes_of(bias),
+  return make_sample("matmul", std::move(shape), bytes_of(w) + bytes_of(x) + bytes_of(out) + bytes_of(bias),
                 2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
 }
 
@@ -83,14 +83,14 @@ OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const double stored = static_cast<double>(n * hkv) * elem * static_cast<double>(vc_in_kc ? d : d + dv);
   const double bytes = 2 * bytes_of(q) + 2 * bytes_of(k) + (v_in_k ? 0 : bytes_of(v)) + bytes_of(cos_sin) +
                        bytes_of(slot_mapping) + stored;
-  return sample("rope_store_kv",
+  return make_sample("rope_store_kv",
                 key("n=%lld hq=%lld hkv=%lld d=%lld dv=%lld rot=%lld", ll(n), ll(hq), ll(hkv), ll(d), ll(dv),
                     ll(cos_sin.cols())),
                 bytes);
 }
 
 OpSample rope(const Tensor& x, const Tensor& cos_sin) {
-  return sample("rope",
+  return make_sample("rope",
                 key("n=%lld h=%lld d=%lld rot=%lld", ll(x.size(0)), ll(x.ndim >= 3 ? x.size(1) : 1), ll(x.cols()),
                     ll(cos_sin.cols())),
                 2 * bytes_of(x) + bytes_of(cos_sin));
@@ -109,44 +109,53 @@ OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
   // Without the host-side totals (metadata not made by StepBatchBuilder) the KV traffic is
   // unknown: the key says so rather than report a rate that leaves it out silently.
   const std::string kv = meta.total_kv_tokens > 0 ? std::to_string(meta.total_kv_tokens) : std::string("?");
-  return sample("attention",
+  return make_sample("attention",
                 key("seqs=%d q=%lld kv=%s hq=%lld hkv=%lld d=%lld dv=%lld", meta.n_seqs, ll(n), kv.c_str(), ll(hq),
                     ll(hkv), ll(d), ll(dv)),
                 bytes_of(q) + bytes_of(out) + kv_bytes, flops);
 }
 
 OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  return sample("silu_mul", key("n=%lld f=%lld", ll(gate.rows()), ll(gate.cols())),
+  return make_sample("silu_mul", key("n=%lld f=%lld", ll(gate.rows()), ll(gate.cols())),
                 bytes_of(gate) + bytes_of(up) + bytes_of(out));
 }
 
 OpSample add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  return sample("add", key("n=%lld d=%lld", ll(a.rows()), ll(a.cols())), bytes_of(a) + bytes_of(b) + bytes_of(out));
+  return make_sample("add", key("n=%lld d=%lld", ll(a.rows()), ll(a.cols())), bytes_of(a) + bytes_of(b) + bytes_of(out));
 }
 
 OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
   // Only the gathered rows of x are read: as many as out has.
-  return sample("gather_rows", key("m=%lld d=%lld", ll(out.rows()), ll(out.cols())),
+  return make_sample("gather_rows", key("m=%lld d=%lld", ll(out.rows()), ll(out.cols())),
                 static_cast<double>(dtype_bytes(x.dtype, out.rows() * x.cols())) + bytes_of(rows) + bytes_of(out));
 }
 
 OpSample to_f32(const Tensor& x, const Tensor& out) {
-  return sample("to_f32", key("n=%lld d=%lld %s", ll(x.rows()), ll(x.cols()), std::string(dtype_name(x.dtype)).c_str()),
+  return make_sample("to_f32", key("n=%lld d=%lld %s", ll(x.rows()), ll(x.cols()), std::string(dtype_name(x.dtype)).c_str()),
                 bytes_of(x) + bytes_of(out));
 }
 
 OpSample fill_random(const Tensor& t) {
-  return sample("fill_random", key("numel=%lld %s", ll(t.numel()), std::string(dtype_name(t.dtype)).c_str()),
+  return make_sample("fill_random", key("numel=%lld %s", ll(t.numel()), std::string(dtype_name(t.dtype)).c_str()),
                 bytes_of(t));
 }
 
+OpSample sample(const Tensor& logits, int32_t n_rows, int32_t n_edits) {
+  const double rows = static_cast<double>(dtype_bytes(logits.dtype, int64_t{n_rows} * logits.cols()));
+  const double io = static_cast<double>(n_rows) * (sizeof(DeviceSampleRow) + sizeof(DeviceSampleResult)) +
+                    static_cast<double>(n_edits) * sizeof(DeviceSampleEdit);
+  return make_sample("sample", key("rows=%d vocab=%lld %s", n_rows, ll(logits.cols()),
+                              std::string(dtype_name(logits.dtype)).c_str()),
+                rows + io);
+}
+
 OpSample copy_from_host(int64_t nbytes) {
-  return sample("copy_from_host", key("bytes=%lld", ll(nbytes)), static_cast<double>(nbytes));
+  return make_sample("copy_from_host", key("bytes=%lld", ll(nbytes)), static_cast<double>(nbytes));
 }
 OpSample copy_to_host(int64_t nbytes) {
-  return sample("copy_to_host", key("bytes=%lld", ll(nbytes)), static_cast<double>(nbytes));
+  return make_sample("copy_to_host", key("bytes=%lld", ll(nbytes)), static_cast<double>(nbytes));
 }
-OpSample copy(int64_t nbytes) { return sample("copy", key("bytes=%lld", ll(nbytes)), 2.0 * static_cast<double>(nbytes)); }
+OpSample copy(int64_t nbytes) { return make_sample("copy", key("bytes=%lld", ll(nbytes)), 2.0 * static_cast<double>(nbytes)); }
 
 }  // namespace op_cost
 
@@ -241,6 +250,11 @@ void ProfilingBackend::to_f32(const Tensor& x, Tensor& out) {
 }
 void ProfilingBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   timed([&] { return op_cost::fill_random(t); }, [&] { inner_->fill_random(t, seed, lo, hi); });
+}
+void ProfilingBackend::sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                              const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) {
+  timed([&] { return op_cost::sample(logits, n_rows, n_edits); },
+        [&] { inner_->sample(logits, rows, n_rows, edits, n_edits, out); });
 }
 
 }  // namespace pagellm

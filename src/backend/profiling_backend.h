@@ -46,6 +46,9 @@ OpSample add(const Tensor& a, const Tensor& b, const Tensor& out);
 OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
 OpSample to_f32(const Tensor& x, const Tensor& out);
 OpSample fill_random(const Tensor& t);
+// The logits rows it samples from (a row sampled twice, n > 1, is read twice), the rows and edits
+// going up and the results coming back.
+OpSample sample(const Tensor& logits, int32_t n_rows, int32_t n_edits);
 // Host<->device copies count the bytes that cross the bus; a device copy counts them read and
 // written (the convention of measure_memory_bandwidth_gbs).
 OpSample copy_from_host(int64_t nbytes);
@@ -103,6 +106,9 @@ class ProfilingBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
+  bool supports_sampling() const override { return inner_->supports_sampling(); }
+  void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit* edits,
+              int32_t n_edits, DeviceSampleResult* out) override;
 
   std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
 

@@ -137,6 +137,17 @@ TEST(OpCost, Copies) {
   EXPECT_DOUBLE_EQ(op_cost::fill_random(fake(0, DType::kBF16, {10, 10})).bytes, 200);
 }
 
+TEST(OpCost, DeviceSampling) {
+  // 3 rows of a bf16 vocabulary of 128256 (Llama 3) with 10 penalty/bias edits.
+  const Tensor logits = fake(0, DType::kBF16, {4, 128256});
+  const OpSample s = op_cost::sample(logits, 3, 10);
+  EXPECT_EQ(s.op, "sample");
+  EXPECT_EQ(s.shape, "rows=3 vocab=128256 bf16");
+  EXPECT_DOUBLE_EQ(s.bytes, 3.0 * 128256 * 2 + 3.0 * (sizeof(DeviceSampleRow) + sizeof(DeviceSampleResult)) +
+                                10.0 * sizeof(DeviceSampleEdit));
+  EXPECT_EQ(s.flops, 0);
+}
+
 TEST(HostOpTimer, MarksAreOrderedAndMeasureTime) {
   auto backend = make_cpu_backend();
   auto timer = backend->make_op_timer();
@@ -191,6 +202,7 @@ TEST(ProfilingBackend, RecordsOpsInOrderOnlyWhileStarted) {
   EXPECT_TRUE(prof.stop().empty());
   EXPECT_EQ(prof.name(), plain->name());
   EXPECT_EQ(prof.device(), Device::kCpu);
+  EXPECT_EQ(prof.supports_sampling(), plain->supports_sampling());
   // No graphs through the decorator: the engine must run (and the profile time) each op.
   bool ran = false;
   EXPECT_EQ(prof.capture([&] { ran = true; }), nullptr);
