@@ -9,7 +9,9 @@
 # Environment: PAGELLM_CUDA_ARCH (default 90a), JOBS (default 16), PAGELLM_OPS_SEED (op test seed),
 # PAGELLM_CHECK_BUDGET (seconds, default 570) bounds the whole run: each step gets a timeout from
 # what is left, so the summary always prints inside a 10-minute remote command limit;
-# PAGELLM_CHECK_ALL=1 also builds every target of the preset; PAGELLM_BUILD_DIR overrides the
+# PAGELLM_CHECK_ALL=1 also builds every target of the preset; PAGELLM_CHECK_NSYS=1 adds an Nsight
+# Systems kernel summary of batch-1 decode (graphs traced per node); PAGELLM_CHECK_TESTS=0 skips the
+# tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
 # dependency setup on a machine without a GPU).
 set -uo pipefail
@@ -113,8 +115,10 @@ build_target() {  # name, targets...
   return 1
 }
 ops_built=0; model_built=0
-build_target test_ops test_ops && ops_built=1
-build_target test_model test_model && model_built=1
+if [ "${PAGELLM_CHECK_TESTS:-1}" = 1 ]; then
+  build_target test_ops test_ops && ops_built=1
+  build_target test_model test_model && model_built=1
+fi
 if [ "${PAGELLM_CHECK_ALL:-0}" = 1 ]; then build_target all all; fi
 
 # --- op tests ---
@@ -203,6 +207,34 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     # events around each): the tables are in $logs/bench-profile-llama3-8b.log, and in its .json.
     run_bench profile-llama3-8b latency --profile --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --input-len 512 --output-len 8 --iters 2
+    # PAGELLM_CHECK_NSYS=1: the decode loop as it really runs (graph replays included) under Nsight
+    # Systems; its per-kernel summary is the breakdown --profile cannot give for recorded graphs.
+    if [ "${PAGELLM_CHECK_NSYS:-0}" = 1 ]; then
+      nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+      if [ -n "$nsys" ] && [ "$(step_limit 120)" -ge 60 ]; then
+        echo "== nsys: decode kernels (Llama-3-8B shape, batch 1)"
+        t=$(now)
+        timeout "$(step_limit 120)" "$nsys" profile -o "$logs/decode" --force-overwrite true \
+          --cuda-graph-trace=node "$build/tools/pagellm" bench latency --model $cfg/llama-3-8b.json \
+          --load-format dummy --device cuda --input-len 512 --output-len 128 --iters 1 \
+          >"$logs/nsys.log" 2>&1 &&
+          "$nsys" stats --report cuda_gpu_kern_sum --format csv --output "$logs/decode" \
+            "$logs/decode.nsys-rep" >>"$logs/nsys.log" 2>&1
+        python3 - "$logs/decode_cuda_gpu_kern_sum.csv" <<'PY' || tail -20 "$logs/nsys.log"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+total = sum(float(r["Total Time (ns)"]) for r in rows)
+print(f"  {'kernel':70s} {'calls':>7s} {'total ms':>9s} {'share':>6s} {'avg us':>8s}")
+for r in rows[:25]:
+    t = float(r["Total Time (ns)"])
+    print(f"  {r['Name'][:70]:70s} {int(r['Instances']):7d} {t/1e6:9.2f} {100*t/total:5.1f}% {float(r['Avg (ns)'])/1e3:8.1f}")
+print(f"  total kernel time {total/1e6:.2f} ms")
+PY
+        record "nsys decode kernels" "done ($(( $(now) - t ))s)"
+      else
+        record "nsys decode kernels" "skipped: no nsys or no time"
+      fi
+    fi
     run_bench latency-llama2-7b latency --model $cfg/llama-2-7b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
