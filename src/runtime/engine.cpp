@@ -72,6 +72,9 @@ Status Engine::init() {
   const int32_t bs = config_.block_size;
   if (bs < 1) return invalid_argument("--block-size must be >= 1");
   kv_block_bytes_ = KvCache::bytes_per_block(spec, bs, backend_.activation_dtype());
+  // On a device, the largest step runs first (profile_run), so the pool below is sized from the
+  // memory left after the weights AND that step's scratch and workspaces.
+  if (backend_.device() != Device::kCpu) profile_run();
   int64_t budget = config_.kv_cache_memory;
   if (budget <= 0) {
     budget = static_cast<int64_t>(backend_.free_memory() * config_.memory_utilization);
@@ -94,7 +97,13 @@ Status Engine::init() {
   if (!config_.enforce_eager) {
     graphs_ = DecodeGraphs::create(model_, backend_, cache_, bs, config_.scheduler.max_num_seqs,
                                    max_model_len_);
-    if (graphs_) PAGELLM_RETURN_IF_ERROR(warm_up());
+    if (graphs_) {
+      const auto t0 = Clock::now();
+      graphs_->warm_up();
+      PAGELLM_LOG_INFO("recorded %zu decode graphs (batch 1..%d) in %.2f s", graphs_->buckets().size(),
+                       graphs_->buckets().back(),
+                       std::chrono::duration<double>(Clock::now() - t0).count());
+    }
   }
   stats_.n_kv_blocks = n_blocks;
   stats_.kv_block_bytes = kv_block_bytes_;
@@ -306,28 +315,28 @@ Tensor Engine::run_model(const std::vector<SeqChunk>& chunks) {
   return batch.n_logits > 0 ? model_.last_logits() : Tensor();
 }
 
-Status Engine::warm_up() {
-  // The largest prompt chunk a step can hold, run once op by op: it sizes the model's scratch
-  // and the backend's workspaces for good, so recorded decode graphs are not invalidated by the
-  // first long prompt. It writes KV into blocks no request owns yet.
+void Engine::profile_run() {
+  // The largest prompt chunk a step can hold, run once op by op on a cache just big enough for
+  // it: it grows the model's scratch and the backend's workspaces to their steady-state size, so
+  // the KV pool is sized from what is really left, and recorded decode graphs are not invalidated
+  // by the first long prompt.
   const auto t0 = Clock::now();
   const int32_t bs = config_.block_size;
   const int32_t n = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_ - 1);
-  if (n > 0) {
-    std::vector<int32_t> tokens(n, 0), table((n + bs - 1) / bs);
-    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-    SeqChunk c;
-    c.tokens = tokens.data();
-    c.n_tokens = n;
-    c.block_table = table.data();
-    c.n_blocks = static_cast<int32_t>(table.size());
-    run_model({c});
-  }
-  graphs_->warm_up();
-  PAGELLM_LOG_INFO("warm-up: a %d-token step and %zu decode graphs (batch 1..%d) in %.2f s", n,
-                   graphs_->buckets().size(), graphs_->buckets().back(),
+  if (n <= 0) return;
+  std::vector<int32_t> tokens(n, 0), table((n + bs - 1) / bs);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  cache_ = KvCache::allocate(backend_, model_.kv_spec(), bs, static_cast<int64_t>(table.size()));
+  SeqChunk c;
+  c.tokens = tokens.data();
+  c.n_tokens = n;
+  c.block_table = table.data();
+  c.n_blocks = static_cast<int32_t>(table.size());
+  run_model({c});
+  backend_.synchronize();
+  cache_ = KvCache{};
+  PAGELLM_LOG_INFO("profile run: a %d-token step in %.2f s", n,
                    std::chrono::duration<double>(Clock::now() - t0).count());
-  return {};
 }
 
 void Engine::step() {

@@ -38,7 +38,8 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   int32_t block_size = 16;
   bool enable_prefix_caching = true;
-  // KV pool size: explicit bytes, or this fraction of the backend's free memory after weights.
+  // KV pool size: explicit bytes, or this fraction of the backend's free memory after the weights
+  // and, on a device, after the profile run has grown scratch to its largest step.
   int64_t kv_cache_memory = 0;
   double memory_utilization = 0.9;
   // Longest prompt + output a request may have (0: the model's max_position_embeddings).
@@ -129,8 +130,8 @@ class Engine {
   struct Live;
   Engine(Model& model, Backend& backend, const Tokenizer* tokenizer, const EngineConfig& config);
   Status init();
-  // Start-up run that sizes scratch, then the decode graphs' recordings (device backends).
-  Status warm_up();
+  // Device backends: one step of the largest size before the KV pool is sized (see engine.cpp).
+  void profile_run();
   // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
   // on the device ([n_logits, vocab]; undefined when the step wants none).
   Tensor run_model(const std::vector<SeqChunk>& chunks);
