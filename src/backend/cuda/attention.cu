@@ -11,12 +11,15 @@
 // planned for a bound (a CUDA graph recorded for max_model_len) serves every shorter context, and
 // short sequences beside long ones still spread over all splits.
 //
-// Prefill: one block per (tile of 16 queries, sequence, query head) walks tiles of 32 keys from
-// the cache (cached prefix included), with causal and sliding-window masks and an online softmax
-// (running max and sum, rescaled accumulators). Correctness first: CUDA-core fp32 dot products
-// from shared memory; a tensor-core kernel replaces it later.
+// Prefill: the tensor-core kernel of attention_prefill.cu wherever its shape and alignment
+// conditions hold (head dims that are multiples of 8, 16-byte aligned rows: every model's layout).
+// The kernel here is the fallback for the rest: one block per (tile of 16 queries, sequence, query
+// head) walks tiles of 32 keys from the cache (cached prefix included), with causal and
+// sliding-window masks and an online softmax (running max and sum, rescaled accumulators), on
+// CUDA cores with fp32 dot products from shared memory.
 #include <algorithm>
 
+#include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -431,6 +434,8 @@ void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaSt
     if (dmax == 64) run_decode<64>(a, p, workspace, stream);
     else if (dmax == 128) run_decode<128>(a, p, workspace, stream);
     else run_decode<256>(a, p, workspace, stream);
+  } else if (prefill_mma_supported(a)) {
+    launch_prefill_mma(a, stream);
   } else {
     if (dmax == 64) run_prefill<64>(a, stream);
     else if (dmax == 128) run_prefill<128>(a, stream);
