@@ -127,6 +127,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   n_sms_ = prop.multiProcessorCount;
+  cluster_ok_ = prop.major >= 9;
   name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -145,6 +146,8 @@ CudaBackend::~CudaBackend() {
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
   if (upload_staging_ != nullptr) cudaFree(upload_staging_);
   if (attn_workspace_ != nullptr) cudaFree(attn_workspace_);
+  if (sample_host_ != nullptr) cudaFreeHost(sample_host_);
+  if (sample_dev_ != nullptr) cudaFree(sample_dev_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -550,6 +553,79 @@ void CudaBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   check_on_device(t, "t");
   PAGELLM_CHECK(is_float_type(t.dtype) && t.is_contiguous());
   launch_fill_random(t.data, t.dtype, t.numel(), seed, lo, hi, stream_);
+}
+
+void CudaBackend::sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                         const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) {
+  sample_with_group(logits, rows, n_rows, edits, n_edits, out, 0);
+}
+
+void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleRow* rows,
+                                    int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits,
+                                    DeviceSampleResult* out, int group) {
+  if (n_rows <= 0) return;
+  check_on_device(logits, "logits");
+  PAGELLM_CHECK_MSG(logits.ndim == 2 && (logits.dtype == DType::kBF16 || logits.dtype == DType::kF32),
+                    "sample: logits must be a [n, vocab] bf16 or f32 tensor");
+  const int64_t n_logit_rows = logits.size(0), vocab = logits.size(1);
+  PAGELLM_CHECK_MSG(vocab > 0 && vocab < INT32_MAX, "sample: vocabulary size out of range");
+  PAGELLM_CHECK(n_edits >= 0 && (n_edits == 0 || edits != nullptr) && out != nullptr);
+  // The kernel trusts these: an edit list out of order or out of range would read out of bounds.
+  for (int32_t i = 0; i < n_rows; ++i) {
+    const DeviceSampleRow& r = rows[i];
+    PAGELLM_CHECK_MSG(r.logits_row >= 0 && r.logits_row < n_logit_rows,
+                      "sample: a row reads a logits row that does not exist");
+    PAGELLM_CHECK_MSG(0 <= r.edit_begin && r.edit_begin <= r.edit_end && r.edit_end <= n_edits,
+                      "sample: a row's edit range is outside the edit list");
+    PAGELLM_CHECK_MSG(r.n_logprobs >= -1 && r.n_logprobs <= kDeviceSampleMaxTop,
+                      "sample: n_logprobs must be in [-1, 20]");
+    for (int32_t e = r.edit_begin; e < r.edit_end; ++e) {
+      PAGELLM_CHECK_MSG(edits[e].token >= 0 && edits[e].token < vocab,
+                        "sample: an edit's token is outside the vocabulary");
+      PAGELLM_CHECK_MSG(e == r.edit_begin || edits[e - 1].token < edits[e].token,
+                        "sample: a row's edits must be sorted by token, one per token");
+    }
+  }
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t rows_bytes = aligned(int64_t{n_rows} * sizeof(DeviceSampleRow));
+  const int64_t edits_bytes = aligned(int64_t{n_edits} * sizeof(DeviceSampleEdit));
+  const int64_t results_bytes = int64_t{n_rows} * sizeof(DeviceSampleResult);
+  const int64_t need = rows_bytes + edits_bytes + results_bytes;
+  if (need > sample_bytes_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (sample_host_ != nullptr) CUDA_CHECK(cudaFreeHost(sample_host_));
+    if (sample_dev_ != nullptr) CUDA_CHECK(cudaFree(sample_dev_));
+    sample_host_ = nullptr;
+    sample_dev_ = nullptr;
+    const int64_t bytes = std::max(need, 2 * sample_bytes_);
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), bytes));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&sample_dev_), bytes));
+    sample_bytes_ = bytes;
+  }
+  // The previous call waited for its copies, so the pinned area is free to refill.
+  std::memcpy(sample_host_, rows, n_rows * sizeof(DeviceSampleRow));
+  if (n_edits > 0)
+    std::memcpy(sample_host_ + rows_bytes, edits, n_edits * sizeof(DeviceSampleEdit));
+  CUDA_CHECK(cudaMemcpyAsync(sample_dev_, sample_host_, rows_bytes + edits_bytes,
+                             cudaMemcpyHostToDevice, stream_));
+  SampleLaunch l;
+  l.logits = logits.data;
+  l.dtype = logits.dtype;
+  l.ld = logits.row_stride();
+  l.vocab = static_cast<int32_t>(vocab);
+  l.rows = reinterpret_cast<const DeviceSampleRow*>(sample_dev_);
+  l.n_rows = n_rows;
+  l.edits = reinterpret_cast<const DeviceSampleEdit*>(sample_dev_ + rows_bytes);
+  l.results = reinterpret_cast<DeviceSampleResult*>(sample_dev_ + rows_bytes + edits_bytes);
+  l.n_sms = n_sms_;
+  l.cluster_ok = cluster_ok_;
+  l.force_group = group;
+  launch_sample(l, stream_);
+  char* host_results = sample_host_ + rows_bytes + edits_bytes;
+  CUDA_CHECK(cudaMemcpyAsync(host_results, l.results, results_bytes, cudaMemcpyDeviceToHost,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(static_cast<void*>(out), host_results, results_bytes);
 }
 
 }  // namespace cuda

@@ -66,6 +66,15 @@ class CudaBackend final : public Backend {
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
   // CUDA events on stream() (backend/cuda/op_timer.cpp).
   std::unique_ptr<OpTimer> make_op_timer() override;
+  // Device sampling (sampling.cu).
+  bool supports_sampling() const override { return true; }
+  void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+              const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) override;
+  // sample() with the blocks per row fixed (tests and benchmarks exercise every layout); 0 chooses
+  // from the shape, as sample() does.
+  void sample_with_group(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                         const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out,
+                         int group);
 
   // The stream all ops are queued on (for CUDA graph capture and events).
   cudaStream_t stream() const { return stream_; }
@@ -102,6 +111,12 @@ class CudaBackend final : public Backend {
   int64_t upload_staging_bytes_ = 0;
   void* attn_workspace_ = nullptr;
   int64_t attn_workspace_bytes_ = 0;
+  // Device sampling: the rows and edits going up and the results coming back pass through one
+  // pinned host area and one device area, grown on demand.
+  bool cluster_ok_ = false;  // sm_90: thread-block clusters
+  char* sample_host_ = nullptr;
+  char* sample_dev_ = nullptr;
+  int64_t sample_bytes_ = 0;
 };
 
 }  // namespace pagellm::cuda
