@@ -389,8 +389,14 @@ void Engine::step() {
   const int64_t V = model_.config().vocab_size;
   const Tensor device_logits = run_model(chunks);  // [n_logits, V] on the backend's device
   const int64_t n_logits = device_logits.rows();
-  logits_.resize(static_cast<size_t>(n_logits) * V);
-  if (n_logits > 0) {
+  // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
+  // prompt logprobs: the host computes those from every row.
+  const bool on_device =
+      backend_.supports_sampling() && !config_.host_sampling &&
+      std::none_of(chunks.begin(), chunks.end(),
+                   [](const SeqChunk& c) { return c.logits == LogitsWanted::kAll; });
+  logits_.resize(on_device ? 0 : static_cast<size_t>(n_logits) * V);
+  if (n_logits > 0 && !on_device) {
     if (device_logits.dtype != DType::kF32 &&
         (!logits_f32_ || logits_f32_->nbytes() < n_logits * V * 4)) {
       logits_f32_ = backend_.allocate(n_logits * V * 4);
@@ -443,28 +449,7 @@ void Engine::step() {
     rows.push_back({&p.live->req.params, p.live->req.prompt, sq.outputs, sq.seed});
   }
   std::vector<SampleOutput> outs(rows.size());
-  if (!rows.empty()) {
-    if (!sampler_) {
-      SamplerConfig sc;
-      sc.vocab_size = static_cast<int32_t>(V);
-      sc.eos_token_ids = model_.config().eos_token_ids;
-      sampler_ = std::make_unique<Sampler>(sc);
-    }
-    // Usually (decodes and final prompt chunks, n == 1) the sampled rows are exactly logits_ in
-    // order and the sampler reads them in place; prompt-logprob chunks and n > 1 need a packed copy.
-    bool in_place = static_cast<int64_t>(sample_rows.size()) == n_logits;
-    for (size_t k = 0; in_place && k < sample_rows.size(); ++k) in_place = sample_rows[k] == static_cast<int64_t>(k);
-    float* base = logits_.data();
-    if (!in_place) {
-      sample_logits_.resize(sample_rows.size() * V);
-      for (size_t k = 0; k < sample_rows.size(); ++k)
-        std::copy_n(logits_.data() + sample_rows[k] * V, V, sample_logits_.data() + k * V);
-      base = sample_logits_.data();
-    }
-    Tensor lt(base, DType::kF32, {static_cast<int64_t>(rows.size()), V});
-    Status s = sampler_->sample(lt, rows, outs);
-    PAGELLM_CHECK_MSG(s.ok(), s.to_string().c_str());  // shapes are ours: a bug if wrong
-  }
+  if (!rows.empty()) sample(device_logits, on_device, rows, sample_rows, outs);
 
   // Stop decisions, text, events.
   std::vector<SampledToken> results;
@@ -546,6 +531,42 @@ void Engine::step() {
       std::lower_bound(bounds.begin(), bounds.end(), plan.n_tokens) - bounds.begin());
   stats_.iteration_tokens[bucket] += 1;
   stats_.iteration_tokens_sum += plan.n_tokens;
+}
+
+void Engine::sample(const Tensor& logits, bool on_device, const std::vector<SampleRow>& rows,
+                    const std::vector<int64_t>& sample_rows, std::vector<SampleOutput>& outs) {
+  const int64_t V = model_.config().vocab_size;
+  SamplerConfig sc;
+  sc.vocab_size = static_cast<int32_t>(V);
+  sc.eos_token_ids = model_.config().eos_token_ids;
+  if (on_device) {
+    // One upload of the rows and their sparse edits, one kernel, one download of the results.
+    if (!packer_) packer_ = std::make_unique<SampleBatchPacker>(sc);
+    packer_->pack(rows, sample_rows, packed_);
+    device_results_.resize(rows.size());
+    backend_.sample(logits, packed_.rows.data(), static_cast<int32_t>(packed_.rows.size()),
+                    packed_.edits.data(), static_cast<int32_t>(packed_.edits.size()),
+                    device_results_.data());
+    SampleBatchPacker::unpack(packed_, device_results_, outs);
+    return;
+  }
+  if (!sampler_) sampler_ = std::make_unique<Sampler>(sc);
+  // Usually (decodes and final prompt chunks, n == 1) the sampled rows are exactly logits_ in
+  // order and the sampler reads them in place; prompt-logprob chunks and n > 1 need a packed copy.
+  const int64_t n_logits = static_cast<int64_t>(logits_.size()) / V;
+  bool in_place = static_cast<int64_t>(sample_rows.size()) == n_logits;
+  for (size_t k = 0; in_place && k < sample_rows.size(); ++k)
+    in_place = sample_rows[k] == static_cast<int64_t>(k);
+  float* base = logits_.data();
+  if (!in_place) {
+    sample_logits_.resize(sample_rows.size() * V);
+    for (size_t k = 0; k < sample_rows.size(); ++k)
+      std::copy_n(logits_.data() + sample_rows[k] * V, V, sample_logits_.data() + k * V);
+    base = sample_logits_.data();
+  }
+  Tensor lt(base, DType::kF32, {static_cast<int64_t>(rows.size()), V});
+  Status s = sampler_->sample(lt, rows, outs);
+  PAGELLM_CHECK_MSG(s.ok(), s.to_string().c_str());  // shapes are ours: a bug if wrong
 }
 
 }  // namespace pagellm

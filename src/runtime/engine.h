@@ -29,6 +29,7 @@
 #include "sched/scheduler.h"
 #include "runtime/decode_graphs.h"
 #include "runtime/step_batch.h"
+#include "sample/sample_batch.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,6 +48,9 @@ struct EngineConfig {
   // Run every step op by op: no recorded decode graphs (runtime/decode_graphs.h) and no start-up
   // warm-up. For debugging and for comparing against the graph path.
   bool enforce_eager = false;
+  // Sample on the host (download the logits, CPU Sampler) even when the backend can sample on its
+  // device. The tokens are the same either way; for comparison and debugging.
+  bool host_sampling = false;
 };
 
 struct EngineRequest {
@@ -137,6 +141,10 @@ class Engine {
   Tensor run_model(const std::vector<SeqChunk>& chunks);
   void loop();
   void step();
+  // Samples rows[k] from logits row sample_rows[k]: on the device from `logits` (the step's
+  // device logits) when on_device, else on the host from logits_.
+  void sample(const Tensor& logits, bool on_device, const std::vector<SampleRow>& rows,
+              const std::vector<int64_t>& sample_rows, std::vector<SampleOutput>& outs);
   void drain_inbox();
   void finish_request(Live& live, const FinishedRequest& info);
   void publish_stats();
@@ -171,6 +179,9 @@ class Engine {
   std::unique_ptr<DecodeGraphs> graphs_;   // null: eager steps only (CPU, --enforce-eager)
   std::unique_ptr<Buffer> logits_f32_;     // device f32 staging for logits bound to the host
   std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
+  PackedSampleBatch packed_;
+  std::vector<DeviceSampleResult> device_results_;
   std::vector<float> logits_;         // [n_logits, vocab] of the step
   std::vector<float> sample_logits_;  // [n_samples, vocab]: the rows being sampled
   std::thread thread_;

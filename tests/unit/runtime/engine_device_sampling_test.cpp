@@ -1,0 +1,322 @@
+// The engine's device-sampling path (Backend::supports_sampling), run without a GPU: a backend
+// that forwards every op to the CPU backend and answers sample() by the device contract
+// (backend/device_sample.h) computed on the host, from the packed rows and edits alone. The same
+// requests through the host path (the CPU backend) and through this one must give the same
+// tokens, logprobs and finish reasons: the engine packs the right rows (n > 1 samples share their
+// prompt's logits row), reads the results back in order, and falls back to the host when a step
+// wants prompt logprobs. The kernels themselves are tested against the CPU Sampler in tests/ops.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "backend/backend.h"
+#include "io/weights.h"
+#include "runtime/engine.h"
+#include "sample/logits_processors.h"
+#include "sample/logprobs.h"
+#include "sample/sample_math.h"
+#include "sample/sample_rng.h"
+
+namespace pagellm {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The device contract on the host: edits applied to the raw row, then the CPU's own selection,
+// draw and logprob functions.
+void sample_by_contract(const Tensor& logits, const DeviceSampleRow& row,
+                        const DeviceSampleEdit* edits, DeviceSampleResult& r) {
+  const int64_t v = logits.size(1);
+  std::span<const float> raw(static_cast<const float*>(logits.row_ptr(row.logits_row)), v);
+  r = DeviceSampleResult{};
+  for (int64_t t = 0; t < v; ++t) {
+    if (!(raw[t] < kInf)) {
+      r.status = std::isnan(raw[t]) ? DeviceSampleStatus::kNan : DeviceSampleStatus::kPosInf;
+      r.detail = static_cast<int32_t>(t);
+      return;
+    }
+  }
+  if (!(max_logit(raw) > -kInf)) {
+    r.status = DeviceSampleStatus::kAllNegInf;
+    return;
+  }
+  if (row.flags & kSampleSkip) {
+    r.status = DeviceSampleStatus::kSkipped;
+    return;
+  }
+  std::vector<float> x(raw.begin(), raw.end());
+  for (int32_t e = row.edit_begin; e < row.edit_end; ++e) {
+    const DeviceSampleEdit& ed = edits[e];
+    float& y = x[ed.token];
+    if (ed.flags & kEditBias) y += ed.bias;
+    if (ed.flags & kEditSuppress) y = -kInf;
+    if (ed.flags & kEditRepetition) {
+      float ny = y > 0.0f ? std::min(y / row.repetition, FLT_MAX)
+                          : std::max(y * row.repetition, -FLT_MAX);
+      if (y == -kInf) ny = -kInf;
+      y = ny;
+    }
+    if (ed.output_count > 0) y -= static_cast<float>(ed.output_count) * row.frequency + row.presence;
+  }
+  int32_t token;
+  if (row.flags & kSampleGreedy) {
+    token = argmax_token(x);
+  } else {
+    // The row carries min-p as its cut on s; find the min_p whose cut that is.
+    float min_p = 0.0f;
+    if (row.s_min != kExpMinArg) {
+      min_p = std::exp(row.s_min);
+      for (int i = 0; i < 8 && std::log(min_p) != row.s_min; ++i)
+        min_p = std::nextafter(min_p, std::log(min_p) < row.s_min ? 2.0f : 0.0f);
+      EXPECT_EQ(std::max(kExpMinArg, std::log(min_p)), row.s_min);
+    }
+    const TruncationParams tp{row.temperature, row.top_k, row.top_p, min_p};
+    token = sample_truncated(x, tp, uniform01(row.seed, row.step));
+  }
+  if (token < 0) {
+    r.status = DeviceSampleStatus::kNothingToSample;
+    return;
+  }
+  r.token = token;
+  if (row.n_logprobs >= 0) {
+    LogprobsResult lp;
+    compute_logprobs(raw, token, row.n_logprobs, lp);
+    r.logprob = lp.logprob;
+    r.rank = lp.rank;
+    r.n_top = static_cast<int32_t>(lp.top.size());
+    for (size_t j = 0; j < lp.top.size(); ++j) {
+      r.top_token[j] = lp.top[j].token;
+      r.top_logprob[j] = lp.top[j].logprob;
+    }
+  }
+}
+
+// Every op forwarded to the CPU backend; sample() by the contract, with a record of each call.
+class ContractSamplingBackend final : public Backend {
+ public:
+  explicit ContractSamplingBackend(Backend& inner) : in_(inner) {}
+
+  std::string name() const override { return "contract-sampling(" + in_.name() + ")"; }
+  Device device() const override { return in_.device(); }
+  DType activation_dtype() const override { return in_.activation_dtype(); }
+  std::unique_ptr<Buffer> allocate(int64_t n) override { return in_.allocate(n); }
+  int64_t free_memory() const override { return in_.free_memory(); }
+  void copy_from_host(void* d, const void* s, int64_t n) override { in_.copy_from_host(d, s, n); }
+  void copy_to_host(void* d, const void* s, int64_t n) override { in_.copy_to_host(d, s, n); }
+  void copy(void* d, const void* s, int64_t n) override { in_.copy(d, s, n); }
+  void synchronize() override { in_.synchronize(); }
+  Result<Tensor> upload_weight(const Tensor& h, DType t, std::unique_ptr<Buffer>& s) override {
+    return in_.upload_weight(h, t, s);
+  }
+  void embedding(const Tensor& a, const Tensor& b, Tensor& o) override { in_.embedding(a, b, o); }
+  void rms_norm(const Tensor& x, const Tensor& w, float e, Tensor& o) override {
+    in_.rms_norm(x, w, e, o);
+  }
+  void add_rms_norm(const Tensor& x, Tensor& r, const Tensor& w, float e, Tensor& o) override {
+    in_.add_rms_norm(x, r, w, e, o);
+  }
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& o) override {
+    in_.matmul(x, w, b, o);
+  }
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cs, bool il,
+                     const Tensor& sm, Tensor& kc, Tensor& vc) override {
+    in_.rope_store_kv(q, k, v, cs, il, sm, kc, vc);
+  }
+  void rope(Tensor& x, const Tensor& cs, bool il) override { in_.rope(x, cs, il); }
+  void attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMeta& m,
+                 const AttentionParams& p, Tensor& o) override {
+    in_.attention(q, kc, vc, m, p, o);
+  }
+  void silu_mul(const Tensor& g, const Tensor& u, Tensor& o) override { in_.silu_mul(g, u, o); }
+  void add(const Tensor& a, const Tensor& b, Tensor& o) override { in_.add(a, b, o); }
+  void gather_rows(const Tensor& x, const Tensor& r, Tensor& o) override {
+    in_.gather_rows(x, r, o);
+  }
+  void to_f32(const Tensor& x, Tensor& o) override { in_.to_f32(x, o); }
+  void fill_random(Tensor& t, uint64_t s, float lo, float hi) override {
+    in_.fill_random(t, s, lo, hi);
+  }
+
+  bool supports_sampling() const override { return true; }
+  void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+              const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) override {
+    EXPECT_EQ(logits.dtype, DType::kF32);
+    ++n_calls;
+    n_rows_sampled += n_rows;
+    std::set<int32_t> seen;
+    for (int32_t i = 0; i < n_rows; ++i) {
+      EXPECT_TRUE(rows[i].edit_begin >= 0 && rows[i].edit_end <= n_edits);
+      if (!seen.insert(rows[i].logits_row).second) ++n_shared_rows;
+      sample_by_contract(logits, rows[i], edits, out[i]);
+    }
+  }
+
+  int64_t n_calls = 0, n_rows_sampled = 0, n_shared_rows = 0;
+
+ private:
+  Backend& in_;
+};
+
+struct Collected {
+  std::map<int32_t, std::vector<int32_t>> tokens;
+  std::map<int32_t, std::vector<LogprobsResult>> logprobs;
+  std::map<int32_t, FinishReason> finish;
+  std::vector<LogprobsResult> prompt_logprobs;
+  bool done = false;
+  Status error;
+};
+
+class EngineDeviceSamplingTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    auto ckpt = open_checkpoint(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama");
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+    ckpt_ = std::move(*ckpt);
+    cpu_ = make_cpu_backend();
+    contract_ = std::make_unique<ContractSamplingBackend>(*cpu_);
+    auto m = load_model(ckpt_, *cpu_);  // the model's ops run on the CPU backend either way
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = std::move(*m);
+  }
+
+  // Runs `reqs` together on an engine over `backend`; one Collected per request.
+  std::vector<Collected> run(Backend& backend, const std::vector<EngineRequest>& reqs) {
+    EngineConfig cfg;
+    cfg.scheduler.max_num_seqs = 32;
+    cfg.scheduler.max_num_batched_tokens = 40;  // chunked prefills mixed with decodes
+    cfg.kv_cache_memory = 8 << 20;
+    auto e = Engine::create(*model_, backend, nullptr, cfg);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    std::vector<Collected> out(reqs.size());
+    if (!e.ok()) return out;
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t n_done = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Collected* c = &out[i];
+      auto r = (*e)->submit(reqs[i], [&, c](EngineOutput&& o) {
+        std::lock_guard<std::mutex> lock(mu);
+        for (size_t k = 0; k < o.token_ids.size(); ++k) {
+          c->tokens[o.seq_index].push_back(o.token_ids[k]);
+          if (k < o.logprobs.size()) c->logprobs[o.seq_index].push_back(o.logprobs[k]);
+        }
+        if (!o.prompt_logprobs.empty()) c->prompt_logprobs = o.prompt_logprobs;
+        if (o.finish != FinishReason::kNone && !o.request_done) c->finish[o.seq_index] = o.finish;
+        if (o.request_done) {
+          c->done = true;
+          c->error = o.error;
+          ++n_done;
+          cv.notify_all();
+        }
+      });
+      EXPECT_TRUE(r.ok()) << r.status().to_string();
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return n_done == reqs.size(); }));
+    return out;
+  }
+
+  LoadedCheckpoint ckpt_;
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<ContractSamplingBackend> contract_;
+  std::unique_ptr<Model> model_;
+};
+
+EngineRequest request(std::vector<int32_t> prompt, uint64_t seed) {
+  EngineRequest r;
+  r.prompt = std::move(prompt);
+  r.params.max_tokens = 10;
+  r.params.seed = seed;
+  r.params.ignore_eos = true;
+  r.detokenize = false;
+  return r;
+}
+
+void expect_same(const std::vector<Collected>& host, const std::vector<Collected>& dev) {
+  ASSERT_EQ(host.size(), dev.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    EXPECT_TRUE(host[i].done && dev[i].done) << "request " << i;
+    EXPECT_EQ(host[i].error.code(), dev[i].error.code()) << "request " << i;
+    EXPECT_EQ(host[i].tokens, dev[i].tokens) << "request " << i;
+    EXPECT_EQ(host[i].finish, dev[i].finish) << "request " << i;
+    ASSERT_EQ(host[i].logprobs.size(), dev[i].logprobs.size()) << "request " << i;
+    for (const auto& [seq, lps] : host[i].logprobs) {
+      const auto& d = dev[i].logprobs.at(seq);
+      ASSERT_EQ(lps.size(), d.size());
+      for (size_t k = 0; k < lps.size(); ++k) {
+        EXPECT_EQ(lps[k].logprob, d[k].logprob) << "request " << i << " seq " << seq << " @" << k;
+        EXPECT_EQ(lps[k].rank, d[k].rank);
+        ASSERT_EQ(lps[k].top.size(), d[k].top.size());
+        for (size_t j = 0; j < lps[k].top.size(); ++j) {
+          EXPECT_EQ(lps[k].top[j].token, d[k].top[j].token);
+          EXPECT_EQ(lps[k].top[j].logprob, d[k].top[j].logprob);
+        }
+      }
+    }
+    EXPECT_EQ(host[i].prompt_logprobs.size(), dev[i].prompt_logprobs.size()) << "request " << i;
+  }
+}
+
+TEST_F(EngineDeviceSamplingTest, SameOutputsAsTheHostSampler) {
+  std::vector<EngineRequest> reqs;
+  std::vector<int32_t> base = {5, 9, 33, 71, 12, 101, 7, 44, 90, 3, 18, 27};
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> prompt(base.begin(), base.begin() + 3 + i % 9);
+    prompt.push_back(20 + i);
+    EngineRequest r = request(prompt, 1000 + i);
+    SamplingParams& p = r.params;
+    switch (i % 6) {
+      case 0: p.temperature = 0.0f, p.logprobs = 3; break;
+      case 1: p.temperature = 0.9f, p.top_k = 20, p.top_p = 0.9f; break;
+      case 2: p.temperature = 1.2f, p.min_p = 0.05f, p.logprobs = 0; break;
+      case 3:
+        p.repetition_penalty = 1.4f, p.frequency_penalty = 0.6f, p.presence_penalty = 0.3f;
+        p.logit_bias = {{17, 5.0f}, {40, -100.0f}};
+        break;
+      case 4: p.n = 3, p.top_p = 0.8f, p.logprobs = 2; break;  // three samples of one prompt row
+      default:
+        p.min_tokens = 4, p.stop_token_ids = {11, 50}, p.ignore_eos = false;
+        p.temperature = 0.7f;
+        break;
+    }
+    reqs.push_back(std::move(r));
+  }
+  const auto host = run(*cpu_, reqs);
+  const auto dev = run(*contract_, reqs);
+  expect_same(host, dev);
+  EXPECT_GT(contract_->n_calls, 0);
+  EXPECT_GT(contract_->n_shared_rows, 0) << "n > 1 samples did not share their prompt's row";
+  int64_t n_tokens = 0;
+  for (const Collected& c : host)
+    for (const auto& [seq, t] : c.tokens) n_tokens += static_cast<int64_t>(t.size());
+  EXPECT_EQ(contract_->n_rows_sampled, n_tokens) << "every token came from the device path";
+}
+
+TEST_F(EngineDeviceSamplingTest, PromptLogprobsStepsSampleOnTheHost) {
+  std::vector<EngineRequest> reqs;
+  EngineRequest a = request({4, 8, 15, 16, 23, 42, 4, 8}, 5);
+  a.params.prompt_logprobs = 2;
+  a.params.logprobs = 1;
+  reqs.push_back(a);
+  reqs.push_back(request({7, 7, 7, 9}, 6));
+  const auto host = run(*cpu_, reqs);
+  const auto dev = run(*contract_, reqs);
+  expect_same(host, dev);
+  EXPECT_EQ(dev[0].prompt_logprobs.size(), 7u);  // every prompt position after the first
+  // The first step held a prompt-logprobs chunk: it sampled on the host; later steps did not.
+  int64_t n_tokens = 0;
+  for (const Collected& c : dev)
+    for (const auto& [seq, t] : c.tokens) n_tokens += static_cast<int64_t>(t.size());
+  EXPECT_GT(contract_->n_rows_sampled, 0);
+  EXPECT_LT(contract_->n_rows_sampled, n_tokens);
+}
+
+}  // namespace
+}  // namespace pagellm
