@@ -183,26 +183,40 @@ void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* 
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return;
-  cudaEvent_t ev[3];
+  // Decode reads every weight from HBM once per step, so time each candidate with the weights
+  // out of L2: before every run, overwrite a buffer twice the L2's size (most weight matrices
+  // fit in an H200's 50 MB L2, where repeated runs would measure L2 bandwidth instead).
+  int device = 0, l2_bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const size_t flush_bytes = std::max<size_t>(2 * static_cast<size_t>(l2_bytes), 8u << 20);
+  void* flush = nullptr;
+  if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+    cudaGetLastError();  // no room to measure: keep cuBLASLt
+    return;
+  }
+  cudaEvent_t ev[2];
   for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
-  // Warm both up, then time kReps runs of each; the output is overwritten with the same values.
   constexpr int kReps = 5;
-  Plan lt = p, gv = p;
-  lt.use_gemv = false;
-  gv.use_gemv = true;
-  run_plan(lt, x, w, bias, bias_dtype, out);
-  run_plan(gv, x, w, bias, bias_dtype, out);
-  CUDA_CHECK(cudaEventRecord(ev[0], stream_));
-  for (int i = 0; i < kReps; ++i) run_plan(lt, x, w, bias, bias_dtype, out);
-  CUDA_CHECK(cudaEventRecord(ev[1], stream_));
-  for (int i = 0; i < kReps; ++i) run_plan(gv, x, w, bias, bias_dtype, out);
-  CUDA_CHECK(cudaEventRecord(ev[2], stream_));
-  CUDA_CHECK(cudaEventSynchronize(ev[2]));
-  float t_lt = 0.0f, t_gv = 0.0f;
-  CUDA_CHECK(cudaEventElapsedTime(&t_lt, ev[0], ev[1]));
-  CUDA_CHECK(cudaEventElapsedTime(&t_gv, ev[1], ev[2]));
+  float total[2] = {0.0f, 0.0f};  // cuBLASLt, GEMV
+  Plan candidate[2] = {p, p};
+  candidate[0].use_gemv = false;
+  candidate[1].use_gemv = true;
+  for (int rep = 0; rep <= kReps; ++rep) {  // rep 0 warms both up and is not counted
+    for (int c = 0; c < 2; ++c) {
+      CUDA_CHECK(cudaMemsetAsync(flush, rep + c, flush_bytes, stream_));
+      CUDA_CHECK(cudaEventRecord(ev[0], stream_));
+      run_plan(candidate[c], x, w, bias, bias_dtype, out);  // same values each time
+      CUDA_CHECK(cudaEventRecord(ev[1], stream_));
+      CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      if (rep > 0) total[c] += ms;
+    }
+  }
   for (auto& e : ev) cudaEventDestroy(e);
-  p.use_gemv = t_gv < t_lt;
+  CUDA_CHECK(cudaFree(flush));
+  p.use_gemv = total[1] < total[0];
 }
 
 void Gemm::run_plan(const Plan& p, const RowView& x, const RowView& w, const void* bias,

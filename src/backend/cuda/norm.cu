@@ -27,6 +27,11 @@ __global__ void rms_norm_kernel(const T* x, int64_t ldx, const TW* __restrict__ 
     orow[c] = from_float<T>((to_float(xr[c]) * inv) * to_float(w[c]));
 }
 
+// Each thread keeps its elements of the row in registers (kNormPer of them at most: rows up to
+// kNormPer * 1024 wide) and loads its weights before the block-wide reduction, so the row is read
+// once and the weights' latency hides behind the reduction. Wider rows take the loop below.
+constexpr int kNormPer = 8;
+
 template <typename T, typename TW>
 __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr,
                                     const TW* __restrict__ w, float eps, T* out, int64_t ldo,
@@ -36,10 +41,35 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
   const T* xr = x + r * ldx;
   T* rr = res + r * ldr;
   T* orow = out + r * ldo;
+  if (d <= kNormPer * static_cast<int64_t>(blockDim.x)) {
+    float v[kNormPer], wv[kNormPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int64_t c = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+      v[k] = 0.0f;
+      wv[k] = 0.0f;
+      if (c < d) {
+        // The sum is rounded to the residual's type first and the norm is taken of the stored
+        // value, so `out` is exactly rms_norm(residual) of what the next layer will add to.
+        const T sum = from_float<T>(to_float(rr[c]) + to_float(xr[c]));
+        rr[c] = sum;
+        v[k] = to_float(sum);
+        wv[k] = to_float(w[c]);
+        ss += v[k] * v[k];
+      }
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int64_t c = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+      if (c < d) orow[c] = from_float<T>((v[k] * inv) * wv[k]);
+    }
+    return;
+  }
   float ss = 0.0f;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    // The sum is rounded to the residual's type first and the norm is taken of the stored value,
-    // so `out` is exactly rms_norm(residual) of what the next layer will add to.
     const T sum = from_float<T>(to_float(rr[c]) + to_float(xr[c]));
     rr[c] = sum;
     const float v = to_float(sum);
@@ -55,6 +85,14 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
 int norm_threads(int64_t d) {
   int t = 128;
   while (t < 1024 && t * 4 < d) t *= 2;
+  return t;
+}
+
+// The fused add + norm: enough threads that each holds at most kNormPer elements (fewer threads
+// make the block reduction cheaper), at least 128.
+int add_norm_threads(int64_t d) {
+  int t = 128;
+  while (t < 1024 && t * kNormPer < d) t *= 2;
   return t;
 }
 
@@ -83,7 +121,7 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
       add_rms_norm_kernel<T, TW>
-          <<<static_cast<unsigned>(x.n_rows), norm_threads(x.cols), 0, stream>>>(
+          <<<static_cast<unsigned>(x.n_rows), add_norm_threads(x.cols), 0, stream>>>(
               static_cast<const T*>(x.data), x.ld, static_cast<T*>(residual.data), residual.ld,
               static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();

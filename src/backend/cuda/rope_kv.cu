@@ -1,5 +1,6 @@
-// Rotary embedding, alone and fused with the paged KV-cache write. One block per token; the
-// rotation of a pair (a, b) is done by one thread, so in-place updates never race. Pairs are
+// Rotary embedding, alone and fused with the paged KV-cache write. One block per token (per token
+// and head for the fused kernel); the rotation of a pair (a, b) is done by one thread, so in-place
+// updates never race. Pairs are
 // (2j, 2j+1) when interleaved (GPT-J / DeepSeek) and (j, j + rotary_dim/2) otherwise (NeoX / HF
 // Llama); both touch only the first rotary_dim dims of a head.
 #include "backend/cuda/device_utils.cuh"
@@ -46,6 +47,9 @@ __global__ void rope_kernel(HeadsView x, const float* __restrict__ cos_sin, int6
                cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0);
 }
 
+// One block per (token, head): blockIdx.y < q.heads rotates that query head; the others rotate
+// key head y - q.heads, store it and copy the same head of v. A decode step (one token) thus
+// spreads over q.heads + k.heads blocks instead of one.
 __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
                                      const float* __restrict__ cos_sin, int64_t cs_ld,
                                      int64_t rotary_dim, bool interleaved,
@@ -54,6 +58,12 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
   const int64_t i = blockIdx.x;
   const float* cs = cos_sin + i * cs_ld;
   const int64_t half = rotary_dim / 2;
+  if (blockIdx.y < q.heads) {
+    rotate_heads(static_cast<bf16*>(q.data) + i * q.stride_tok + blockIdx.y * q.stride_head,
+                 q.stride_head, 1, cs, half, interleaved, nullptr, 0);
+    return;
+  }
+  const int64_t h = blockIdx.y - q.heads;
   const int64_t slot = slot_mapping[i];
   // Negative slots are padding; slots past the cache cannot come from a valid plan, and are
   // skipped rather than written out of bounds.
@@ -62,25 +72,16 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
   bf16* vdst = nullptr;
   if (store) {
     const int64_t blk = slot / kc.block_size, off = slot % kc.block_size;
-    kdst = static_cast<bf16*>(kc.data) + blk * kc.stride_block + off * kc.stride_tok;
-    vdst = static_cast<bf16*>(vc.data) + blk * vc.stride_block + off * vc.stride_tok;
+    kdst = static_cast<bf16*>(kc.data) + blk * kc.stride_block + off * kc.stride_tok + h * kc.stride_head;
+    vdst = static_cast<bf16*>(vc.data) + blk * vc.stride_block + off * vc.stride_tok + h * vc.stride_head;
   }
-  rotate_heads(static_cast<bf16*>(q.data) + i * q.stride_tok, q.stride_head, q.heads, cs, half,
-               interleaved, nullptr, 0);
-  bf16* krow = static_cast<bf16*>(k.data) + i * k.stride_tok;
-  rotate_heads(krow, k.stride_head, k.heads, cs, half, interleaved, kdst, kc.stride_head);
+  bf16* krow = static_cast<bf16*>(k.data) + i * k.stride_tok + h * k.stride_head;
+  rotate_heads(krow, k.stride_head, 1, cs, half, interleaved, kdst, kc.stride_head);
   if (!store) return;
   // K dims past rotary_dim are copied unrotated (partial rotary: Phi, GLM, DeepSeek's nope part).
-  const int64_t tail = k.dim - rotary_dim;
-  for (int64_t t = threadIdx.x; t < k.heads * tail; t += blockDim.x) {
-    const int64_t h = t / tail, e = rotary_dim + t % tail;
-    kdst[h * kc.stride_head + e] = krow[h * k.stride_head + e];
-  }
-  const bf16* vrow = static_cast<const bf16*>(v.data) + i * v.stride_tok;
-  for (int64_t t = threadIdx.x; t < v.heads * v.dim; t += blockDim.x) {
-    const int64_t h = t / v.dim, e = t % v.dim;
-    vdst[h * vc.stride_head + e] = vrow[h * v.stride_head + e];
-  }
+  for (int64_t e = rotary_dim + threadIdx.x; e < k.dim; e += blockDim.x) kdst[e] = krow[e];
+  const bf16* vrow = static_cast<const bf16*>(v.data) + i * v.stride_tok + h * v.stride_head;
+  for (int64_t e = threadIdx.x; e < v.dim; e += blockDim.x) vdst[e] = vrow[e];
 }
 
 }  // namespace
@@ -98,7 +99,9 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
                           bool interleaved, const int32_t* slot_mapping, const CacheView& k_cache,
                           const CacheView& v_cache, cudaStream_t stream) {
   if (q.n == 0) return;
-  rope_store_kv_kernel<<<static_cast<unsigned>(q.n), kThreads, 0, stream>>>(
+  PAGELLM_CHECK(q.heads + k.heads <= 65535 && v.heads == k.heads);
+  const dim3 grid(static_cast<unsigned>(q.n), static_cast<unsigned>(q.heads + k.heads));
+  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(
       q, k, v, cos_sin, cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache);
   CUDA_CHECK_LAUNCH();
 }
