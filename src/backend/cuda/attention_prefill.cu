@@ -94,36 +94,85 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   return row * W + ((chunk & ~7) | ((chunk ^ row) & 7)) * 8;
 }
 
+// Shared memory of one block.
 template <int D, int DV>
-__global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kQInRegs = D + DV <= 320;  // (256, 256) would need 64 more registers per thread
-  constexpr int kDm = D > DV ? D : DV;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [kBm][D]
-  bf16* ks = qs + kBm * D;                        // [kStages][kBn][D]
-  bf16* vs = ks + kStages * kBn * D;              // [kStages][kBn][DV]
+struct TileSmem {
+  bf16* q;                  // [kBm][D], swizzled
+  bf16* k;                  // [kStages][kBn][D], swizzled
+  bf16* v;                  // [kStages][kBn][DV], swizzled
+  longlong2 (*rows)[kBn];   // [kStages][kBn]: element offsets of each key row in K and V; -1 past hi
+};
 
-  // Heaviest tiles (latest queries: the most keys) are scheduled first.
-  const int tile = gridDim.x - 1 - blockIdx.x;
-  const int kvh = blockIdx.y, s = blockIdx.z;
+// One tile of kBm rows: Q . K^T over its keys, online softmax, P . V, and the output rows.
+template <int D, int DV>
+__device__ __forceinline__ void prefill_tile(const AttentionArgs& a, const TileSmem<D, DV>& sm,
+                                             int tile, int kvh, int s, int G, int q_begin, int n_q) {
+  constexpr bool kQInRegs = D + DV <= 320;  // (256, 256) would need 64 more registers per thread
+  constexpr int kDm = D > DV ? D : DV;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int G = a.hq / a.hkv;
-  const int q_begin = a.cu_seqlens_q[s];
-  const int n_q = a.cu_seqlens_q[s + 1] - q_begin;
   const int n_rows = n_q * G;
   const int row0 = tile * kBm;
-  if (row0 >= n_rows) return;
   const int32_t start = a.seq_lens_kv[s] - n_q;  // position of the sequence's first query
   const int t_first = row0 / G;
   const int t_last = (min(row0 + kBm, n_rows) - 1) / G;
-  const int32_t hi = start + t_last;  // last key any row of this block sees
+  const int32_t hi = start + t_last;  // last key any row of this tile sees
   const int32_t lo = a.window > 0 ? max(0, start + t_first - a.window + 1) : 0;
   const int n_kt = (hi - lo) / kBn + 1;
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   const int bs = a.block_size;
   const bool bs_pow2 = (bs & (bs - 1)) == 0;
   const int bs_shift = __ffs(bs) - 1;
+  const bf16* kc = static_cast<const bf16*>(a.k_cache.data);
+  const bf16* vc = static_cast<const bf16*>(a.v_cache.data);
+  const bf16* kc_head = kc + kvh * a.k_cache.stride_head;
+  const bf16* vc_head = vc + kvh * a.v_cache.stride_head;
+
+  // Cache offsets of key tile kt's rows, one row per thread of the first kBn: the block-table
+  // lookup is done once per key, not once per 16-byte chunk. fetch() reads the table entry (-1
+  // past hi) an iteration before store() needs it, so its latency hides behind a tile of math.
+  const auto fetch = [&](int kt) -> int32_t {
+    const int32_t p = lo + kt * kBn + tid;
+    if (tid >= kBn || kt >= n_kt || p > hi) return -1;
+    return table[bs_pow2 ? p >> bs_shift : p / bs];
+  };
+  const auto store = [&](int kt, int stage, int32_t blk) {
+    if (tid < kBn) {
+      const int32_t p = lo + kt * kBn + tid;
+      longlong2 off = make_longlong2(-1, -1);
+      if (blk >= 0) {
+        const int64_t slot = bs_pow2 ? p & (bs - 1) : p % bs;
+        off.x = blk * a.k_cache.stride_block + slot * a.k_cache.stride_tok;
+        off.y = blk * a.v_cache.stride_block + slot * a.v_cache.stride_tok;
+      }
+      sm.rows[stage][tid] = off;
+    }
+  };
+  // Key tile -> stage, rows past hi and dims past the head dims zero-filled.
+  const auto load_kv = [&](int stage) {
+    bf16* kd = sm.k + stage * kBn * D;
+    bf16* vd = sm.v + stage * kBn * DV;
+    constexpr int kChunks = kDm / 8;
+    static_assert(kBn * kChunks % kThreads == 0, "whole K/V chunks per thread");
+#pragma unroll 4
+    for (int it = 0; it < kBn * kChunks / kThreads; ++it) {
+      const int i = tid + it * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const longlong2 off = sm.rows[stage][r];
+      if (c < D / 8) {
+        const bool ok = off.x >= 0 && c * 8 < a.head_dim;
+        cp_async_16(smem_u32(kd + swz<D>(r, c)), ok ? kc_head + off.x + c * 8 : kc, ok);
+      }
+      if (c < DV / 8) {
+        const bool ok = off.y >= 0 && c * 8 < a.head_dim_v;
+        cp_async_16(smem_u32(vd + swz<DV>(r, c)), ok ? vc_head + off.y + c * 8 : vc, ok);
+      }
+    }
+  };
+
+  store(0, 0, fetch(0));
+  store(1, 1, fetch(1));
+  int32_t next_blk = fetch(2);
+  __syncthreads();  // row offsets visible; the previous tile of this block is done with smem
 
   // Q tile: rows past the sequence's queries and dims past head_dim are zeros.
   {
@@ -140,50 +189,13 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) 
       const bf16* src = ok ? q + static_cast<int64_t>(q_begin + t) * a.q_stride_tok +
                                  static_cast<int64_t>(kvh * G + g) * a.q_stride_head + c * 8
                            : q;
-      cp_async_16(smem_u32(qs + swz<D>(r, c)), src, ok);
+      cp_async_16(smem_u32(sm.q + swz<D>(r, c)), src, ok);
     }
   }
+  load_kv(0);
+  cp_async_commit();  // group: Q and the first K/V tile
 
-  const bf16* kc = static_cast<const bf16*>(a.k_cache.data);
-  const bf16* vc = static_cast<const bf16*>(a.v_cache.data);
-  const bf16* kc_head = kc + kvh * a.k_cache.stride_head;
-  const bf16* vc_head = vc + kvh * a.v_cache.stride_head;
-  // Key tile kt -> stage: one block-table lookup per (key row, chunk column) serves K and V.
-  auto load_kv = [&](int kt, int stage) {
-    const int32_t kb = lo + kt * kBn;
-    bf16* kd = ks + stage * kBn * D;
-    bf16* vd = vs + stage * kBn * DV;
-    constexpr int kChunks = kDm / 8;
-    static_assert(kBn * kChunks % kThreads == 0, "whole K/V chunks per thread");
-#pragma unroll 2
-    for (int it = 0; it < kBn * kChunks / kThreads; ++it) {
-      const int i = tid + it * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
-      const int32_t p = kb + r;
-      const bool row_ok = p <= hi;
-      int64_t blk = 0, slot = 0;
-      if (row_ok) {
-        const int32_t bi = bs_pow2 ? p >> bs_shift : p / bs;
-        blk = table[bi];
-        slot = p - bi * bs;
-      }
-      if (c < D / 8) {
-        const bool ok = row_ok && c * 8 < a.head_dim;
-        const bf16* src = ok ? kc_head + blk * a.k_cache.stride_block + slot * a.k_cache.stride_tok + c * 8 : kc;
-        cp_async_16(smem_u32(kd + swz<D>(r, c)), src, ok);
-      }
-      if (c < DV / 8) {
-        const bool ok = row_ok && c * 8 < a.head_dim_v;
-        const bf16* src = ok ? vc_head + blk * a.v_cache.stride_block + slot * a.v_cache.stride_tok + c * 8 : vc;
-        cp_async_16(smem_u32(vd + swz<DV>(r, c)), src, ok);
-      }
-    }
-  };
-
-  load_kv(0, 0);
-  cp_async_commit();  // group 0: Q and the first K/V tile
-
-  // This thread's two rows of the warp's 16: lane / 4 and lane / 4 + 8. Their query positions
+  // This thread's two rows of the warp's 16: lane / 4 and lane / 4 + 8, and their query positions
   // (rows past the sequence's queries get positions past hi: they compute, but are not stored).
   const int wrow = warp * 16 + (lane >> 2);
   int32_t qpos[2];
@@ -191,31 +203,40 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) 
   for (int h = 0; h < 2; ++h) qpos[h] = start + (row0 + wrow + 8 * h) / G;
   const int key_lane = 2 * (lane & 3);  // this thread's first key column in an 8-key n-tile
 
+  // Without softcap, scores stay raw dot products and the scale (in log2 units) is applied in the
+  // exponent: exp2(s * mul - m * mul), one FFMA per score. With softcap they become
+  // softcap * tanh(s * scale / softcap) in log2 units and mul is 1. Both are increasing in s
+  // (scale > 0), so the running max is the same.
   const bool capped = a.softcap > 0.0f;
-  const float score_mul = capped ? a.scale / a.softcap : a.scale * kLog2e;
-  const float cap_mul = a.softcap * kLog2e;
+  const float cap_in = a.scale / a.softcap;
+  const float cap_out = a.softcap * kLog2e;
+  const float mul = capped ? 1.0f : a.scale * kLog2e;
 
   float o[DV / 8][4];
 #pragma unroll
   for (int j = 0; j < DV / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY};  // running max, log2 units
+  float m[2] = {-INFINITY, -INFINITY};  // running max of the (raw or capped) scores
   float l[2] = {0.0f, 0.0f};            // this thread's part of the running sum
   uint32_t qf[kQInRegs ? D / 16 : 1][4];
 
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt % kStages;
-    if (kt + 1 < n_kt) load_kv(kt + 1, (kt + 1) % kStages);
+    if (kt + 1 < n_kt) load_kv((kt + 1) % kStages);
     cp_async_commit();
     cp_async_wait<1>();  // everything but the group just committed has landed
     __syncthreads();
+    // Every thread has issued tile kt's loads (and kt + 1's), which read this slot: it takes tile
+    // kt + 2's offsets, seen by their loads after this iteration's closing barrier.
+    store(kt + 2, stage, next_blk);
+    next_blk = fetch(kt + 3);
 
-    const bf16* kt_s = ks + stage * kBn * D;
-    const bf16* vt_s = vs + stage * kBn * DV;
+    const bf16* kt_s = sm.k + stage * kBn * D;
+    const bf16* vt_s = sm.v + stage * kBn * DV;
 
     if (kQInRegs && kt == 0) {
 #pragma unroll
       for (int kk = 0; kk < (kQInRegs ? D / 16 : 1); ++kk)
-        ldmatrix_x4(qf[kk], smem_u32(qs + swz<D>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4))));
+        ldmatrix_x4(qf[kk], smem_u32(sm.q + swz<D>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4))));
     }
 
     // S = Q K^T: 16 rows x kBn keys per warp.
@@ -229,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) 
 #pragma unroll
         for (int e = 0; e < 4; ++e) qa[e] = qf[kQInRegs ? kk : 0][e];
       } else {
-        ldmatrix_x4(qa, smem_u32(qs + swz<D>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4))));
+        ldmatrix_x4(qa, smem_u32(sm.q + swz<D>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4))));
       }
 #pragma unroll
       for (int nn = 0; nn < kBn / 16; ++nn) {
@@ -241,18 +262,13 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) 
       }
     }
 
-    // Scores in log2 units, then masks where this tile crosses the diagonal or the window edge.
+    // Softcap, then masks where this tile crosses the diagonal or the window's lower edge.
     const int32_t kb = lo + kt * kBn;
     if (capped) {
 #pragma unroll
       for (int j = 0; j < kBn / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[j][e] = cap_mul * tanhf(sc[j][e] * score_mul);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kBn / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[j][e] *= score_mul;
+        for (int e = 0; e < 4; ++e) sc[j][e] = cap_out * tanhf(sc[j][e] * cap_in);
     }
     const bool need_mask = kb + kBn - 1 > start + t_first ||
                            (a.window > 0 && kb <= start + t_last - a.window);
@@ -278,13 +294,14 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) 
       const float m_new = fmaxf(m[h], mx);
       // Nothing visible to this row yet: subtract 0 so masked scores give exp2(-inf) = 0, not NaN.
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = exp2f(m[h] - m_use);  // 0 before the first visible key (m = -inf)
+      const float corr = exp2f((m[h] - m_use) * mul);  // 0 before the first visible key
       m[h] = m_new;
+      const float base = m_use * mul;
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBn / 8; ++j) {
-        sc[j][2 * h] = exp2f(sc[j][2 * h] - m_use);
-        sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - m_use);
+        sc[j][2 * h] = exp2f(fmaf(sc[j][2 * h], mul, -base));
+        sc[j][2 * h + 1] = exp2f(fmaf(sc[j][2 * h + 1], mul, -base));
         sum += sc[j][2 * h] + sc[j][2 * h + 1];
       }
       l[h] = l[h] * corr + sum;
@@ -336,6 +353,34 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a) 
             __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
     }
   }
+}
+
+// Grid: (tile slots, KV heads, sequences). Unpaired, slot x is tile gridDim.x - 1 - x, so the
+// heaviest tiles (latest queries: the most keys) start first. Paired, slot x runs tile
+// n_tiles - 1 - x and then tile x of its sequence: every block gets about the same number of
+// key tiles, which balances a grid that fits the GPU in one wave (short prompts).
+template <int D, int DV>
+__global__ void __launch_bounds__(kThreads) prefill_mma_kernel(AttentionArgs a, bool paired) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ longlong2 rows[kStages][kBn];
+  TileSmem<D, DV> sm;
+  sm.q = reinterpret_cast<bf16*>(smem_raw);
+  sm.k = sm.q + kBm * D;
+  sm.v = sm.k + kStages * kBn * D;
+  sm.rows = rows;
+
+  const int x = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
+  const int G = a.hq / a.hkv;
+  const int q_begin = a.cu_seqlens_q[s];
+  const int n_q = a.cu_seqlens_q[s + 1] - q_begin;
+  const int n_tiles = (n_q * G + kBm - 1) / kBm;
+  const int first = paired ? n_tiles - 1 - x : static_cast<int>(gridDim.x) - 1 - x;
+  int n_pass;
+  if (paired) n_pass = first > x ? 2 : first == x ? 1 : 0;
+  else n_pass = first < n_tiles ? 1 : 0;
+  for (int pass = 0; pass < n_pass; ++pass)
+    prefill_tile<D, DV>(a, sm, pass == 0 ? first : x, kvh, s, G, q_begin, n_q);
 #else
   __trap();  // the backend is built for sm_80 and newer; mma.sync bf16 needs sm_80
 #endif
@@ -352,8 +397,10 @@ void run(const AttentionArgs& a, cudaStream_t stream) {
   }();
   (void)opted_in;
   const int64_t group = a.hq / a.hkv;
-  const dim3 grid(ceil_div(static_cast<int64_t>(a.max_seqlen_q) * group, kBm), a.hkv, a.n_seqs);
-  prefill_mma_kernel<D, DV><<<grid, kThreads, kSmem, stream>>>(a);
+  const int64_t tiles = ceil_div(static_cast<int64_t>(a.max_seqlen_q) * group, kBm);
+  const bool paired = true;
+  const dim3 grid(paired ? ceil_div(tiles, 2) : tiles, a.hkv, a.n_seqs);
+  prefill_mma_kernel<D, DV><<<grid, kThreads, kSmem, stream>>>(a, paired);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -366,7 +413,7 @@ bool prefill_mma_supported(const AttentionArgs& a) {
   const auto cache_ok = [&](const CacheView& c) {
     return aligned16(c.data) && mult8(c.stride_block) && mult8(c.stride_tok) && mult8(c.stride_head);
   };
-  return a.hkv > 0 && a.hq % a.hkv == 0 && a.head_dim > 0 && a.head_dim_v > 0 &&
+  return a.scale > 0.0f && a.hkv > 0 && a.hq % a.hkv == 0 && a.head_dim > 0 && a.head_dim_v > 0 &&
          a.head_dim <= 256 && a.head_dim_v <= 256 && mult8(a.head_dim) && mult8(a.head_dim_v) &&
          aligned16(a.q) && mult8(a.q_stride_tok) && mult8(a.q_stride_head) &&
          cache_ok(a.k_cache) && cache_ok(a.v_cache) &&
