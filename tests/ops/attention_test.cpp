@@ -240,7 +240,8 @@ TEST(AttentionPrefill, SlidingWindowAndSoftcap) {
 }
 
 // Long prompts: many key tiles per query tile, the online softmax rescaling across them, tiles
-// of (token, head) rows that end mid-sequence, and the heaviest-first tile order of the grid.
+// of (token, head) rows that end mid-sequence, and both grid orders (paired tiles, and
+// heaviest-first for sequences of more than 128 tiles).
 TEST(AttentionPrefill, LongPrompts) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4600;
@@ -256,6 +257,9 @@ TEST(AttentionPrefill, LongPrompts) {
   // MHA with a sliding window and soft-capping over a cached prefix.
   run_attention_case(cuda, cpu, ++seed,
                      {2, 2, 128, 128, 16, {{2048, 2560}, {300, 300}}, 700, 30.0f, 8.0f});
+  // GQA 32:1: 300 tokens are 9600 rows, 150 tiles, past the longest sequence whose tiles are
+  // paired in one block: the unpaired, heaviest-first grid.
+  run_attention_case(cuda, cpu, ++seed, {32, 1, 64, 64, 16, {{300, 400}, {5, 5}}});
   // head_dim 256 and the MLA split 192/128.
   run_attention_case(cuda, cpu, ++seed, {2, 1, 256, 256, 16, {{1024, 1536}, {77, 77}}});
   run_attention_case(cuda, cpu, ++seed, {2, 2, 192, 128, 16, {{1500, 1500}, {200, 1200}}});
