@@ -9,9 +9,10 @@
 
 namespace pagellm::cuda {
 
-// True when launch_prefill_mma covers `a`: head_dim and head_dim_v multiples of 8 and at most
-// 256; q rows and K/V cache rows 16-byte aligned (base address and every stride, in elements, a
-// multiple of 8); output pairs 4-byte aligned; block_size >= 1; grid dimensions in range.
+// True when launch_prefill_mma covers `a`: scale > 0 (the kernel takes the running max of raw
+// scores and scales in the exponent); head_dim and head_dim_v multiples of 8 and at most 256; q
+// rows and K/V cache rows 16-byte aligned (base address and every stride, in elements, a multiple
+// of 8); output pairs 4-byte aligned; block_size >= 1; grid dimensions in range.
 bool prefill_mma_supported(const AttentionArgs& a);
 
 // Queues the tensor-core prefill kernel on `stream`. Precondition: prefill_mma_supported(a).
