@@ -34,7 +34,8 @@ class SampleBatchPacker {
   explicit SampleBatchPacker(const SamplerConfig& config);
 
   // Packs rows[i] to sample logits row logits_rows[i] (n > 1 samples may share a row). `out` is
-  // overwritten; its vectors keep their capacity from step to step.
+  // overwritten; its vectors keep their capacity from step to step. Rows are packed in parallel
+  // on the config's pool from config.min_rows_for_parallel rows up.
   void pack(std::span<const SampleRow> rows, std::span<const int64_t> logits_rows,
             PackedSampleBatch& out);
 
@@ -44,14 +45,12 @@ class SampleBatchPacker {
                      std::span<SampleOutput> out);
 
  private:
-  int32_t vocab_;
-  std::vector<int32_t> eos_;
-  // Per token: the edit index in the row being packed, valid where stamp_[t] == epoch_ (no
-  // clearing of the vocabulary-sized arrays between rows).
-  std::vector<uint32_t> stamp_;
-  std::vector<int32_t> slot_;
-  uint32_t epoch_ = 0;
-  std::vector<int32_t> suppress_;
+  // One row's params and history -> its DeviceSampleRow (edit range left 0) and sorted edits.
+  Status pack_row(int64_t r, const SampleRow& row, DeviceSampleRow& d,
+                  std::vector<DeviceSampleEdit>& edits) const;
+
+  SamplerConfig config_;
+  std::vector<std::vector<DeviceSampleEdit>> row_edits_;  // per row, reused across steps
 };
 
 }  // namespace pagellm
