@@ -243,7 +243,15 @@ void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_
   if (x.n_rows == 0 || w.n_rows == 0) return;
   const size_t n_plans_before = plans_.size();
   Plan& p = plan_for(x, w, bias, bias_dtype, out);
-  if (plans_.size() != n_plans_before && gemv_supported(x, w, out)) choose_gemv(p, x, w, bias, bias_dtype, out);
+  if (plans_.size() != n_plans_before && gemv_supported(x, w, out)) {
+    // One or two rows: the GEMV streams the weights at 90-100% of the H200's bandwidth on every
+    // decode shape measured (docs/PERF.md) where cuBLASLt reaches 50-93%; no timing needed.
+    if (x.n_rows <= 2) {
+      p.use_gemv = true;
+    } else {
+      choose_gemv(p, x, w, bias, bias_dtype, out);
+    }
+  }
   run_plan(p, x, w, bias, bias_dtype, out);
 }
 

@@ -1,6 +1,6 @@
 // Matrix-vector products for decode: out[n, M] = x[n, K] . w[M, K]^T (+ bias) with n <= 8 and bf16
 // weights. At these sizes the product is a stream over the weights, so the kernel is built to keep
-// as many weight bytes in flight as the memory system needs: each warp owns kGemvRows output rows,
+// as many weight bytes in flight as the memory system needs: each warp owns 1 or 2 output rows,
 // each lane reads 16-byte pieces of them (a warp covers 512 contiguous bytes of a row per load) and
 // issues kGemvUnroll such loads per row before using any; x (n rows, a few to a few hundred KB)
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
@@ -13,7 +13,9 @@ namespace {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kGemvRows = 2;    // output rows per warp
+// Output rows per warp: 2 reuses each x load twice; 1 doubles the number of blocks, which
+// matrices of few rows need to keep every SM streaming (below kGemvTwoRowsMin rows).
+constexpr int64_t kGemvTwoRowsMin = 6144;
 constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
 
 // Weights are read once: bypass L1 so x stays there.
@@ -47,7 +49,7 @@ __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   }
 }
 
-template <int N, typename TOut>
+template <int N, int kGemvRows, typename TOut>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
@@ -63,6 +65,15 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bf16* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
+  // Launched as a programmatic dependent (sm_90), this runs while the kernel before it finishes:
+  // the weights do not depend on it, so ask L2 for this warp's rows now (128-byte lines, each lane
+  // a stride of them), then wait for x.
+  for (int64_t k = lane * 64; k < k_dim; k += 32 * 64) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
+  }
+  wait_for_prerequisites();
+  allow_dependent_launch();
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   for (int64_t k0 = lane * 8; k0 < k_dim; k0 += kStep * kGemvUnroll) {
@@ -103,20 +114,52 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// Programmatic dependent launch needs compute capability 9.0 (checked once, for the current
+// device when first asked: the backend drives one device per process).
+bool programmatic_launch_supported() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  return supported;
+}
+
+template <int N, int kRows>
+void launch_rows(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                 const RowView& out, cudaStream_t stream) {
+  const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kRows);
+  const auto* xp = static_cast<const bf16*>(x.data);
+  const auto* wp = static_cast<const bf16*>(w.data);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kGemvThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch_supported()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  if (out.dtype == DType::kF32) {
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<N, kRows, float>, xp, x.ld, wp, w.ld, bias,
+                                  bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols));
+  } else {
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<N, kRows, bf16>, xp, x.ld, wp, w.ld, bias,
+                                  bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols));
+  }
+}
+
 template <int N>
 void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
               const RowView& out, cudaStream_t stream) {
-  const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kGemvRows);
-  const auto* xp = static_cast<const bf16*>(x.data);
-  const auto* wp = static_cast<const bf16*>(w.data);
-  if (out.dtype == DType::kF32) {
-    gemv_kernel<N, float><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols);
+  if (w.n_rows >= kGemvTwoRowsMin) {
+    launch_rows<N, 2>(x, w, bias, bias_dtype, out, stream);
   } else {
-    gemv_kernel<N, bf16><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols);
+    launch_rows<N, 1>(x, w, bias, bias_dtype, out, stream);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
