@@ -10,7 +10,8 @@
 # PAGELLM_CHECK_BUDGET (seconds, default 570) bounds the whole run: each step gets a timeout from
 # what is left, so the summary always prints inside a 10-minute remote command limit;
 # PAGELLM_CHECK_ALL=1 also builds every target of the preset; PAGELLM_CHECK_NSYS=1 adds an Nsight
-# Systems kernel summary of batch-1 decode (graphs traced per node); PAGELLM_CHECK_TESTS=0 skips the
+# Systems kernel summary of batch-1 decode (graphs traced per node); PAGELLM_CHECK_BATCHING=1 runs
+# bench serve under the three batching policies; PAGELLM_CHECK_TESTS=0 skips the
 # tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
 # dependency setup on a machine without a GPU).
@@ -274,6 +275,26 @@ PY
       rc=$?
       grep -v INFO "$logs/bench-serve.log" | tail -60
       record "bench serve (online)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+    fi
+    # PAGELLM_CHECK_BATCHING=1: the three batching policies of docs/BENCHMARKS.md on one seeded
+    # stream (same prompts, same arrival times) at PAGELLM_BATCHING_RATE req/s.
+    if [ "${PAGELLM_CHECK_BATCHING:-0}" = 1 ]; then
+      for policy in continuous static:64 dynamic:64,50; do
+        t=$(now)
+        limit=$(step_limit 120)
+        if [ "$limit" -lt 30 ]; then record "bench serve --batching $policy" "skipped: out of time"; continue; fi
+        tag=${policy%%:*}
+        PAGELLM_LOAD_FORMAT=dummy PAGELLM_MAX_NUM_SEQS=256 PAGELLM_MAX_NUM_BATCHED_TOKENS=8192 \
+          PAGELLM_BATCHING=$policy timeout "$limit" "$build/tools/pagellm" bench serve \
+          --model bench/model-configs/llama-3-8b.json --device cuda --num-prompts 200 --input-len 576 \
+          --input-len-dist uniform:128,1024 --output-len 128 --random-vocab-size 128000 \
+          --request-rate ${PAGELLM_BATCHING_RATE:-20} --seed 7 --slo ttft=1000,tpot=30 --gpu H200 \
+          --precision bf16 --extra-body '{"return_token_ids": true}' \
+          --output-json "$logs/bench-serve-$tag.json" >"$logs/bench-serve-$tag.log" 2>&1
+        rc=$?
+        grep -v INFO "$logs/bench-serve-$tag.log" | grep -iE "throughput|ttft|tpot|busy|goodput|completed" | head -12 | sed 's/^/    /'
+        record "bench serve --batching $policy" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+      done
     fi
   fi
 fi
