@@ -52,19 +52,31 @@ std::vector<float> make_logits(int64_t rows, bool peaked) {
 }
 
 enum Mode { kGreedy, kTopKTopP, kTemperature, kTopP, kFlatTopP, kMinP, kLogprobs, kPenalties };
-const char* const kModeNames[] = {"greedy",      "topk50_topp0.9", "temperature", "topp0.9",
-                                  "flat_topp0.9", "minp0.05",      "logprobs5",   "penalties"};
+const char* const kModeNames[] = {"greedy",       "topk50_topp0.9", "temperature", "topp0.9",
+                                  "flat_topp0.9", "minp0.05",       "logprobs5",   "penalties"};
 
 SamplingParams params_for(Mode mode) {
   SamplingParams p;
   switch (mode) {
-    case kGreedy: p.temperature = 0.0f; break;
-    case kTopKTopP: p.top_k = 50, p.top_p = 0.9f; break;
-    case kTemperature: p.temperature = 0.7f; break;
+    case kGreedy:
+      p.temperature = 0.0f;
+      break;
+    case kTopKTopP:
+      p.top_k = 50, p.top_p = 0.9f;
+      break;
+    case kTemperature:
+      p.temperature = 0.7f;
+      break;
     case kTopP:
-    case kFlatTopP: p.top_p = 0.9f; break;
-    case kMinP: p.min_p = 0.05f; break;
-    case kLogprobs: p.top_k = 50, p.top_p = 0.9f, p.logprobs = 5; break;
+    case kFlatTopP:
+      p.top_p = 0.9f;
+      break;
+    case kMinP:
+      p.min_p = 0.05f;
+      break;
+    case kLogprobs:
+      p.top_k = 50, p.top_p = 0.9f, p.logprobs = 5;
+      break;
     case kPenalties:
       p.top_k = 50, p.top_p = 0.9f;
       p.repetition_penalty = 1.1f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.5f;

@@ -52,17 +52,18 @@ struct DeviceSampleEdit {
   int32_t token = 0;
   uint32_t flags = 0;
   float bias = 0.0f;
-  int32_t output_count = 0;  // occurrences in the output; nonzero only when presence/frequency apply
+  int32_t output_count =
+      0;  // occurrences in the output; nonzero only when presence/frequency apply
 };
 
 // DeviceSampleResult::status
 enum class DeviceSampleStatus : int32_t {
   kOk = 0,
-  kNan = 1,             // the raw row has a NaN; detail = the lowest such token
-  kPosInf = 2,          // the raw row has a +inf (and no NaN before it); detail = that token
-  kAllNegInf = 3,       // every raw logit is -inf
-  kNothingToSample = 4, // every logit is -inf after logit_bias, min_tokens and penalties
-  kSkipped = 5,         // kSampleSkip: the host reports the row's error
+  kNan = 1,              // the raw row has a NaN; detail = the lowest such token
+  kPosInf = 2,           // the raw row has a +inf (and no NaN before it); detail = that token
+  kAllNegInf = 3,        // every raw logit is -inf
+  kNothingToSample = 4,  // every logit is -inf after logit_bias, min_tokens and penalties
+  kSkipped = 5,          // kSampleSkip: the host reports the row's error
 };
 
 struct DeviceSampleResult {

@@ -159,7 +159,8 @@ Status SampleBatchPacker::pack_row(int64_t r, const SampleRow& row, DeviceSample
   }
   sort_tokens(s.tokens, s.tmp, vocab);
   edits.resize(s.tokens.size());
-  for (size_t i = 0; i < s.tokens.size(); ++i) edits[i] = s.edits[static_cast<size_t>(s.slot[s.tokens[i]])];
+  for (size_t i = 0; i < s.tokens.size(); ++i)
+    edits[i] = s.edits[static_cast<size_t>(s.slot[s.tokens[i]])];
   return Status::ok_status();
 }
 
@@ -231,7 +232,8 @@ void SampleBatchPacker::unpack(const PackedSampleBatch& batch,
           o.rank = r.rank;
           const int32_t n = std::clamp(r.n_top, 0, kDeviceSampleMaxTop);
           o.top_logprobs.reserve(n);
-          for (int32_t j = 0; j < n; ++j) o.top_logprobs.push_back({r.top_token[j], r.top_logprob[j]});
+          for (int32_t j = 0; j < n; ++j)
+            o.top_logprobs.push_back({r.top_token[j], r.top_logprob[j]});
         }
         break;
       case DeviceSampleStatus::kNan:

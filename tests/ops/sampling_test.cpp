@@ -47,23 +47,40 @@ float normal(Rng& rng) {
 enum class Shape { kPeaked, kFlat, kTies, kMasked, kWide, kCount };
 const char* shape_name(Shape s) {
   switch (s) {
-    case Shape::kPeaked: return "peaked";
-    case Shape::kFlat: return "flat";
-    case Shape::kTies: return "ties";
-    case Shape::kMasked: return "masked";
-    case Shape::kWide: return "wide";
-    default: return "?";
+    case Shape::kPeaked:
+      return "peaked";
+    case Shape::kFlat:
+      return "flat";
+    case Shape::kTies:
+      return "ties";
+    case Shape::kMasked:
+      return "masked";
+    case Shape::kWide:
+      return "wide";
+    default:
+      return "?";
   }
 }
 void fill_row(Rng& rng, Shape shape, float* x, int32_t v) {
   for (int32_t t = 0; t < v; ++t) {
     switch (shape) {
-      case Shape::kPeaked: x[t] = 2.0f * normal(rng); break;
-      case Shape::kFlat: x[t] = 0.3f * normal(rng); break;
-      case Shape::kTies: x[t] = std::round(4.0f * normal(rng)) * 0.5f; break;  // many equal values
-      case Shape::kMasked: x[t] = rng.below(10) < 3 ? -kInf : 2.0f * normal(rng); break;
-      case Shape::kWide: x[t] = 40.0f * normal(rng); break;  // most weights underflow to 0
-      default: break;
+      case Shape::kPeaked:
+        x[t] = 2.0f * normal(rng);
+        break;
+      case Shape::kFlat:
+        x[t] = 0.3f * normal(rng);
+        break;
+      case Shape::kTies:
+        x[t] = std::round(4.0f * normal(rng)) * 0.5f;
+        break;  // many equal values
+      case Shape::kMasked:
+        x[t] = rng.below(10) < 3 ? -kInf : 2.0f * normal(rng);
+        break;
+      case Shape::kWide:
+        x[t] = 40.0f * normal(rng);
+        break;  // most weights underflow to 0
+      default:
+        break;
     }
   }
   if (shape == Shape::kPeaked || shape == Shape::kMasked)  // a realistic few dozen favourites
@@ -76,14 +93,29 @@ SamplingParams params_for(int mode, Rng& rng, int32_t vocab) {
   SamplingParams p;
   p.temperature = 0.5f + rng.uniform(0.0f, 1.0f);
   switch (mode) {
-    case 0: p.temperature = 0.0f; break;                                   // greedy
-    case 1: break;                                                         // temperature only
-    case 2: p.top_k = 1 + static_cast<int32_t>(rng.below(60)); break;      // small top-k
-    case 3: p.top_p = 0.9f; break;                                         // top-p
-    case 4: p.min_p = 0.05f; break;                                        // min-p
-    case 5: p.top_k = 50, p.top_p = 0.9f; break;                           // the usual pair
-    case 6: p.top_k = 40, p.top_p = 0.8f, p.min_p = 0.1f, p.temperature = 1.3f; break;
-    case 7: p.top_k = 2049 + static_cast<int32_t>(rng.below(3000)), p.top_p = 0.95f; break;
+    case 0:
+      p.temperature = 0.0f;
+      break;  // greedy
+    case 1:
+      break;  // temperature only
+    case 2:
+      p.top_k = 1 + static_cast<int32_t>(rng.below(60));
+      break;  // small top-k
+    case 3:
+      p.top_p = 0.9f;
+      break;  // top-p
+    case 4:
+      p.min_p = 0.05f;
+      break;  // min-p
+    case 5:
+      p.top_k = 50, p.top_p = 0.9f;
+      break;  // the usual pair
+    case 6:
+      p.top_k = 40, p.top_p = 0.8f, p.min_p = 0.1f, p.temperature = 1.3f;
+      break;
+    case 7:
+      p.top_k = 2049 + static_cast<int32_t>(rng.below(3000)), p.top_p = 0.95f;
+      break;
     case 8:  // penalties with top-k + top-p
       p.top_k = 50, p.top_p = 0.9f;
       p.repetition_penalty = 1.3f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.4f;
@@ -93,18 +125,28 @@ SamplingParams params_for(int mode, Rng& rng, int32_t vocab) {
         const int32_t t = static_cast<int32_t>(rng.below(vocab));
         bool dup = false;
         for (const LogitBias& b : p.logit_bias) dup |= b.token == t;
-        if (!dup) p.logit_bias.push_back({t, j == 0 ? 100.0f : j == 1 ? -100.0f : rng.uniform(-5, 5)});
+        if (!dup)
+          p.logit_bias.push_back({t, j == 0 ? 100.0f : j == 1 ? -100.0f : rng.uniform(-5, 5)});
       }
       break;
     case 10:  // min_tokens: EOS and the stop ids are suppressed
       p.min_tokens = 100, p.stop_token_ids = {0, vocab - 1}, p.top_p = 0.7f;
       break;
-    case 11: p.temperature = 0.0f, p.repetition_penalty = 0.7f; break;   // greedy + penalty
-    case 12: p.top_p = 0.5f, p.temperature = 3.0f; break;                  // flat nucleus
-    case 13: p.top_k = 2500, p.min_p = 0.02f; break;                       // large k, min-p
-    case 14: p.temperature = 0.0f, p.logit_bias = {{static_cast<int32_t>(rng.below(vocab)), 30.0f}};
+    case 11:
+      p.temperature = 0.0f, p.repetition_penalty = 0.7f;
+      break;  // greedy + penalty
+    case 12:
+      p.top_p = 0.5f, p.temperature = 3.0f;
+      break;  // flat nucleus
+    case 13:
+      p.top_k = 2500, p.min_p = 0.02f;
+      break;  // large k, min-p
+    case 14:
+      p.temperature = 0.0f, p.logit_bias = {{static_cast<int32_t>(rng.below(vocab)), 30.0f}};
       break;
-    default: p.top_k = 5, p.temperature = 100.0f; break;                  // nearly uniform top-5
+    default:
+      p.top_k = 5, p.temperature = 100.0f;
+      break;  // nearly uniform top-5
   }
   if (rng.below(3) == 0 || mode == 5) p.logprobs = static_cast<int32_t>(rng.below(21));
   return p;
@@ -263,8 +305,8 @@ void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t 
     const std::string where = "row " + std::to_string(i) + " (logits row " +
                               std::to_string(logits_rows[i]) + ", " +
                               shape_name(shapes[logits_rows[i]]) + ")";
-    ASSERT_EQ(g.status.code(), w.status.code()) << where << ": " << g.status.to_string() << " vs "
-                                                << w.status.to_string();
+    ASSERT_EQ(g.status.code(), w.status.code())
+        << where << ": " << g.status.to_string() << " vs " << w.status.to_string();
     EXPECT_EQ(g.status.message(), w.status.message()) << where;
     if (!w.status.ok()) {
       ++stats.errors;

@@ -50,17 +50,17 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kVec = 8;                       // consecutive tokens per lane per chunk
-constexpr int kChunk = 32 * kVec;             // tokens per warp-wide chunk: one coalesced step
-constexpr int kUnroll = 2;                    // chunks a warp has in flight
-constexpr int kScanItems = 4;                 // chunk sums per thread in ordered scans
-constexpr int kMaxChunks = kThreads * kScanItems;   // per block: slices up to 512K tokens
+constexpr int kVec = 8;                            // consecutive tokens per lane per chunk
+constexpr int kChunk = 32 * kVec;                  // tokens per warp-wide chunk: one coalesced step
+constexpr int kUnroll = 2;                         // chunks a warp has in flight
+constexpr int kScanItems = 4;                      // chunk sums per thread in ordered scans
+constexpr int kMaxChunks = kThreads * kScanItems;  // per block: slices up to 512K tokens
 constexpr int kBinBits = 11;
-constexpr int kBins = 1 << kBinBits;          // radix-select histogram bins per pass
+constexpr int kBins = 1 << kBinBits;  // radix-select histogram bins per pass
 constexpr int kBinsPerThread = kBins / kThreads;
-constexpr int kListCap = 2048;                // candidates sorted in shared memory
+constexpr int kListCap = 2048;  // candidates sorted in shared memory
 constexpr int kListItems = kListCap / kThreads;
-constexpr int kMaxGroup = 8;                  // blocks per row (portable cluster size)
+constexpr int kMaxGroup = 8;  // blocks per row (portable cluster size)
 constexpr int kExchBytes = 64;
 static_assert(kBinsPerThread == 4 && kListItems == 4, "scan item counts");
 
@@ -117,8 +117,8 @@ struct Cut {
 };
 
 struct RowStats {
-  uint32_t n_bad;         // raw NaN or +inf
-  int32_t first_nan;      // lowest such ids (INT_MAX: none)
+  uint32_t n_bad;     // raw NaN or +inf
+  int32_t first_nan;  // lowest such ids (INT_MAX: none)
   int32_t first_inf;
   uint32_t n_finite_raw;
   uint32_t raw_kmin, raw_kmax;  // keys over the raw values (no NaN / +inf)
@@ -236,12 +236,12 @@ constexpr int kUnionBytes = kHistBytes > kListBytes ? kHistBytes : kListBytes;
 struct Ctx {
   const char* row;  // logits row
   bool bf16;
-  bool aligned;     // 16-byte aligned row: vector loads
+  bool aligned;  // 16-byte aligned row: vector loads
   int32_t vocab;
-  int32_t lo, hi;   // this block's tokens [lo, hi)
+  int32_t lo, hi;  // this block's tokens [lo, hi)
   int32_t n_chunks;
   int group, rank;
-  int phase;        // alternates the cluster exchange slots
+  int phase;  // alternates the cluster exchange slots
   const DeviceSampleEdit* edits;
   int32_t e_lo, e_hi;  // edits of this slice
   float repetition, presence, frequency;
@@ -441,8 +441,8 @@ __device__ float apply_edit(const Ctx& c, int32_t t, float raw) {
     v = nv;
   }
   if (e.output_count > 0)
-    v = __fsub_rn(v, __fadd_rn(__fmul_rn(static_cast<float>(e.output_count), c.frequency),
-                               c.presence));
+    v = __fsub_rn(
+        v, __fadd_rn(__fmul_rn(static_cast<float>(e.output_count), c.frequency), c.presence));
   return v;
 }
 
@@ -499,7 +499,7 @@ __device__ int32_t ordered_find(Ctx& c, ValFn val, double offset, double target,
                                 bool strict) {
   const int lane = threadIdx.x & 31;
   int32_t last = -1;
-  for_each_chunk(c, [&](int ch, int32_t t0, const float (&raw)[kVec], const float (&x)[kVec]) {
+  for_each_chunk(c, [&](int ch, int32_t t0, const float(&raw)[kVec], const float(&x)[kVec]) {
     double s = 0.0;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
@@ -672,7 +672,7 @@ __device__ Cut select_by_count(Ctx& c, int g, uint32_t lo, uint32_t hi, uint32_t
     for (int b = threadIdx.x; b < nbins; b += kThreads) c.hist_count[b] = 0;
     __syncthreads();
     const uint32_t lo_ = lo, hi_ = hi;
-    for_each_chunk(c, [&](int, int32_t t0, const float (&raw)[kVec], const float (&x)[kVec]) {
+    for_each_chunk(c, [&](int, int32_t t0, const float(&raw)[kVec], const float(&x)[kVec]) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         float v;
@@ -729,7 +729,7 @@ __device__ Cut select_by_mass(Ctx& c, int g, uint32_t lo, uint32_t hi, double ta
     }
     __syncthreads();
     const uint32_t lo_ = lo, hi_ = hi;
-    for_each_chunk(c, [&](int, int32_t t0, const float (&raw)[kVec], const float (&x)[kVec]) {
+    for_each_chunk(c, [&](int, int32_t t0, const float(&raw)[kVec], const float(&x)[kVec]) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         if (t0 + i < c.hi && x[i] > -INFINITY) {
@@ -749,7 +749,7 @@ __device__ Cut select_by_mass(Ctx& c, int g, uint32_t lo, uint32_t hi, double ta
     const BinPick p = pick_bin_mass(c, nbins, above, target, !first);
     if (p.j == INT_MAX || p.j < 0) {
       if (first) return cut;  // all
-      break;                   // unreachable: a chosen bin is never empty
+      break;                  // unreachable: a chosen bin is never empty
     }
     first = false;
     const uint32_t b = static_cast<uint32_t>(nbins - 1 - p.j);
@@ -793,7 +793,7 @@ template <typename Member>
 __device__ int gather(Ctx& c, Member member) {
   if (threadIdx.x == 0) *c.list_count = 0;
   __syncthreads();
-  for_each_chunk(c, [&](int, int32_t t0, const float (&raw)[kVec], const float (&x)[kVec]) {
+  for_each_chunk(c, [&](int, int32_t t0, const float(&raw)[kVec], const float(&x)[kVec]) {
     for (int i = 0; i < kVec; ++i) {
       uint32_t key;
       if (t0 + i < c.hi && member(t0 + i, raw[i], x[i], key)) {
@@ -887,8 +887,8 @@ __device__ int32_t draw_from_list(Ctx& c, int n, float m, float t, float top_p, 
     if (j < n) {
       const bool kept = j < len && (j == 0 || s[q] >= s_min);
       const uint32_t tok = static_cast<uint32_t>(c.list[j]);
-      c.list[j] = kept ? (static_cast<unsigned long long>(tok) << 32) | static_cast<uint32_t>(j)
-                       : ~0ull;
+      c.list[j] =
+          kept ? (static_cast<unsigned long long>(tok) << 32) | static_cast<uint32_t>(j) : ~0ull;
     }
   }
   __syncthreads();
@@ -994,7 +994,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 
   // 1. Statistics of the raw and processed row.
   RowStats st{0, INT_MAX, INT_MAX, 0, UINT_MAX, 0, 0, 0, UINT_MAX, 0, 0ull};
-  for_each_chunk(c, [&](int, int32_t t0, const float (&raw)[kVec], const float (&x)[kVec]) {
+  for_each_chunk(c, [&](int, int32_t t0, const float(&raw)[kVec], const float(&x)[kVec]) {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int32_t t = t0 + i;
@@ -1074,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
         Cut cp;
         if (row.top_p < 1.0f) {
           double z = 0.0;
-          for_each_chunk(c, [&](int, int32_t t0, const float (&)[kVec], const float (&x)[kVec]) {
+          for_each_chunk(c, [&](int, int32_t t0, const float(&)[kVec], const float(&x)[kVec]) {
 #pragma unroll
             for (int i = 0; i < kVec; ++i)
               if (t0 + i < c.hi && x[i] > -INFINITY && ck.has(ord_key(x[i]) >> g, t0 + i))
@@ -1109,7 +1109,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     const float rt = load_one(c, token);
     const float m_raw = key_float(st.raw_kmax);
     Sum2 part{0.0, 0u};
-    for_each_chunk(c, [&](int, int32_t t0, const float (&raw)[kVec], const float (&)[kVec]) {
+    for_each_chunk(c, [&](int, int32_t t0, const float(&raw)[kVec], const float(&)[kVec]) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const int32_t t = t0 + i;
@@ -1128,9 +1128,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     const int32_t top_n = min(row.n_logprobs, min(a.vocab, kDeviceSampleMaxTop));
     if (top_n > 0) {
       const int gr = st.raw_low == 0 ? 16 : 0;
-      const Cut cr = select_by_count<true>(c, gr, st.raw_kmin >> gr, st.raw_kmax >> gr,
-                                           static_cast<uint32_t>(a.vocab),
-                                           static_cast<uint32_t>(top_n));
+      const Cut cr =
+          select_by_count<true>(c, gr, st.raw_kmin >> gr, st.raw_kmax >> gr,
+                                static_cast<uint32_t>(a.vocab), static_cast<uint32_t>(top_n));
       const int n = gather(c, [&](int32_t t, float raw, float, uint32_t& key) {
         key = ord_key(raw);
         return cr.has(key >> gr, t);

@@ -58,12 +58,13 @@ void sample_by_contract(const Tensor& logits, const DeviceSampleRow& row,
     if (ed.flags & kEditBias) y += ed.bias;
     if (ed.flags & kEditSuppress) y = -kInf;
     if (ed.flags & kEditRepetition) {
-      float ny = y > 0.0f ? std::min(y / row.repetition, FLT_MAX)
-                          : std::max(y * row.repetition, -FLT_MAX);
+      float ny =
+          y > 0.0f ? std::min(y / row.repetition, FLT_MAX) : std::max(y * row.repetition, -FLT_MAX);
       if (y == -kInf) ny = -kInf;
       y = ny;
     }
-    if (ed.output_count > 0) y -= static_cast<float>(ed.output_count) * row.frequency + row.presence;
+    if (ed.output_count > 0)
+      y -= static_cast<float>(ed.output_count) * row.frequency + row.presence;
   }
   int32_t token;
   if (row.flags & kSampleGreedy) {
@@ -219,7 +220,8 @@ class EngineDeviceSamplingTest : public testing::Test {
       EXPECT_TRUE(r.ok()) << r.status().to_string();
     }
     std::unique_lock<std::mutex> lock(mu);
-    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return n_done == reqs.size(); }));
+    EXPECT_TRUE(
+        cv.wait_for(lock, std::chrono::seconds(120), [&] { return n_done == reqs.size(); }));
     return out;
   }
 
@@ -273,14 +275,22 @@ TEST_F(EngineDeviceSamplingTest, SameOutputsAsTheHostSampler) {
     EngineRequest r = request(prompt, 1000 + i);
     SamplingParams& p = r.params;
     switch (i % 6) {
-      case 0: p.temperature = 0.0f, p.logprobs = 3; break;
-      case 1: p.temperature = 0.9f, p.top_k = 20, p.top_p = 0.9f; break;
-      case 2: p.temperature = 1.2f, p.min_p = 0.05f, p.logprobs = 0; break;
+      case 0:
+        p.temperature = 0.0f, p.logprobs = 3;
+        break;
+      case 1:
+        p.temperature = 0.9f, p.top_k = 20, p.top_p = 0.9f;
+        break;
+      case 2:
+        p.temperature = 1.2f, p.min_p = 0.05f, p.logprobs = 0;
+        break;
       case 3:
         p.repetition_penalty = 1.4f, p.frequency_penalty = 0.6f, p.presence_penalty = 0.3f;
         p.logit_bias = {{17, 5.0f}, {40, -100.0f}};
         break;
-      case 4: p.n = 3, p.top_p = 0.8f, p.logprobs = 2; break;  // three samples of one prompt row
+      case 4:
+        p.n = 3, p.top_p = 0.8f, p.logprobs = 2;
+        break;  // three samples of one prompt row
       default:
         p.min_tokens = 4, p.stop_token_ids = {11, 50}, p.ignore_eos = false;
         p.temperature = 0.7f;

@@ -35,7 +35,8 @@ float apply_edit(float raw, const DeviceSampleEdit& e, const DeviceSampleRow& d)
   if (e.flags & kEditBias) v += e.bias;
   if (e.flags & kEditSuppress) v = -kInf;
   if (e.flags & kEditRepetition) {
-    float nv = v > 0.0f ? std::min(v / d.repetition, FLT_MAX) : std::max(v * d.repetition, -FLT_MAX);
+    float nv =
+        v > 0.0f ? std::min(v / d.repetition, FLT_MAX) : std::max(v * d.repetition, -FLT_MAX);
     if (v == -kInf) nv = -kInf;
     v = nv;
   }
@@ -131,15 +132,16 @@ TEST(SampleBatch, EditsReproduceTheCpuProcessorsBitForBit) {
       std::vector<float> dev = raws[r];
       for (int32_t e = d.edit_begin; e < d.edit_end; ++e) {
         const DeviceSampleEdit& ed = b.edits[e];
-        EXPECT_NE(ed.flags | static_cast<uint32_t>(ed.output_count), 0u) << "an edit that edits nothing";
+        EXPECT_NE(ed.flags | static_cast<uint32_t>(ed.output_count), 0u)
+            << "an edit that edits nothing";
         dev[ed.token] = apply_edit(raws[r][ed.token], ed, d);
         ++n_edits_seen;
       }
       const std::vector<float> want = cpu_processed(raws[r], rows[r], eos);
       for (int32_t t = 0; t < kVocab; ++t) {
         ASSERT_TRUE(same_bits(dev[t], want[t]))
-            << "iter " << iter << " row " << r << " token " << t << ": packed edits give "
-            << dev[t] << ", the CPU processors " << want[t];
+            << "iter " << iter << " row " << r << " token " << t << ": packed edits give " << dev[t]
+            << ", the CPU processors " << want[t];
         ++n_checked;
       }
     }
@@ -225,15 +227,15 @@ TEST(SampleBatch, RowErrorsMatchTheCpuSampler) {
   SamplingParams plain;
   std::vector<int32_t> bad_out = {1, -4}, bad_prompt = {kV + 9}, good = {1};
   std::vector<SampleRow> rows = {
-      {&bad_bias, {}, {}, 0},          // 0: out-of-range logit_bias token
-      {&penal, {}, bad_out, 0},        // 1: out-of-range output token
-      {&penal, bad_prompt, good, 0},   // 2: out-of-range prompt token
+      {&bad_bias, {}, {}, 0},                 // 0: out-of-range logit_bias token
+      {&penal, {}, bad_out, 0},               // 1: out-of-range output token
+      {&penal, bad_prompt, good, 0},          // 2: out-of-range prompt token
       {&presence_only, bad_prompt, good, 0},  // 3: prompt ignored without repetition: fine
-      {&plain, {}, {}, 0},             // 4: NaN at 3 (and +inf at 5)
-      {&plain, {}, {}, 0},             // 5: +inf at 2
-      {&plain, {}, {}, 0},             // 6: every logit -inf
-      {&must_wait, {}, {}, 0},         // 7: nothing left after suppression
-      {&bad_bias, {}, {}, 0},          // 8: NaN wins over the bad bias, as on the CPU
+      {&plain, {}, {}, 0},                    // 4: NaN at 3 (and +inf at 5)
+      {&plain, {}, {}, 0},                    // 5: +inf at 2
+      {&plain, {}, {}, 0},                    // 6: every logit -inf
+      {&must_wait, {}, {}, 0},                // 7: nothing left after suppression
+      {&bad_bias, {}, {}, 0},                 // 8: NaN wins over the bad bias, as on the CPU
   };
   const int n = static_cast<int>(rows.size());
   std::vector<float> logits(n * kV, 0.5f);
