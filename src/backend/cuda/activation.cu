@@ -18,7 +18,6 @@ dim3 row_grid(int64_t n_rows, int64_t cols) {
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t ldu, T* out,
                                 int64_t ldo, int64_t n_rows, int64_t cols) {
-  allow_dependent_launch();  // the decode GEMV after this may start loading weights
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -50,7 +49,6 @@ template <typename T>
 __global__ void gather_rows_kernel(const T* __restrict__ x, int64_t ldx, int64_t x_rows,
                                    const int32_t* __restrict__ rows, T* __restrict__ out,
                                    int64_t ldo, int64_t n_rows, int64_t cols) {
-  allow_dependent_launch();  // the decode GEMV after this may start loading weights
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {

@@ -29,8 +29,10 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
+constexpr int kDecodeKeys = 8;         // keys a warp loads before using any of them
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
-constexpr int kMinChunk = 32;          // one pass of the block's warps
+constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
+constexpr int kSmemSoftBudget = 64 * 1024;
 constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
 
 constexpr int kPrefillThreads = 128;
@@ -62,45 +64,36 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   p.dmax = dmax_for(std::max(a.head_dim, a.head_dim_v));
   int64_t max_len = std::max(a.max_seqlen_kv, 1);
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
-  // Enough blocks for two waves over the SMs, but no chunk shorter than one pass of the block
-  // (kMinChunk keys) nor longer than kMaxChunk (long contexts still spread over the SMs).
+  const int64_t q_bytes = static_cast<int64_t>(p.group) * p.dmax * 2;
+  const int64_t per_token = static_cast<int64_t>(p.group) * 4;
+  const int64_t fixed_bytes =
+      q_bytes + static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * p.dmax * 4;
+  int64_t cap = (kSmemSoftBudget - fixed_bytes) / per_token / 32 * 32;
+  cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
+  // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
   const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.hkv;
   const int64_t want_splits = std::max<int64_t>(1, (2 * n_sms + blocks - 1) / blocks);
   int64_t chunk = (max_len + want_splits - 1) / want_splits;
-  chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, kMinChunk, kMaxChunk);
+  chunk = (chunk + 31) / 32 * 32;
+  chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
-  const int64_t q_bytes = static_cast<int64_t>(p.group) * p.dmax * 2;
-  const int64_t merge_bytes =
-      static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * (p.dmax + 2) * 4;
-  p.smem = static_cast<size_t>(q_bytes + merge_bytes);
+  const int64_t red_bytes =
+      static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * p.dmax * 4;
+  p.smem = static_cast<size_t>(per_token * chunk + q_bytes + p.group * 8 + red_bytes);
   return p;
 }
 
-// Keys a warp loads (K and V rows) before using any of them: enough bytes in flight per warp to
-// cover memory latency, within the register budget at the widest head.
-template <int DMAX>
-__host__ __device__ constexpr int decode_keys() {
-  return DMAX >= 256 ? 4 : 8;
-}
-
-// Shared memory: q bf16 [G][DMAX] | per-warp partial results f32 [kDecodeWarps][tile][DMAX + 2]
-// (accumulator, then running max and sum).
-// One pass over the block's chunk: each warp takes decode_keys() keys per iteration, loads their K
-// and V rows together (lanes split K in bf16 pairs for the dot products and V in DMAX / 32
-// contiguous dims for the accumulation), and keeps an online softmax (running max, sum and
-// rescaled accumulator) per query head of the group in registers. The warps' partial results are
-// merged through shared memory at the end. No score buffer: the chunk length is not bounded by
-// shared memory, and a chunk of up to kDecodeWarps * decode_keys() keys is a single round of loads.
+// Shared memory: scores f32 [G][chunk] | m, l f32 [G][2] | q bf16 [G][DMAX] |
+//                PV partial sums f32 [kDecodeWarps][min(G, kDecodeHeadTile)][DMAX].
+// Both passes over the context keep many loads in flight, which is what decode attention is bound
+// by: QK takes kDecodeKeys keys per warp per iteration (all their K loads issued before any math),
+// PV spreads keys over the warps (each lane owns DMAX / 32 contiguous V dims, so a warp reads whole
+// rows) and sums the warps' partial results through shared memory at the end.
 template <int DMAX>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
                   float* __restrict__ part_ml) {
-  allow_dependent_launch();  // the decode GEMV after this may start loading weights
-  constexpr int kKeys = decode_keys<DMAX>();
-  constexpr int kPairs = DMAX / 64;  // K: bf16 pairs per lane
-  constexpr int kDims = DMAX / 32;   // V: contiguous dims per lane
-  constexpr int kLd = DMAX + 2;      // merge row: accumulator, max, sum
   extern __shared__ float smem[];
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -108,13 +101,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
   const int G = a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
   const int tile = min(G, kDecodeHeadTile);
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  float* merge = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
+  float* scores = smem;
+  float* ml = scores + static_cast<size_t>(G) * chunk;
+  bf16* qs = reinterpret_cast<bf16*>(ml + 2 * G);
+  float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   const int32_t pos = a.seq_lens_kv[s] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
-  // bound) because the plan covers the longest span.
+  // bound, which sizes shared memory) because the plan covers the longest span.
   const int32_t span = pos + 1 - lo;
   const int32_t my_chunk = min(chunk, (span + n_splits - 1) / n_splits + 31 & ~31);
   const int32_t begin = lo + split * my_chunk;
@@ -128,127 +123,141 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncthreads();
 
+  // Scores: a warp per key, kDecodeKeys keys per iteration; lanes hold pairs of K elements,
+  // reused for every head of the group.
+  constexpr int kPairs = DMAX / 64;
+  for (int t0 = warp * kDecodeKeys; t0 < n_tok; t0 += kDecodeWarps * kDecodeKeys) {
+    float2 kr[kDecodeKeys][kPairs];
+#pragma unroll
+    for (int u = 0; u < kDecodeKeys; ++u) {
+      const bool valid = t0 + u < n_tok;
+      const bf16* krow = valid ? cache_row(a.k_cache, table, begin + t0 + u, a.block_size, kvh) : nullptr;
+#pragma unroll
+      for (int c = 0; c < kPairs; ++c) {
+        const int e = 2 * (lane + 32 * c);
+        kr[u][c] = valid && e < D
+                       ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + e))
+                       : make_float2(0.0f, 0.0f);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      float2 qv[kPairs];
+#pragma unroll
+      for (int c = 0; c < kPairs; ++c) {
+        const int e = 2 * (lane + 32 * c);
+        qv[c] = e < D ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qs + g * DMAX + e))
+                      : make_float2(0.0f, 0.0f);
+      }
+      float dot[kDecodeKeys];
+#pragma unroll
+      for (int u = 0; u < kDecodeKeys; ++u) {
+        dot[u] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kPairs; ++c) dot[u] += qv[c].x * kr[u][c].x + qv[c].y * kr[u][c].y;
+      }
+#pragma unroll
+      for (int u = 0; u < kDecodeKeys; ++u) dot[u] = warp_sum(dot[u]);
+      if (lane == 0) {
+#pragma unroll
+        for (int u = 0; u < kDecodeKeys; ++u)
+          if (t0 + u < n_tok) scores[g * chunk + t0 + u] = cap_score(dot[u] * a.scale, a.softcap);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Exact softmax over the chunk, per head: scores become exp(s - m), and (m, l) are kept.
+  for (int g = warp; g < G; g += kDecodeWarps) {
+    float m = -INFINITY;
+    for (int t = lane; t < n_tok; t += 32) m = fmaxf(m, scores[g * chunk + t]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int t = lane; t < n_tok; t += 32) {
+      const float e = expf(scores[g * chunk + t] - m);
+      scores[g * chunk + t] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      ml[2 * g] = m;
+      ml[2 * g + 1] = l;
+    }
+  }
+  __syncthreads();
+
+  // P . V: warp w takes keys w, w + kDecodeWarps, ...; lane owns dims [e0, e0 + kDims).
+  constexpr int kDims = DMAX / 32;
   const int e0 = lane * kDims;
   for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
-    float m[kDecodeHeadTile], l[kDecodeHeadTile], acc[kDecodeHeadTile][kDims];
+    float acc[kDecodeHeadTile][kDims];
 #pragma unroll
-    for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
-      m[gg] = -INFINITY;
-      l[gg] = 0.0f;
+    for (int gg = 0; gg < kDecodeHeadTile; ++gg)
 #pragma unroll
       for (int d = 0; d < kDims; ++d) acc[gg][d] = 0.0f;
-    }
-    for (int t0 = warp * kKeys; t0 < n_tok; t0 += kDecodeWarps * kKeys) {
-      float2 kr[kKeys][kPairs], vr[kKeys][kDims / 2];
+    if (e0 < Dv) {
+      for (int t0 = warp; t0 < n_tok; t0 += kDecodeWarps * kDecodeKeys) {
+        float2 vr[kDecodeKeys][kDims / 2];
 #pragma unroll
-      for (int u = 0; u < kKeys; ++u) {
-        const bool valid = t0 + u < n_tok;
-        const bf16* krow = valid ? cache_row(a.k_cache, table, begin + t0 + u, a.block_size, kvh) : nullptr;
-        const bf16* vrow = valid ? cache_row(a.v_cache, table, begin + t0 + u, a.block_size, kvh) : nullptr;
-#pragma unroll
-        for (int c = 0; c < kPairs; ++c) {
-          const int e = 2 * (lane + 32 * c);
-          kr[u][c] = valid && e < D
-                         ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + e))
-                         : make_float2(0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int c = 0; c < kDims / 2; ++c) {
-          const int e = e0 + 2 * c;
-          vr[u][c] = valid && e < Dv
-                         ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + e))
-                         : make_float2(0.0f, 0.0f);
-        }
-      }
-#pragma unroll
-      for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
-        if (gg >= gn) break;
-        const bf16* qg = qs + (g0 + gg) * DMAX;
-        float2 qv[kPairs];
-#pragma unroll
-        for (int c = 0; c < kPairs; ++c) {
-          const int e = 2 * (lane + 32 * c);
-          qv[c] = e < D ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qg + e))
-                        : make_float2(0.0f, 0.0f);
-        }
-        float sc[kKeys];
-#pragma unroll
-        for (int u = 0; u < kKeys; ++u) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int c = 0; c < kPairs; ++c) dot += qv[c].x * kr[u][c].x + qv[c].y * kr[u][c].y;
-          sc[u] = dot;
-        }
-#pragma unroll
-        for (int u = 0; u < kKeys; ++u) sc[u] = warp_sum(sc[u]);  // every lane gets the sum
-        float mx = m[gg];
-#pragma unroll
-        for (int u = 0; u < kKeys; ++u) {
-          sc[u] = t0 + u < n_tok ? cap_score(sc[u] * a.scale, a.softcap) : -INFINITY;
-          mx = fmaxf(mx, sc[u]);
-        }
-        // mx is finite: this iteration has at least one valid key (t0 < n_tok).
-        const float corr = expf(m[gg] - mx);  // 0 on the first keys (m = -inf)
-        l[gg] *= corr;
-#pragma unroll
-        for (int d = 0; d < kDims; ++d) acc[gg][d] *= corr;
-#pragma unroll
-        for (int u = 0; u < kKeys; ++u) {
-          const float p = expf(sc[u] - mx);  // 0 for invalid keys
-          l[gg] += p;
+        for (int u = 0; u < kDecodeKeys; ++u) {
+          const int t = t0 + u * kDecodeWarps;
+          const bf16* vrow = t < n_tok ? cache_row(a.v_cache, table, begin + t, a.block_size, kvh) : nullptr;
 #pragma unroll
           for (int c = 0; c < kDims / 2; ++c) {
-            acc[gg][2 * c] += p * vr[u][c].x;
-            acc[gg][2 * c + 1] += p * vr[u][c].y;
+            const int e = e0 + 2 * c;
+            vr[u][c] = t < n_tok && e < Dv
+                           ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + e))
+                           : make_float2(0.0f, 0.0f);
           }
         }
-        m[gg] = mx;
+#pragma unroll
+        for (int u = 0; u < kDecodeKeys; ++u) {
+          const int t = t0 + u * kDecodeWarps;
+          if (t >= n_tok) break;
+#pragma unroll
+          for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
+            if (gg < gn) {
+              const float p = scores[(g0 + gg) * chunk + t];
+#pragma unroll
+              for (int c = 0; c < kDims / 2; ++c) {
+                acc[gg][2 * c] += p * vr[u][c].x;
+                acc[gg][2 * c + 1] += p * vr[u][c].y;
+              }
+            }
+          }
+        }
       }
     }
-    // Merge the warps: out = sum_w e^(m_w - M) acc_w / sum_w e^(m_w - M) l_w.
+    // Sum the warps' partial results.
 #pragma unroll
     for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
-      if (gg >= gn) break;
-      float* row = merge + (warp * tile + gg) * kLd;
+      if (gg < gn) {
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) row[e0 + d] = acc[gg][d];
-      if (lane == 0) {
-        row[DMAX] = m[gg];
-        row[DMAX + 1] = l[gg];
+        for (int d = 0; d < kDims; ++d) red[(warp * tile + gg) * DMAX + e0 + d] = acc[gg][d];
       }
     }
     __syncthreads();
     for (int idx = tid; idx < gn * Dv; idx += kDecodeThreads) {
       const int gg = idx / Dv, e = idx % Dv, g = g0 + gg, h = h0 + g;
-      float mall = -INFINITY;
+      float v = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) mall = fmaxf(mall, merge[(w * tile + gg) * kLd + DMAX]);
-      float lall = 0.0f, v = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float* row = merge + (w * tile + gg) * kLd;
-        if (row[DMAX + 1] > 0.0f) {  // a warp with no keys holds m = -inf, l = 0
-          const float f = expf(row[DMAX] - mall);
-          lall += f * row[DMAX + 1];
-          v += f * row[e];
-        }
-      }
+      for (int w = 0; w < kDecodeWarps; ++w) v += red[(w * tile + gg) * DMAX + e];
       if (n_splits == 1) {
-        // lall >= 1 when the query's own key is in the chunk; 0 only for a padding sequence with
-        // no context (graph batches), whose output is then 0 rather than NaN.
+        // l >= 1 when the query's own key is in the chunk; 0 only for a padding sequence with no
+        // context (graph batches), whose output is then 0 rather than NaN.
+        const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
-        o[e] = from_float<bf16>(lall > 0.0f ? v / lall : 0.0f);
+        o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
       } else {
         const int64_t slot = (static_cast<int64_t>(s) * a.hq + h) * n_splits + split;
         part_acc[slot * Dv + e] = v;
         if (e == 0) {
-          part_ml[2 * slot] = lall > 0.0f ? mall : -INFINITY;
-          part_ml[2 * slot + 1] = lall;
+          part_ml[2 * slot] = ml[2 * g];
+          part_ml[2 * slot + 1] = ml[2 * g + 1];
         }
       }
     }
-    __syncthreads();  // merge is reused by the next head tile
+    __syncthreads();  // red is reused by the next head tile
   }
 }
 
@@ -257,7 +266,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
 __global__ void decode_reduce_kernel(AttentionArgs a, int n_splits,
                                      const float* __restrict__ part_acc,
                                      const float* __restrict__ part_ml) {
-  allow_dependent_launch();  // the decode GEMV after this may start loading weights
   const int h = blockIdx.x, s = blockIdx.y;
   const int q_tok = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;

@@ -51,23 +51,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(t);
 }
 
-// Programmatic dependent launch (Hopper). A kernel launched with the programmatic-serialization
-// attribute may start while the kernel before it is still running, once every block of that one
-// has called allow_dependent_launch(); it must call wait_for_prerequisites() before touching
-// anything its predecessor writes or reads-then-overwrites. The decode GEMV uses the head start
-// to pull its weights toward L2 during the small kernel before it (norm, activation, attention
-// merge). Both are no-ops before sm_90, and for kernels launched without the attribute.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisites() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Calls f with a value of the C++ type matching `t` (float, bf16 or __half); other types are a

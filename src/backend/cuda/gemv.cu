@@ -65,15 +65,6 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bf16* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
-  // Launched as a programmatic dependent (sm_90), this runs while the kernel before it finishes:
-  // the weights do not depend on it, so ask L2 for this warp's rows now (128-byte lines, each lane
-  // a stride of them), then wait for x.
-  for (int64_t k = lane * 64; k < k_dim; k += 32 * 64) {
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
-  }
-  wait_for_prerequisites();
-  allow_dependent_launch();
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   for (int64_t k0 = lane * 8; k0 < k_dim; k0 += kStep * kGemvUnroll) {
@@ -114,42 +105,20 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// Programmatic dependent launch needs compute capability 9.0 (checked once, for the current
-// device when first asked: the backend drives one device per process).
-bool programmatic_launch_supported() {
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major >= 9;
-  }();
-  return supported;
-}
-
 template <int N, int kRows>
 void launch_rows(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out, cudaStream_t stream) {
   const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kRows);
   const auto* xp = static_cast<const bf16*>(x.data);
   const auto* wp = static_cast<const bf16*>(w.data);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kGemvThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch_supported()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
   if (out.dtype == DType::kF32) {
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<N, kRows, float>, xp, x.ld, wp, w.ld, bias,
-                                  bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols));
+    gemv_kernel<N, kRows, float><<<grid, kGemvThreads, 0, stream>>>(
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols);
   } else {
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<N, kRows, bf16>, xp, x.ld, wp, w.ld, bias,
-                                  bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols));
+    gemv_kernel<N, kRows, bf16><<<grid, kGemvThreads, 0, stream>>>(
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols);
   }
+  CUDA_CHECK_LAUNCH();
 }
 
 template <int N>

@@ -12,7 +12,6 @@ namespace {
 template <typename T, typename TW>
 __global__ void rms_norm_kernel(const T* x, int64_t ldx, const TW* __restrict__ w, float eps,
                                 T* out, int64_t ldo, int64_t d) {
-  allow_dependent_launch();  // the decode GEMV after this may start loading weights
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
@@ -37,7 +36,6 @@ template <typename T, typename TW>
 __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr,
                                     const TW* __restrict__ w, float eps, T* out, int64_t ldo,
                                     int64_t d) {
-  allow_dependent_launch();  // the decode GEMV after this may start loading weights
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
