@@ -135,14 +135,14 @@ TEST(Matmul, Llama8BShapes) {
 
 // The decode GEMV (gemv.cu) directly, whatever matmul() would pick: every batch size it takes,
 // K one 8-element piece up to a partial unrolled stretch (8, 72, 264, 4104), odd M (a half-empty
-// last warp) in both the one- and two-rows-per-warp variants, bias in every type, bf16 and f32
-// outputs written into column slices.
+// last warp, in small and many-block grids), bias in every type, bf16 and f32 outputs written into
+// column slices.
 TEST(Matmul, GemvEveryBatchSize) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 2300;
   int cases = 0;
   for (int64_t n = 1; n <= 8; ++n) {
-    // m >= 6144 takes the two-rows-per-warp variant (6151: its last warp has one row).
+    // 6151 rows: a grid of hundreds of blocks whose last warp has one row.
     for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}, {72, 6151}}) {
       MatmulCase c{n, k, m};
       c.force_gemv = true;

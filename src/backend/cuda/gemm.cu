@@ -244,8 +244,10 @@ void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_
   const size_t n_plans_before = plans_.size();
   Plan& p = plan_for(x, w, bias, bias_dtype, out);
   if (plans_.size() != n_plans_before && gemv_supported(x, w, out)) {
-    // One or two rows: the GEMV streams the weights at 90-100% of the H200's bandwidth on every
-    // decode shape measured (docs/PERF.md) where cuBLASLt reaches 50-93%; no timing needed.
+    // One or two rows: the GEMV, by rule rather than by timing, so that batch-1 decode runs the
+    // same kernels (and rounds the same way) in every process. On the H200 it streamed the
+    // Llama-3-8B decode matrices at 90-100% of bandwidth where cuBLASLt reached 49-93%
+    // (docs/PERF.md).
     if (x.n_rows <= 2) {
       p.use_gemv = true;
     } else {

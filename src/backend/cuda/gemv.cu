@@ -1,6 +1,6 @@
 // Matrix-vector products for decode: out[n, M] = x[n, K] . w[M, K]^T (+ bias) with n <= 8 and bf16
 // weights. At these sizes the product is a stream over the weights, so the kernel is built to keep
-// as many weight bytes in flight as the memory system needs: each warp owns 1 or 2 output rows,
+// as many weight bytes in flight as the memory system needs: each warp owns kGemvRows output rows,
 // each lane reads 16-byte pieces of them (a warp covers 512 contiguous bytes of a row per load) and
 // issues kGemvUnroll such loads per row before using any; x (n rows, a few to a few hundred KB)
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
@@ -13,9 +13,7 @@ namespace {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
-// Output rows per warp: 2 reuses each x load twice; 1 doubles the number of blocks, which
-// matrices of few rows need to keep every SM streaming (below kGemvTwoRowsMin rows).
-constexpr int64_t kGemvTwoRowsMin = 6144;
+constexpr int kGemvRows = 2;    // output rows per warp
 constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
 
 // Weights are read once: bypass L1 so x stays there.
@@ -49,7 +47,7 @@ __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   }
 }
 
-template <int N, int kGemvRows, typename TOut>
+template <int N, typename TOut>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
@@ -105,30 +103,20 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-template <int N, int kRows>
-void launch_rows(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                 const RowView& out, cudaStream_t stream) {
-  const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kRows);
-  const auto* xp = static_cast<const bf16*>(x.data);
-  const auto* wp = static_cast<const bf16*>(w.data);
-  if (out.dtype == DType::kF32) {
-    gemv_kernel<N, kRows, float><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols);
-  } else {
-    gemv_kernel<N, kRows, bf16><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols);
-  }
-  CUDA_CHECK_LAUNCH();
-}
-
 template <int N>
 void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
               const RowView& out, cudaStream_t stream) {
-  if (w.n_rows >= kGemvTwoRowsMin) {
-    launch_rows<N, 2>(x, w, bias, bias_dtype, out, stream);
+  const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kGemvRows);
+  const auto* xp = static_cast<const bf16*>(x.data);
+  const auto* wp = static_cast<const bf16*>(w.data);
+  if (out.dtype == DType::kF32) {
+    gemv_kernel<N, float><<<grid, kGemvThreads, 0, stream>>>(
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols);
   } else {
-    launch_rows<N, 1>(x, w, bias, bias_dtype, out, stream);
+    gemv_kernel<N, bf16><<<grid, kGemvThreads, 0, stream>>>(
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols);
   }
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
