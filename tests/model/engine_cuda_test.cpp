@@ -16,7 +16,7 @@
 #include "backend/backend.h"
 #include "io/weights.h"
 #include "runtime/engine.h"
-#include "../unit/runtime/engine_waiter.h"
+#include "../unit/runtime/engine_test_util.h"
 
 namespace pagellm {
 namespace {
@@ -51,22 +51,9 @@ class EngineCuda : public testing::Test {
     return e.ok() ? std::move(*e) : nullptr;
   }
 
+  // The top 2 logprobs come along: the margin decides whether a token must match.
   static EngineRequest greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-    EngineRequest r;
-    r.prompt = std::move(prompt);
-    r.params.temperature = 0;
-    r.params.max_tokens = max_tokens;
-    r.params.logprobs = 2;  // the top 2: the margin decides whether a token must match
-    r.params.ignore_eos = true;
-    r.detokenize = false;
-    return r;
-  }
-
-  static std::vector<int32_t> random_prompt(std::mt19937& rng, int len) {
-    std::uniform_int_distribution<int32_t> d(3, 255);
-    std::vector<int32_t> p(len);
-    for (auto& t : p) t = d(rng);
-    return p;
+    return greedy_request(std::move(prompt), max_tokens, 2);
   }
 
   // Compares `got` with the reference `want` step by step (see the header). Returns the number of

@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "io/weights.h"
-#include "engine_waiter.h"
+#include "engine_test_util.h"
 
 namespace pagellm {
 namespace {
@@ -43,21 +43,7 @@ class EngineTest : public testing::Test {
   }
 
   static EngineRequest greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-    EngineRequest r;
-    r.prompt = std::move(prompt);
-    r.params.temperature = 0;
-    r.params.max_tokens = max_tokens;
-    r.params.logprobs = 0;
-    r.params.ignore_eos = true;
-    r.detokenize = false;
-    return r;
-  }
-
-  static std::vector<int32_t> random_prompt(std::mt19937& rng, int len) {
-    std::uniform_int_distribution<int32_t> d(3, 255);
-    std::vector<int32_t> p(len);
-    for (auto& t : p) t = d(rng);
-    return p;
+    return greedy_request(std::move(prompt), max_tokens);
   }
 
   LoadedCheckpoint ckpt_;

@@ -1,6 +1,7 @@
-// Collecting an Engine's output events in tests: per-sequence tokens and logprobs (with the top
-// alternatives, for margin checks), finish reasons and the final event, and waiting for requests to
-// finish. Shared by the CPU engine tests (tests/unit/runtime) and the GPU ones (tests/model).
+// Engine test helpers shared by the CPU engine tests (tests/unit/runtime) and the GPU ones
+// (tests/model): collecting a request's output events (per-sequence tokens and logprobs with the
+// top alternatives, finish reasons, the final event), waiting for requests to finish, and making
+// greedy requests over random prompts.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <random>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -56,5 +58,26 @@ class Waiter {
   std::condition_variable cv_;
   int n_done_ = 0;
 };
+
+// A greedy request for token ids (no text), ignoring EOS, with `logprobs` top alternatives.
+inline EngineRequest greedy_request(std::vector<int32_t> prompt, int32_t max_tokens,
+                                    int32_t logprobs = 0) {
+  EngineRequest r;
+  r.prompt = std::move(prompt);
+  r.params.temperature = 0;
+  r.params.max_tokens = max_tokens;
+  r.params.logprobs = logprobs;
+  r.params.ignore_eos = true;
+  r.detokenize = false;
+  return r;
+}
+
+// `len` token ids in [3, 255], inside every test model's vocabulary and clear of special ids.
+inline std::vector<int32_t> random_prompt(std::mt19937& rng, int len) {
+  std::uniform_int_distribution<int32_t> d(3, 255);
+  std::vector<int32_t> p(len);
+  for (auto& t : p) t = d(rng);
+  return p;
+}
 
 }  // namespace pagellm
