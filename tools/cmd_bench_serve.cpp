@@ -264,6 +264,9 @@ int bench_serve(int argc, char** argv) {
   // allocation, page faults and caches that no later request sees.
   auto n_warm = a.get_int("num-warmups", 0);
   if (!n_warm.ok() || *n_warm < 0) return fail(kCmd, invalid_argument("--num-warmups must be >= 0"));
+  // Their TTFTs are kept for the report: against the measured runs' TTFT they show how much slower
+  // a freshly started server's first requests are (none, when start-up warms everything up).
+  std::vector<double> warmup_ttft_ms;
   if (*n_warm > 0) {
     // Warm-up prompts come from a run index no measured run uses: a warm-up that sent a measured
     // prompt would leave it in the prefix cache.
@@ -277,9 +280,14 @@ int bench_serve(int argc, char** argv) {
     auto w = run_load(wo, warm, std::vector<double>(warm.size(), 0.0));
     if (!w.ok()) return fail(kCmd, w.status());
     int64_t n_ok = 0;
-    for (const RequestResult& q : w->results) n_ok += q.ok;
-    std::fprintf(stderr, "bench serve: %lld warm-up requests, %lld succeeded\n", static_cast<long long>(*n_warm),
-                 static_cast<long long>(n_ok));
+    for (const RequestResult& q : w->results) {
+      n_ok += q.ok;
+      if (q.ok) warmup_ttft_ms.push_back(q.ttft_s * 1e3);
+    }
+    std::string ttfts;
+    for (double t : warmup_ttft_ms) ttfts += (ttfts.empty() ? "" : ", ") + std::to_string(static_cast<int64_t>(t + 0.5));
+    std::fprintf(stderr, "bench serve: %lld warm-up requests, %lld succeeded (TTFT ms: %s)\n",
+                 static_cast<long long>(*n_warm), static_cast<long long>(n_ok), ttfts.c_str());
   }
 
   std::vector<RunReport> runs;
@@ -372,6 +380,8 @@ int bench_serve(int argc, char** argv) {
     j["keep_alive"] = co.keep_alive;
     if (auto g = a.get("gpu")) j["gpu"] = *g;
     if (auto p = a.get("precision")) j["precision"] = *p;
+    // One at a time on a freshly started (or idle) server: the first is the cold-start TTFT.
+    if (!warmup_ttft_ms.empty()) j["warmup_ttft_ms"] = warmup_ttft_ms;
     j["runs"] = nlohmann::json::array();
     for (const RunReport& r : runs) j["runs"].push_back(run_json(r, slo, a.flag("save-requests")));
     if (runs.size() > 1) {
