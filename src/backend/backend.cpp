@@ -41,6 +41,34 @@ class HostOpTimer final : public OpTimer {
 
 std::unique_ptr<OpTimer> Backend::make_op_timer() { return std::make_unique<HostOpTimer>(*this); }
 
+namespace {
+
+// Entry b of a [B, rows, cols] view, as a 2-D [rows, cols] view with the same row stride.
+Tensor batch_entry(const Tensor& t, int64_t b) {
+  Tensor e = t;
+  e.data = static_cast<char*>(t.data) + dtype_bytes(t.dtype, b * t.stride[0]);
+  e.ndim = 2;
+  e.shape = {t.shape[1], t.shape[2], 1, 1};
+  e.stride = {t.stride[1], 1, 0, 0};
+  return e;
+}
+
+}  // namespace
+
+void Backend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  PAGELLM_CHECK_MSG(x.ndim == 3 && w.ndim == 3 && out.ndim == 3,
+                    "batched_matmul: x, w and out must be 3-D [B, rows, cols]");
+  PAGELLM_CHECK_MSG(w.size(0) == x.size(0) && out.size(0) == x.size(0),
+                    "batched_matmul: x, w and out disagree on the batch count");
+  PAGELLM_CHECK_MSG(!is_quantized(w.dtype), "batched_matmul: w must be f32, f16 or bf16");
+  PAGELLM_CHECK_MSG(x.stride[0] >= 0 && w.stride[0] >= 0 && out.stride[0] >= 0,
+                    "batched_matmul: negative batch stride");
+  for (int64_t b = 0; b < x.size(0); ++b) {
+    Tensor ob = batch_entry(out, b);
+    matmul(batch_entry(x, b), batch_entry(w, b), Tensor(), ob);
+  }
+}
+
 double measure_memory_bandwidth_gbs(Backend& backend) {
   if (backend.device() == Device::kCpu) return measure_read_bandwidth_gbs();
   // 1 GiB each way, well past any cache; best of several copies.

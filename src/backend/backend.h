@@ -135,6 +135,14 @@ class Backend {
   // out act [n, M] (rows may be strided: a slice of a wider buffer).
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) = 0;
 
+  // out[b] = x[b] @ w[b]^T for every b < B: independent matmuls of one shape, such as per-head
+  // projections (MLA's absorbed query and value up-projection).
+  //   x act [B, n, K]; w [B, M, K] f32/f16/bf16; out act [B, n, M]
+  // Batch and row strides are free (head h of an [n, H*K] activation is batch entry h with batch
+  // stride K and row stride H*K; a batch stride of 0 repeats one operand); the last dim is
+  // contiguous. The default runs one matmul per entry; device backends run one batched GEMM.
+  virtual void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out);
+
   // Rotary embedding in place on the first rotary_dim dims of each head, then the new keys and
   // values are written to the paged cache: cache slot slot_mapping[i] gets token i's k and v.
   //   q act [n, Hq, D]; k act [n, Hkv, D]; v act [n, Hkv, Dv]

@@ -74,6 +74,19 @@ OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
                 2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
 }
 
+OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
+  const int64_t b = x.size(0), n = x.size(1), k = x.size(2), m = w.size(1);
+  // An operand repeated across the batch (stride 0) is read once.
+  const auto read = [b](const Tensor& t) {
+    return t.stride[0] == 0 && b > 0 ? bytes_of(t) / static_cast<double>(b) : bytes_of(t);
+  };
+  std::string shape = key("b=%lld n=%lld k=%lld m=%lld %s", ll(b), ll(n), ll(k), ll(m),
+                          std::string(dtype_name(w.dtype)).c_str());
+  return make_sample("batched_matmul", std::move(shape), read(w) + read(x) + bytes_of(out),
+                     2.0 * static_cast<double>(b) * static_cast<double>(n) * static_cast<double>(m) *
+                         static_cast<double>(k));
+}
+
 OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache) {
   const int64_t n = q.size(0), hq = q.size(1), hkv = k.size(1), d = k.size(2), dv = v.size(2);
@@ -222,6 +235,9 @@ void ProfilingBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Ten
 }
 void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   timed([&] { return op_cost::matmul(x, w, bias, out); }, [&] { inner_->matmul(x, w, bias, out); });
+}
+void ProfilingBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  timed([&] { return op_cost::batched_matmul(x, w, out); }, [&] { inner_->batched_matmul(x, w, out); });
 }
 void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {

@@ -33,6 +33,9 @@ OpSample rms_norm(const Tensor& x, const Tensor& w, const Tensor& out);
 OpSample add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& out);
 // 2 n m k flops for x [n, k] @ w[m, k]^T; bytes: the weight, x, out and the bias.
 OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+// 2 B n m k flops for B products x[b] [n, k] @ w[b] [m, k]^T; bytes: the weights, x and out (a
+// batch stride of 0 reads its operand once).
+OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
 OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache);
 OpSample rope(const Tensor& x, const Tensor& cos_sin);
@@ -96,6 +99,7 @@ class ProfilingBackend final : public Backend {
   void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                     Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;

@@ -398,6 +398,44 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   }
 }
 
+void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  check_on_device(x, "x");
+  check_on_device(w, "w");
+  check_on_device(out, "out");
+  PAGELLM_CHECK_MSG(x.ndim == 3 && w.ndim == 3 && out.ndim == 3,
+                    "batched_matmul: x, w and out must be 3-D [B, rows, cols]");
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "batched_matmul: activations must be bf16");
+  PAGELLM_CHECK_MSG(is_float_type(w.dtype), "batched_matmul: w must be f32, f16 or bf16");
+  PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
+                    "batched_matmul: out must be bf16 or f32");
+  const int64_t batch = x.size(0), n = x.size(1), k_dim = x.size(2), m_dim = w.size(1);
+  PAGELLM_CHECK_MSG(w.size(0) == batch && out.size(0) == batch,
+                    "batched_matmul: x, w and out disagree on the batch count");
+  PAGELLM_CHECK_MSG(w.size(2) == k_dim && k_dim > 0, "batched_matmul: x and w disagree on K");
+  PAGELLM_CHECK_MSG(out.size(1) == n && out.size(2) == m_dim, "batched_matmul: out shape");
+  PAGELLM_CHECK_MSG(x.stride[0] >= 0 && w.stride[0] >= 0 && out.stride[0] >= 0,
+                    "batched_matmul: negative batch stride");
+  if (batch == 0 || n == 0 || m_dim == 0) return;
+  // Entry 0 of each operand as a row view; a single row's stride is irrelevant, but cuBLASLt
+  // wants a leading dimension of at least the row length.
+  const auto entry0 = [](const Tensor& t) {
+    return RowView{t.data, t.dtype, t.size(1), t.size(2),
+                   t.size(1) == 1 ? std::max(t.stride[1], t.size(2)) : t.stride[1]};
+  };
+  const RowView xv = entry0(x), wv = entry0(w), ov = entry0(out);
+  if (w.dtype == DType::kBF16) {
+    gemm_->run_batched(xv, x.stride[0], wv, w.stride[0], ov, out.stride[0], batch);
+    return;
+  }
+  const auto entry = [](RowView v, const Tensor& t, int64_t b) {
+    v.data = static_cast<char*>(t.data) + dtype_bytes(t.dtype, b * t.stride[0]);
+    return v;
+  };
+  for (int64_t b = 0; b < batch; ++b)
+    launch_gemm_fallback(entry(xv, x, b), entry(wv, w, b), nullptr, DType::kF32, entry(ov, out, b),
+                         stream_);
+}
+
 void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
   check_on_device(x, "x");
   check_on_device(cos_sin, "cos_sin");
@@ -506,6 +544,18 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.window = params.window;
   a.softcap = params.softcap;
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: Hq must be a multiple of Hkv");
+  if (attention_mla_wanted(a)) {
+    // A latent cache (V a column view of the K rows, MLA) or head dims above 256: the kernel of
+    // attention_mla.cu, which writes bf16 pairs.
+    PAGELLM_CHECK_MSG(even(out.stride[0]) && even(out.stride[1]) &&
+                          reinterpret_cast<uintptr_t>(out.data) % 4 == 0,
+                      "attention: out strides and base address must be even (bf16 pairs)");
+    const int64_t n_tokens = q.size(0);
+    const int64_t mla_ws_bytes = attention_mla_workspace_bytes(a, n_tokens, n_sms_);
+    void* mla_ws = mla_ws_bytes > 0 ? ensure_attention_workspace(mla_ws_bytes) : nullptr;
+    launch_attention_mla(a, n_tokens, mla_ws, n_sms_, stream_);
+    return;
+  }
   PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
   const int64_t ws_bytes = attention_workspace_bytes(a, n_sms_);
   void* ws = ws_bytes > 0 ? ensure_attention_workspace(ws_bytes) : nullptr;

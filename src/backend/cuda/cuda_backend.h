@@ -54,6 +54,9 @@ class CudaBackend final : public Backend {
   void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                     Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
+  // batch entry.
+  void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;

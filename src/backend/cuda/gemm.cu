@@ -10,6 +10,8 @@
 #include "backend/cuda/gemm.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 #include "backend/cuda/device_utils.cuh"
 
@@ -22,6 +24,15 @@ uint32_t alignment_of(const void* p) {
   const auto u = reinterpret_cast<uintptr_t>(p);
   uint32_t a = 256;
   while (a > 1 && (u % a) != 0) a >>= 1;
+  return a;
+}
+
+// The alignment every entry of a strided batch keeps: its first entry's, and that of the byte
+// step between entries (a step of 0 keeps any alignment).
+uint32_t batched_alignment_of(const void* p, int64_t stride_elems, int64_t elem_bytes) {
+  uint32_t a = alignment_of(p);
+  const uint64_t step = static_cast<uint64_t>(stride_elems) * static_cast<uint64_t>(elem_bytes);
+  while (a > 1 && step % a != 0) a >>= 1;
   return a;
 }
 
@@ -95,6 +106,7 @@ Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
 
 Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) destroy(plan);
+  for (auto& [key, plan] : batched_plans_) destroy(plan);
   if (workspace_ != nullptr) cudaFree(workspace_);  // no CHECK in a destructor: best effort
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
@@ -108,7 +120,8 @@ void Gemm::destroy(Plan& p) {
 }
 
 bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
-                         DType bias_dtype, const RowView& out, const uint32_t align[4]) {
+                         DType bias_dtype, const RowView& out, const uint32_t align[4],
+                         const GemmBatch& batch) {
   const int64_t n = x.n_rows, k_dim = x.cols, m_dim = w.n_rows;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -127,6 +140,17 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k_dim, m_dim, w.ld));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k_dim, n, x.ld));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(out.dtype), m_dim, n, out.ld));
+  if (batch.count > 1) {
+    const int32_t count = static_cast<int32_t>(batch.count);
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
+        {p.a, batch.stride_w}, {p.b, batch.stride_x}, {p.d, batch.stride_out}};
+    for (const auto& [layout, stride] : layouts) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                    &count, sizeof(count)));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -236,6 +260,46 @@ void Gemm::run_plan(const Plan& p, const RowView& x, const RowView& w, const voi
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w.data, p.a, x.data, p.b, &beta, out.data,
                               p.d, out.data, p.d, &p.algo, workspace_, kWorkspaceBytes, stream_));
   if (bias != nullptr && !p.bias_in_epilogue) launch_add_bias(out, bias, bias_dtype, stream_);
+}
+
+void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& w,
+                       int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
+                       int64_t batch) {
+  if (batch == 0 || x.n_rows == 0 || w.n_rows == 0) return;
+  PAGELLM_CHECK_MSG(w.dtype == DType::kBF16 && x.dtype == DType::kBF16,
+                    "gemm: batched products take bf16 x and w");
+  PAGELLM_CHECK_MSG(batch <= INT32_MAX, "gemm: batch count out of range");
+  const int64_t out_bytes = out.dtype == DType::kF32 ? 4 : 2;
+  const uint32_t align[4] = {batched_alignment_of(w.data, w_batch_stride, 2),
+                             batched_alignment_of(x.data, x_batch_stride, 2),
+                             batched_alignment_of(out.data, out_batch_stride, out_bytes), 0u};
+  const BatchedKey key{x.n_rows,       x.cols,         w.n_rows,
+                       x.ld,           w.ld,           out.ld,
+                       static_cast<int>(out.dtype), batch,
+                       x_batch_stride, w_batch_stride, out_batch_stride,
+                       align[0],       align[1],       align[2]};
+  auto it = batched_plans_.find(key);
+  if (it == batched_plans_.end()) {
+    Plan p;
+    if (!try_make_plan(p, x, w, nullptr, DType::kF32, out, align,
+                       GemmBatch{batch, x_batch_stride, w_batch_stride, out_batch_stride}))
+      p.use_fallback = true;
+    it = batched_plans_.emplace(key, p).first;
+  }
+  const Plan& p = it->second;
+  if (p.use_fallback) {
+    const auto entry = [](RowView v, int64_t stride, int64_t b, int64_t elem_bytes) {
+      v.data = static_cast<char*>(v.data) + b * stride * elem_bytes;
+      return v;
+    };
+    for (int64_t b = 0; b < batch; ++b)
+      launch_gemm_fallback(entry(x, x_batch_stride, b, 2), entry(w, w_batch_stride, b, 2), nullptr,
+                           DType::kF32, entry(out, out_batch_stride, b, out_bytes), stream_);
+    return;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w.data, p.a, x.data, p.b, &beta, out.data,
+                              p.d, out.data, p.d, &p.algo, workspace_, kWorkspaceBytes, stream_));
 }
 
 void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,

@@ -15,6 +15,13 @@
 
 namespace pagellm::cuda {
 
+// Strided batching of one GEMM plan: `count` entries, each operand's entries `stride_*` elements
+// apart. count 1 is a plain GEMM.
+struct GemmBatch {
+  int64_t count = 1;
+  int64_t stride_x = 0, stride_w = 0, stride_out = 0;
+};
+
 class Gemm {
  public:
   // The 32 MiB workspace is what cuBLASLt's larger Hopper kernels ask for (split-K, stream-K).
@@ -30,13 +37,26 @@ class Gemm {
   void run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
            const RowView& out);
 
+  // out[b] = x[b] . w[b]^T for b < batch, in one strided-batched cuBLASLt call: entry b of each
+  // operand starts b * its batch stride (in elements; 0 repeats the operand) after the row view,
+  // which describes entry 0. w bf16; out bf16 or f32. Shapes cuBLASLt has no algorithm for run
+  // the tiled kernel once per entry.
+  void run_batched(const RowView& x, int64_t x_batch_stride, const RowView& w,
+                   int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
+                   int64_t batch);
+
   // Number of cached plans (one per distinct problem shape, strides and alignments).
-  size_t n_plans() const { return plans_.size(); }
+  size_t n_plans() const { return plans_.size() + batched_plans_.size(); }
 
  private:
   // Everything cuBLASLt's choice depends on: shape, strides, types and pointer alignments.
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, uint32_t,
                          uint32_t, uint32_t, uint32_t>;
+  // The same for batched products: shape, strides, out type, batch count and batch strides, and
+  // the alignments of every entry's start.
+  using BatchedKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t,
+                                int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -55,13 +75,15 @@ class Gemm {
   Plan& plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out);
   bool try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
-                     DType bias_dtype, const RowView& out, const uint32_t align[4]);
+                     DType bias_dtype, const RowView& out, const uint32_t align[4],
+                     const GemmBatch& batch = GemmBatch{});
   static void destroy(Plan& p);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, Plan> plans_;
+  std::map<BatchedKey, Plan> batched_plans_;
 };
 
 }  // namespace pagellm::cuda

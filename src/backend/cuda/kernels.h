@@ -129,6 +129,23 @@ int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms);
 // must hold attention_workspace_bytes(a, n_sms).
 void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaStream_t stream);
 
+// --- attention_mla.cu ---
+// Attention over a latent cache (DeepSeek MLA in the absorbed form) and any head dims above 256:
+// one block per (query token, KV split, tile of 16 query heads) loads each cache row once for
+// all its heads; decode and prefill alike (one block per query token). head_dim and head_dim_v
+// even, head_dim_v <= 1024; when V is a column view of the K rows it is read from them.
+// V's first column inside the K rows when v_cache is a column view of k_cache (same blocks,
+// tokens, heads and strides; V within the row), else -1.
+int64_t attention_v_offset_in_k(const AttentionArgs& a);
+// Whether launch_attention sends `a` here: head dims above 256, or V inside the K rows.
+bool attention_mla_wanted(const AttentionArgs& a);
+// Scratch of the split-KV partial results for n_tokens query tokens (0 when it does not split).
+int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, int n_sms);
+// Queues the kernel (and the merge of the splits). `workspace` must hold
+// attention_mla_workspace_bytes(a, n_tokens, n_sms); out pairs must be 4-byte aligned.
+void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* workspace, int n_sms,
+                          cudaStream_t stream);
+
 // --- sampling.cu ---
 // One device sampling step (Backend::sample): rows[i] samples logits row rows[i].logits_row of
 // `logits` [*, vocab] (bf16 or f32, row stride ld elements) and writes results[i]. rows, edits

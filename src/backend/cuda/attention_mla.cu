@@ -1,0 +1,490 @@
+// Attention over a latent KV cache: DeepSeek-V2/V3 multi-head latent attention (MLA) in the
+// absorbed form, and any other head dims above the 256 the kernels of attention.cu and
+// attention_prefill.cu cover.
+//
+// The latent layout: one KV "head" per token, a row of head_dim values (k_pe | c_kv: 64 + 512 =
+// 576 for DeepSeek-V2-Lite and V3), of which the columns [v_offset, v_offset + head_dim_v) are
+// also V (c_kv, 512 values): the V tensor is a column view of the K rows. Every query head (16 for
+// V2-Lite, 128 for V3) reads every row (MQA), so the kernel loads each row once per block and
+// uses it for all the block's heads, for the scores and for P.V alike. Separate V rows (head dims
+// above 256 without aliasing) are loaded beside the K rows instead.
+//
+// Work split: one thread block per (query token, KV split, tile of kRows query heads of one KV
+// head). Decode is one query token per sequence; a prefill chunk is the same kernel with one
+// block per query token (each reads its own causal prefix of the cache, so a prompt of n tokens
+// reads the rows n(n+1)/2 times, mostly from L2: correct, not fast; long prompts want the
+// expanded form on tensor cores). Splitting the context over blocks (split-KV) keeps the SMs busy
+// at batch 1: the host picks the number of splits from the step's bounds (max_seqlen_kv, tokens),
+// each block cuts its own token's context into that many chunks of whole key tiles, and a second
+// kernel merges the splits (log-sum-exp rescaling). A launch planned for a bound (a CUDA graph
+// recorded for max_model_len) therefore serves every shorter context.
+//
+// Per key tile (kTile keys), on CUDA cores with fp32 arithmetic:
+//   rows     cp.async from the paged cache into shared memory, two stages (the next tile loads
+//            while this one is used); block-table lookup once per row
+//   S = Q K  each warp computes 4 (head x key) micro-tiles of 4 x 4 over 8 slices of the head
+//            dim, reduced across the slices with shuffles; q is held in shared memory in fp32,
+//            pre-multiplied by the softmax scale
+//   softmax  online, per head: running max and sum; the accumulators are rescaled when the max
+//            grows; masked keys (past the chunk) score -inf
+//   O += P V each thread owns 4 heads x 2*J dims (pairs 64 apart), V read from the same rows
+// Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
+// per step (8 words each) fall in distinct banks.
+#include <algorithm>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace pagellm::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 16;        // query heads per block (4 micro-tile row groups of 4)
+constexpr int kTile = 32;        // keys per tile (8 micro-tile key groups of 4)
+constexpr int kSlices = 8;       // head-dim slices of the score products (lanes 0-7 of a group)
+constexpr int kStages = 2;       // key tiles in flight
+constexpr int kMaxSplits = 256;  // of one token's context
+constexpr int kMaxDimV = 1024;   // head_dim_v: pairs 64 apart, 8 per thread
+constexpr int kReduceThreads = 128;
+constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
+
+static_assert(kWarps * 4 * kSlices == kThreads && kRows * kTile == 4 * 4 * kWarps * 4,
+              "score micro-tiles: 4 per warp, 4 x 4 (head x key) each, kSlices lanes per tile");
+static_assert(kRows == 2 * kWarps && kTile == 32, "softmax: a warp per 2 heads, a lane per key");
+static_assert(kThreads == 4 * 64 && kRows == 16, "P.V: 4 groups of 4 heads x 64 dim lanes");
+
+// The shapes of one launch, in 32-bit words (bf16 pairs) where they index shared memory.
+struct MlaLayout {
+  int d = 0, dv = 0;   // K and V head dims (even)
+  int v_offset = -1;   // V's first column inside the K row; -1: separate V rows
+  int k_words = 0;     // shared-memory K row stride: >= d / 2, = 2 (mod 8)
+  int v_words = 0;     // shared-memory V row stride (separate V rows only)
+  int head_tiles = 1;  // ceil(G / kRows)
+  int n_splits = 1;
+  size_t smem = 0;
+};
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Copies 4 bytes global -> shared asynchronously (sm_80+).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ float cap_score(float s, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
+// Shared memory, in 4-byte units: q f32 [kRows][d] | K rows [kStages][kTile][k_words] |
+// V rows [kStages][kTile][v_words] (separate V only) | scores, then probabilities,
+// f32 [kRows][kTile + 1] | rescale factors f32 [kRows] | final (max, sum) f32 [kRows][2].
+size_t smem_bytes(const MlaLayout& L) {
+  const size_t words = static_cast<size_t>(kRows) * L.d +
+                       static_cast<size_t>(kStages) * kTile * L.k_words +
+                       (L.v_offset < 0 ? static_cast<size_t>(kStages) * kTile * L.v_words : 0) +
+                       static_cast<size_t>(kRows) * (kTile + 1) + kRows + 2 * kRows;
+  return words * 4;
+}
+
+// J: V pairs per thread per head (pairs dl, dl + 64, ..., dl + 64 (J - 1)); J * 128 >= dv.
+template <int J>
+__global__ void __launch_bounds__(kThreads, 2)
+    mla_attention_kernel(AttentionArgs a, MlaLayout L, float* __restrict__ part_acc,
+                         float* __restrict__ part_ml) {
+  extern __shared__ float4 smem_raw[];
+  float* smem = reinterpret_cast<float*>(smem_raw);
+  const int tok = blockIdx.x, split = blockIdx.y;
+  const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int* cu = a.cu_seqlens_q;
+  if (tok >= cu[a.n_seqs]) return;  // the whole block: before any barrier
+
+  // The token's sequence: the last s with cu[s] <= tok (sequences without queries have
+  // cu[s] == cu[s + 1] and are skipped over).
+  int s_lo = 0, s_hi = a.n_seqs;
+  while (s_hi - s_lo > 1) {
+    const int mid = (s_lo + s_hi) >> 1;
+    if (cu[mid] <= tok)
+      s_lo = mid;
+    else
+      s_hi = mid;
+  }
+  const int s = s_lo;
+  const int n_q = cu[s + 1] - cu[s];
+  const int32_t pos = a.seq_lens_kv[s] - n_q + (tok - cu[s]);
+  const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int32_t span = max(0, pos + 1 - lo);
+  // This split's keys: the span cut in n_splits chunks of whole tiles; trailing splits of a short
+  // context are empty (they still write l = 0, which the merge skips).
+  const int32_t per_split = ((span + L.n_splits - 1) / L.n_splits + kTile - 1) / kTile * kTile;
+  const int32_t begin = lo + split * per_split;
+  const int32_t n_keys = max(0, min(begin + per_split, pos + 1) - begin);
+  const int n_kt = (n_keys + kTile - 1) / kTile;
+
+  const int G = a.hq / a.hkv;
+  const int h0 = kvh * G + ht * kRows;            // first query head of the block
+  const int n_rows = min(kRows, G - ht * kRows);  // heads past G are padding rows
+  const int dp = L.d >> 1, dvp = L.dv >> 1;       // pairs per row
+
+  float* qs = smem;
+  uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kRows * L.d);
+  uint32_t* vs = ks + kStages * kTile * L.k_words;
+  float* ps = reinterpret_cast<float*>(vs + (L.v_offset < 0 ? kStages * kTile * L.v_words : 0));
+  float* corr = ps + kRows * (kTile + 1);
+  float* mls = corr + kRows;
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(s) * a.block_table_ld;
+  const bf16* kc = static_cast<const bf16*>(a.k_cache.data) + kvh * a.k_cache.stride_head;
+  const bf16* vc = static_cast<const bf16*>(a.v_cache.data) + kvh * a.v_cache.stride_head;
+  const int bs = a.block_size;
+
+  // Warp w copies rows w, w + kWarps, ... of tile kt; rows past the chunk are left as they are
+  // (their scores are masked and P.V stops before them).
+  const auto load_tile = [&](int kt, int stage) {
+    uint32_t* kdst = ks + stage * kTile * L.k_words;
+    uint32_t* vdst = vs + stage * kTile * L.v_words;
+    for (int r = warp; r < kTile; r += kWarps) {
+      const int t = kt * kTile + r;
+      if (t >= n_keys) break;
+      const int32_t p = begin + t;
+      const int64_t blk = table[p / bs];
+      const int64_t off = p % bs;
+      const bf16* krow = kc + blk * a.k_cache.stride_block + off * a.k_cache.stride_tok;
+      for (int w = lane; w < dp; w += 32)
+        cp_async_4(smem_u32(kdst + r * L.k_words + w), krow + 2 * w);
+      if (L.v_offset < 0) {
+        const bf16* vrow = vc + blk * a.v_cache.stride_block + off * a.v_cache.stride_tok;
+        for (int w = lane; w < dvp; w += 32)
+          cp_async_4(smem_u32(vdst + r * L.v_words + w), vrow + 2 * w);
+      }
+    }
+  };
+  if (n_kt > 0) load_tile(0, 0);
+  cp_async_commit();
+
+  // q rows of the block's heads, scaled, in fp32; padding rows are zero.
+  const bf16* qg = static_cast<const bf16*>(a.q) + static_cast<int64_t>(tok) * a.q_stride_tok;
+  for (int idx = tid; idx < kRows * dp; idx += kThreads) {
+    const int r = idx / dp, c = idx - r * dp;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (r < n_rows) {
+      v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+          qg + static_cast<int64_t>(h0 + r) * a.q_stride_head + 2 * c));
+      v.x *= a.scale;
+      v.y *= a.scale;
+    }
+    reinterpret_cast<float2*>(qs + r * L.d)[c] = v;
+  }
+
+  // Score micro-tile of this thread: heads 4 rg .. 4 rg + 3, keys 4 kg .. 4 kg + 3, head-dim
+  // pairs ds, ds + 8, ...
+  const int ds = lane & (kSlices - 1), mt = warp * 4 + (lane >> 3);
+  const int rg = mt >> 3, kg = mt & 7;
+  // P.V: heads 4 hg .. 4 hg + 3, V pairs dl + 64 j.
+  const int hg = tid >> 6, dl = tid & 63;
+  float2 acc[4][J];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int j = 0; j < J; ++j) acc[r][j] = make_float2(0.0f, 0.0f);
+  // Running max and sum of this warp's two softmax rows (identical in every lane).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float2* q2 = reinterpret_cast<const float2*>(qs);
+
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    if (kt + 1 < n_kt) load_tile(kt + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile kt has landed (for this thread's copies) ...
+    __syncthreads();     // ... and for everyone's; q too, on the first tile
+    const int t0 = kt * kTile;
+    const uint32_t* kt_s = ks + stage * kTile * L.k_words;
+
+    // S = (scale q) . k for 16 heads x 32 keys.
+    float sacc[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) sacc[r][u] = 0.0f;
+    for (int pi = ds; pi < dp; pi += kSlices) {
+      float2 qv[4], kv[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) qv[r] = q2[(rg * 4 + r) * dp + pi];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) kv[u] = unpack_bf16x2(kt_s[(kg * 4 + u) * L.k_words + pi]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          sacc[r][u] = fmaf(qv[r].x, kv[u].x, fmaf(qv[r].y, kv[u].y, sacc[r][u]));
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int o = 1; o < kSlices; o <<= 1)
+          sacc[r][u] += __shfl_xor_sync(0xffffffffu, sacc[r][u], o);
+    if (ds == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int t = kg * 4 + u;
+          ps[(rg * 4 + r) * (kTile + 1) + t] =
+              t0 + t < n_keys ? cap_score(sacc[r][u], a.softcap) : -INFINITY;
+        }
+    }
+    __syncthreads();
+
+    // Online softmax: warp w owns heads 2w and 2w + 1, lane = key.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp * 2 + i;
+      float* prow = ps + r * (kTile + 1);
+      const float sv = prow[lane];
+      const float m_new = fmaxf(m_run[i], warp_max(sv));
+      float p = 0.0f, c = 1.0f;
+      if (m_new != -INFINITY) {  // a tile always holds a key of the chunk; kept for safety
+        p = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+        c = expf(m_run[i] - m_new);  // 0 on the first tile (m_run == -inf)
+      }
+      l_run[i] = l_run[i] * c + warp_sum(p);
+      m_run[i] = m_new;
+      prow[lane] = p;
+      if (lane == 0) corr[r] = c;
+    }
+    __syncthreads();
+
+    // O = O * c + P . V over the tile's keys.
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float c = corr[hg * 4 + r];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        acc[r][j].x *= c;
+        acc[r][j].y *= c;
+      }
+    }
+    const uint32_t* vt = L.v_offset < 0 ? vs + stage * kTile * L.v_words : kt_s + (L.v_offset >> 1);
+    const int v_stride = L.v_offset < 0 ? L.v_words : L.k_words;
+    const int tile_keys = min(kTile, n_keys - t0);
+    for (int t = 0; t < tile_keys; ++t) {
+      float p[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) p[r] = ps[(hg * 4 + r) * (kTile + 1) + t];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int pidx = dl + 64 * j;
+        if (pidx < dvp) {
+          const float2 v = unpack_bf16x2(vt[t * v_stride + pidx]);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[r][j].x = fmaf(p[r], v.x, acc[r][j].x);
+            acc[r][j].y = fmaf(p[r], v.y, acc[r][j].y);
+          }
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();  // no copy may land after the block exits (none is pending here)
+
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mls[2 * (warp * 2 + i)] = m_run[i];
+      mls[2 * (warp * 2 + i) + 1] = l_run[i];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int row = hg * 4 + r;
+    if (row >= n_rows) continue;
+    const int h = h0 + row;
+    const float m = mls[2 * row], l = mls[2 * row + 1];
+    if (L.n_splits == 1) {
+      // l >= 1 when the token's own key is in its context; 0 only for a padding token with no
+      // context (graph batches), whose output is then 0 rather than NaN.
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      bf16* o = static_cast<bf16*>(a.out) + static_cast<int64_t>(tok) * a.o_stride_tok +
+                static_cast<int64_t>(h) * a.o_stride_head;
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int pidx = dl + 64 * j;
+        if (pidx < dvp)
+          reinterpret_cast<__nv_bfloat162*>(o)[pidx] =
+              __floats2bfloat162_rn(acc[r][j].x * inv, acc[r][j].y * inv);
+      }
+    } else {
+      const int64_t slot = (static_cast<int64_t>(tok) * a.hq + h) * L.n_splits + split;
+      float2* pa = reinterpret_cast<float2*>(part_acc + slot * L.dv);
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int pidx = dl + 64 * j;
+        if (pidx < dvp) pa[pidx] = acc[r][j];
+      }
+      if (dl == 0) {
+        part_ml[2 * slot] = m;
+        part_ml[2 * slot + 1] = l;
+      }
+    }
+  }
+}
+
+// Merges the splits of one (token, query head) for kReduceThreads dims:
+// out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i, skipping empty splits (l_i == 0).
+__global__ void __launch_bounds__(kReduceThreads)
+    mla_reduce_kernel(AttentionArgs a, int n_splits, const float* __restrict__ part_acc,
+                      const float* __restrict__ part_ml) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float inv_sum;
+  const int e = blockIdx.x * kReduceThreads + threadIdx.x;
+  const int h = blockIdx.y, tok = blockIdx.z;
+  if (tok >= a.cu_seqlens_q[a.n_seqs]) return;
+  const int64_t base = (static_cast<int64_t>(tok) * a.hq + h) * n_splits;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m = -INFINITY;
+    for (int i = lane; i < n_splits; i += 32)
+      if (part_ml[2 * (base + i) + 1] > 0.0f) m = fmaxf(m, part_ml[2 * (base + i)]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int i = lane; i < n_splits; i += 32) {
+      const float li = part_ml[2 * (base + i) + 1];
+      const float wi = li > 0.0f ? expf(part_ml[2 * (base + i)] - m) : 0.0f;
+      weight[i] = wi;
+      l += wi * li;
+    }
+    l = warp_sum(l);
+    if (lane == 0) inv_sum = l > 0.0f ? 1.0f / l : 0.0f;  // 0: a padding token, no context
+  }
+  __syncthreads();
+  if (e >= a.head_dim_v) return;
+  float acc = 0.0f;
+  for (int i = 0; i < n_splits; ++i) {
+    const float wi = weight[i];
+    if (wi != 0.0f) acc += wi * part_acc[(base + i) * a.head_dim_v + e];
+  }
+  bf16* o = static_cast<bf16*>(a.out) + static_cast<int64_t>(tok) * a.o_stride_tok +
+            static_cast<int64_t>(h) * a.o_stride_head;
+  o[e] = from_float<bf16>(acc * inv_sum);
+}
+
+MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
+  MlaLayout L;
+  L.d = a.head_dim;
+  L.dv = a.head_dim_v;
+  L.v_offset = static_cast<int>(attention_v_offset_in_k(a));
+  const int dp = L.d / 2;
+  L.k_words = dp + ((2 - dp % 8) + 8) % 8;
+  L.v_words = L.v_offset < 0 ? L.dv / 2 : 0;
+  const int G = a.hq / a.hkv;
+  L.head_tiles = (G + kRows - 1) / kRows;
+  int64_t max_len = std::max(a.max_seqlen_kv, 1);
+  if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
+  // About one wave of two blocks per SM; no split shorter than one key tile.
+  const int64_t blocks = std::max<int64_t>(1, n_tokens * a.hkv * L.head_tiles);
+  const int64_t want = (2 * static_cast<int64_t>(n_sms) + blocks - 1) / blocks;
+  const int64_t most = std::min<int64_t>(kMaxSplits, (max_len + kTile - 1) / kTile);
+  L.n_splits = static_cast<int>(std::clamp<int64_t>(want, 1, most));
+  L.smem = smem_bytes(L);
+  return L;
+}
+
+template <int J>
+void run_mla(const AttentionArgs& a, const MlaLayout& L, int64_t n_tokens, float* part_acc,
+             float* part_ml, cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<J>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(L.smem)));
+  // Two blocks per SM need most of the shared memory on sm_90 (2 x 113 KiB at 576/512).
+  CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<J>,
+                                  cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared));
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(L.n_splits),
+                  static_cast<unsigned>(a.hkv * L.head_tiles));
+  mla_attention_kernel<J><<<grid, kThreads, L.smem, stream>>>(a, L, part_acc, part_ml);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+int64_t attention_v_offset_in_k(const AttentionArgs& a) {
+  const CacheView& k = a.k_cache;
+  const CacheView& v = a.v_cache;
+  if (k.n_blocks != v.n_blocks || k.block_size != v.block_size || k.heads != v.heads ||
+      k.stride_block != v.stride_block || k.stride_tok != v.stride_tok ||
+      k.stride_head != v.stride_head)
+    return -1;
+  const auto kb = reinterpret_cast<uintptr_t>(k.data), vb = reinterpret_cast<uintptr_t>(v.data);
+  if (vb < kb || (vb - kb) % 2 != 0) return -1;
+  const int64_t off = static_cast<int64_t>((vb - kb) / 2);
+  return off + v.dim <= k.dim ? off : -1;
+}
+
+bool attention_mla_wanted(const AttentionArgs& a) {
+  return a.head_dim > 256 || a.head_dim_v > 256 || attention_v_offset_in_k(a) >= 0;
+}
+
+int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
+  if (a.n_seqs == 0 || n_tokens == 0) return 0;
+  const MlaLayout L = plan_mla(a, n_tokens, n_sms);
+  if (L.n_splits == 1) return 0;
+  return n_tokens * a.hq * L.n_splits * (a.head_dim_v + 2) * static_cast<int64_t>(sizeof(float));
+}
+
+void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* workspace, int n_sms,
+                          cudaStream_t stream) {
+  if (a.n_seqs == 0 || n_tokens == 0 || a.max_seqlen_q == 0) return;
+  PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0,
+                    "attention: query heads not a multiple of KV heads");
+  PAGELLM_CHECK_MSG(
+      a.head_dim > 0 && a.head_dim % 2 == 0 && a.head_dim_v > 0 && a.head_dim_v % 2 == 0,
+      "latent attention: head dims must be even (bf16 pairs)");
+  PAGELLM_CHECK_MSG(a.head_dim_v <= kMaxDimV, "latent attention: head_dim_v above 1024");
+  PAGELLM_CHECK_MSG(n_tokens <= INT32_MAX && a.hkv * ((a.hq / a.hkv + kRows - 1) / kRows) <= 65535,
+                    "latent attention: grid too large");
+  const MlaLayout L = plan_mla(a, n_tokens, n_sms);
+  PAGELLM_CHECK_MSG(L.v_offset < 0 || L.v_offset % 2 == 0,
+                    "latent attention: V must start at an even column of the K row");
+  PAGELLM_CHECK_MSG(L.smem <= static_cast<size_t>(kSmemHardLimit),
+                    "latent attention: head dims too large for the kernel's shared memory");
+  float* part_acc = static_cast<float*>(workspace);
+  float* part_ml = nullptr;
+  if (L.n_splits > 1) {
+    PAGELLM_CHECK_MSG(workspace != nullptr, "latent attention: missing workspace");
+    part_ml = part_acc + n_tokens * a.hq * L.n_splits * static_cast<int64_t>(a.head_dim_v);
+  }
+  PAGELLM_CHECK_MSG(L.n_splits == 1 || n_tokens <= 65535,
+                    "latent attention: too many tokens to merge splits");
+  const int pairs = a.head_dim_v / 2;
+  if (pairs <= 64)
+    run_mla<1>(a, L, n_tokens, part_acc, part_ml, stream);
+  else if (pairs <= 128)
+    run_mla<2>(a, L, n_tokens, part_acc, part_ml, stream);
+  else if (pairs <= 256)
+    run_mla<4>(a, L, n_tokens, part_acc, part_ml, stream);
+  else
+    run_mla<8>(a, L, n_tokens, part_acc, part_ml, stream);
+  if (L.n_splits > 1) {
+    const dim3 grid(static_cast<unsigned>((a.head_dim_v + kReduceThreads - 1) / kReduceThreads),
+                    static_cast<unsigned>(a.hq), static_cast<unsigned>(n_tokens));
+    mla_reduce_kernel<<<grid, kReduceThreads, 0, stream>>>(a, L.n_splits, part_acc, part_ml);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace pagellm::cuda

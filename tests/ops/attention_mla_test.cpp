@@ -1,0 +1,245 @@
+// Latent attention (attention_mla.cu) against the CPU reference's attention on the same latent
+// layout: one KV head of 576 values per token (k_pe | c_kv) whose 512 c_kv columns are also V (the
+// V tensor is a column view of the K cache rows), 16 (DeepSeek-V2-Lite) and 128 (V3) query heads,
+// decode batches (split-KV and the merge of the splits) and ragged prefill (cached prefixes, a
+// decode token in the batch, sequences without queries), contexts of 1 to 300 tokens, block
+// sizes 16 and 7 over shuffled block tables; V at the front of the row, the golden fixtures' tiny
+// layout, separate V rows of head dims above 256 with GQA, a partial tile of heads, a sliding
+// window with soft-capping, a peaky softmax, padding sequences of graph batches, and a replay
+// from a CUDA graph.
+//
+// Tolerance: kBf16Tol. The kernel keeps scores, softmax weights and the P.V sums in fp32 (P is
+// never rounded to bf16), so against the fp32/fp64 reference only the bf16 rounding of the output
+// (2^-9 relative) and fp32 summation order differ.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "op_test_util.h"
+
+namespace pagellm::optest {
+namespace {
+
+struct Seq {
+  int32_t n_q;     // queries in this step (the last n_q of the sequence's tokens)
+  int32_t kv_len;  // tokens in the cache, the new ones included
+};
+
+struct MlaCase {
+  int64_t hq, hkv;
+  int64_t d, dv;
+  int64_t v_offset;  // V's first column inside the K row; -1: a separate V cache
+  int32_t block_size;
+  std::vector<Seq> seqs;
+  int32_t window = -1;
+  float softcap = 0.0f;
+  float q_amp = 1.0f;      // larger makes the softmax peakier
+  int32_t n_padding = 0;   // graph-batch padding sequences after the real ones: 1 query, no context
+  bool via_graph = false;  // also record the call in a CUDA graph and replay it
+};
+
+constexpr int64_t kV2LiteDim = 576, kV2LiteDimV = 512, kRopeDim = 64;
+
+std::vector<Seq> decode_seqs(std::initializer_list<int32_t> kv_lens) {
+  std::vector<Seq> s;
+  for (int32_t l : kv_lens) s.push_back({1, l});
+  return s;
+}
+
+void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) {
+  Rng rng(seed);
+  const int32_t n_real = static_cast<int32_t>(c.seqs.size());
+  const int32_t n_seqs = n_real + c.n_padding;
+  const int32_t bs = c.block_size;
+  std::vector<int32_t> cu(n_seqs + 1, 0), lens(n_seqs, 0);
+  int32_t max_q = 0, max_kv = 0, max_blocks = 1, total_blocks = 0;
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    const Seq sq = s < n_real ? c.seqs[s] : Seq{1, 0};
+    cu[s + 1] = cu[s] + sq.n_q;
+    lens[s] = sq.kv_len;
+    max_q = std::max(max_q, sq.n_q);
+    max_kv = std::max(max_kv, sq.kv_len);
+    const int32_t nb = (sq.kv_len + bs - 1) / bs;
+    max_blocks = std::max(max_blocks, nb);
+    total_blocks += nb;
+  }
+  const int64_t n = cu[n_seqs], n_real_tokens = cu[n_real];
+  // A pool with spare blocks, handed out in shuffled order so no sequence's blocks are consecutive.
+  const int64_t pool = total_blocks + 5;
+  std::vector<int32_t> perm(pool);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int64_t i = pool - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  const int64_t table_ld = max_blocks + 3;  // padded rows: entries past a sequence's blocks are -1
+  std::vector<int32_t> table(n_seqs * table_ld, -1);
+  int64_t next = 0;
+  for (int32_t s = 0; s < n_seqs; ++s)
+    for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * table_ld + b] = perm[next++];
+
+  const bool latent = c.v_offset >= 0;
+  std::vector<float> q = random_bf16_values(rng, n * c.hq * c.d, c.q_amp);
+  std::vector<float> kc = random_bf16_values(rng, pool * bs * c.hkv * c.d);
+  std::vector<float> vc =
+      latent ? std::vector<float>() : random_bf16_values(rng, pool * bs * c.hkv * c.dv);
+
+  auto q_dev = upload_bf16(cuda, q), kc_dev = upload_bf16(cuda, kc);
+  auto vc_dev = latent ? nullptr : upload_bf16(cuda, vc);
+  auto cu_dev = upload_raw(cuda, cu), lens_dev = upload_raw(cuda, lens),
+       table_dev = upload_raw(cuda, table);
+  DevBuf out(cuda, std::max<int64_t>(n, 1) * c.hq * c.dv * 2);
+  AttentionMeta meta;
+  meta.n_seqs = n_seqs;
+  meta.cu_seqlens_q = cu_dev->view(DType::kI32, {n_seqs + 1});
+  meta.seq_lens_kv = lens_dev->view(DType::kI32, {n_seqs});
+  meta.block_tables = table_dev->view(DType::kI32, {n_seqs, table_ld});
+  meta.block_size = bs;
+  meta.max_seqlen_q = max_q;
+  meta.max_seqlen_kv = std::max(max_kv, max_q);
+  AttentionParams params;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  params.window = c.window;
+  params.softcap = c.softcap;
+  Tensor k_t = kc_dev->view(DType::kBF16, {pool, bs, c.hkv, c.d});
+  Tensor v_t = latent ? k_t.slice_cols(c.v_offset, c.v_offset + c.dv)
+                      : vc_dev->view(DType::kBF16, {pool, bs, c.hkv, c.dv});
+  Tensor q_t = q_dev->view(DType::kBF16, {n, c.hq, c.d});
+  Tensor out_t = out.view(DType::kBF16, {n, c.hq, c.dv});
+  cuda.attention(q_t, k_t, v_t, meta, params, out_t);
+
+  // The reference over the real sequences only (it rejects a query without context).
+  AttentionMeta hmeta = meta;
+  hmeta.n_seqs = n_real;
+  hmeta.cu_seqlens_q = Tensor(cu.data(), DType::kI32, {n_real + 1});
+  hmeta.seq_lens_kv = Tensor(lens.data(), DType::kI32, {n_real});
+  hmeta.block_tables = Tensor(table.data(), DType::kI32, {n_real, table_ld});
+  std::vector<float> want(n_real_tokens * c.hq * c.dv);
+  Tensor want_t = host_f32(want, {n_real_tokens, c.hq, c.dv});
+  Tensor hk = host_f32(kc, {pool, bs, c.hkv, c.d});
+  Tensor hv =
+      latent ? hk.slice_cols(c.v_offset, c.v_offset + c.dv) : host_f32(vc, {pool, bs, c.hkv, c.dv});
+  std::vector<float> q_real(q.begin(), q.begin() + n_real_tokens * c.hq * c.d);
+  cpu.attention(host_f32(q_real, {n_real_tokens, c.hq, c.d}), hk, hv, hmeta, params, want_t);
+
+  std::ostringstream seqs;
+  for (const Seq& s : c.seqs) seqs << s.n_q << "/" << s.kv_len << ",";
+  const std::string what = Label("attention_mla", seed)("hq", c.hq)("hkv", c.hkv)("d", c.d)(
+      "dv", c.dv)("v_offset", c.v_offset)("block_size", bs)("window", c.window)(
+      "softcap", c.softcap)("q_amp", c.q_amp)("padding", c.n_padding)(
+      "path", max_q == 1 ? "decode" : "prefill")("seqs(n_q/kv)", seqs.str());
+  std::vector<float> got = download_bf16(out);
+  got.resize(n * c.hq * c.dv);
+  std::vector<float> got_real(got.begin(), got.begin() + n_real_tokens * c.hq * c.dv);
+  EXPECT_TRUE(compare(what, got_real, want, kBf16Tol));
+  // Padding tokens have no context: their output is 0, not NaN.
+  std::vector<float> got_pad(got.begin() + n_real_tokens * c.hq * c.dv, got.end());
+  if (!got_pad.empty()) {
+    EXPECT_TRUE(compare(what + " padding tokens", got_pad, std::vector<float>(got_pad.size(), 0.0f),
+                        kExact));
+  }
+  EXPECT_TRUE(guards_ok(what, out));
+
+  if (c.via_graph) {
+    // Recorded after the direct run above (which sized the workspace), replayed into a cleared
+    // output: the same values, bit for bit.
+    std::unique_ptr<OpGraph> graph =
+        cuda.capture([&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); });
+    ASSERT_NE(graph, nullptr) << what << ": the latent attention could not be recorded";
+    const std::vector<uint16_t> zeros(n * c.hq * c.dv, 0);
+    out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+    graph->replay();
+    std::vector<float> replayed = download_bf16(out);
+    replayed.resize(got.size());
+    EXPECT_TRUE(compare(what + " graph replay", replayed, got, kExact));
+  }
+}
+
+TEST(AttentionMla, DecodeV2Lite) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 8000;
+  const int64_t D = kV2LiteDim, Dv = kV2LiteDimV, P = kRopeDim;
+  for (int32_t bs : {16, 7}) {
+    run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, bs, decode_seqs({1})});
+    run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, bs, decode_seqs({1, 7, 19, 111, 300})});
+    // One sequence: the context cut in splits (ten of one key tile at 300 tokens), then merged.
+    run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, bs, decode_seqs({300})});
+    run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, bs, decode_seqs({33})});
+  }
+  // Peaky softmax: the running max moves late, rescaling earlier keys by tiny factors.
+  run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, 16, decode_seqs({300, 5}), -1, 0.0f, 6.0f});
+  // Many sequences: more blocks than two per SM, one split each.
+  Rng rng(seed);
+  std::vector<Seq> many;
+  for (int i = 0; i < 40; ++i) many.push_back({1, static_cast<int32_t>(1 + rng.below(300))});
+  run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, 16, many});
+}
+
+TEST(AttentionMla, DecodeV3Heads) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 8100;
+  const int64_t D = kV2LiteDim, Dv = kV2LiteDimV, P = kRopeDim;
+  for (int32_t bs : {16, 7}) {
+    run_mla_case(cuda, cpu, ++seed, {128, 1, D, Dv, P, bs, decode_seqs({1, 33, 300})});
+    run_mla_case(cuda, cpu, ++seed, {128, 1, D, Dv, P, bs, decode_seqs({257})});
+  }
+}
+
+TEST(AttentionMla, PrefillRagged) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 8200;
+  const int64_t D = kV2LiteDim, Dv = kV2LiteDimV, P = kRopeDim;
+  // fresh prefill | chunk after a cached prefix | a decode in the batch | short prompt |
+  // a sequence with no query this step | chunk after a prefix | a few queries on a long context
+  const std::vector<Seq> mixed = {{111, 111}, {19, 19 + 64}, {1, 37}, {7, 7},
+                                  {0, 50},    {33, 100},     {3, 300}};
+  for (int32_t bs : {16, 7}) {
+    run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, bs, mixed});
+    run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, bs, {{300, 300}}});
+  }
+  // A short chunk on a long context: few blocks, so the context is split for every query.
+  run_mla_case(cuda, cpu, ++seed, {16, 1, D, Dv, P, 16, {{5, 300}, {2, 2}}});
+  run_mla_case(cuda, cpu, ++seed, {128, 1, D, Dv, P, 16, {{19, 19}, {1, 200}, {0, 9}, {40, 140}}});
+  run_mla_case(cuda, cpu, ++seed, {128, 1, D, Dv, P, 7, {{4, 300}}});
+}
+
+TEST(AttentionMla, LayoutsAndOptions) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 8300;
+  const std::vector<Seq> mixed = {{23, 23}, {1, 150}, {9, 60}, {0, 20}};
+  const auto seqs = decode_seqs({1, 20, 299});
+  // V in the first 512 columns, k_pe after it.
+  run_mla_case(cuda, cpu, ++seed, {16, 1, kV2LiteDim, kV2LiteDimV, 0, 16, seqs});
+  run_mla_case(cuda, cpu, ++seed, {16, 1, kV2LiteDim, kV2LiteDimV, 0, 16, mixed});
+  // The golden fixtures' layout: 4 heads, k_pe 8 | c_kv 32.
+  run_mla_case(cuda, cpu, ++seed, {4, 1, 40, 32, 8, 16, seqs});
+  run_mla_case(cuda, cpu, ++seed, {4, 1, 40, 32, 8, 7, mixed});
+  // 20 heads: a full tile of 16 and a partial one of 4.
+  run_mla_case(cuda, cpu, ++seed, {20, 1, kV2LiteDim, kV2LiteDimV, kRopeDim, 16, seqs});
+  // Head dims above 256 with separate V rows, GQA 4:1 over 2 KV heads.
+  run_mla_case(cuda, cpu, ++seed, {8, 2, 320, 288, -1, 16, seqs});
+  run_mla_case(cuda, cpu, ++seed, {8, 2, 320, 288, -1, 7, mixed});
+  // Sliding window and soft-capping.
+  run_mla_case(cuda, cpu, ++seed,
+               {16, 1, kV2LiteDim, kV2LiteDimV, kRopeDim, 16, seqs, 64, 30.0f, 8.0f});
+  run_mla_case(cuda, cpu, ++seed,
+               {16, 1, kV2LiteDim, kV2LiteDimV, kRopeDim, 7, mixed, 37, 20.0f, 4.0f});
+}
+
+TEST(AttentionMla, GraphBatchesAndPadding) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 8400;
+  const int64_t D = kV2LiteDim, Dv = kV2LiteDimV, P = kRopeDim;
+  // A decode batch of 3 padded to 8 (padding: one query, no context), split and unsplit.
+  MlaCase c{16, 1, D, Dv, P, 16, decode_seqs({1, 77, 300})};
+  c.n_padding = 5;
+  c.via_graph = true;
+  run_mla_case(cuda, cpu, ++seed, c);
+  MlaCase one{16, 1, D, Dv, P, 16, decode_seqs({300})};
+  one.n_padding = 1;
+  one.via_graph = true;
+  run_mla_case(cuda, cpu, ++seed, one);
+  MlaCase wide{128, 1, D, Dv, P, 16, decode_seqs({5, 150, 290, 12})};
+  wide.via_graph = true;
+  run_mla_case(cuda, cpu, ++seed, wide);
+}
+
+}  // namespace
+}  // namespace pagellm::optest
