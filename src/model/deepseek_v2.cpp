@@ -11,7 +11,10 @@
 //   o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
 // which is the same sum as transformers' expanded form (only summation order differs). The latent
 // cache is the attention op's K (dim P + R) and, as a column view of the same rows, its V (dim R).
-// The row puts k_pe first because the rope op rotates the leading dims of each head.
+// The row puts k_pe first because the rope op rotates the leading dims of each head. The per-head
+// products (q_h -> [q_pe | q_abs_h], W_UV_h) are one batched matmul each over the heads (a strided
+// batched GEMM on devices); q_absorb is built where the weights live, from kv_b_proj, by backend
+// ops, so the CPU golden tests check the same op sequence the GPU runs.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -37,7 +40,8 @@ struct DeepseekLayer {
   Tensor kv_a_c, kv_a_c_bias;       // rows [0, R): [R, D], [R]
   Tensor kv_a_layernorm;            // [R]
   Tensor kv_b_proj;                 // [H*(N+V), R]
-  Tensor q_absorb;                  // f32 [H*(P+R), N+P]: per head [[0 | I_P], [W_UK_h^T | 0]]
+  Tensor q_absorb;                  // act [H, P+R, N+P]: per head [[0 | I_P], [W_UK_h^T | 0]]
+  Tensor w_uv;                      // [H, Vd, R]: W_UV_h, rows h*(N+Vd)+N.. of kv_b_proj (a view)
   Tensor o_proj, o_bias;            // [D, H*V], [D]
   bool moe = false;
   MoeExpert mlp;                    // dense layers
@@ -53,6 +57,17 @@ struct Workspace {
   Tensor router_logits;            // f32 [cap, E]
   Tensor cos_sin;                  // f32 [cap, P]
 };
+
+// Head h of an activation [n, heads * dim] as entry h of a [heads, n, dim] view: batched_matmul's
+// operand for per-head products (batch stride dim, row stride the activation's).
+Tensor heads_major(const Tensor& t, int64_t heads, int64_t dim) {
+  PAGELLM_CHECK(t.ndim == 2 && t.cols() == heads * dim);
+  Tensor v = t;
+  v.ndim = 3;
+  v.shape = {heads, t.rows(), dim, 1};
+  v.stride = {dim, t.row_stride(), 1, 0};
+  return v;
+}
 
 class DeepseekModel final : public Model {
  public:
@@ -125,6 +140,11 @@ class DeepseekModel final : public Model {
       PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_layernorm.weight", R, 1.0f, L.kv_a_layernorm));
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
       PAGELLM_RETURN_IF_ERROR(build_absorbed_query(a + "kv_b_proj.weight", L));
+      L.w_uv = L.kv_b_proj;  // rows [h*(N+Vd) + N, +Vd) of each head: [H, Vd, R]
+      L.w_uv.data = static_cast<char*>(L.kv_b_proj.data) + dtype_bytes(L.kv_b_proj.dtype, N * R);
+      L.w_uv.ndim = 3;
+      L.w_uv.shape = {H, Vd, R, 1};
+      L.w_uv.stride = {(N + Vd) * R, R, 1, 0};
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "o_proj.weight", {D, H * Vd}, L.o_proj));
       if (cfg_.attention_bias) PAGELLM_RETURN_IF_ERROR(vec(a + "o_proj.bias", D, 0.0f, L.o_bias));
 
@@ -152,7 +172,11 @@ class DeepseekModel final : public Model {
           (E - cfg_.num_experts_per_tok);
     }
     // The absorbed query blocks are read every step too.
-    weight_bytes_ = ld.bytes() + static_cast<int64_t>(layers_.size()) * H * (P + R) * (N + P) * 4;
+    weight_bytes_ = ld.bytes() + dtype_bytes(backend_.activation_dtype(),
+                                             static_cast<int64_t>(layers_.size()) * H * (P + R) *
+                                                 (N + P));
+    absorb_template_.reset();
+    absorb_identity_.reset();
     storage_ = std::move(ld.storage());
     // transformers: 1/sqrt(qk_head_dim), times yarn's mscale(factor, mscale_all_dim)^2.
     double scale = 1.0 / std::sqrt(static_cast<double>(N + P));
@@ -209,11 +233,8 @@ class DeepseekModel final : public Model {
       } else {
         backend_.matmul(h, L.q_proj, Tensor(), q);     // [n, H*(N+P)]
       }
-      for (int64_t hd = 0; hd < H; ++hd) {  // [n, N+P] -> [n, P+R] per head
-        Tensor qh = q.slice_cols(hd * (N + P), (hd + 1) * (N + P));
-        Tensor oh = qfull.slice_cols(hd * (P + R), (hd + 1) * (P + R));
-        backend_.matmul(qh, L.q_absorb.slice_rows(hd * (P + R), (hd + 1) * (P + R)), Tensor(), oh);
-      }
+      Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, n, P+R]: per head q_pe | q_abs
+      backend_.batched_matmul(heads_major(q, H, N + P), L.q_absorb, qfull_heads);
       backend_.matmul(h, L.kv_a_pe, L.kv_a_pe_bias, lat_pe);  // [n, P]
       backend_.matmul(h, L.kv_a_c, L.kv_a_c_bias, lat_c);     // [n, R]
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
@@ -223,12 +244,8 @@ class DeepseekModel final : public Model {
       backend_.rope_store_kv(qfull3, lat3, lat3_c, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
                              cache.k[l], v_cache);
       backend_.attention(qfull3, cache.k[l], v_cache, b.attn, attn_params_, attn_lat3);
-      for (int64_t hd = 0; hd < H; ++hd) {  // W_UV_h: [n, R] -> [n, Vd]
-        const int64_t row = hd * (N + Vd) + N;
-        Tensor oh = attn_v.slice_cols(hd * Vd, (hd + 1) * Vd);
-        backend_.matmul(attn_lat.slice_cols(hd * R, (hd + 1) * R),
-                        L.kv_b_proj.slice_rows(row, row + Vd), Tensor(), oh);
-      }
+      Tensor attn_v_heads = heads_major(attn_v, H, Vd);  // [H, n, Vd] = W_UV_h [n, R] per head
+      backend_.batched_matmul(heads_major(attn_lat, H, R), L.w_uv, attn_v_heads);
       backend_.matmul(attn_v, L.o_proj, L.o_bias, x);  // [n, D]
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
       // --- MLP ---
@@ -264,30 +281,50 @@ class DeepseekModel final : public Model {
   }
 
  private:
-  // q_absorb for one layer, from kv_b_proj's key rows (W_UK_h [N, R] per head), built on the
-  // host: per head the [P+R, N+P] block maps q_h = [q_nope | q_pe] to [q_pe | W_UK_h^T q_nope].
-  // The identity block copies q_pe exactly (x * 1 + 0 in f32).
+  // q_absorb for one layer, from kv_b_proj's key rows (W_UK_h [N, R] per head): per head the
+  // [P+R, N+P] block maps q_h = [q_nope | q_pe] to [q_pe | W_UK_h^T q_nope], in the activation
+  // dtype (f32 on the CPU, bf16 on devices). It is built where the weights live, with backend ops
+  // (dummy weights never leave the device): the [0 | I_P] rows and the zeros are copied from a
+  // template, and the W_UK_h^T rows are I_R . W_UK_h^T by matmul, which copies each weight
+  // exactly (one product by 1 plus zeros in an fp32 sum) and rounds it to the activation dtype
+  // (kv_b_proj is bf16 on devices already, whatever float dtype the checkpoint holds). The
+  // identity block copies q_pe exactly (x * 1 + 0 in fp32).
   Status build_absorbed_query(const std::string& name, DeepseekLayer& L) {
     const int64_t H = cfg_.num_attention_heads, N = cfg_.qk_nope_head_dim;
     const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
     const Tensor& kvb = L.kv_b_proj;
-    if (is_quantized(kvb.dtype) || kvb.device != Device::kCpu) {
+    if (is_quantized(kvb.dtype)) {
       return unimplemented(cfg_.source + ": tensor '" + name + "' of type " +
                            std::string(dtype_name(kvb.dtype)) +
-                           " cannot be absorbed (MLA needs an f32/f16/bf16 kv_b_proj on the CPU)");
+                           " cannot be absorbed (MLA needs an f32/f16/bf16 kv_b_proj)");
     }
-    std::vector<float> row(R);
-    auto buf = backend_.allocate(H * (P + R) * (N + P) * sizeof(float));
-    Tensor A = buf->view(DType::kF32, {H * (P + R), N + P});
-    float* a = A.ptr<float>();
-    std::memset(a, 0, A.nbytes());
+    const DType dt = backend_.activation_dtype();
+    const int64_t block = (P + R) * (N + P);  // elements of one head's block
+    const int64_t bytes = dtype_bytes(dt, H * block);
+    if (!absorb_template_) {  // made once per load, freed at its end
+      std::vector<float> t(H * block, 0.0f), eye(R * R, 0.0f);
+      for (int64_t hd = 0; hd < H; ++hd)
+        for (int64_t i = 0; i < P; ++i) t[hd * block + i * (N + P) + N + i] = 1.0f;
+      for (int64_t i = 0; i < R; ++i) eye[i * R + i] = 1.0f;
+      std::vector<uint8_t> staged(bytes);
+      from_f32(dt, t.data(), staged.data(), H * block);
+      absorb_template_ = backend_.allocate(bytes);
+      backend_.copy_from_host(absorb_template_->data(), staged.data(), bytes);
+      staged.resize(dtype_bytes(dt, R * R));
+      from_f32(dt, eye.data(), staged.data(), R * R);
+      absorb_identity_ = backend_.allocate(dtype_bytes(dt, R * R));
+      backend_.copy_from_host(absorb_identity_->data(), staged.data(), dtype_bytes(dt, R * R));
+    }
+    auto buf = backend_.allocate(bytes);
+    backend_.copy(buf->data(), absorb_template_->data(), bytes);
+    Tensor A = buf->view(dt, {H, P + R, N + P});
+    const Tensor eye = absorb_identity_->view(dt, {R, R});
     for (int64_t hd = 0; hd < H; ++hd) {
-      float* blk = a + hd * (P + R) * (N + P);
-      for (int64_t i = 0; i < P; ++i) blk[i * (N + P) + N + i] = 1.0f;
-      for (int64_t j = 0; j < N; ++j) {
-        to_f32(kvb.dtype, kvb.row_ptr(hd * (N + Vd) + j), row.data(), R);
-        for (int64_t c = 0; c < R; ++c) blk[(P + c) * (N + P) + j] = row[c];
-      }
+      // Rows [P, P+R) x columns [0, N) of head hd's block: W_UK_h^T [R, N], row stride N+P.
+      Tensor uk_t(static_cast<char*>(buf->data()) + dtype_bytes(dt, hd * block + P * (N + P)), dt,
+                  {R, N}, backend_.device());
+      uk_t.stride = {N + P, 1, 0, 0};
+      backend_.matmul(eye, kvb.slice_rows(hd * (N + Vd), hd * (N + Vd) + N), Tensor(), uk_t);
     }
     L.q_absorb = A;
     absorb_storage_.push_back(std::move(buf));
@@ -330,6 +367,7 @@ class DeepseekModel final : public Model {
   Tensor embed_tokens_, norm_, lm_head_;
   std::vector<DeepseekLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_, absorb_storage_;
+  std::unique_ptr<Buffer> absorb_template_, absorb_identity_;  // load-time scratch of q_absorb
   int64_t weight_bytes_ = 0;
   int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
