@@ -1,5 +1,6 @@
-// batched_matmul (one strided-batched cuBLASLt GEMM for bf16 weights, the tiled kernel per entry
-// for f16/f32 weights) against the CPU reference (one matmul per batch entry): the per-head views
+// batched_matmul (the batched GEMV for one or two rows, else one strided-batched cuBLASLt GEMM for
+// bf16 weights; the tiled kernel per entry for f16/f32 weights) against the CPU reference (one
+// matmul per batch entry): the per-head views
 // of DeepSeek's MLA (absorbed query, value up-projection out of kv_b_proj's rows) at the
 // V2-Lite, V3 and test-fixture shapes, odd sizes with unaligned strides, f32 outputs, a batch
 // stride of 0, and bytes of the output buffer outside the view left untouched.
@@ -147,8 +148,11 @@ TEST(BatchedMatmul, OddSizesStridesAndTypes) {
     c.out_dtype = DType::kF32;
     run_batched_case(cuda, cpu, ++seed, c);
   }
-  // A batch stride of 0: every entry multiplies the same x.
+  // A batch stride of 0: every entry multiplies the same x (GEMM and GEMV).
   run_batched_case(cuda, cpu, ++seed, {4, 8, 16, 24, {0, 16, 0}, {24 * 16, 16, 0}, {24, 96, 0}});
+  run_batched_case(cuda, cpu, ++seed, {4, 1, 16, 24, {0, 16, 0}, {24 * 16, 16, 0}, {24, 96, 0}});
+  // Two rows whose K is not a multiple of 8: cuBLASLt (or the tiled kernel), not the GEMV.
+  run_batched_case(cuda, cpu, ++seed, absorb_case(6, 2, 20, 36));
   // One entry: a plain GEMM through the batched path.
   run_batched_case(cuda, cpu, ++seed,
                    {1, 19, 64, 111, {64, 64, 0}, {111 * 64, 64, 0}, {111, 111, 0}});

@@ -269,6 +269,12 @@ void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& 
   PAGELLM_CHECK_MSG(w.dtype == DType::kBF16 && x.dtype == DType::kBF16,
                     "gemm: batched products take bf16 x and w");
   PAGELLM_CHECK_MSG(batch <= INT32_MAX, "gemm: batch count out of range");
+  if (x.n_rows <= 2 && gemv_batched_supported(x, x_batch_stride, w, w_batch_stride, out, batch)) {
+    // One or two rows: the GEMV, by the same rule as run() (decode streams the weights).
+    launch_gemv_batched(x, x_batch_stride, w, w_batch_stride, out, out_batch_stride, batch,
+                        stream_);
+    return;
+  }
   const int64_t out_bytes = out.dtype == DType::kF32 ? 4 : 2;
   const uint32_t align[4] = {batched_alignment_of(w.data, w_batch_stride, 2),
                              batched_alignment_of(x.data, x_batch_stride, 2),

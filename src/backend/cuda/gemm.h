@@ -39,8 +39,8 @@ class Gemm {
 
   // out[b] = x[b] . w[b]^T for b < batch, in one strided-batched cuBLASLt call: entry b of each
   // operand starts b * its batch stride (in elements; 0 repeats the operand) after the row view,
-  // which describes entry 0. w bf16; out bf16 or f32. Shapes cuBLASLt has no algorithm for run
-  // the tiled kernel once per entry.
+  // which describes entry 0. w bf16; out bf16 or f32. One or two rows run the batched GEMV (as
+  // run() does); shapes cuBLASLt has no algorithm for run the tiled kernel once per entry.
   void run_batched(const RowView& x, int64_t x_batch_stride, const RowView& w,
                    int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
                    int64_t batch);

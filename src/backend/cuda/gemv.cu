@@ -4,7 +4,9 @@
 // each lane reads 16-byte pieces of them (a warp covers 512 contiguous bytes of a row per load) and
 // issues kGemvUnroll such loads per row before using any; x (n rows, a few to a few hundred KB)
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
-// warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster.
+// warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch of
+// independent products of one shape (per-head projections) runs as one launch, an entry per
+// blockIdx.y.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -51,8 +53,12 @@ template <int N, typename TOut>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
-                int64_t ldo, int64_t m_dim, int64_t k_dim) {
+                int64_t ldo, int64_t m_dim, int64_t k_dim, int64_t x_batch_stride,
+                int64_t w_batch_stride, int64_t out_batch_stride) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  x += blockIdx.y * x_batch_stride;  // batch entry (0 for a single product)
+  w += blockIdx.y * w_batch_stride;
+  out += blockIdx.y * out_batch_stride;
   const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGemvRows;
   if (m0 >= m_dim) return;
   float acc[kGemvRows][N];
@@ -105,16 +111,19 @@ __global__ void __launch_bounds__(kGemvThreads)
 
 template <int N>
 void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-              const RowView& out, cudaStream_t stream) {
-  const unsigned grid = ceil_div(w.n_rows, kGemvWarps * kGemvRows);
+              const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
+              cudaStream_t stream) {
+  const dim3 grid(ceil_div(w.n_rows, kGemvWarps * kGemvRows), static_cast<unsigned>(batch));
   const auto* xp = static_cast<const bf16*>(x.data);
   const auto* wp = static_cast<const bf16*>(w.data);
   if (out.dtype == DType::kF32) {
     gemv_kernel<N, float><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols);
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols,
+        x_bs, w_bs, o_bs);
   } else {
     gemv_kernel<N, bf16><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols);
+        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols,
+        x_bs, w_bs, o_bs);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -129,19 +138,44 @@ bool gemv_supported(const RowView& x, const RowView& w, const RowView& out) {
          aligned16(w.data) && w.n_rows > 0;
 }
 
+namespace {
+
+void launch_rows(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                 const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
+                 cudaStream_t stream) {
+  switch (x.n_rows) {
+    case 1: launch_n<1>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    case 2: launch_n<2>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    case 3: launch_n<3>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    case 4: launch_n<4>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    case 5: launch_n<5>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    case 6: launch_n<6>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    case 7: launch_n<7>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+    default: launch_n<8>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
+  }
+}
+
+}  // namespace
+
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out, cudaStream_t stream) {
   PAGELLM_CHECK_MSG(gemv_supported(x, w, out), "gemv: unsupported shape, type or alignment");
-  switch (x.n_rows) {
-    case 1: launch_n<1>(x, w, bias, bias_dtype, out, stream); break;
-    case 2: launch_n<2>(x, w, bias, bias_dtype, out, stream); break;
-    case 3: launch_n<3>(x, w, bias, bias_dtype, out, stream); break;
-    case 4: launch_n<4>(x, w, bias, bias_dtype, out, stream); break;
-    case 5: launch_n<5>(x, w, bias, bias_dtype, out, stream); break;
-    case 6: launch_n<6>(x, w, bias, bias_dtype, out, stream); break;
-    case 7: launch_n<7>(x, w, bias, bias_dtype, out, stream); break;
-    default: launch_n<8>(x, w, bias, bias_dtype, out, stream); break;
-  }
+  launch_rows(x, w, bias, bias_dtype, out, 1, 0, 0, 0, stream);
+}
+
+bool gemv_batched_supported(const RowView& x, int64_t x_batch_stride, const RowView& w,
+                            int64_t w_batch_stride, const RowView& out, int64_t batch) {
+  return gemv_supported(x, w, out) && batch >= 1 && batch <= 65535 && x_batch_stride >= 0 &&
+         w_batch_stride >= 0 && x_batch_stride % 8 == 0 && w_batch_stride % 8 == 0;
+}
+
+void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView& w,
+                         int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
+                         int64_t batch, cudaStream_t stream) {
+  PAGELLM_CHECK_MSG(gemv_batched_supported(x, x_batch_stride, w, w_batch_stride, out, batch),
+                    "gemv: unsupported batched shape, type or alignment");
+  launch_rows(x, w, nullptr, DType::kF32, out, batch, x_batch_stride, w_batch_stride,
+              out_batch_stride, stream);
 }
 
 }  // namespace pagellm::cuda

@@ -104,6 +104,14 @@ constexpr int64_t kGemvMaxRows = 8;
 bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out, cudaStream_t stream);
+// `batch` products of one shape in one launch (Backend::batched_matmul at decode sizes): entry b
+// reads x and w `b * *_batch_stride` elements past the views and writes out likewise; no bias.
+// Needs gemv_supported() and batch strides of x and w that are multiples of 8 elements.
+bool gemv_batched_supported(const RowView& x, int64_t x_batch_stride, const RowView& w,
+                            int64_t w_batch_stride, const RowView& out, int64_t batch);
+void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView& w,
+                         int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
+                         int64_t batch, cudaStream_t stream);
 
 // --- attention.cu ---
 struct AttentionArgs {
