@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/device_sample.h"
 #include "core/status.h"
@@ -79,6 +80,43 @@ class OpTimer {
   virtual double elapsed_ms(int a, int b) const = 0;
   // Forgets every mark; their resources are reused by the next ones.
   virtual void reset() = 0;
+};
+
+// --- mixture of experts ---
+
+// How a router scores experts and picks a token's top_k of them (DeepSeek's scoring_func and
+// topk_method; Mixtral is softmax + greedy + norm_topk_prob).
+enum class MoeScoreFunc { kSoftmax, kSigmoid };
+enum class MoeSelect {
+  kGreedy,              // the top_k scores
+  kGroupLimitedGreedy,  // the top_k among the topk_group groups with the highest max score (V2)
+  kNoauxTc,             // V3: groups ranked by the sum of their top-2 (score + correction bias),
+                        // experts by score + bias; the weights are the raw scores
+};
+
+struct MoeRouteParams {
+  int32_t top_k = 1;
+  MoeScoreFunc scoring = MoeScoreFunc::kSoftmax;
+  MoeSelect select = MoeSelect::kGreedy;
+  int32_t n_group = 1;     // experts split into n_group equal groups, in index order
+  int32_t topk_group = 1;  // groups kept (group-limited methods)
+  bool norm_topk_prob = false;         // renormalize the chosen weights to sum to 1
+  float routed_scaling_factor = 1.0f;  // multiplies the weights last
+};
+
+// The routed experts of one MoE layer, each a SwiGLU MLP: x [D] -> down_e(silu(gate_e x) * up_e x)
+// with intermediate size F. Device backends read the stacked form (one tensor per kind, so a kernel
+// finds expert e at a fixed stride); the CPU also takes the checkpoint's own per-expert matrices,
+// mapped without a copy, when the stack is undefined.
+struct MoeExpertWeights {
+  Tensor gate_up;  // [E, 2F, D]: expert e's F gate rows, then its F up rows
+  Tensor down;     // [E, D, F]
+  std::vector<Tensor> gate, up, down_each;  // CPU only, per expert: [F, D], [F, D], [D, F]
+
+  bool stacked() const { return gate_up.defined(); }
+  int64_t n_experts() const { return stacked() ? gate_up.size(0) : static_cast<int64_t>(gate.size()); }
+  int64_t hidden() const { return stacked() ? gate_up.size(2) : (gate.empty() ? 0 : gate[0].cols()); }
+  int64_t inter() const { return stacked() ? down.size(2) : (gate.empty() ? 0 : gate[0].rows()); }
 };
 
 class Backend {
@@ -180,6 +218,34 @@ class Backend {
   // (seed, element index), so every backend makes the same weights. For `--load-format dummy`:
   // benchmark models are made directly in device memory, with no checkpoint.
   virtual void fill_random(Tensor& t, uint64_t seed, float lo, float hi) = 0;
+
+  // --- mixture of experts ---
+  // Every compute backend implements these two; the defaults only keep wrappers of other
+  // backends (test doubles) compiling, and fail when called.
+  //
+  // Routes n tokens: per token the scores of its router logits (softmax or sigmoid, in f32), the
+  // top_k experts by p.select (ties: the lower expert index first), and their weights (the chosen
+  // scores, renormalized when p.norm_topk_prob, then times p.routed_scaling_factor), exactly as
+  // transformers computes them.   logits f32 [n, E]; correction_bias f32 [E] (kNoauxTc only,
+  // undefined otherwise); ids i32 [n, top_k] and weights f32 [n, top_k], contiguous, in the order
+  // chosen (best first).
+  virtual void moe_route(const Tensor& logits, const Tensor& correction_bias,
+                         const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
+    (void)logits, (void)correction_bias, (void)p, (void)ids, (void)weights;
+    PAGELLM_CHECK_MSG(false, "moe_route() called on a backend that does not implement it");
+  }
+  // The routed experts of a step:
+  //   out[t] = sum over k of weights[t, k] * expert_{ids[t, k]}(h[t])  (+ shared[t])
+  // with the sum formed in ascending expert order (transformers' loop over experts), then the
+  // shared experts' output added (DeepSeek; undefined when the model has none).
+  //   h act [n, D]; ids i32 [n, K], each in [0, E) (CHECKed on the CPU; on a device, where ids
+  //   are made by moe_route, a pair out of range adds nothing); weights f32 [n, K]; shared act
+  //   [n, D] or undefined; out act [n, D]: may alias shared, not h.
+  virtual void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                           const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
+    (void)h, (void)ids, (void)weights, (void)experts, (void)shared, (void)out;
+    PAGELLM_CHECK_MSG(false, "moe_experts() called on a backend that does not implement it");
+  }
 
   // --- profiling ---
   // A timer on this backend's timeline. The default synchronizes and reads the host's steady

@@ -1,5 +1,6 @@
 #include "backend/profiling_backend.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <utility>
@@ -143,6 +144,32 @@ OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
                 static_cast<double>(dtype_bytes(x.dtype, out.rows() * x.cols())) + bytes_of(rows) + bytes_of(out));
 }
 
+OpSample moe_route(const Tensor& logits, const Tensor& ids, const Tensor& weights) {
+  return make_sample("moe_route",
+                     key("n=%lld e=%lld k=%lld", ll(logits.rows()), ll(logits.cols()), ll(ids.cols())),
+                     bytes_of(logits) + bytes_of(ids) + bytes_of(weights));
+}
+
+OpSample moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                     const MoeExpertWeights& experts, const Tensor& shared, const Tensor& out) {
+  const int64_t n = h.rows(), K = ids.cols(), E = experts.n_experts();
+  const int64_t D = experts.hidden(), F = experts.inter();
+  double per_expert = 0;
+  if (experts.stacked()) {
+    per_expert = (bytes_of(experts.gate_up) + bytes_of(experts.down)) / static_cast<double>(std::max<int64_t>(E, 1));
+  } else if (E > 0) {
+    per_expert = bytes_of(experts.gate[0]) + bytes_of(experts.up[0]) + bytes_of(experts.down_each[0]);
+  }
+  const double touched = static_cast<double>(std::min(E, n * K));
+  const DType wt = experts.stacked() ? experts.gate_up.dtype : (E > 0 ? experts.gate[0].dtype : DType::kF32);
+  return make_sample("moe_experts",
+                     key("n=%lld e=%lld k=%lld d=%lld f=%lld %s%s", ll(n), ll(E), ll(K), ll(D), ll(F),
+                         std::string(dtype_name(wt)).c_str(), shared.defined() ? " +shared" : ""),
+                     touched * per_expert + bytes_of(h) + bytes_of(ids) + bytes_of(weights) + bytes_of(shared) +
+                         bytes_of(out),
+                     6.0 * static_cast<double>(n * K) * static_cast<double>(D) * static_cast<double>(F));
+}
+
 OpSample to_f32(const Tensor& x, const Tensor& out) {
   return make_sample("to_f32", key("n=%lld d=%lld %s", ll(x.rows()), ll(x.cols()), std::string(dtype_name(x.dtype)).c_str()),
                 bytes_of(x) + bytes_of(out));
@@ -263,6 +290,16 @@ void ProfilingBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& 
 }
 void ProfilingBackend::to_f32(const Tensor& x, Tensor& out) {
   timed([&] { return op_cost::to_f32(x, out); }, [&] { inner_->to_f32(x, out); });
+}
+void ProfilingBackend::moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
+                                 Tensor& ids, Tensor& weights) {
+  timed([&] { return op_cost::moe_route(logits, ids, weights); },
+        [&] { inner_->moe_route(logits, correction_bias, p, ids, weights); });
+}
+void ProfilingBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                                   const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
+  timed([&] { return op_cost::moe_experts(h, ids, weights, experts, shared, out); },
+        [&] { inner_->moe_experts(h, ids, weights, experts, shared, out); });
 }
 void ProfilingBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   timed([&] { return op_cost::fill_random(t); }, [&] { inner_->fill_random(t, seed, lo, hi); });

@@ -48,6 +48,13 @@ OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 OpSample add(const Tensor& a, const Tensor& b, const Tensor& out);
 OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
 OpSample to_f32(const Tensor& x, const Tensor& out);
+// Router logits read, ids and weights written.
+OpSample moe_route(const Tensor& logits, const Tensor& ids, const Tensor& weights);
+// The activations, routing and outputs, plus the weights of min(E, n K) experts: which experts a
+// step touches is known only on the device, so this is the bound (exact at batch 1, where the K
+// experts are distinct). Flops: 6 D F per (token, expert) pair (gate, up and down products).
+OpSample moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                     const MoeExpertWeights& experts, const Tensor& shared, const Tensor& out);
 OpSample fill_random(const Tensor& t);
 // The logits rows it samples from (a row sampled twice, n > 1, is read twice), the rows and edits
 // going up and the results coming back.
@@ -109,6 +116,10 @@ class ProfilingBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
+  void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
+                 Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                   const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
   bool supports_sampling() const override { return inner_->supports_sampling(); }
   void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit* edits,

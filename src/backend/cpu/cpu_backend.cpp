@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/moe.h"
 #include "backend/cpu/reference.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
@@ -108,6 +109,10 @@ class CpuBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
+  void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
+                 Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                   const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override {
     PAGELLM_CHECK(t.is_contiguous() && !is_quantized(t.dtype));
     const int64_t n = t.numel();
@@ -129,6 +134,7 @@ class CpuBackend final : public Backend {
   void check_rope(const Tensor& x, const Tensor& cos_sin) const;
 
   const cpu::Kernels* kernels_;  // null: reference loops
+  cpu::MoeExpertsRunner moe_;
 };
 
 // --- weights ---
@@ -258,6 +264,82 @@ void CpuBackend::to_f32(const Tensor& x, Tensor& out) {
   check_act(out, "to_f32: out must be f32");
   check_same_rows(x, out, "to_f32: out shape differs");
   cpu::ref::to_f32(x, out);
+}
+
+// --- mixture of experts ---
+
+void CpuBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,
+                           const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
+  PAGELLM_CHECK_MSG(logits.defined() && logits.dtype == DType::kF32 && logits.ndim == 2 &&
+                        logits.stride[1] == 1 && logits.device == Device::kCpu,
+                    "moe_route: logits must be f32 [n, E] on the CPU");
+  const int64_t n = logits.size(0), E = logits.size(1), K = p.top_k;
+  PAGELLM_CHECK_MSG(E > 0 && K > 0 && K <= E, "moe_route: top_k must be in [1, E]");
+  PAGELLM_CHECK_MSG(p.select == MoeSelect::kGreedy ||
+                        (p.n_group >= 1 && E % p.n_group == 0 && p.topk_group >= 1 &&
+                         p.topk_group <= p.n_group),
+                    "moe_route: E must split into n_group groups, topk_group in [1, n_group]");
+  PAGELLM_CHECK_MSG(p.select != MoeSelect::kNoauxTc || E / p.n_group >= 2,
+                    "moe_route: noaux_tc ranks groups by their top two: groups need 2 experts");
+  const bool needs_bias = p.select == MoeSelect::kNoauxTc;
+  PAGELLM_CHECK_MSG(correction_bias.defined() == needs_bias,
+                    "moe_route: a correction bias goes with noaux_tc, and only with it");
+  if (needs_bias)
+    PAGELLM_CHECK_MSG(correction_bias.dtype == DType::kF32 && correction_bias.numel() == E &&
+                          correction_bias.is_contiguous() && correction_bias.device == Device::kCpu,
+                      "moe_route: correction_bias must be f32 [E] on the CPU");
+  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n &&
+                        ids.cols() == K && ids.device == Device::kCpu,
+                    "moe_route: ids must be i32 [n, top_k], contiguous");
+  PAGELLM_CHECK_MSG(weights.dtype == DType::kF32 && weights.is_contiguous() &&
+                        weights.rows() == n && weights.cols() == K &&
+                        weights.device == Device::kCpu,
+                    "moe_route: weights must be f32 [n, top_k], contiguous");
+  const float* bias = needs_bias ? correction_bias.ptr<float>() : nullptr;
+  for (int64_t t = 0; t < n; ++t)
+    cpu::moe_route_token(logits.ptr<float>() + t * logits.stride[0], E, bias, p,
+                         ids.ptr<int32_t>() + t * K, weights.ptr<float>() + t * K);
+}
+
+void CpuBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                             const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
+  check_act(h, "moe_experts: h must be f32");
+  check_act(out, "moe_experts: out must be f32");
+  check_same_rows(h, out, "moe_experts: out shape differs from h");
+  const int64_t n = h.rows(), D = h.cols(), E = experts.n_experts(), F = experts.inter();
+  PAGELLM_CHECK_MSG(E > 0 && F > 0 && experts.hidden() == D,
+                    "moe_experts: expert weights do not match h's width");
+  if (experts.stacked()) {
+    const Tensor& gu = experts.gate_up;
+    const Tensor& dn = experts.down;
+    PAGELLM_CHECK_MSG(gu.ndim == 3 && gu.size(1) == 2 * F && gu.is_contiguous() &&
+                          !is_quantized(gu.dtype) && gu.device == Device::kCpu,
+                      "moe_experts: gate_up must be a contiguous [E, 2F, D] on the CPU");
+    PAGELLM_CHECK_MSG(dn.ndim == 3 && dn.size(0) == E && dn.size(1) == D && dn.is_contiguous() &&
+                          !is_quantized(dn.dtype) && dn.device == Device::kCpu,
+                      "moe_experts: down must be a contiguous [E, D, F] on the CPU");
+  } else {
+    PAGELLM_CHECK_MSG(static_cast<int64_t>(experts.up.size()) == E &&
+                          static_cast<int64_t>(experts.down_each.size()) == E,
+                      "moe_experts: per-expert gate, up and down lists differ in length");
+    for (int64_t e = 0; e < E; ++e) {
+      PAGELLM_CHECK_MSG(experts.gate[e].rows() == F && experts.gate[e].cols() == D &&
+                            experts.up[e].rows() == F && experts.up[e].cols() == D &&
+                            experts.down_each[e].rows() == D && experts.down_each[e].cols() == F,
+                        "moe_experts: an expert's matrices are not [F, D], [F, D], [D, F]");
+    }
+  }
+  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n,
+                    "moe_experts: ids must be i32 [n, K], contiguous");
+  PAGELLM_CHECK_MSG(weights.dtype == DType::kF32 && weights.is_contiguous() &&
+                        weights.rows() == n && weights.cols() == ids.cols(),
+                    "moe_experts: weights must be f32 [n, K] like ids");
+  if (shared.defined()) {
+    check_act(shared, "moe_experts: shared must be f32");
+    check_same_rows(shared, out, "moe_experts: shared shape differs from out");
+  }
+  if (n == 0) return;
+  moe_.run(*this, h, ids, weights, experts, shared, out);
 }
 
 // --- rope and KV store ---
