@@ -21,6 +21,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -67,6 +68,18 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
+  // Mixture of experts (cuda_moe.cpp, kernels in moe.cu): routing on the device; the experts by
+  // grouped GEMVs for decode-sized steps, per-expert cuBLASLt GEMMs for larger ones (moe.h).
+  void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
+                 Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                   const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
+  // moe_experts() on a chosen path (tests and benchmarks run both on every shape); kAuto chooses
+  // as moe_experts() does. kGemm waits for the host, so it cannot be recorded.
+  enum class MoePath { kAuto, kGemv, kGemm };
+  void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                           const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
+                           MoePath path);
   // CUDA events on stream() (backend/cuda/op_timer.cpp).
   std::unique_ptr<OpTimer> make_op_timer() override;
   // Device sampling (sampling.cu).
@@ -98,6 +111,9 @@ class CudaBackend final : public Backend {
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);
   void* ensure_attention_workspace(int64_t nbytes);
+  // The MoE scratch (moe.h's MoeWorkspace), grown like the attention workspace; a recording that
+  // would need it larger fails with a CHECK naming the cause.
+  void* ensure_moe_workspace(int64_t nbytes);
 
   // Shared with the buffers this backend hands out, which bump it when they free their memory
   // (they may outlive the backend, hence shared ownership).
@@ -114,6 +130,8 @@ class CudaBackend final : public Backend {
   int64_t upload_staging_bytes_ = 0;
   void* attn_workspace_ = nullptr;
   int64_t attn_workspace_bytes_ = 0;
+  std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
+  std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (GEMM path)
   // Device sampling: the rows and edits going up and the results coming back pass through one
   // pinned host area and one device area, grown on demand.
   bool cluster_ok_ = false;  // sm_90: thread-block clusters

@@ -1,0 +1,211 @@
+// CudaBackend's mixture-of-experts ops: checks, the MoE workspace, and the choice between the
+// grouped-GEMV path (no host round trip: decode steps and every graph recording) and the
+// per-expert cuBLASLt path (prefill), as described in moe.h.
+#include <algorithm>
+#include <cstdio>
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/moe.h"
+
+namespace pagellm::cuda {
+namespace {
+
+void check_device_tensor(const Tensor& t, const char* what) {
+  if (t.device != Device::kCuda) {
+    std::fprintf(stderr, "cuda backend: tensor '%s' %s is not on the CUDA device\n", what,
+                 t.shape_string().c_str());
+    PAGELLM_CHECK_MSG(false, "tensor passed to the CUDA backend is not a device tensor");
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+RowView row_view(const Tensor& t) {
+  return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+void CudaBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,
+                            const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
+  check_device_tensor(logits, "logits");
+  check_device_tensor(ids, "ids");
+  check_device_tensor(weights, "weights");
+  PAGELLM_CHECK_MSG(logits.dtype == DType::kF32 && logits.ndim == 2 && logits.stride[1] == 1,
+                    "moe_route: logits must be f32 [n, E]");
+  const int64_t n = logits.size(0), E = logits.size(1), K = p.top_k;
+  PAGELLM_CHECK_MSG(E > 0 && E <= kMoeMaxExperts, "moe_route: at most 1024 experts on CUDA");
+  PAGELLM_CHECK_MSG(K > 0 && K <= E && K <= kMoeMaxTopK,
+                    "moe_route: top_k must be in [1, E] and at most 16 on CUDA");
+  if (p.select != MoeSelect::kGreedy) {
+    PAGELLM_CHECK_MSG(p.n_group >= 1 && p.n_group <= kMoeMaxGroups && E % p.n_group == 0 &&
+                          p.topk_group >= 1 && p.topk_group <= p.n_group,
+                      "moe_route: E must split into n_group <= 32 groups, topk_group in "
+                      "[1, n_group]");
+  }
+  PAGELLM_CHECK_MSG(p.select != MoeSelect::kNoauxTc || E / p.n_group >= 2,
+                    "moe_route: noaux_tc ranks groups by their top two: groups need 2 experts");
+  const bool needs_bias = p.select == MoeSelect::kNoauxTc;
+  PAGELLM_CHECK_MSG(correction_bias.defined() == needs_bias,
+                    "moe_route: a correction bias goes with noaux_tc, and only with it");
+  if (needs_bias) {
+    check_device_tensor(correction_bias, "correction_bias");
+    PAGELLM_CHECK_MSG(correction_bias.dtype == DType::kF32 && correction_bias.numel() == E &&
+                          correction_bias.is_contiguous(),
+                      "moe_route: correction_bias must be f32 [E]");
+  }
+  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n &&
+                        ids.cols() == K,
+                    "moe_route: ids must be i32 [n, top_k], contiguous");
+  PAGELLM_CHECK_MSG(weights.dtype == DType::kF32 && weights.is_contiguous() &&
+                        weights.rows() == n && weights.cols() == K,
+                    "moe_route: weights must be f32 [n, top_k], contiguous");
+  PAGELLM_CHECK_MSG(n < INT32_MAX, "moe_route: too many tokens");
+  MoeRouteArgs a;
+  a.logits = logits.ptr<float>();
+  a.ld = logits.stride[0];
+  a.n_tokens = static_cast<int32_t>(n);
+  a.n_experts = static_cast<int32_t>(E);
+  a.bias = needs_bias ? correction_bias.ptr<float>() : nullptr;
+  a.p = p;
+  a.ids = ids.ptr<int32_t>();
+  a.weights = weights.ptr<float>();
+  launch_moe_route(a, stream_);
+}
+
+void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
+  const int64_t have = moe_workspace_ ? moe_workspace_->nbytes() : 0;
+  if (nbytes > have) {
+    PAGELLM_CHECK_MSG(!capturing(stream_),
+                      "moe_experts: the MoE workspace must grow inside a graph recording; run the "
+                      "same step directly first so it has its size");
+    synchronize();  // earlier steps may still use the old one
+    moe_workspace_.reset();  // bumps the allocation epoch: recordings using it are stale
+    // Grow geometrically so a slowly growing step size does not reallocate every time.
+    moe_workspace_ = allocate(std::max(nbytes, 2 * have));
+  }
+  return moe_workspace_->data();
+}
+
+void CudaBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                              const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
+  moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto);
+}
+
+void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                                      const MoeExpertWeights& experts, const Tensor& shared,
+                                      Tensor& out, MoePath path) {
+  check_device_tensor(h, "h");
+  check_device_tensor(ids, "ids");
+  check_device_tensor(weights, "weights");
+  check_device_tensor(out, "out");
+  PAGELLM_CHECK_MSG(experts.stacked(),
+                    "moe_experts: the CUDA backend needs the experts stacked ([E, 2F, D] gate|up, "
+                    "[E, D, F] down)");
+  const Tensor& gu = experts.gate_up;
+  const Tensor& dn = experts.down;
+  check_device_tensor(gu, "gate_up");
+  check_device_tensor(dn, "down");
+  const int64_t n = h.rows(), D = h.cols(), E = experts.n_experts(), F = experts.inter();
+  PAGELLM_CHECK_MSG(h.dtype == DType::kBF16 && out.dtype == DType::kBF16,
+                    "moe_experts: h and out must be bf16");
+  PAGELLM_CHECK_MSG(out.rows() == n && out.cols() == D, "moe_experts: out shape differs from h");
+  PAGELLM_CHECK_MSG(gu.ndim == 3 && gu.dtype == DType::kBF16 && gu.is_contiguous() &&
+                        gu.size(1) == 2 * F && gu.size(2) == D,
+                    "moe_experts: gate_up must be a contiguous bf16 [E, 2F, D]");
+  PAGELLM_CHECK_MSG(dn.ndim == 3 && dn.dtype == DType::kBF16 && dn.is_contiguous() &&
+                        dn.size(0) == E && dn.size(1) == D,
+                    "moe_experts: down must be a contiguous bf16 [E, D, F]");
+  PAGELLM_CHECK_MSG(E > 0 && E <= kMoeMaxExperts, "moe_experts: at most 1024 experts on CUDA");
+  // The GEMV kernels read 16-byte pieces of weight rows and activation rows.
+  PAGELLM_CHECK_MSG(D % 8 == 0 && F % 8 == 0 && D > 0 && F > 0,
+                    "moe_experts: hidden and intermediate sizes must be multiples of 8 on CUDA");
+  PAGELLM_CHECK_MSG(aligned16(gu.data) && aligned16(dn.data) && aligned16(h.data) &&
+                        h.row_stride() % 8 == 0,
+                    "moe_experts: weights and h must be 16-byte aligned, h's rows a multiple of "
+                    "8 elements apart");
+  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n,
+                    "moe_experts: ids must be i32 [n, K], contiguous");
+  const int64_t K = ids.cols();
+  PAGELLM_CHECK_MSG(K > 0 && K <= kMoeMaxTopK, "moe_experts: at most 16 experts per token");
+  PAGELLM_CHECK_MSG(weights.dtype == DType::kF32 && weights.is_contiguous() &&
+                        weights.rows() == n && weights.cols() == K,
+                    "moe_experts: weights must be f32 [n, K] like ids");
+  RowView shared_view{};
+  if (shared.defined()) {
+    check_device_tensor(shared, "shared");
+    PAGELLM_CHECK_MSG(shared.dtype == DType::kBF16 && shared.rows() == n && shared.cols() == D,
+                      "moe_experts: shared must be bf16 [n, D]");
+    shared_view = row_view(shared);
+  }
+  if (n == 0) return;
+  const int64_t n_pairs = n * K;
+  const MoeWorkspace ws = moe_workspace_at(ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)),
+                                           n_pairs, E, D, F);
+  MoeExpertsArgs w;
+  w.gate_up = gu.data;
+  w.down = dn.data;
+  w.n_experts = static_cast<int32_t>(E);
+  w.hidden = D;
+  w.inter = F;
+  launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K), static_cast<int32_t>(E), ws,
+                  stream_);
+  const bool recording = capturing(stream_);
+  PAGELLM_CHECK_MSG(!(recording && path == MoePath::kGemm),
+                    "moe_experts: the GEMM path waits for the host and cannot be recorded");
+  const bool gemv = path == MoePath::kGemv ||
+                    (path == MoePath::kAuto &&
+                     (n_pairs <= kMoeGemvMaxTokensPerExpert * E || recording));
+  if (gemv) {
+    const int64_t max_active = std::min(E, n_pairs);
+    launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, stream_);
+    launch_moe_down_gemv(w, ws, max_active, stream_);
+  } else {
+    // Prefill: the per-expert counts come to the host (one wait per layer) so each expert's
+    // products are tensor-core GEMMs on its gathered rows. y overwrites the gathered rows of its
+    // own expert, which its gate|up GEMM has already read.
+    moe_offsets_.resize(E + 1);
+    copy_to_host(moe_offsets_.data(), ws.offsets, (E + 1) * sizeof(int32_t));
+    const int64_t n_slots = moe_offsets_[E];
+    launch_gather_rows(row_view(h), ws.slot_token, RowView{ws.xy, DType::kBF16, n_slots, D, D},
+                       stream_);
+    auto* gu_base = static_cast<char*>(gu.data);
+    auto* dn_base = static_cast<char*>(dn.data);
+    auto* act = static_cast<char*>(ws.act);
+    auto* xy = static_cast<char*>(ws.xy);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t s0 = moe_offsets_[e], m = moe_offsets_[e + 1] - s0;
+      if (m == 0) continue;
+      const RowView x{xy + s0 * D * 2, DType::kBF16, m, D, D};
+      const RowView wgu{gu_base + e * 2 * F * D * 2, DType::kBF16, 2 * F, D, D};
+      const RowView g{act + s0 * 2 * F * 2, DType::kBF16, m, 2 * F, 2 * F};
+      gemm_->run(x, wgu, nullptr, DType::kF32, g);
+    }
+    // silu(gate) * up over every slot at once, into the gate half.
+    const RowView gate{act, DType::kBF16, n_slots, F, 2 * F};
+    const RowView up{act + F * 2, DType::kBF16, n_slots, F, 2 * F};
+    launch_silu_mul(gate, up, gate, stream_);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t s0 = moe_offsets_[e], m = moe_offsets_[e + 1] - s0;
+      if (m == 0) continue;
+      const RowView a{act + s0 * 2 * F * 2, DType::kBF16, m, F, 2 * F};
+      const RowView wd{dn_base + e * D * F * 2, DType::kBF16, D, F, F};
+      const RowView y{xy + s0 * D * 2, DType::kBF16, m, D, D};
+      gemm_->run(a, wd, nullptr, DType::kF32, y);
+    }
+  }
+  launch_moe_combine(ids.ptr<int32_t>(), weights.ptr<float>(), n, static_cast<int32_t>(K),
+                     static_cast<int32_t>(E), ws, D, shared_view, row_view(out), stream_);
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,525 @@
+// Mixture-of-experts kernels: routing (one warp per token), the sort of (token, expert) pairs by
+// expert, grouped GEMVs for the experts' gate|up (SiLU x up fused) and down products, and the
+// weighted combine. See moe.h for how they fit together.
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/moe.h"
+
+namespace pagellm::cuda {
+namespace {
+
+// --- routing ---
+
+constexpr int kRouteWarps = 4;
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The (value, index) that sorts first by value descending, then index ascending, over the warp;
+// every lane gets it. Lanes with nothing to offer pass (-inf, INT_MAX), which loses to any index.
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+  }
+}
+
+// The `count` best of the values lanes [0, n_valid) hold, as a bit mask of lanes (groups).
+__device__ __forceinline__ uint32_t warp_top_lanes(float v, int n_valid, int count) {
+  const int lane = threadIdx.x & 31;
+  uint32_t keep = 0;
+  for (int c = 0; c < count; ++c) {
+    const bool offer = lane < n_valid && !((keep >> lane) & 1u);
+    float bv = offer ? (isnan(v) ? -INFINITY : v) : -INFINITY;
+    int bi = offer ? lane : INT_MAX;
+    warp_argmax(bv, bi);
+    keep |= 1u << bi;
+  }
+  return keep;
+}
+
+// Per token (one warp): scores in f32 (softmax with a double-precision sum, or sigmoid, computed
+// in double as the CPU reference does, so both round the same values), the selection array for
+// the method, top_k rounds of a warp argmax, then the weights by lane 0 in the reference's order.
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArgs a) {
+  extern __shared__ float route_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= a.n_tokens) return;  // whole warps only; no block-wide barrier below
+  const int E = a.n_experts, K = a.p.top_k;
+  float* sc = route_smem + warp * 2 * E;  // [E] scores
+  float* ch = sc + E;                     // [E] what the top-k ranks (group methods)
+  const float* l = a.logits + t * a.ld;
+
+  if (a.p.scoring == MoeScoreFunc::kSoftmax) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    mx = warp_max(mx);
+    double sum = 0.0;
+    for (int e = lane; e < E; e += 32) sum += exp(static_cast<double>(l[e] - mx));
+    sum = warp_sum_f64(sum);
+    for (int e = lane; e < E; e += 32)
+      sc[e] = static_cast<float>(exp(static_cast<double>(l[e] - mx)) / sum);
+  } else {
+    for (int e = lane; e < E; e += 32)
+      sc[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(l[e]))));
+  }
+  __syncwarp();
+
+  const float* sel = sc;
+  if (a.p.select != MoeSelect::kGreedy) {
+    const int G = a.p.n_group, per_group = E / G;
+    const bool noaux = a.p.select == MoeSelect::kNoauxTc;
+    if (noaux) {
+      for (int e = lane; e < E; e += 32) ch[e] = sc[e] + a.bias[e];
+      __syncwarp();
+    }
+    // Lane g scores group g: its max score (group-limited greedy) or the sum of its top two
+    // biased scores (noaux_tc; a tie for the top counts twice, as the reference's top-2 does).
+    float gs = -INFINITY;
+    if (lane < G) {
+      const float* g = (noaux ? ch : sc) + lane * per_group;
+      if (noaux) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int i = 0; i < per_group; ++i) {
+          const float v = g[i];
+          if (v > b1) {
+            b2 = b1;
+            b1 = v;
+          } else if (v > b2) {
+            b2 = v;
+          }
+        }
+        gs = b1 + b2;
+      } else {
+        gs = g[0];
+        for (int i = 1; i < per_group; ++i) gs = fmaxf(gs, g[i]);
+      }
+    }
+    const uint32_t keep = warp_top_lanes(gs, G, a.p.topk_group);
+    __syncwarp();
+    // Experts of dropped groups rank as 0 (group-limited greedy: transformers' masked_fill) or
+    // -inf (noaux_tc).
+    for (int e = lane; e < E; e += 32) {
+      const bool kept = (keep >> (e / per_group)) & 1u;
+      if (noaux) {
+        if (!kept) ch[e] = -INFINITY;
+      } else {
+        ch[e] = kept ? sc[e] : 0.0f;
+      }
+    }
+    __syncwarp();
+    sel = ch;
+  }
+
+  // Top-k: each lane holds experts lane, lane + 32, ...; bit j of `taken` marks lane + 32 j.
+  uint32_t taken = 0;
+  int idx[kMoeMaxTopK];
+#pragma unroll
+  for (int k = 0; k < kMoeMaxTopK; ++k) {
+    if (k >= K) break;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int j = 0, e = lane; e < E; ++j, e += 32) {
+      if ((taken >> j) & 1u) continue;
+      float v = sel[e];
+      if (isnan(v)) v = -INFINITY;
+      if (v > bv || (v == bv && e < bi)) bv = v, bi = e;
+    }
+    warp_argmax(bv, bi);
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    idx[k] = bi;
+  }
+  if (lane == 0) {
+    float w[kMoeMaxTopK];
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k) {
+      if (k >= K) break;
+      w[k] = sc[idx[k]];
+      sum = __fadd_rn(sum, w[k]);
+    }
+    // DeepSeek-V3 guards the division with 1e-20 (the reference's order of operations).
+    const float denom = a.p.select == MoeSelect::kNoauxTc ? __fadd_rn(sum, 1e-20f) : sum;
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k) {
+      if (k >= K) break;
+      float v = w[k];
+      if (a.p.norm_topk_prob) v = __fdiv_rn(v, denom);
+      if (a.p.routed_scaling_factor != 1.0f) v = __fmul_rn(v, a.p.routed_scaling_factor);
+      a.ids[t * K + k] = idx[k];
+      a.weights[t * K + k] = v;
+    }
+  }
+}
+
+// --- sort by expert ---
+
+// One block. Counts per expert (shared-memory atomics), an exclusive scan that yields both the
+// offsets and the positions of the active experts (two 32-bit sums packed in one 64-bit value:
+// count << 32 | has-tokens), then each pair takes the next slot of its expert.
+__global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs, int32_t top_k,
+                                int32_t n_experts, MoeWorkspace ws) {
+  extern __shared__ int32_t cnt[];  // [E]: counts, then each expert's next free slot
+  __shared__ long long warp_total[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
+  const int E = n_experts;
+  for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < n_pairs; p += blockDim.x) {
+    const int e = ids[p];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  // Thread tid owns experts [e0, e1).
+  const int per = (E + blockDim.x - 1) / blockDim.x;
+  const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
+  long long local = 0;
+  for (int e = e0; e < e1; ++e) local += (static_cast<long long>(cnt[e]) << 32) | (cnt[e] > 0 ? 1 : 0);
+  long long incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const long long v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    long long v = lane < n_warps ? warp_total[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const long long u = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += u;
+    }
+    if (lane < n_warps) warp_total[lane] = v;  // inclusive over warps
+  }
+  __syncthreads();
+  long long run = incl - local + (warp > 0 ? warp_total[warp - 1] : 0);
+  for (int e = e0; e < e1; ++e) {
+    const int c = cnt[e];
+    const int off = static_cast<int>(run >> 32);
+    ws.offsets[e] = off;
+    if (c > 0) ws.active[static_cast<int>(run & 0xffffffffll)] = e;
+    run += (static_cast<long long>(c) << 32) | (c > 0 ? 1 : 0);
+    cnt[e] = off;
+  }
+  if (tid == 0) {
+    const long long total = warp_total[n_warps - 1];
+    ws.offsets[E] = static_cast<int>(total >> 32);
+    ws.active[E] = static_cast<int>(total & 0xffffffffll);
+  }
+  __syncthreads();
+  for (int p = tid; p < n_pairs; p += blockDim.x) {
+    const int e = ids[p];
+    if (e >= 0 && e < E) {
+      const int s = atomicAdd(&cnt[e], 1);
+      ws.slot_token[s] = p / top_k;
+      ws.pair_slot[p] = s;
+    } else {
+      ws.pair_slot[p] = -1;
+    }
+  }
+}
+
+// --- grouped GEMV ---
+
+// As gemv.cu: every lane keeps 8 16-byte weight loads in flight (2 weight rows x 4 pieces): the
+// gate|up kernel streams one gate and one up row per warp, the down kernel two rows.
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kGateUpRows = 1;  // output rows per warp (each reads a gate row and an up row)
+constexpr int kDownRows = 2;
+constexpr int kGemvUnroll = 4;  // 16-byte loads per weight row a lane issues before the math
+constexpr int64_t kGemvStep = 32 * 8;  // elements a warp covers per load
+
+// Weights are read once per pass: bypass L1 so the activation rows stay there.
+__device__ __forceinline__ uint4 load_stream(const bf16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+// The active expert of this block (blockIdx.y), or -1 past the step's active experts.
+__device__ __forceinline__ int block_expert(const MoeWorkspace& ws, int32_t n_experts) {
+  const int j = blockIdx.y;
+  return j < ws.active[n_experts] ? ws.active[j] : -1;
+}
+
+// act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
+// f in this warp's kGateUpRows rows. Each weight row pair is streamed once per kMoeGemvTokens slots.
+__global__ void __launch_bounds__(kGemvThreads)
+    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
+  const int e = block_expert(ws, w.n_experts);
+  if (e < 0) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t F = w.inter, D = w.hidden;
+  const int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGateUpRows;
+  if (f0 >= F) return;
+  const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(e) * 2 * F * D;
+  const bf16* wg[kGateUpRows];
+  const bf16* wu[kGateUpRows];
+#pragma unroll
+  for (int r = 0; r < kGateUpRows; ++r) {
+    const int64_t f = min(f0 + r, F - 1);  // tail: re-read the last row, never stored
+    wg[r] = base + f * D;
+    wu[r] = base + (F + f) * D;
+  }
+  bf16* act = static_cast<bf16*>(ws.act);
+  const int s_begin = ws.offsets[e], s_end = ws.offsets[e + 1];
+  for (int s0 = s_begin; s0 < s_end; s0 += kMoeGemvTokens) {
+    const int cnt = min(kMoeGemvTokens, s_end - s0);
+    int32_t tok[kMoeGemvTokens];
+#pragma unroll
+    for (int j = 0; j < kMoeGemvTokens; ++j) tok[j] = ws.slot_token[s0 + min(j, cnt - 1)];
+    float ag[kGateUpRows][kMoeGemvTokens], au[kGateUpRows][kMoeGemvTokens];
+#pragma unroll
+    for (int r = 0; r < kGateUpRows; ++r)
+#pragma unroll
+      for (int j = 0; j < kMoeGemvTokens; ++j) ag[r][j] = au[r][j] = 0.0f;
+    for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGemvUnroll) {
+      uint4 vg[kGemvUnroll][kGateUpRows], vu[kGemvUnroll][kGateUpRows];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+#pragma unroll
+        for (int r = 0; r < kGateUpRows; ++r) {
+          vg[u][r] = k < D ? load_stream(wg[r] + k) : make_uint4(0, 0, 0, 0);
+          vu[u][r] = k < D ? load_stream(wu[r] + k) : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+        if (k >= D) break;
+#pragma unroll
+        for (int j = 0; j < kMoeGemvTokens; ++j) {
+          if (j >= cnt) break;
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(h + tok[j] * ldh + k));
+#pragma unroll
+          for (int r = 0; r < kGateUpRows; ++r) {
+            ag[r][j] += dot8(vg[u][r], xv);
+            au[r][j] += dot8(vu[u][r], xv);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMoeGemvTokens; ++j) {
+      if (j >= cnt) break;  // cnt is the same for the whole warp
+#pragma unroll
+      for (int r = 0; r < kGateUpRows; ++r) {
+        const float g = warp_sum(ag[r][j]), u = warp_sum(au[r][j]);
+        const int64_t f = f0 + r;
+        // silu(g) = g / (1 + e^-g), as the activation kernel computes it.
+        if (lane == 0 && f < F)
+          act[static_cast<int64_t>(s0 + j) * 2 * F + f] = from_float<bf16>(g / (1.0f + expf(-g)) * u);
+      }
+    }
+  }
+}
+
+// y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
+__global__ void __launch_bounds__(kGemvThreads)
+    moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
+  const int e = block_expert(ws, w.n_experts);
+  if (e < 0) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t F = w.inter, D = w.hidden;
+  const int64_t d0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kDownRows;
+  if (d0 >= D) return;
+  const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(e) * D * F;
+  const bf16* wr[kDownRows];
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
+  const bf16* act = static_cast<const bf16*>(ws.act);
+  bf16* y = static_cast<bf16*>(ws.xy);
+  const int s_begin = ws.offsets[e], s_end = ws.offsets[e + 1];
+  for (int s0 = s_begin; s0 < s_end; s0 += kMoeGemvTokens) {
+    const int cnt = min(kMoeGemvTokens, s_end - s0);
+    float acc[kDownRows][kMoeGemvTokens];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+      for (int j = 0; j < kMoeGemvTokens; ++j) acc[r][j] = 0.0f;
+    for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kGemvUnroll) {
+      uint4 wv[kGemvUnroll][kDownRows];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r)
+          wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+        if (k >= F) break;
+#pragma unroll
+        for (int j = 0; j < kMoeGemvTokens; ++j) {
+          if (j >= cnt) break;
+          const uint4 xv =
+              __ldg(reinterpret_cast<const uint4*>(act + static_cast<int64_t>(s0 + j) * 2 * F + k));
+#pragma unroll
+          for (int r = 0; r < kDownRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMoeGemvTokens; ++j) {
+      if (j >= cnt) break;
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r) {
+        const float v = warp_sum(acc[r][j]);
+        const int64_t d = d0 + r;
+        if (lane == 0 && d < D) y[static_cast<int64_t>(s0 + j) * D + d] = from_float<bf16>(v);
+      }
+    }
+  }
+}
+
+// --- combine ---
+
+constexpr int kCombineThreads = 256;
+
+// One block per token (grid-strided): its pairs ordered by expert (insertion sort of at most
+// kMoeMaxTopK, stable), then per column the weighted sum in that order in fp32, plus shared.
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                       int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
+                       int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
+                       bf16* __restrict__ out, int64_t ld_out) {
+  __shared__ int order_slot[kMoeMaxTopK];
+  __shared__ float order_w[kMoeMaxTopK];
+  __shared__ int n_valid;
+  const bf16* y = static_cast<const bf16*>(ws.xy);
+  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      int e_sorted[kMoeMaxTopK];
+      int m = 0;
+      for (int k = 0; k < top_k; ++k) {
+        const int64_t p = t * top_k + k;
+        const int e = ids[p], s = ws.pair_slot[p];
+        if (e < 0 || e >= n_experts || s < 0) continue;
+        int i = m++;
+        for (; i > 0 && e_sorted[i - 1] > e; --i) {
+          e_sorted[i] = e_sorted[i - 1];
+          order_slot[i] = order_slot[i - 1];
+          order_w[i] = order_w[i - 1];
+        }
+        e_sorted[i] = e;
+        order_slot[i] = s;
+        order_w[i] = weights[p];
+      }
+      n_valid = m;
+    }
+    __syncthreads();
+    const int m = n_valid;
+    for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int i = 0; i < m; ++i)
+        acc = fmaf(order_w[i], to_float(y[static_cast<int64_t>(order_slot[i]) * hidden + d]), acc);
+      if (shared != nullptr) acc += to_float(shared[t * ld_shared + d]);
+      out[t * ld_out + d] = from_float<bf16>(acc);
+    }
+    __syncthreads();  // the next token's order overwrites the shared arrays
+  }
+}
+
+int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
+  if (a.n_tokens == 0) return;
+  const unsigned grid = ceil_div(a.n_tokens, kRouteWarps);
+  const size_t smem = static_cast<size_t>(kRouteWarps) * 2 * a.n_experts * sizeof(float);
+  moe_route_kernel<<<grid, kRouteWarps * 32, smem, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter) {
+  return 2 * align256((n_experts + 1) * 4) + 2 * align256(n_pairs * 4) +
+         align256(n_pairs * 2 * inter * 2) + align256(n_pairs * hidden * 2);
+}
+
+MoeWorkspace moe_workspace_at(void* base, int64_t n_pairs, int64_t n_experts, int64_t hidden,
+                              int64_t inter) {
+  char* p = static_cast<char*>(base);
+  MoeWorkspace ws;
+  auto take = [&](int64_t bytes) {
+    char* q = p;
+    p += align256(bytes);
+    return q;
+  };
+  ws.offsets = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
+  ws.active = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
+  ws.slot_token = reinterpret_cast<int32_t*>(take(n_pairs * 4));
+  ws.pair_slot = reinterpret_cast<int32_t*>(take(n_pairs * 4));
+  ws.act = take(n_pairs * 2 * inter * 2);
+  ws.xy = take(n_pairs * hidden * 2);
+  return ws;
+}
+
+void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t n_experts,
+                     const MoeWorkspace& ws, cudaStream_t stream) {
+  PAGELLM_CHECK_MSG(n_pairs < INT32_MAX, "moe: too many (token, expert) pairs for one step");
+  // A decode step has a handful of pairs: a small block finishes its barriers sooner.
+  const int threads = n_pairs > 2048 ? 1024 : 256;
+  const size_t smem = static_cast<size_t>(n_experts) * sizeof(int32_t);
+  moe_sort_kernel<<<1, threads, smem, stream>>>(ids, static_cast<int32_t>(n_pairs), top_k,
+                                                n_experts, ws);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
+                             const MoeWorkspace& ws, int64_t max_active, cudaStream_t stream) {
+  if (max_active == 0) return;
+  PAGELLM_CHECK(max_active <= 65535);
+  const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
+  moe_gate_up_kernel<<<grid, kGemvThreads, 0, stream>>>(w, static_cast<const bf16*>(h), ldh, ws);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
+                          cudaStream_t stream) {
+  if (max_active == 0) return;
+  PAGELLM_CHECK(max_active <= 65535);
+  const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
+  moe_down_kernel<<<grid, kGemvThreads, 0, stream>>>(w, ws);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_tokens, int32_t top_k,
+                        int32_t n_experts, const MoeWorkspace& ws, int64_t hidden,
+                        const RowView& shared, const RowView& out, cudaStream_t stream) {
+  if (n_tokens == 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_tokens, 65535));
+  moe_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(
+      ids, weights, n_tokens, top_k, n_experts, ws, hidden,
+      static_cast<const bf16*>(shared.data), shared.ld, static_cast<bf16*>(out.data), out.ld);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,95 @@
+// Launchers of the mixture-of-experts kernels (moe.cu), callable from host C++. Pointers are
+// device pointers; all work is queued on `stream`; the backend (cuda_moe.cpp) checks shapes,
+// dtypes and devices before calling these.
+//
+// The routed experts of a step run in four stages, none of which needs the host:
+//   1. sort:     (token, k) pairs grouped by expert: per-expert offsets, the list of experts that
+//                received tokens, each slot's token and each pair's slot (one block; the order of
+//                pairs inside an expert's slots is not fixed, which changes no result: every row is
+//                computed on its own);
+//   2. gate|up:  per slot, act = silu(gate_e h) * up_e h, rounded to bf16 once;
+//   3. down:     per slot, y = down_e act (bf16);
+//   4. combine:  per token, out = sum of weight * y over its experts in ascending expert order, plus
+//                the shared experts' output, in fp32, rounded to bf16 once.
+// Stages 2 and 3 are either grouped GEMV kernels over (active expert, output rows) that read
+// the expert's slots from the device-side offsets (decode), or per-expert cuBLASLt GEMMs on the
+// gathered rows, which needs the offsets on the host (prefill; see kMoeGemvMaxTokensPerExpert).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernels.h"
+
+namespace pagellm::cuda {
+
+// The GEMV path takes a step when its (token, expert) pairs average at most this many per expert:
+// n K <= kMoeGemvMaxTokensPerExpert E. The GEMV streams an expert's weights once per 8 of its
+// tokens (kMoeGemvTokens) and multiplies on CUDA cores, 2 flops per weight element and token, so
+// it stays bound by memory bandwidth up to roughly the H200's ratio of CUDA-core fp32 throughput
+// (~67 TFLOP/s) to HBM bandwidth (4.8 TB/s) per 2-byte weight: ~14 tokens per expert. Past 8 the
+// tensor-core GEMMs of the prefill path win even with one host round trip per layer. Steps
+// recorded into a CUDA graph always take the GEMV path (the other one must wait for the host).
+constexpr int64_t kMoeGemvMaxTokensPerExpert = 8;
+// Tokens an expert's weights are multiplied with per pass of the GEMV kernels (registers per
+// lane hold one fp32 partial sum per output row and token).
+constexpr int kMoeGemvTokens = 8;
+// Limits of the routing kernel: experts per token, groups, experts.
+constexpr int kMoeMaxTopK = 16;
+constexpr int kMoeMaxGroups = 32;
+constexpr int kMoeMaxExperts = 1024;
+
+struct MoeRouteArgs {
+  const float* logits = nullptr;  // f32 [n, E], row stride ld
+  int64_t ld = 0;
+  int32_t n_tokens = 0, n_experts = 0;
+  const float* bias = nullptr;  // f32 [E] (kNoauxTc) or null
+  MoeRouteParams p;
+  int32_t* ids = nullptr;    // [n, top_k]
+  float* weights = nullptr;  // [n, top_k]
+};
+// One warp per token (moe_route's semantics, backend.h).
+void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
+
+// Scratch of one moe_experts call, carved from one device workspace.
+struct MoeWorkspace {
+  int32_t* offsets = nullptr;     // [E + 1]: expert e's slots are [offsets[e], offsets[e+1])
+  int32_t* active = nullptr;      // [E + 1]: experts with tokens, ascending; active[E] = how many
+  int32_t* slot_token = nullptr;  // [N]: the token of each slot
+  int32_t* pair_slot = nullptr;   // [N]: the slot of pair t * K + k (-1: an id out of range)
+  void* act = nullptr;            // bf16 [N, 2F]: gate|up products; silu(gate) * up over the gate half
+  void* xy = nullptr;             // bf16 [N, D]: gathered rows (GEMM path), then the down products
+};
+// Bytes of the workspace for N = n K pairs (both paths use the same layout).
+int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter);
+MoeWorkspace moe_workspace_at(void* base, int64_t n_pairs, int64_t n_experts, int64_t hidden,
+                              int64_t inter);
+
+// Stage 1. ids i32 [n_pairs] (pair p = t * K + k).
+void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t n_experts,
+                     const MoeWorkspace& ws, cudaStream_t stream);
+
+// The routed experts' stacked weights (bf16, contiguous) and sizes.
+struct MoeExpertsArgs {
+  const void* gate_up = nullptr;  // [E, 2F, D]
+  const void* down = nullptr;     // [E, D, F]
+  int32_t n_experts = 0;
+  int64_t hidden = 0, inter = 0;  // D, F (multiples of 8: 16-byte weight loads)
+};
+
+// Stages 2 and 3 as grouped GEMVs: grids over (output rows, active-expert slot) with
+// max_active = min(E, N) slots; blocks past the step's active experts return at once.
+//   h bf16 [n, D] (row stride ldh, a multiple of 8, 16-byte aligned)
+void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
+                             const MoeWorkspace& ws, int64_t max_active, cudaStream_t stream);
+void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
+                          cudaStream_t stream);
+
+// Stage 4. ids and weights [n, K] as given to moe_experts; shared bf16 [n, D] or null; out bf16.
+void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_tokens, int32_t top_k,
+                        int32_t n_experts, const MoeWorkspace& ws, int64_t hidden,
+                        const RowView& shared, const RowView& out, cudaStream_t stream);
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,363 @@
+// Mixture-of-experts ops on CUDA against the CPU reference: moe_route for every scoring function
+// and top-k method (ids exact, weights within f32 rounding), including logits and biases drawn
+// from a handful of values so that ties are everywhere; moe_experts on both of its paths (grouped
+// GEMV and per-expert cuBLASLt) for 1, 2, 7, 64 and 300 tokens, Mixtral's routing (8 experts,
+// top 2) and DeepSeek-V2-Lite's (64 experts, top 6) with and without shared experts, experts that
+// receive no tokens, all tokens on one expert; and a recorded graph of routing + experts replayed
+// on new logits, which must route them anew on the device.
+#include "op_test_util.h"
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace pagellm::optest {
+namespace {
+
+using MoePath = cuda::CudaBackend::MoePath;
+
+cuda::CudaBackend& as_cuda(Backend& b) {
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(&b);
+  PAGELLM_CHECK_MSG(cb != nullptr, "the op tests' CUDA backend is a CudaBackend");
+  return *cb;
+}
+
+std::vector<float> ints_as_floats(const std::vector<int32_t>& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
+
+// --- moe_route ---
+
+struct RouteCase {
+  const char* name;
+  int64_t n_experts;
+  MoeRouteParams p;
+  bool tied = false;  // logits (and the bias) drawn from a few values: ties everywhere
+};
+
+MoeRouteParams route_params(int32_t k, MoeScoreFunc s, MoeSelect sel, int32_t groups = 1,
+                            int32_t keep = 1, bool norm = false, float scale = 1.0f) {
+  MoeRouteParams p;
+  p.top_k = k;
+  p.scoring = s;
+  p.select = sel;
+  p.n_group = groups;
+  p.topk_group = keep;
+  p.norm_topk_prob = norm;
+  p.routed_scaling_factor = scale;
+  return p;
+}
+
+// The scores are f32 roundings of the same double-precision values on both sides (exp in double;
+// only the softmax sum's order differs), so weights agree to a few ulp.
+constexpr Tol kRouteWeightTol{1e-6, 0.0,
+                              "f32 rounding of double-precision scores summed in another order"};
+
+void run_route_case(Backend& cuda, Backend& cpu, uint64_t seed, const RouteCase& c, int64_t n) {
+  Rng rng(seed);
+  const int64_t E = c.n_experts, K = c.p.top_k;
+  std::vector<float> logits(n * E), bias;
+  const float levels[] = {-1.0f, 0.0f, 0.5f, 1.0f};
+  for (float& l : logits) l = c.tied ? levels[rng.below(4)] : rng.uniform(-4.0f, 4.0f);
+  const bool noaux = c.p.select == MoeSelect::kNoauxTc;
+  if (noaux) {
+    bias.resize(E);
+    for (float& b : bias) b = c.tied ? 0.25f * static_cast<float>(rng.below(2)) : rng.uniform(-0.1f, 0.1f);
+  }
+  auto logits_dev = upload_raw(cuda, logits);
+  auto bias_dev = noaux ? upload_raw(cuda, bias) : nullptr;
+  DevBuf ids_dev(cuda, n * K * 4), w_dev(cuda, n * K * 4);
+  Tensor ids_t = ids_dev.view(DType::kI32, {n, K}), w_t = w_dev.view(DType::kF32, {n, K});
+  cuda.moe_route(logits_dev->view(DType::kF32, {n, E}),
+                 noaux ? bias_dev->view(DType::kF32, {E}) : Tensor(), c.p, ids_t, w_t);
+
+  std::vector<int32_t> want_ids(n * K);
+  std::vector<float> want_w(n * K);
+  Tensor hi(want_ids.data(), DType::kI32, {n, K});
+  Tensor hw = host_f32(want_w, {n, K});
+  cpu.moe_route(host_f32(logits, {n, E}), noaux ? host_f32(bias, {E}) : Tensor(), c.p, hi, hw);
+
+  const std::string what = Label("moe_route", seed)("case", c.name)("n", n)("E", E)("K", K);
+  std::vector<int32_t> got_ids = ids_dev.download<int32_t>();
+  got_ids.resize(n * K);
+  std::vector<float> got_w = w_dev.download<float>();
+  got_w.resize(n * K);
+  EXPECT_TRUE(compare(what + " ids", ints_as_floats(got_ids), ints_as_floats(want_ids), kExact));
+  EXPECT_TRUE(compare(what + " weights", got_w, want_w, kRouteWeightTol));
+  EXPECT_TRUE(guards_ok(what + " ids", ids_dev));
+  EXPECT_TRUE(guards_ok(what + " weights", w_dev));
+}
+
+TEST(MoeRoute, EveryMethodAgainstTheCpu) {
+  PAGELLM_REQUIRE_CUDA();
+  const std::vector<RouteCase> cases = {
+      {"mixtral", 8, route_params(2, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy, 1, 1, true)},
+      {"v2-lite", 64, route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy)},
+      {"v2", 160, route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGroupLimitedGreedy, 8, 3,
+                               false, 16.0f)},
+      {"v2-group-fixture", 8, route_params(2, MoeScoreFunc::kSoftmax,
+                                           MoeSelect::kGroupLimitedGreedy, 4, 2)},
+      {"v3", 256, route_params(8, MoeScoreFunc::kSigmoid, MoeSelect::kNoauxTc, 8, 4, true, 2.5f)},
+      {"v3-fixture", 8, route_params(3, MoeScoreFunc::kSigmoid, MoeSelect::kNoauxTc, 4, 2, true,
+                                     2.5f)},
+      {"sigmoid-greedy", 64, route_params(4, MoeScoreFunc::kSigmoid, MoeSelect::kGreedy, 1, 1,
+                                          true)},
+      // More experts than the kept groups hold: the rest come from dropped groups.
+      {"v2-k-past-groups", 16, route_params(6, MoeScoreFunc::kSoftmax,
+                                            MoeSelect::kGroupLimitedGreedy, 8, 2)},
+  };
+  uint64_t seed = base_seed() + 9000;
+  for (const RouteCase& c : cases) {
+    for (bool tied : {false, true}) {
+      RouteCase tc = c;
+      tc.tied = tied;
+      for (int64_t n : {1, 7, 64, 300}) run_route_case(cuda, cpu, ++seed, tc, n);
+    }
+  }
+}
+
+// --- moe_experts ---
+
+enum class Routing { kRandom, kOddExperts, kAllOnFew };
+
+struct ExpertsCase {
+  int64_t E, K, D, F;
+  bool shared;
+  Routing routing = Routing::kRandom;
+};
+
+// Inputs of one case on both backends: the same bf16 values.
+struct ExpertsInputs {
+  int64_t n;
+  std::vector<float> h, shared, weights;
+  std::vector<int32_t> ids;
+  std::vector<uint16_t> gate_up, down;  // bf16 bits: [E, 2F, D], [E, D, F]
+  std::unique_ptr<DevBuf> h_dev, shared_dev, ids_dev, w_dev, gu_dev, dn_dev;
+};
+
+std::vector<uint16_t> random_bf16_bits(Rng& rng, int64_t n, float amp) {
+  std::vector<uint16_t> v(n);
+  for (auto& b : v) b = f32_to_bf16(rng.uniform(-amp, amp));
+  return v;
+}
+
+ExpertsInputs make_inputs(Backend& cuda, Rng& rng, const ExpertsCase& c, int64_t n) {
+  ExpertsInputs in;
+  in.n = n;
+  in.h = random_bf16_values(rng, n * c.D);
+  in.shared = random_bf16_values(rng, n * c.D);
+  in.gate_up = random_bf16_bits(rng, c.E * 2 * c.F * c.D, 1.0f / std::sqrt(static_cast<float>(c.D)));
+  in.down = random_bf16_bits(rng, c.E * c.D * c.F, 1.0f / std::sqrt(static_cast<float>(c.F)));
+  in.ids.resize(n * c.K);
+  in.weights.resize(n * c.K);
+  // A token's experts in random order (routing lists them best first, not by index), drawn from
+  // all experts, from the odd ones only (K <= E / 2), or fixed: E/2 + K - 1 down to E/2.
+  std::vector<int32_t> pool;
+  for (int32_t e = c.routing == Routing::kOddExperts ? 1 : 0; e < c.E;
+       e += c.routing == Routing::kOddExperts ? 2 : 1)
+    pool.push_back(e);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = static_cast<int64_t>(pool.size()) - 1; i > 0; --i)
+      std::swap(pool[i], pool[rng.below(i + 1)]);
+    for (int64_t k = 0; k < c.K; ++k) {
+      in.ids[t * c.K + k] = c.routing == Routing::kAllOnFew
+                                ? static_cast<int32_t>(c.E / 2 + c.K - 1 - k)
+                                : pool[k];
+      in.weights[t * c.K + k] = rng.uniform(0.05f, 1.0f);
+    }
+  }
+  in.h_dev = upload_bf16(cuda, in.h);
+  in.shared_dev = upload_bf16(cuda, in.shared);
+  in.ids_dev = upload_raw(cuda, in.ids);
+  in.w_dev = upload_raw(cuda, in.weights);
+  in.gu_dev = upload_raw(cuda, in.gate_up);
+  in.dn_dev = upload_raw(cuda, in.down);
+  return in;
+}
+
+MoeExpertWeights device_weights(const ExpertsCase& c, const ExpertsInputs& in) {
+  MoeExpertWeights w;
+  w.gate_up = in.gu_dev->view(DType::kBF16, {c.E, 2 * c.F, c.D});
+  w.down = in.dn_dev->view(DType::kBF16, {c.E, c.D, c.F});
+  return w;
+}
+
+MoeExpertWeights host_weights(const ExpertsCase& c, ExpertsInputs& in) {
+  MoeExpertWeights w;
+  w.gate_up = Tensor(in.gate_up.data(), DType::kBF16, {c.E, 2 * c.F, c.D});
+  w.down = Tensor(in.down.data(), DType::kBF16, {c.E, c.D, c.F});
+  return w;
+}
+
+// The reference, and per element 2^-8 of sum_k |w_k y_k| (y_k: the token's k-th expert output,
+// from the CPU op on that pair alone): the device rounds each expert's output to bf16 (2^-9
+// relative) before the weighted sum, and its activations (gate and up too, on the GEMM path)
+// before the down product, which a cancelling sum of terms carries into outputs much smaller
+// than the terms. A wrong expert, weight or order is off by a whole term.
+void reference(Backend& cpu, const ExpertsCase& c, ExpertsInputs& in, std::vector<float>& want,
+               std::vector<float>& slack) {
+  const int64_t n = in.n;
+  const MoeExpertWeights w = host_weights(c, in);
+  Tensor h = host_f32(in.h, {n, c.D});
+  want.assign(n * c.D, 0.0f);
+  Tensor want_t = host_f32(want, {n, c.D});
+  cpu.moe_experts(h, Tensor(in.ids.data(), DType::kI32, {n, c.K}), host_f32(in.weights, {n, c.K}),
+                  w, c.shared ? host_f32(in.shared, {n, c.D}) : Tensor(), want_t);
+  slack.assign(n * c.D, 0.0f);
+  std::vector<int32_t> ids_k(n);
+  std::vector<float> ones(n, 1.0f), y(n * c.D);
+  Tensor y_t = host_f32(y, {n, c.D});
+  for (int64_t k = 0; k < c.K; ++k) {
+    for (int64_t t = 0; t < n; ++t) ids_k[t] = in.ids[t * c.K + k];
+    cpu.moe_experts(h, Tensor(ids_k.data(), DType::kI32, {n, 1}), host_f32(ones, {n, 1}), w,
+                    Tensor(), y_t);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t d = 0; d < c.D; ++d)
+        slack[t * c.D + d] += std::ldexp(std::fabs(in.weights[t * c.K + k] * y[t * c.D + d]), -8);
+  }
+}
+
+std::vector<float> run_device(Backend& cuda, const ExpertsCase& c, const ExpertsInputs& in,
+                              DevBuf& out, MoePath path) {
+  const int64_t n = in.n;
+  Tensor out_t = out.view(DType::kBF16, {n, c.D});
+  as_cuda(cuda).moe_experts_on_path(
+      in.h_dev->view(DType::kBF16, {n, c.D}), in.ids_dev->view(DType::kI32, {n, c.K}),
+      in.w_dev->view(DType::kF32, {n, c.K}), device_weights(c, in),
+      c.shared ? in.shared_dev->view(DType::kBF16, {n, c.D}) : Tensor(), out_t, path);
+  std::vector<float> got = download_bf16(out);
+  got.resize(n * c.D);
+  return got;
+}
+
+const char* path_name(MoePath p) {
+  return p == MoePath::kGemv ? "gemv" : p == MoePath::kGemm ? "gemm" : "auto";
+}
+
+void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsCase& c, int64_t n) {
+  Rng rng(seed);
+  ExpertsInputs in = make_inputs(cuda, rng, c, n);
+  std::vector<float> want, slack;
+  reference(cpu, c, in, want, slack);
+  const char* routing = c.routing == Routing::kRandom       ? "random"
+                        : c.routing == Routing::kOddExperts ? "odd-experts-only"
+                                                            : "all-on-K-experts";
+  for (MoePath path : {MoePath::kAuto, MoePath::kGemv, MoePath::kGemm}) {
+    const std::string what = Label("moe_experts", seed)("path", path_name(path))("n", n)(
+        "E", c.E)("K", c.K)("D", c.D)("F", c.F)("shared", c.shared)("routing", routing);
+    DevBuf out(cuda, n * c.D * 2);
+    const std::vector<float> got = run_device(cuda, c, in, out, path);
+    EXPECT_TRUE(compare(what, got, want, kBf16Tol, &slack));
+    EXPECT_TRUE(guards_ok(what, out));
+  }
+}
+
+// Mixtral's routing (8 experts, top 2) and DeepSeek-V2-Lite's (64, top 6), at widths the plain
+// CPU reference covers in seconds; hidden 512 spans two unrolled stretches of the GEMV's loads.
+TEST(MoeExperts, MixtralRouting) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9100;
+  for (int64_t n : {1, 2, 7, 64, 300}) run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, false}, n);
+}
+
+TEST(MoeExperts, DeepSeekV2LiteRoutingWithAndWithoutShared) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9200;
+  for (bool shared : {false, true})
+    for (int64_t n : {1, 2, 7, 64, 300})
+      run_experts_case(cuda, cpu, ++seed, {64, 6, 512, 256, shared}, n);
+}
+
+// The real V2-Lite expert shape (hidden 2048, expert width 1408) at decode sizes.
+TEST(MoeExperts, DeepSeekV2LiteShape) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9300;
+  for (int64_t n : {1, 7}) run_experts_case(cuda, cpu, ++seed, {64, 6, 2048, 1408, true}, n);
+}
+
+TEST(MoeExperts, ExpertsWithoutTokens) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9400;
+  for (int64_t n : {1, 5, 64})
+    run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, true, Routing::kOddExperts}, n);
+}
+
+TEST(MoeExperts, AllTokensOnOneExpert) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9500;
+  // One expert with every token: 300 of them in the GEMV's passes of 8, and as one GEMM.
+  for (int64_t n : {1, 9, 64, 300})
+    run_experts_case(cuda, cpu, ++seed, {8, 1, 256, 128, false, Routing::kAllOnFew}, n);
+  // Two experts sharing every token, listed in reverse expert order.
+  for (int64_t n : {7, 300})
+    run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, true, Routing::kAllOnFew}, n);
+}
+
+// The small sizes of the golden fixtures (hidden 64, widths 48 and 32): one partial stretch of
+// the GEMV's loads per row.
+TEST(MoeExperts, FixtureSizes) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9600;
+  for (int64_t n : {1, 13, 40}) {
+    run_experts_case(cuda, cpu, ++seed, {4, 2, 64, 48, false}, n);
+    run_experts_case(cuda, cpu, ++seed, {8, 3, 64, 32, true}, n);
+  }
+}
+
+// Routing and experts recorded in one graph after a direct run, then replayed on new logits: the
+// replay must route the new logits on the device (other experts, other slots) and give, bit for
+// bit, what a direct GEMV-path run on those logits gives.
+TEST(MoeExperts, GraphReplayRoutesNewLogits) {
+  PAGELLM_REQUIRE_CUDA();
+  cuda::CudaBackend& cb = as_cuda(cuda);
+  uint64_t seed = base_seed() + 9700;
+  for (int64_t n : {1, 7, 64}) {
+    const ExpertsCase c{64, 6, 512, 256, true};
+    Rng rng(++seed);
+    ExpertsInputs in = make_inputs(cuda, rng, c, n);
+    const MoeRouteParams p = route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy);
+    std::vector<float> logits(n * c.E);
+    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
+    auto logits_dev = upload_raw(cuda, logits);
+    DevBuf ids(cuda, n * c.K * 4), wts(cuda, n * c.K * 4), out(cuda, n * c.D * 2);
+    Tensor logits_t = logits_dev->view(DType::kF32, {n, c.E});
+    Tensor ids_t = ids.view(DType::kI32, {n, c.K}), w_t = wts.view(DType::kF32, {n, c.K});
+    Tensor h_t = in.h_dev->view(DType::kBF16, {n, c.D});
+    Tensor shared_t = in.shared_dev->view(DType::kBF16, {n, c.D});
+    Tensor out_t = out.view(DType::kBF16, {n, c.D});
+    const MoeExpertWeights w = device_weights(c, in);
+    auto step = [&](MoePath path) {
+      cuda.moe_route(logits_t, Tensor(), p, ids_t, w_t);
+      cb.moe_experts_on_path(h_t, ids_t, w_t, w, shared_t, out_t, path);
+    };
+    step(MoePath::kAuto);  // sizes the workspace
+    std::unique_ptr<OpGraph> graph = cuda.capture([&] { step(MoePath::kAuto); });
+    const std::string what = Label("moe route+experts graph", seed)("n", n);
+    ASSERT_NE(graph, nullptr) << what << ": routing and experts could not be recorded";
+    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
+    logits_dev->upload(logits.data(), static_cast<int64_t>(logits.size() * 4));
+    step(MoePath::kGemv);
+    std::vector<float> direct = download_bf16(out);
+    const std::vector<uint16_t> zeros(n * c.D, 0);
+    out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+    graph->replay();
+    std::vector<float> replayed = download_bf16(out);
+    EXPECT_TRUE(compare(what + " replay vs direct", replayed, direct, kExact));
+    // And the direct run is right: against the CPU on the CPU's routing of the new logits.
+    std::vector<int32_t> host_ids(n * c.K);
+    std::vector<float> host_w(n * c.K);
+    Tensor hi(host_ids.data(), DType::kI32, {n, c.K});
+    Tensor hw = host_f32(host_w, {n, c.K});
+    cpu.moe_route(host_f32(logits, {n, c.E}), Tensor(), p, hi, hw);
+    in.ids = host_ids;
+    in.weights = host_w;
+    std::vector<float> want, slack;
+    reference(cpu, c, in, want, slack);
+    direct.resize(n * c.D);
+    EXPECT_TRUE(compare(what + " direct vs cpu", direct, want, kBf16Tol, &slack));
+    EXPECT_TRUE(guards_ok(what, out));
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::optest
