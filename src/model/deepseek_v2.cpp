@@ -46,15 +46,14 @@ struct DeepseekLayer {
   bool moe = false;
   MoeExpert mlp;                    // dense layers
   Tensor router, correction_bias;   // [E, D], [E] (V3)
-  std::vector<MoeExpert> experts;   // [E]
+  MoeExpertWeights experts;         // E routed experts (stacked on devices)
   MoeExpert shared;                 // intermediate moe_intermediate_size * n_shared_experts
 };
 
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate, up, act, routed, shared;
-  Tensor router_logits;            // f32 [cap, E]
+  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate, up, act, shared;
   Tensor cos_sin;                  // f32 [cap, P]
 };
 
@@ -73,7 +72,7 @@ class DeepseekModel final : public Model {
  public:
   DeepseekModel(const ModelConfig& cfg, Backend& backend)
       : cfg_(cfg), backend_(backend), rope_(cfg),
-        moe_(backend, cfg.hidden_size, cfg.moe_intermediate_size) {}
+        moe_(backend, cfg) {}
 
   const ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
@@ -109,7 +108,6 @@ class DeepseekModel final : public Model {
                        cfg_.source.c_str(), static_cast<long long>(cfg_.num_nextn_predict_layers),
                        static_cast<long long>(cfg_.num_hidden_layers));
     }
-    const int64_t expert_bytes_each = 3 * D * Fm;  // elements; scaled by dtype below
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -158,18 +156,19 @@ class DeepseekModel final : public Model {
         PAGELLM_RETURN_IF_ERROR(
             vec(p + "mlp.gate.e_score_correction_bias", E, 0.0f, L.correction_bias));
       }
-      L.experts.resize(E);
-      for (int64_t e = 0; e < E; ++e) {
-        PAGELLM_RETURN_IF_ERROR(
-            swiglu(p + "mlp.experts." + std::to_string(e) + ".", Fm, L.experts[e]));
-      }
+      auto expert = [&p](const char* w) {
+        return [p, w](int64_t e) {
+          return p + "mlp.experts." + std::to_string(e) + "." + w + ".weight";
+        };
+      };
+      PAGELLM_RETURN_IF_ERROR(load_routed_experts(
+          ld, backend_, E, D, Fm, {expert("gate_proj"), expert("up_proj"), expert("down_proj")},
+          L.experts));
       if (cfg_.n_shared_experts > 0) {
         PAGELLM_RETURN_IF_ERROR(
             swiglu(p + "mlp.shared_experts.", Fm * cfg_.n_shared_experts, L.shared));
       }
-      unrouted_expert_bytes_ +=
-          dtype_bytes(L.experts[0].gate_proj.dtype, expert_bytes_each) *
-          (E - cfg_.num_experts_per_tok);
+      unrouted_expert_bytes_ += expert_bytes(L.experts) * (E - cfg_.num_experts_per_tok);
     }
     // The absorbed query blocks are read every step too.
     weight_bytes_ = ld.bytes() + dtype_bytes(backend_.activation_dtype(),
@@ -197,7 +196,6 @@ class DeepseekModel final : public Model {
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim;
     const int64_t R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
     const int64_t F = cfg_.intermediate_size, Fs = cfg_.moe_intermediate_size * cfg_.n_shared_experts;
-    const int64_t E = cfg_.n_routed_experts;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     reserve(n);
     Workspace& ws = ws_;
@@ -256,25 +254,16 @@ class DeepseekModel final : public Model {
         run_swiglu(backend_, L.mlp, h, gate, up, act, x);  // [n, D]
         continue;
       }
-      Tensor logits = ws.router_logits.slice_rows(0, n);  // f32 [n, E]
-      backend_.matmul(h, L.router, Tensor(), logits);
-      host_logits_.resize(n * E);
-      backend_.copy_to_host(host_logits_.data(), logits.data, n * E * sizeof(float));
-      route_tokens(cfg_, host_logits_.data(),
-                   L.correction_bias.defined() ? L.correction_bias.ptr<float>() : nullptr, n,
-                   routing_);
-      Tensor routed = ws.routed.slice_rows(0, n);  // [n, D]
-      moe_.run(h, routing_, L.experts, routed);
+      Tensor shared;  // [n, D]; undefined without shared experts
       if (cfg_.n_shared_experts > 0) {
         Tensor gate = ws.gate.slice_rows(0, n).slice_cols(0, Fs);
         Tensor up = ws.up.slice_rows(0, n).slice_cols(0, Fs);
         Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);
-        Tensor shared = ws.shared.slice_rows(0, n);
+        shared = ws.shared.slice_rows(0, n);
         run_swiglu(backend_, L.shared, h, gate, up, act, shared);
-        backend_.add(routed, shared, x);  // routed + shared, in transformers' order
-      } else {
-        std::memcpy(x.data, routed.data, x.nbytes());
       }
+      // Routed experts, then + shared (transformers' order), on the device.
+      moe_.run(h, L.router, L.correction_bias, L.experts, shared, x);  // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
     head_.run(h, b, lm_head_, logits_out);
@@ -336,7 +325,7 @@ class DeepseekModel final : public Model {
     const DType dt = backend_.activation_dtype();
     const int64_t D = cfg_.hidden_size, H = cfg_.num_attention_heads;
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank;
-    const int64_t Vd = cfg_.v_head_dim, E = cfg_.n_routed_experts;
+    const int64_t Vd = cfg_.v_head_dim;
     const int64_t Rq = cfg_.q_lora_rank.value_or(1);
     const int64_t F = std::max(cfg_.intermediate_size,
                                cfg_.moe_intermediate_size * std::max<int64_t>(cfg_.n_shared_experts, 1));
@@ -347,10 +336,10 @@ class DeepseekModel final : public Model {
           {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qa, dt, Rq},
            {&ws.q, dt, H * (N + P)}, {&ws.lat, dt, P + R}, {&ws.qfull, dt, H * (P + R)},
            {&ws.attn_lat, dt, H * R}, {&ws.attn_v, dt, H * Vd}, {&ws.gate, dt, F}, {&ws.up, dt, F},
-           {&ws.act, dt, F}, {&ws.routed, dt, D}, {&ws.shared, dt, D},
-           {&ws.router_logits, DType::kF32, E}, {&ws.cos_sin, DType::kF32, P}});
+           {&ws.act, dt, F}, {&ws.shared, dt, D}, {&ws.cos_sin, DType::kF32, P}});
       ws.capacity_tokens = cap;
     }
+    moe_.reserve(n);
   }
 
   // RoPE table for this step's positions (yarn is position-only, so no per-sequence length).
@@ -362,8 +351,7 @@ class DeepseekModel final : public Model {
   Backend& backend_;
   RotaryEmbedding rope_;
   AttentionParams attn_params_;
-  MoeExperts moe_;
-  MoeRouting routing_;
+  MoeBlock moe_;
   Tensor embed_tokens_, norm_, lm_head_;
   std::vector<DeepseekLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_, absorb_storage_;
@@ -372,7 +360,6 @@ class DeepseekModel final : public Model {
   int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
   LogitsHead head_{backend_};
-  std::vector<float> host_logits_;
 };
 
 Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backend& backend,

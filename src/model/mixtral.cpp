@@ -2,7 +2,10 @@
 // window, no biases) with every MLP replaced by a sparse mixture of SwiGLU experts: a softmax
 // router over num_local_experts, the top num_experts_per_tok chosen per token, their weights
 // renormalized to sum to 1. Weight names are Hugging Face's checkpoint names, verbatim
-// (block_sparse_moe.gate, block_sparse_moe.experts.{e}.w1 / w2 / w3).
+// (block_sparse_moe.gate, block_sparse_moe.experts.{e}.w1 / w2 / w3). Routing and the experts
+// run on the device (MoeBlock), so a decode step never waits for the host and is recorded as a
+// CUDA graph like the dense models' steps.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -21,20 +24,20 @@ struct MixtralLayer {
   Tensor q_proj, k_proj, v_proj;                     // [Hq*Dh, D], [Hkv*Dh, D], [Hkv*Dh, D]
   Tensor o_proj;                                     // [D, Hq*Dh]
   Tensor router;                                     // [E, D]
-  std::vector<MoeExpert> experts;                    // w1 = gate, w3 = up, w2 = down
+  MoeExpertWeights experts;                          // w1 = gate, w3 = up, w2 = down
 };
 
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  Tensor x, residual, h, q, k, v, attn, router_logits, cos_sin;
+  Tensor x, residual, h, q, k, v, attn, cos_sin;
 };
 
 class MixtralModel final : public Model {
  public:
   MixtralModel(const ModelConfig& cfg, Backend& backend)
       : cfg_(cfg), backend_(backend), rope_(cfg),
-        moe_(backend, cfg.hidden_size, cfg.moe_intermediate_size) {}
+        moe_(backend, cfg) {}
 
   const ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
@@ -68,15 +71,12 @@ class MixtralModel final : public Model {
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
       const std::string m = p + "block_sparse_moe.";
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "gate.weight", {E, D}, L.router));
-      L.experts.resize(E);
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string x = m + "experts." + std::to_string(e) + ".";
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(x + "w1.weight", {F, D}, L.experts[e].gate_proj));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(x + "w3.weight", {F, D}, L.experts[e].up_proj));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(x + "w2.weight", {D, F}, L.experts[e].down_proj));
-      }
-      unrouted_expert_bytes_ += dtype_bytes(L.experts[0].gate_proj.dtype, 3 * D * F) *
-                                (E - cfg_.num_experts_per_tok);
+      auto expert = [m](const char* w) {
+        return [m, w](int64_t e) { return m + "experts." + std::to_string(e) + "." + w + ".weight"; };
+      };
+      PAGELLM_RETURN_IF_ERROR(load_routed_experts(
+          ld, backend_, E, D, F, {expert("w1"), expert("w3"), expert("w2")}, L.experts));
+      unrouted_expert_bytes_ += expert_bytes(L.experts) * (E - cfg_.num_experts_per_tok);
     }
     weight_bytes_ = ld.bytes();
     storage_ = std::move(ld.storage());
@@ -88,10 +88,23 @@ class MixtralModel final : public Model {
   Tensor last_logits() const override { return head_.logits(); }
 
   void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
-    const int64_t n = b.n_tokens, Dh = cfg_.head_dim, E = cfg_.n_routed_experts;
+    prepare(b);
+    compute(b, cache);
+    if (logits_out != nullptr && b.n_logits > 0) head_.download(logits_out);
+  }
+
+  bool supports_graphs() const override { return true; }
+
+  void prepare(const StepBatch& b) override {
+    reserve(b.n_tokens);
+    rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
+  }
+
+  void compute(const StepBatch& b, KvCache& cache) override {
+    const int64_t n = b.n_tokens, Dh = cfg_.head_dim;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    reserve(n);
+    PAGELLM_CHECK_MSG(n <= ws_.capacity_tokens, "compute() before prepare() sized the scratch");
     Workspace& ws = ws_;
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
@@ -102,8 +115,7 @@ class MixtralModel final : public Model {
     Tensor attn = ws.attn.slice_rows(0, n);          // [n, Hq*Dh]
     Tensor q3 = q.reshape({n, Hq, Dh}), k3 = k.reshape({n, Hkv, Dh}), v3 = v.reshape({n, Hkv, Dh});
     Tensor attn3 = attn.reshape({n, Hq, Dh});
-    Tensor cos_sin = upload_cos_sin(b);  // f32 [n, rotary_dim]
-    Tensor router_logits = ws.router_logits.slice_rows(0, n);  // f32 [n, E]
+    Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, rotary_dim], uploaded by prepare()
 
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -121,43 +133,34 @@ class MixtralModel final : public Model {
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul(attn, L.o_proj, Tensor(), x);  // [n, D]
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
-      backend_.matmul(h, L.router, Tensor(), router_logits);
-      host_logits_.resize(n * E);
-      backend_.copy_to_host(host_logits_.data(), router_logits.data, n * E * sizeof(float));
-      route_tokens(cfg_, host_logits_.data(), nullptr, n, routing_);
-      moe_.run(h, routing_, L.experts, x);  // [n, D]
+      moe_.run(h, L.router, Tensor(), L.experts, Tensor(), x);  // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
-    head_.run(h, b, lm_head_, logits_out);
+    head_.run(h, b, lm_head_, nullptr);
   }
 
  private:
   void reserve(int64_t n) {
     Workspace& ws = ws_;
     const DType dt = backend_.activation_dtype();
-    const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts;
+    const int64_t D = cfg_.hidden_size;
     const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
       ws.buf = allocate_scratch(
           backend_, cap,
           {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.q, dt, qd}, {&ws.k, dt, kvd},
-           {&ws.v, dt, kvd}, {&ws.attn, dt, qd}, {&ws.router_logits, DType::kF32, E},
-           {&ws.cos_sin, DType::kF32, rd}});
+           {&ws.v, dt, kvd}, {&ws.attn, dt, qd}, {&ws.cos_sin, DType::kF32, rd}});
       ws.capacity_tokens = cap;
     }
-  }
-
-  Tensor upload_cos_sin(const StepBatch& b) {
-    return rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
+    moe_.reserve(n);
   }
 
   ModelConfig cfg_;
   Backend& backend_;
   RotaryEmbedding rope_;
   AttentionParams attn_params_;
-  MoeExperts moe_;
-  MoeRouting routing_;
+  MoeBlock moe_;
   Tensor embed_tokens_, norm_, lm_head_;
   std::vector<MixtralLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_;
@@ -165,7 +168,6 @@ class MixtralModel final : public Model {
   int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
   LogitsHead head_{backend_};
-  std::vector<float> host_logits_;
 };
 
 Result<std::unique_ptr<Model>> make_mixtral(const LoadedCheckpoint& ckpt, Backend& backend,
@@ -174,10 +176,6 @@ Result<std::unique_ptr<Model>> make_mixtral(const LoadedCheckpoint& ckpt, Backen
   if (c.n_routed_experts <= 0) return invalid_argument(c.source + ": no experts configured");
   if (c.rotary_dim() != c.head_dim)
     return unimplemented(c.source + ": partial_rotary_factor != 1 is not supported for Mixtral");
-  if (backend.device() != Device::kCpu || backend.activation_dtype() != DType::kF32) {
-    return unimplemented(c.source + ": " + c.architecture + " (MoE) runs on the CPU backend only "
-                         "for now, not on '" + backend.name() + "'");
-  }
   auto m = std::make_unique<MixtralModel>(c, backend);
   PAGELLM_RETURN_IF_ERROR(m->load(*ckpt.weights, opt));
   return std::unique_ptr<Model>(std::move(m));

@@ -1,67 +1,72 @@
-// Mixture-of-experts pieces shared by DeepSeek-V2/V3 and Mixtral: the router (scores, top-k by
-// each topk_method, weights exactly as transformers computes them) and the routed experts run over
-// the tokens each expert received, one matmul per expert per step. CPU backend only for now: the
-// routing and the weighted combine run on the host, reading and writing activations in place.
+// Mixture-of-experts pieces shared by DeepSeek-V2/V3 and Mixtral: the config's routing as the
+// backend's MoeRouteParams, the loading of a layer's routed experts (stacked on devices, as
+// mapped on the CPU), and MoeBlock, which runs a layer's router and routed experts with the
+// backend's moe_route and moe_experts ops. Nothing of a step leaves the device.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <vector>
+#include <string>
 
 #include "backend/backend.h"
 #include "io/model_config.h"
+#include "model/weight_loader.h"
 
 namespace pagellm {
 
-// One SwiGLU expert (or the shared experts as one wide MLP): down(silu(gate x) * up x).
+// One SwiGLU MLP (a dense layer, or the shared experts as one wide MLP): down(silu(gate x) * up x).
 struct MoeExpert {
   Tensor gate_proj, up_proj;  // [F, D]
   Tensor down_proj;           // [D, F]
 };
 
-// The experts and weights chosen for each token of a step.
-struct MoeRouting {
-  int64_t n_tokens = 0;
-  int64_t top_k = 0;
-  std::vector<int32_t> experts;  // [n_tokens, top_k]
-  std::vector<float> weights;    // [n_tokens, top_k], routed_scaling_factor applied
-};
-
-// Routes n tokens from their router logits (f32 [n, E], row-major). `correction_bias` ([E]) is
-// DeepSeek-V3's e_score_correction_bias (noaux_tc only; nullptr otherwise). Follows transformers:
-//   softmax | sigmoid scores in f32; greedy: top-k scores; group_limited_greedy: top-k among the
-//   topk_group groups with the highest max score; noaux_tc: groups ranked by the sum of their
-//   top-2 (score + bias), experts by score + bias, weights = the raw scores of the chosen;
-//   then optional renormalization (norm_topk_prob) and routed_scaling_factor.
-void route_tokens(const ModelConfig& cfg, const float* logits, const float* correction_bias,
-                  int64_t n, MoeRouting& out);
-
-// Runs routed experts. Tokens are grouped per expert so each expert's three matmuls run once per
-// step on the gathered rows; results are combined in ascending expert order (as transformers'
-// index_add loop), so the sum is formed in the same order.
-class MoeExperts {
- public:
-  MoeExperts(Backend& backend, int64_t hidden, int64_t intermediate)
-      : backend_(backend), hidden_(hidden), inter_(intermediate) {}
-
-  // out[t] = sum over the token's experts of weight * expert(h[t]).   h, out act [n, D] (CPU)
-  void run(const Tensor& h, const MoeRouting& routing, const std::vector<MoeExpert>& experts,
-           Tensor& out);
-
- private:
-  void reserve(int64_t n);
-
-  Backend& backend_;
-  int64_t hidden_, inter_;
-  int64_t capacity_ = 0;
-  std::unique_ptr<Buffer> buf_;
-  Tensor rows_, x_, gate_, up_, act_, y_;  // [cap], [cap, D], [cap, F] x3, [cap, D]
-  std::vector<std::vector<int32_t>> tokens_of_;  // per expert: token rows
-  std::vector<std::vector<float>> weight_of_;    // per expert: their weights
-};
-
 // Runs a dense SwiGLU MLP: out = down(silu(gate h) * up h).   gate, up, act: [n, F] scratch
 void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate, Tensor& up,
                 Tensor& act, Tensor& out);
+
+// The config's router (scoring_func, topk_method, groups, norm_topk_prob, routed_scaling_factor).
+MoeRouteParams moe_route_params(const ModelConfig& cfg);
+
+// Checkpoint names of expert e's three matrices, e.g. "model.layers.3.mlp.experts.7.gate_proj
+// .weight" (DeepSeek) or "model.layers.3.block_sparse_moe.experts.7.w1.weight" (Mixtral).
+struct ExpertNames {
+  std::function<std::string(int64_t e)> gate, up, down;
+};
+
+// Loads a layer's E routed experts (hidden size D, intermediate size F). On devices they are
+// stacked at load time, gate|up into [E, 2F, D] and down into [E, D, F], which the device's MoE
+// kernels index by expert; on the CPU each expert keeps its own matrices, mapped from the
+// checkpoint without a copy.
+Status load_routed_experts(WeightLoader& ld, Backend& backend, int64_t E, int64_t D, int64_t F,
+                           const ExpertNames& names, MoeExpertWeights& out);
+
+// Bytes of one routed expert's three matrices as loaded.
+int64_t expert_bytes(const MoeExpertWeights& w);
+
+// A layer's router and routed experts over a step: router logits (f32, as transformers computes
+// them), moe_route, then moe_experts, with the shared experts' output (when the model has them)
+// added last. The scratch for logits, ids and weights is the block's own; it is shared by every
+// layer of a model, since layers run one after another.
+class MoeBlock {
+ public:
+  MoeBlock(Backend& backend, const ModelConfig& cfg);
+
+  // Sizes the scratch for n tokens. Allocates: call it before a step, never inside a recording.
+  void reserve(int64_t n);
+
+  // out = routed experts(h) (+ shared).   h, out act [n, D]; router [E, D]; correction_bias f32
+  // [E] (noaux_tc) or undefined; shared act [n, D] or undefined (out may be shared itself).
+  void run(const Tensor& h, const Tensor& router, const Tensor& correction_bias,
+           const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
+
+ private:
+  Backend& backend_;
+  MoeRouteParams params_;
+  int64_t n_experts_;
+  int64_t capacity_ = 0;
+  std::unique_ptr<Buffer> buf_;
+  Tensor logits_, ids_, weights_;  // f32 [cap, E], i32 [cap, K], f32 [cap, K]
+};
 
 }  // namespace pagellm
