@@ -114,9 +114,15 @@ struct MoeExpertWeights {
   std::vector<Tensor> gate, up, down_each;  // CPU only, per expert: [F, D], [F, D], [D, F]
 
   bool stacked() const { return gate_up.defined(); }
-  int64_t n_experts() const { return stacked() ? gate_up.size(0) : static_cast<int64_t>(gate.size()); }
-  int64_t hidden() const { return stacked() ? gate_up.size(2) : (gate.empty() ? 0 : gate[0].cols()); }
-  int64_t inter() const { return stacked() ? down.size(2) : (gate.empty() ? 0 : gate[0].rows()); }
+  int64_t n_experts() const {
+    return stacked() ? gate_up.size(0) : static_cast<int64_t>(gate.size());
+  }
+  int64_t hidden() const {  // D
+    return stacked() ? gate_up.size(2) : (gate.empty() ? 0 : gate[0].cols());
+  }
+  int64_t inter() const {  // F
+    return stacked() ? down.size(2) : (gate.empty() ? 0 : gate[0].rows());
+  }
 };
 
 class Backend {

@@ -72,7 +72,9 @@ class MixtralModel final : public Model {
       const std::string m = p + "block_sparse_moe.";
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "gate.weight", {E, D}, L.router));
       auto expert = [m](const char* w) {
-        return [m, w](int64_t e) { return m + "experts." + std::to_string(e) + "." + w + ".weight"; };
+        return [m, w](int64_t e) {
+          return m + "experts." + std::to_string(e) + "." + w + ".weight";
+        };
       };
       PAGELLM_RETURN_IF_ERROR(load_routed_experts(
           ld, backend_, E, D, F, {expert("w1"), expert("w3"), expert("w2")}, L.experts));

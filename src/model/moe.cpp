@@ -19,12 +19,18 @@ void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor&
 MoeRouteParams moe_route_params(const ModelConfig& cfg) {
   MoeRouteParams p;
   p.top_k = static_cast<int32_t>(cfg.num_experts_per_tok);
-  p.scoring = cfg.scoring_func == MoeScoring::kSigmoid ? MoeScoreFunc::kSigmoid
-                                                       : MoeScoreFunc::kSoftmax;
+  p.scoring =
+      cfg.scoring_func == MoeScoring::kSigmoid ? MoeScoreFunc::kSigmoid : MoeScoreFunc::kSoftmax;
   switch (cfg.topk_method) {
-    case MoeTopk::kGreedy: p.select = MoeSelect::kGreedy; break;
-    case MoeTopk::kGroupLimitedGreedy: p.select = MoeSelect::kGroupLimitedGreedy; break;
-    case MoeTopk::kNoauxTc: p.select = MoeSelect::kNoauxTc; break;
+    case MoeTopk::kGreedy:
+      p.select = MoeSelect::kGreedy;
+      break;
+    case MoeTopk::kGroupLimitedGreedy:
+      p.select = MoeSelect::kGroupLimitedGreedy;
+      break;
+    case MoeTopk::kNoauxTc:
+      p.select = MoeSelect::kNoauxTc;
+      break;
   }
   p.n_group = static_cast<int32_t>(std::max<int64_t>(cfg.n_group, 1));
   p.topk_group = static_cast<int32_t>(std::max<int64_t>(cfg.topk_group, 1));

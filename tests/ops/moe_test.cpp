@@ -62,7 +62,8 @@ void run_route_case(Backend& cuda, Backend& cpu, uint64_t seed, const RouteCase&
   const bool noaux = c.p.select == MoeSelect::kNoauxTc;
   if (noaux) {
     bias.resize(E);
-    for (float& b : bias) b = c.tied ? 0.25f * static_cast<float>(rng.below(2)) : rng.uniform(-0.1f, 0.1f);
+    for (float& b : bias)
+      b = c.tied ? 0.25f * static_cast<float>(rng.below(2)) : rng.uniform(-0.1f, 0.1f);
   }
   auto logits_dev = upload_raw(cuda, logits);
   auto bias_dev = noaux ? upload_raw(cuda, bias) : nullptr;
@@ -93,18 +94,18 @@ TEST(MoeRoute, EveryMethodAgainstTheCpu) {
   const std::vector<RouteCase> cases = {
       {"mixtral", 8, route_params(2, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy, 1, 1, true)},
       {"v2-lite", 64, route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy)},
-      {"v2", 160, route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGroupLimitedGreedy, 8, 3,
-                               false, 16.0f)},
-      {"v2-group-fixture", 8, route_params(2, MoeScoreFunc::kSoftmax,
-                                           MoeSelect::kGroupLimitedGreedy, 4, 2)},
+      {"v2", 160,
+       route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGroupLimitedGreedy, 8, 3, false, 16.0f)},
+      {"v2-group-fixture", 8,
+       route_params(2, MoeScoreFunc::kSoftmax, MoeSelect::kGroupLimitedGreedy, 4, 2)},
       {"v3", 256, route_params(8, MoeScoreFunc::kSigmoid, MoeSelect::kNoauxTc, 8, 4, true, 2.5f)},
-      {"v3-fixture", 8, route_params(3, MoeScoreFunc::kSigmoid, MoeSelect::kNoauxTc, 4, 2, true,
-                                     2.5f)},
-      {"sigmoid-greedy", 64, route_params(4, MoeScoreFunc::kSigmoid, MoeSelect::kGreedy, 1, 1,
-                                          true)},
+      {"v3-fixture", 8,
+       route_params(3, MoeScoreFunc::kSigmoid, MoeSelect::kNoauxTc, 4, 2, true, 2.5f)},
+      {"sigmoid-greedy", 64,
+       route_params(4, MoeScoreFunc::kSigmoid, MoeSelect::kGreedy, 1, 1, true)},
       // More experts than the kept groups hold: the rest come from dropped groups.
-      {"v2-k-past-groups", 16, route_params(6, MoeScoreFunc::kSoftmax,
-                                            MoeSelect::kGroupLimitedGreedy, 8, 2)},
+      {"v2-k-past-groups", 16,
+       route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGroupLimitedGreedy, 8, 2)},
   };
   uint64_t seed = base_seed() + 9000;
   for (const RouteCase& c : cases) {
@@ -146,7 +147,8 @@ ExpertsInputs make_inputs(Backend& cuda, Rng& rng, const ExpertsCase& c, int64_t
   in.n = n;
   in.h = random_bf16_values(rng, n * c.D);
   in.shared = random_bf16_values(rng, n * c.D);
-  in.gate_up = random_bf16_bits(rng, c.E * 2 * c.F * c.D, 1.0f / std::sqrt(static_cast<float>(c.D)));
+  in.gate_up =
+      random_bf16_bits(rng, c.E * 2 * c.F * c.D, 1.0f / std::sqrt(static_cast<float>(c.D)));
   in.down = random_bf16_bits(rng, c.E * c.D * c.F, 1.0f / std::sqrt(static_cast<float>(c.F)));
   in.ids.resize(n * c.K);
   in.weights.resize(n * c.K);
@@ -160,9 +162,8 @@ ExpertsInputs make_inputs(Backend& cuda, Rng& rng, const ExpertsCase& c, int64_t
     for (int64_t i = static_cast<int64_t>(pool.size()) - 1; i > 0; --i)
       std::swap(pool[i], pool[rng.below(i + 1)]);
     for (int64_t k = 0; k < c.K; ++k) {
-      in.ids[t * c.K + k] = c.routing == Routing::kAllOnFew
-                                ? static_cast<int32_t>(c.E / 2 + c.K - 1 - k)
-                                : pool[k];
+      in.ids[t * c.K + k] =
+          c.routing == Routing::kAllOnFew ? static_cast<int32_t>(c.E / 2 + c.K - 1 - k) : pool[k];
       in.weights[t * c.K + k] = rng.uniform(0.05f, 1.0f);
     }
   }
@@ -243,8 +244,8 @@ void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsC
                         : c.routing == Routing::kOddExperts ? "odd-experts-only"
                                                             : "all-on-K-experts";
   for (MoePath path : {MoePath::kAuto, MoePath::kGemv, MoePath::kGemm}) {
-    const std::string what = Label("moe_experts", seed)("path", path_name(path))("n", n)(
-        "E", c.E)("K", c.K)("D", c.D)("F", c.F)("shared", c.shared)("routing", routing);
+    const std::string what = Label("moe_experts", seed)("path", path_name(path))("n", n)("E", c.E)(
+        "K", c.K)("D", c.D)("F", c.F)("shared", c.shared)("routing", routing);
     DevBuf out(cuda, n * c.D * 2);
     const std::vector<float> got = run_device(cuda, c, in, out, path);
     EXPECT_TRUE(compare(what, got, want, kBf16Tol, &slack));
@@ -257,7 +258,8 @@ void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsC
 TEST(MoeExperts, MixtralRouting) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9100;
-  for (int64_t n : {1, 2, 7, 64, 300}) run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, false}, n);
+  for (int64_t n : {1, 2, 7, 64, 300})
+    run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, false}, n);
 }
 
 TEST(MoeExperts, DeepSeekV2LiteRoutingWithAndWithoutShared) {

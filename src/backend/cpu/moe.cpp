@@ -16,9 +16,8 @@ namespace {
 void top_k(const float* v, int64_t n, int64_t k, std::vector<int32_t>& idx) {
   idx.resize(n);
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
   idx.resize(k);
 }
 
@@ -32,9 +31,9 @@ Tensor expert_gate(const MoeExpertWeights& w, int64_t e) {
 Tensor expert_up(const MoeExpertWeights& w, int64_t e) {
   if (!w.stacked()) return w.up[e];
   const int64_t F = w.inter(), D = w.hidden();
-  return Tensor(static_cast<char*>(w.gate_up.data) +
-                    dtype_bytes(w.gate_up.dtype, (e * 2 * F + F) * D),
-                w.gate_up.dtype, {F, D}, w.gate_up.device);
+  return Tensor(
+      static_cast<char*>(w.gate_up.data) + dtype_bytes(w.gate_up.dtype, (e * 2 * F + F) * D),
+      w.gate_up.dtype, {F, D}, w.gate_up.device);
 }
 Tensor expert_down(const MoeExpertWeights& w, int64_t e) {
   if (!w.stacked()) return w.down_each[e];
@@ -170,11 +169,11 @@ void MoeExpertsRunner::run(Backend& backend, const Tensor& h, const Tensor& ids,
     std::memcpy(rows.data, toks.data(), m * sizeof(int32_t));
     Tensor x = x_.slice_rows(0, m), gate = gate_.slice_rows(0, m), up = up_.slice_rows(0, m);
     Tensor act = act_.slice_rows(0, m), y = y_.slice_rows(0, m);
-    backend.gather_rows(h, rows, x);                                 // [m, D]
-    backend.matmul(x, expert_gate(experts, e), Tensor(), gate);      // [m, F]
-    backend.matmul(x, expert_up(experts, e), Tensor(), up);          // [m, F]
-    backend.silu_mul(gate, up, act);                                 // [m, F]
-    backend.matmul(act, expert_down(experts, e), Tensor(), y);       // [m, D]
+    backend.gather_rows(h, rows, x);                             // [m, D]
+    backend.matmul(x, expert_gate(experts, e), Tensor(), gate);  // [m, F]
+    backend.matmul(x, expert_up(experts, e), Tensor(), up);      // [m, F]
+    backend.silu_mul(gate, up, act);                             // [m, F]
+    backend.matmul(act, expert_down(experts, e), Tensor(), y);   // [m, D]
     for (int64_t i = 0; i < m; ++i) {
       const float wgt = weight_of_[e][i];
       const float* yr = y.ptr<float>() + i * D;

@@ -2,8 +2,8 @@
 // grouped-GEMV path (no host round trip: decode steps and every graph recording) and the
 // per-expert cuBLASLt path (prefill), as described in moe.h.
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -22,7 +22,9 @@ void check_device_tensor(const Tensor& t, const char* what) {
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 RowView row_view(const Tensor& t) {
   return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
@@ -64,9 +66,9 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,
                           correction_bias.is_contiguous(),
                       "moe_route: correction_bias must be f32 [E]");
   }
-  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n &&
-                        ids.cols() == K,
-                    "moe_route: ids must be i32 [n, top_k], contiguous");
+  PAGELLM_CHECK_MSG(
+      ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n && ids.cols() == K,
+      "moe_route: ids must be i32 [n, top_k], contiguous");
   PAGELLM_CHECK_MSG(weights.dtype == DType::kF32 && weights.is_contiguous() &&
                         weights.rows() == n && weights.cols() == K,
                     "moe_route: weights must be f32 [n, top_k], contiguous");
@@ -89,7 +91,7 @@ void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
     PAGELLM_CHECK_MSG(!capturing(stream_),
                       "moe_experts: the MoE workspace must grow inside a graph recording; run the "
                       "same step directly first so it has its size");
-    synchronize();  // earlier steps may still use the old one
+    synchronize();           // earlier steps may still use the old one
     moe_workspace_.reset();  // bumps the allocation epoch: recordings using it are stale
     // Grow geometrically so a slowly growing step size does not reallocate every time.
     moe_workspace_ = allocate(std::max(nbytes, 2 * have));
@@ -130,10 +132,10 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   // The GEMV kernels read 16-byte pieces of weight rows and activation rows.
   PAGELLM_CHECK_MSG(D % 8 == 0 && F % 8 == 0 && D > 0 && F > 0,
                     "moe_experts: hidden and intermediate sizes must be multiples of 8 on CUDA");
-  PAGELLM_CHECK_MSG(aligned16(gu.data) && aligned16(dn.data) && aligned16(h.data) &&
-                        h.row_stride() % 8 == 0,
-                    "moe_experts: weights and h must be 16-byte aligned, h's rows a multiple of "
-                    "8 elements apart");
+  PAGELLM_CHECK_MSG(
+      aligned16(gu.data) && aligned16(dn.data) && aligned16(h.data) && h.row_stride() % 8 == 0,
+      "moe_experts: weights and h must be 16-byte aligned, h's rows a multiple of "
+      "8 elements apart");
   PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.rows() == n,
                     "moe_experts: ids must be i32 [n, K], contiguous");
   const int64_t K = ids.cols();
@@ -150,8 +152,8 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   }
   if (n == 0) return;
   const int64_t n_pairs = n * K;
-  const MoeWorkspace ws = moe_workspace_at(ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)),
-                                           n_pairs, E, D, F);
+  const MoeWorkspace ws = moe_workspace_at(
+      ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)), n_pairs, E, D, F);
   MoeExpertsArgs w;
   w.gate_up = gu.data;
   w.down = dn.data;
@@ -163,9 +165,9 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   const bool recording = capturing(stream_);
   PAGELLM_CHECK_MSG(!(recording && path == MoePath::kGemm),
                     "moe_experts: the GEMM path waits for the host and cannot be recorded");
-  const bool gemv = path == MoePath::kGemv ||
-                    (path == MoePath::kAuto &&
-                     (n_pairs <= kMoeGemvMaxTokensPerExpert * E || recording));
+  const bool gemv =
+      path == MoePath::kGemv ||
+      (path == MoePath::kAuto && (n_pairs <= kMoeGemvMaxTokensPerExpert * E || recording));
   if (gemv) {
     const int64_t max_active = std::min(E, n_pairs);
     launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, stream_);

@@ -182,7 +182,8 @@ __global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs
   const int per = (E + blockDim.x - 1) / blockDim.x;
   const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
   long long local = 0;
-  for (int e = e0; e < e1; ++e) local += (static_cast<long long>(cnt[e]) << 32) | (cnt[e] > 0 ? 1 : 0);
+  for (int e = e0; e < e1; ++e)
+    local += (static_cast<long long>(cnt[e]) << 32) | (cnt[e] > 0 ? 1 : 0);
   long long incl = local;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -236,7 +237,7 @@ constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGateUpRows = 1;  // output rows per warp (each reads a gate row and an up row)
 constexpr int kDownRows = 2;
-constexpr int kGemvUnroll = 4;  // 16-byte loads per weight row a lane issues before the math
+constexpr int kGemvUnroll = 4;         // 16-byte loads per weight row a lane issues before the math
 constexpr int64_t kGemvStep = 32 * 8;  // elements a warp covers per load
 
 // Weights are read once per pass: bypass L1 so the activation rows stay there.
@@ -268,7 +269,7 @@ __device__ __forceinline__ int block_expert(const MoeWorkspace& ws, int32_t n_ex
 }
 
 // act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
-// f in this warp's kGateUpRows rows. Each weight row pair is streamed once per kMoeGemvTokens slots.
+// f in this warp's rows. The weight rows are streamed once per kMoeGemvTokens slots.
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
   const int e = block_expert(ws, w.n_experts);
@@ -334,15 +335,15 @@ __global__ void __launch_bounds__(kGemvThreads)
         const int64_t f = f0 + r;
         // silu(g) = g / (1 + e^-g), as the activation kernel computes it.
         if (lane == 0 && f < F)
-          act[static_cast<int64_t>(s0 + j) * 2 * F + f] = from_float<bf16>(g / (1.0f + expf(-g)) * u);
+          act[static_cast<int64_t>(s0 + j) * 2 * F + f] =
+              from_float<bf16>(g / (1.0f + expf(-g)) * u);
       }
     }
   }
 }
 
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
-__global__ void __launch_bounds__(kGemvThreads)
-    moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
+__global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
   const int e = block_expert(ws, w.n_experts);
   if (e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -447,7 +448,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+int64_t align256(int64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
 
 }  // namespace
 
@@ -517,8 +520,8 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
   if (n_tokens == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_tokens, 65535));
   moe_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(
-      ids, weights, n_tokens, top_k, n_experts, ws, hidden,
-      static_cast<const bf16*>(shared.data), shared.ld, static_cast<bf16*>(out.data), out.ld);
+      ids, weights, n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
+      shared.ld, static_cast<bf16*>(out.data), out.ld);
   CUDA_CHECK_LAUNCH();
 }
 

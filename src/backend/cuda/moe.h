@@ -9,8 +9,8 @@
 //                computed on its own);
 //   2. gate|up:  per slot, act = silu(gate_e h) * up_e h, rounded to bf16 once;
 //   3. down:     per slot, y = down_e act (bf16);
-//   4. combine:  per token, out = sum of weight * y over its experts in ascending expert order, plus
-//                the shared experts' output, in fp32, rounded to bf16 once.
+//   4. combine:  per token, out = sum of weight * y over its experts in ascending expert order,
+//                plus the shared experts' output, in fp32, rounded to bf16 once.
 // Stages 2 and 3 are either grouped GEMV kernels over (active expert, output rows) that read
 // the expert's slots from the device-side offsets (decode), or per-expert cuBLASLt GEMMs on the
 // gathered rows, which needs the offsets on the host (prefill; see kMoeGemvMaxTokensPerExpert).
@@ -59,8 +59,8 @@ struct MoeWorkspace {
   int32_t* active = nullptr;      // [E + 1]: experts with tokens, ascending; active[E] = how many
   int32_t* slot_token = nullptr;  // [N]: the token of each slot
   int32_t* pair_slot = nullptr;   // [N]: the slot of pair t * K + k (-1: an id out of range)
-  void* act = nullptr;            // bf16 [N, 2F]: gate|up products; silu(gate) * up over the gate half
-  void* xy = nullptr;             // bf16 [N, D]: gathered rows (GEMM path), then the down products
+  void* act = nullptr;  // bf16 [N, 2F]: gate|up products, then silu(gate) * up in the gate half
+  void* xy = nullptr;   // bf16 [N, D]: gathered rows (GEMM path), then the down products
 };
 // Bytes of the workspace for N = n K pairs (both paths use the same layout).
 int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter);

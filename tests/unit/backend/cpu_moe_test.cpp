@@ -109,8 +109,8 @@ TEST(CpuMoeRoute, TiesGoToTheLowerExpert) {
 TEST(CpuMoeRoute, SigmoidGreedyWeightsAreRawScores) {
   int64_t checked = 0;
   for (auto& [isa, be] : all_backends()) {
-    const Routed r = route(*be, {-1, 2, 0, 1}, 1, 4,
-                           params(2, MoeSelect::kGreedy, MoeScoreFunc::kSigmoid));
+    const Routed r =
+        route(*be, {-1, 2, 0, 1}, 1, 4, params(2, MoeSelect::kGreedy, MoeScoreFunc::kSigmoid));
     EXPECT_EQ(r.ids[0], 1) << isa;
     EXPECT_EQ(r.ids[1], 3) << isa;
     EXPECT_NEAR(r.weights[0], 1.0 / (1.0 + std::exp(-2.0)), kWeightTol) << isa;
@@ -289,7 +289,8 @@ std::vector<float> composed_experts(Backend& be, const ExpertsCase& c, ExpertsDa
     std::vector<float> wts;
     for (int64_t t = 0; t < c.n; ++t)
       for (int64_t k = 0; k < c.K; ++k)
-        if (d.ids[t * c.K + k] == e) toks.push_back(static_cast<int32_t>(t)), wts.push_back(d.weights[t * c.K + k]);
+        if (d.ids[t * c.K + k] == e)
+          toks.push_back(static_cast<int32_t>(t)), wts.push_back(d.weights[t * c.K + k]);
     const int64_t m = static_cast<int64_t>(toks.size());
     if (m == 0) continue;
     std::vector<float> x(m * c.D), gate(m * c.F), up(m * c.F), act(m * c.F), y(m * c.D);
@@ -315,7 +316,7 @@ constexpr double kExpertsTol = 2e-5;
 
 TEST(CpuMoeExperts, MatchNaiveAndTheComposedOpsBitForBit) {
   const std::vector<ExpertsCase> cases = {
-      {1, 8, 2, 64, 48, false, DType::kF32, 0},    // Mixtral-like, batch 1
+      {1, 8, 2, 64, 48, false, DType::kF32, 0},  // Mixtral-like, batch 1
       {7, 8, 2, 64, 48, false, DType::kBF16, 0},
       {19, 16, 6, 32, 24, true, DType::kBF16, 0},  // DeepSeek-like: more experts, shared
       {13, 8, 3, 40, 16, true, DType::kF32, 1},    // every token on experts 0..2
@@ -329,7 +330,8 @@ TEST(CpuMoeExperts, MatchNaiveAndTheComposedOpsBitForBit) {
       const std::string ctx = isa + " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) +
                               " K=" + std::to_string(c.K) + " D=" + std::to_string(c.D) +
                               " F=" + std::to_string(c.F) + (c.shared ? " +shared" : "") +
-                              " routing=" + std::to_string(c.routing) + " seed=" + std::to_string(seed);
+                              " routing=" + std::to_string(c.routing) +
+                              " seed=" + std::to_string(seed);
       const std::vector<double> want = naive_experts(c, d);
       const std::vector<float> composed = composed_experts(*be, c, d);
       Tensor h(d.h.data(), DType::kF32, {c.n, c.D});
@@ -338,14 +340,16 @@ TEST(CpuMoeExperts, MatchNaiveAndTheComposedOpsBitForBit) {
       for (bool stacked : {true, false}) {
         GuardedBuffer out(c.n * c.D);
         Tensor ot(out.ptr(), DType::kF32, {c.n, c.D});
-        const Tensor shared = c.shared ? Tensor(d.shared.data(), DType::kF32, {c.n, c.D}) : Tensor();
+        const Tensor shared =
+            c.shared ? Tensor(d.shared.data(), DType::kF32, {c.n, c.D}) : Tensor();
         be->moe_experts(h, ids, wts, weights_of(c, d, stacked), shared, ot);
         ASSERT_TRUE(out.guard_intact()) << ctx;
         for (int64_t i = 0; i < c.n * c.D; ++i, checked += 2) {
           ASSERT_EQ(std::memcmp(&out.data[i], &composed[i], 4), 0)
               << ctx << (stacked ? " stacked" : " per-expert") << " index " << i << ": "
               << out.data[i] << " vs composed " << composed[i];
-          PAGELLM_EXPECT_CLOSE(out.data[i], want[i], kExpertsTol * (1.0 + std::fabs(want[i])), ctx, i);
+          PAGELLM_EXPECT_CLOSE(out.data[i], want[i], kExpertsTol * (1.0 + std::fabs(want[i])), ctx,
+                               i);
         }
         if (HasFailure()) return;
       }
