@@ -255,11 +255,12 @@ void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsC
 
 // Mixtral's routing (8 experts, top 2) and DeepSeek-V2-Lite's (64, top 6), at widths the plain
 // CPU reference covers in seconds; hidden 512 spans two unrolled stretches of the GEMV's loads.
-TEST(MoeExperts, MixtralRouting) {
+TEST(MoeExperts, MixtralRoutingWithAndWithoutShared) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9100;
-  for (int64_t n : {1, 2, 7, 64, 300})
-    run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, false}, n);
+  for (bool shared : {false, true})
+    for (int64_t n : {1, 2, 7, 64, 300})
+      run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, shared}, n);
 }
 
 TEST(MoeExperts, DeepSeekV2LiteRoutingWithAndWithoutShared) {
