@@ -192,12 +192,27 @@ class DeepseekModel final : public Model {
   Tensor last_logits() const override { return head_.logits(); }
 
   void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
+    prepare(b);
+    compute(b, cache);
+    if (logits_out != nullptr && b.n_logits > 0) head_.download(logits_out);
+  }
+
+  // Every op of a step runs on the backend (MLA, and the MoE routing and experts), so a decode
+  // step records as a CUDA graph once prepare() has sized the scratch.
+  bool supports_graphs() const override { return true; }
+
+  void prepare(const StepBatch& b) override {
+    reserve(b.n_tokens);
+    upload_cos_sin(b);
+  }
+
+  void compute(const StepBatch& b, KvCache& cache) override {
     const int64_t n = b.n_tokens, H = cfg_.num_attention_heads;
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim;
     const int64_t R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
     const int64_t F = cfg_.intermediate_size, Fs = cfg_.moe_intermediate_size * cfg_.n_shared_experts;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    reserve(n);
+    PAGELLM_CHECK_MSG(n <= ws_.capacity_tokens, "compute() before prepare() sized the scratch");
     Workspace& ws = ws_;
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
@@ -212,7 +227,7 @@ class DeepseekModel final : public Model {
     Tensor lat3_c = lat3.slice_cols(P, P + R);                               // [n, 1, R]
     Tensor qfull3 = qfull.reshape({n, H, P + R});                            // [n, H, P+R]
     Tensor attn_lat3 = attn_lat.reshape({n, H, R});                          // [n, H, R]
-    Tensor cos_sin = upload_cos_sin(b);                                      // f32 [n, P]
+    Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, P], uploaded by prepare()
 
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -266,7 +281,7 @@ class DeepseekModel final : public Model {
       moe_.run(h, L.router, L.correction_bias, L.experts, shared, x);  // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
-    head_.run(h, b, lm_head_, logits_out);
+    head_.run(h, b, lm_head_, nullptr);
   }
 
  private:
@@ -368,10 +383,6 @@ Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backe
   if (c.kv_lora_rank <= 0 || c.n_routed_experts <= 0) {
     return invalid_argument(c.source + ": " + c.architecture +
                             " needs kv_lora_rank and n_routed_experts");
-  }
-  if (backend.device() != Device::kCpu || backend.activation_dtype() != DType::kF32) {
-    return unimplemented(c.source + ": " + c.architecture + " (MLA, MoE) runs on the CPU backend "
-                         "only for now, not on '" + backend.name() + "'");
   }
   auto m = std::make_unique<DeepseekModel>(c, backend);
   PAGELLM_RETURN_IF_ERROR(m->load(*ckpt.weights, opt));

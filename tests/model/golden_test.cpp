@@ -184,20 +184,12 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, Golden, testing::ValuesIn(all_params(
 // must agree wherever transformers' top-2 margin exceeds 0.3. Skipped (visibly) without a GPU.
 class GoldenCuda : public testing::TestWithParam<std::string> {};
 
-// Architectures whose ops (MLA's latent attention) are CPU-only so far: their models refuse to
-// load on CUDA, so their fixtures are skipped here, visibly.
-constexpr const char* kCpuOnlyArchitectures[] = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"};
-
 TEST_P(GoldenCuda, MatchesTransformersInBf16) {
   auto backend = make_cuda_backend(0);
   if (!backend.ok()) GTEST_SKIP() << "no CUDA backend: " << backend.status().message();
   const std::string name = GetParam();
   std::ifstream f(golden_dir() / name / "reference.json");
   const json ref = json::parse(f);
-  const std::string arch = ref["architecture"].get<std::string>();
-  for (const char* a : kCpuOnlyArchitectures) {
-    if (arch == a) GTEST_SKIP() << arch << " (MLA) is not implemented on CUDA yet";
-  }
   auto ckpt = open_checkpoint((golden_dir() / name).string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
   auto model = load_model(*ckpt, **backend);
