@@ -5,8 +5,8 @@
 // decode token in the batch, sequences without queries), contexts of 1 to 300 tokens, block
 // sizes 16 and 7 over shuffled block tables; V at the front of the row, the golden fixtures' tiny
 // layout, separate V rows of head dims above 256 with GQA, a partial tile of heads, a sliding
-// window with soft-capping, a peaky softmax, padding sequences of graph batches, and a replay
-// from a CUDA graph.
+// window with soft-capping, a peaky softmax, padding sequences of graph batches, launches planned
+// for a context bound far past the real ones (empty splits), and a replay from a CUDA graph.
 //
 // Tolerance: kBf16Tol. The kernel keeps scores, softmax weights and the P.V sums in fp32 (P is
 // never rounded to bf16), so against the fp32/fp64 reference only the bf16 rounding of the output
@@ -36,6 +36,7 @@ struct MlaCase {
   float q_amp = 1.0f;      // larger makes the softmax peakier
   int32_t n_padding = 0;   // graph-batch padding sequences after the real ones: 1 query, no context
   bool via_graph = false;  // also record the call in a CUDA graph and replay it
+  int32_t kv_bound = 0;    // > 0: meta.max_seqlen_kv (a graph's bound, past every context)
 };
 
 constexpr int64_t kV2LiteDim = 576, kV2LiteDimV = 512, kRopeDim = 64;
@@ -93,7 +94,7 @@ void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) 
   meta.block_tables = table_dev->view(DType::kI32, {n_seqs, table_ld});
   meta.block_size = bs;
   meta.max_seqlen_q = max_q;
-  meta.max_seqlen_kv = std::max(max_kv, max_q);
+  meta.max_seqlen_kv = std::max({max_kv, max_q, c.kv_bound});
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   params.window = c.window;
@@ -123,7 +124,7 @@ void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) 
   for (const Seq& s : c.seqs) seqs << s.n_q << "/" << s.kv_len << ",";
   const std::string what = Label("attention_mla", seed)("hq", c.hq)("hkv", c.hkv)("d", c.d)(
       "dv", c.dv)("v_offset", c.v_offset)("block_size", bs)("window", c.window)(
-      "softcap", c.softcap)("q_amp", c.q_amp)("padding", c.n_padding)(
+      "softcap", c.softcap)("q_amp", c.q_amp)("padding", c.n_padding)("kv_bound", c.kv_bound)(
       "path", max_q == 1 ? "decode" : "prefill")("seqs(n_q/kv)", seqs.str());
   std::vector<float> got = download_bf16(out);
   got.resize(n * c.hq * c.dv);
@@ -239,6 +240,15 @@ TEST(AttentionMla, GraphBatchesAndPadding) {
   MlaCase wide{128, 1, D, Dv, P, 16, decode_seqs({5, 150, 290, 12})};
   wide.via_graph = true;
   run_mla_case(cuda, cpu, ++seed, wide);
+  // Planned for a bound far past every context (a graph recorded for DeepSeek-V2-Lite's 163,840
+  // positions): the splits the SMs want (66 on an H200's 132), most of them empty here.
+  for (int32_t bs : {16, 7}) {
+    MlaCase bound{16, 1, D, Dv, P, bs, decode_seqs({1, 40, 300})};
+    bound.n_padding = 1;
+    bound.via_graph = true;
+    bound.kv_bound = 163840;
+    run_mla_case(cuda, cpu, ++seed, bound);
+  }
 }
 
 }  // namespace

@@ -173,9 +173,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (n_kt > 0) load_tile(0, 0);
   cp_async_commit();
 
-  // q rows of the block's heads, scaled, in fp32; padding rows are zero.
+  // q rows of the block's heads, scaled, in fp32; padding rows are zero. An empty split (past a
+  // short context, e.g. in a graph recorded for max_model_len) needs none.
   const bf16* qg = static_cast<const bf16*>(a.q) + static_cast<int64_t>(tok) * a.q_stride_tok;
-  for (int idx = tid; idx < kRows * dp; idx += kThreads) {
+  for (int idx = tid; idx < (n_kt > 0 ? kRows * dp : 0); idx += kThreads) {
     const int r = idx / dp, c = idx - r * dp;
     float2 v = make_float2(0.0f, 0.0f);
     if (r < n_rows) {
@@ -329,12 +330,15 @@ __global__ void __launch_bounds__(kThreads, 2)
               __floats2bfloat162_rn(acc[r][j].x * inv, acc[r][j].y * inv);
       }
     } else {
+      // An empty split writes only l = 0: the merge skips its (unwritten) sums.
       const int64_t slot = (static_cast<int64_t>(tok) * a.hq + h) * L.n_splits + split;
       float2* pa = reinterpret_cast<float2*>(part_acc + slot * L.dv);
+      if (l > 0.0f) {
 #pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const int pidx = dl + 64 * j;
-        if (pidx < dvp) pa[pidx] = acc[r][j];
+        for (int j = 0; j < J; ++j) {
+          const int pidx = dl + 64 * j;
+          if (pidx < dvp) pa[pidx] = acc[r][j];
+        }
       }
       if (dl == 0) {
         part_ml[2 * slot] = m;
