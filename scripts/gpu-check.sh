@@ -11,8 +11,8 @@
 # what is left, so the summary always prints inside a 10-minute remote command limit;
 # PAGELLM_CHECK_ALL=1 also builds every target of the preset; PAGELLM_CHECK_NSYS=1 adds an Nsight
 # Systems kernel summary of batch-1 decode (graphs traced per node); PAGELLM_CHECK_BATCHING=1 runs
-# bench serve under the three batching policies; PAGELLM_CHECK_MOE=1 adds the Mixtral-8x7B-shape
-# latency benchmarks; PAGELLM_CHECK_TESTS=0 skips the
+# bench serve under the three batching policies; PAGELLM_CHECK_MOE=1 adds the Mixtral-8x7B- and
+# DeepSeek-V2-Lite-shape benchmarks; PAGELLM_CHECK_TESTS=0 skips the
 # tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
 # dependency setup on a machine without a GPU).
@@ -240,12 +240,22 @@ PY
     run_bench latency-llama2-7b latency --model $cfg/llama-2-7b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
     # PAGELLM_CHECK_MOE=1: the Mixtral-8x7B shape (93 GB of random bf16 weights, routed experts on
-    # the device): batch-1 latency, then the per-op tables of a prefill and a decode step.
+    # the device): batch-1 latency, then the per-op tables of a prefill and a decode step; then
+    # the DeepSeek-V2-Lite shape.
     if [ "${PAGELLM_CHECK_MOE:-0}" = 1 ]; then
       run_bench latency-mixtral-8x7b latency --model $cfg/mixtral-8x7b.json --load-format dummy \
         --device cuda --input-len 512 --output-len 128 --iters 2
       run_bench profile-mixtral-8x7b latency --profile --model $cfg/mixtral-8x7b.json \
         --load-format dummy --device cuda --input-len 512 --output-len 8 --iters 1
+      # DeepSeek-V2-Lite (31 GB of random bf16 weights; MLA's latent attention and DeepSeekMoE on
+      # the device): batch-1 latency, the per-op tables, and issue 8's offline run of 200 x (1000
+      # in, 100 out).
+      run_bench latency-deepseek-v2-lite latency --model $cfg/deepseek-v2-lite.json \
+        --load-format dummy --device cuda --input-len 512 --output-len 128 --iters 2
+      run_bench profile-deepseek-v2-lite latency --profile --model $cfg/deepseek-v2-lite.json \
+        --load-format dummy --device cuda --input-len 512 --output-len 8 --iters 1
+      run_bench throughput-deepseek-v2-lite throughput --model $cfg/deepseek-v2-lite.json \
+        --load-format dummy --device cuda --num-prompts 200 --input-len 1000 --output-len 100
     fi
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
