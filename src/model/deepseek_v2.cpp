@@ -191,11 +191,7 @@ class DeepseekModel final : public Model {
 
   Tensor last_logits() const override { return head_.logits(); }
 
-  void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
-    prepare(b);
-    compute(b, cache);
-    if (logits_out != nullptr && b.n_logits > 0) head_.download(logits_out);
-  }
+  void download_logits(float* out) override { head_.download(out); }
 
   // Every op of a step runs on the backend (MLA, and the MoE routing and experts), so a decode
   // step records as a CUDA graph once prepare() has sized the scratch.

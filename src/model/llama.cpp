@@ -127,11 +127,7 @@ class LlamaModel final : public Model {
 
   Tensor last_logits() const override { return head_.logits(); }
 
-  void forward(const StepBatch& b, KvCache& cache, float* logits_out) override {
-    prepare(b);
-    compute(b, cache);
-    if (logits_out != nullptr && b.n_logits > 0) head_.download(logits_out);
-  }
+  void download_logits(float* out) override { head_.download(out); }
 
   bool supports_graphs() const override { return true; }
 

@@ -61,26 +61,27 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual KvSpec kv_spec() const = 0;
-  // Runs the batch. With logits_out (host f32 [batch.n_logits, vocab_size]) the logits are copied
-  // there; with nullptr they stay on the device, in last_logits().
-  virtual void forward(const StepBatch& batch, KvCache& cache, float* logits_out) = 0;
+  // Runs the batch: prepare(), compute(), and with logits_out (host f32 [batch.n_logits,
+  // vocab_size]) the logits copied there; with nullptr they stay on the device, in last_logits().
+  virtual void forward(const StepBatch& batch, KvCache& cache, float* logits_out) {
+    prepare(batch);
+    compute(batch, cache);
+    if (logits_out != nullptr && batch.n_logits > 0) download_logits(logits_out);
+  }
   // The last forward's logits on the backend's device: [n_logits, vocab_size], activation dtype.
   // Valid until the next forward.
   virtual Tensor last_logits() const = 0;
-  // CUDA graphs (runtime/decode_graphs.h). A model that splits a step into host-side preparation
+  // Copies last_logits() to host f32 [n_logits, vocab_size] and waits.
+  virtual void download_logits(float* out) = 0;
+  // CUDA graphs (runtime/decode_graphs.h). A model whose step splits into host-side preparation
   // (per-step tables uploaded into scratch that does not move) and pure device work returns true;
-  // the decode-graph runner then records compute() once per batch size and replays it. forward()
-  // is prepare() + compute() + the logits copy.
+  // the decode-graph runner then records compute() once per batch size and replays it.
   virtual bool supports_graphs() const { return false; }
   // Sizes scratch for the batch and uploads its per-step tables (RoPE). Not recordable.
-  virtual void prepare(const StepBatch& batch) { (void)batch; }
+  virtual void prepare(const StepBatch& batch) = 0;
   // Every device op of the step, ending with the logits in last_logits(). Recordable once the
   // same shapes have run directly (scratch and workspaces sized).
-  virtual void compute(const StepBatch& batch, KvCache& cache) {
-    (void)batch;
-    (void)cache;
-    PAGELLM_CHECK_MSG(false, "this architecture does not support graphs (supports_graphs())");
-  }
+  virtual void compute(const StepBatch& batch, KvCache& cache) = 0;
   // Bytes of weights held on the backend's device (or mapped, on CPU).
   virtual int64_t weight_bytes() const = 0;
   // Weight bytes one decode step reads: every matrix but the embedding table (one row of it is

@@ -240,28 +240,6 @@ constexpr int kDownRows = 2;
 constexpr int kGemvUnroll = 4;         // 16-byte loads per weight row a lane issues before the math
 constexpr int64_t kGemvStep = 32 * 8;  // elements a warp covers per load
 
-// Weights are read once per pass: bypass L1 so the activation rows stay there.
-__device__ __forceinline__ uint4 load_stream(const bf16* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
-  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
-    s = fmaf(fa.x, fb.x, s);
-    s = fmaf(fa.y, fb.y, s);
-  }
-  return s;
-}
-
 // The active expert of this block (blockIdx.y), or -1 past the step's active experts.
 __device__ __forceinline__ int block_expert(const MoeWorkspace& ws, int32_t n_experts) {
   const int j = blockIdx.y;
