@@ -101,4 +101,10 @@ void MoeBlock::run(const Tensor& h, const Tensor& router, const Tensor& correcti
   backend_.moe_experts(h, ids, weights, experts, shared, out);  // [n, D]
 }
 
+int32_t moe_graph_batch_limit(const ModelConfig& cfg) {
+  constexpr int64_t kTokensPerExpert = 8;  // the device's grouped-GEMV rule (backend/cuda/moe.h)
+  const int64_t k = std::max<int64_t>(cfg.num_experts_per_tok, 1);
+  return static_cast<int32_t>(std::max<int64_t>(1, kTokensPerExpert * cfg.n_routed_experts / k));
+}
+
 }  // namespace pagellm

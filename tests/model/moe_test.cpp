@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "io/weights.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "runtime/sequence_runner.h"
 
 namespace pagellm {
@@ -24,6 +25,24 @@ std::filesystem::path fixture_config(const std::string& name) {
 }
 
 class DummyMoeModels : public testing::TestWithParam<std::string> {};
+
+// Decode batches up to 8 tokens per expert on average are recorded as graphs; the published
+// shapes' limits, and the floor of one for a config with more routed slots than 8 per expert.
+TEST(MoeGraphBatchLimit, EightTokensPerExpert) {
+  ModelConfig c;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 2;
+  EXPECT_EQ(moe_graph_batch_limit(c), 32);  // Mixtral-8x7B
+  c.n_routed_experts = 64;
+  c.num_experts_per_tok = 6;
+  EXPECT_EQ(moe_graph_batch_limit(c), 85);  // DeepSeek-V2-Lite
+  c.n_routed_experts = 256;
+  c.num_experts_per_tok = 8;
+  EXPECT_EQ(moe_graph_batch_limit(c), 256);  // DeepSeek-V3
+  c.n_routed_experts = 1;
+  c.num_experts_per_tok = 16;
+  EXPECT_EQ(moe_graph_batch_limit(c), 1);
+}
 
 TEST_P(DummyMoeModels, LoadAndRun) {
   auto ckpt = open_dummy_checkpoint(fixture_config(GetParam()).string());
