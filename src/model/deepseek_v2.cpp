@@ -193,9 +193,6 @@ class DeepseekModel final : public Model {
 
   void download_logits(float* out) override { head_.download(out); }
 
-  // Every op of a step runs on the backend (MLA, and the MoE routing and experts), so a decode
-  // step records as a CUDA graph once prepare() has sized the scratch.
-  bool supports_graphs() const override { return true; }
   int32_t max_graph_batch() const override { return moe_graph_batch_limit(cfg_); }
 
   void prepare(const StepBatch& b) override {

@@ -129,7 +129,6 @@ class LlamaModel final : public Model {
 
   void download_logits(float* out) override { head_.download(out); }
 
-  bool supports_graphs() const override { return true; }
 
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);

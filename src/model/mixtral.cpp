@@ -91,7 +91,6 @@ class MixtralModel final : public Model {
 
   void download_logits(float* out) override { head_.download(out); }
 
-  bool supports_graphs() const override { return true; }
   int32_t max_graph_batch() const override { return moe_graph_batch_limit(cfg_); }
 
   void prepare(const StepBatch& b) override {

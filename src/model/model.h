@@ -74,10 +74,9 @@ class Model {
   virtual Tensor last_logits() const = 0;
   // Copies last_logits() to host f32 [n_logits, vocab_size] and waits.
   virtual void download_logits(float* out) = 0;
-  // CUDA graphs (runtime/decode_graphs.h). A model whose step splits into host-side preparation
-  // (per-step tables uploaded into scratch that does not move) and pure device work returns true;
-  // the decode-graph runner then records compute() once per batch size and replays it.
-  virtual bool supports_graphs() const { return false; }
+  // CUDA graphs (runtime/decode_graphs.h): every architecture splits its step into host-side
+  // preparation (per-step tables uploaded into scratch that does not move) and pure device work,
+  // so the decode-graph runner can record compute() once per batch size and replay it.
   // The largest decode batch worth recording: above it, steps run op by op. MoE models bound it
   // where their experts stop being decode-sized (moe_graph_batch_limit in model/moe.h).
   virtual int32_t max_graph_batch() const { return std::numeric_limits<int32_t>::max(); }

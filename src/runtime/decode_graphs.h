@@ -14,8 +14,7 @@
 //   backend's allocation epoch moves (some buffer was freed or regrown), to be recorded again on
 //   its next use.
 // Per step only the host-side tables are uploaded (batch metadata, the RoPE rows), then the
-// graph replays. Not used when the backend cannot record (CPU) or the model cannot split its
-// step (Model::supports_graphs()).
+// graph replays. Not used when the backend cannot record (CPU).
 #pragma once
 
 #include <cstdint>
