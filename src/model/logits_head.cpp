@@ -43,4 +43,15 @@ void logits_to_host(Backend& backend, const Tensor& logits, const Tensor& f32_sc
   backend.copy_to_host(out, lf.data, lf.nbytes());
 }
 
+void LogitsDownload::operator()(const Tensor& logits, float* out) {
+  const int64_t m = logits.rows(), v = logits.cols();
+  if (m == 0) return;
+  Tensor f32;
+  if (logits.dtype != DType::kF32) {
+    if (!f32_ || f32_->nbytes() < m * v * 4) f32_ = backend_.allocate(m * v * 4);
+    f32 = f32_->view(DType::kF32, {m, v});
+  }
+  logits_to_host(backend_, logits, f32, out);
+}
+
 }  // namespace pagellm

@@ -16,6 +16,19 @@ namespace pagellm {
 // at least [m, V]) when activations are not f32. Waits for the copy.
 void logits_to_host(Backend& backend, const Tensor& logits, const Tensor& f32_scratch, float* out);
 
+// logits_to_host for logits from anywhere (a replayed decode graph, say), with its own device f32
+// buffer, grown to the largest batch seen.
+class LogitsDownload {
+ public:
+  explicit LogitsDownload(Backend& backend) : backend_(backend) {}
+  //   logits act [m, V] on the device; out host f32 [m, V]. Waits for the copy.
+  void operator()(const Tensor& logits, float* out);
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<Buffer> f32_;
+};
+
 class LogitsHead {
  public:
   explicit LogitsHead(Backend& backend) : backend_(backend) {}

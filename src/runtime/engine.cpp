@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "core/log.h"
-#include "model/logits_head.h"
 #include "runtime/step_batch.h"
 #include "sample/sample_rng.h"
 #include "sample/sampler.h"
@@ -396,14 +395,7 @@ void Engine::step() {
       std::none_of(chunks.begin(), chunks.end(),
                    [](const SeqChunk& c) { return c.logits == LogitsWanted::kAll; });
   logits_.resize(on_device ? 0 : static_cast<size_t>(n_logits) * V);
-  if (n_logits > 0 && !on_device) {
-    if (device_logits.dtype != DType::kF32 &&
-        (!logits_f32_ || logits_f32_->nbytes() < n_logits * V * 4)) {
-      logits_f32_ = backend_.allocate(n_logits * V * 4);
-    }
-    const Tensor f32 = logits_f32_ ? logits_f32_->view(DType::kF32, {n_logits, V}) : Tensor();
-    logits_to_host(backend_, device_logits, f32, logits_.data());
-  }
+  if (n_logits > 0 && !on_device) download_(device_logits, logits_.data());
 
   // Gather the rows to sample (one per sample; n > 1 duplicates the prompt's row).
   struct Pick {
@@ -536,12 +528,15 @@ void Engine::step() {
 void Engine::sample(const Tensor& logits, bool on_device, const std::vector<SampleRow>& rows,
                     const std::vector<int64_t>& sample_rows, std::vector<SampleOutput>& outs) {
   const int64_t V = model_.config().vocab_size;
-  SamplerConfig sc;
-  sc.vocab_size = static_cast<int32_t>(V);
-  sc.eos_token_ids = model_.config().eos_token_ids;
+  auto sampler_config = [&] {
+    SamplerConfig sc;
+    sc.vocab_size = static_cast<int32_t>(V);
+    sc.eos_token_ids = model_.config().eos_token_ids;
+    return sc;
+  };
   if (on_device) {
     // One upload of the rows and their sparse edits, one kernel, one download of the results.
-    if (!packer_) packer_ = std::make_unique<SampleBatchPacker>(sc);
+    if (!packer_) packer_ = std::make_unique<SampleBatchPacker>(sampler_config());
     packer_->pack(rows, sample_rows, packed_);
     device_results_.resize(rows.size());
     backend_.sample(logits, packed_.rows.data(), static_cast<int32_t>(packed_.rows.size()),
@@ -550,7 +545,7 @@ void Engine::sample(const Tensor& logits, bool on_device, const std::vector<Samp
     SampleBatchPacker::unpack(packed_, device_results_, outs);
     return;
   }
-  if (!sampler_) sampler_ = std::make_unique<Sampler>(sc);
+  if (!sampler_) sampler_ = std::make_unique<Sampler>(sampler_config());
   // Usually (decodes and final prompt chunks, n == 1) the sampled rows are exactly logits_ in
   // order and the sampler reads them in place; prompt-logprob chunks and n > 1 need a packed copy.
   const int64_t n_logits = static_cast<int64_t>(logits_.size()) / V;

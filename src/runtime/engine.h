@@ -23,6 +23,7 @@
 
 #include "core/finish_reason.h"
 #include "core/status.h"
+#include "model/logits_head.h"
 #include "model/model.h"
 #include "sample/logprobs.h"
 #include "sample/sampling_params.h"
@@ -177,7 +178,7 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
   std::unique_ptr<StepBatchBuilder> builder_;
   std::unique_ptr<DecodeGraphs> graphs_;   // null: eager steps only (CPU, --enforce-eager)
-  std::unique_ptr<Buffer> logits_f32_;     // device f32 staging for logits bound to the host
+  LogitsDownload download_{backend_};      // logits bound for the host sampler
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
   PackedSampleBatch packed_;

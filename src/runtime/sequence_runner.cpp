@@ -4,8 +4,6 @@
 #include <numeric>
 #include <string>
 
-#include "model/logits_head.h"
-
 namespace pagellm {
 
 SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
@@ -52,8 +50,7 @@ Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tok
                                                                : LogitsWanted::kNone;
     if (graphs_ && graphs_->accepts({c})) {
       const Tensor logits = graphs_->run({c});
-      if (!logits_f32_) logits_f32_ = backend_.allocate(vocab_ * 4);
-      logits_to_host(backend_, logits, logits_f32_->view(DType::kF32, {1, vocab_}), logits_.data());
+      download_(logits, logits_.data());
       length_ += 1;
       return std::span<const float>(logits_.data(), logits_.size());
     }

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "model/logits_head.h"
 #include "model/model.h"
 #include "runtime/decode_graphs.h"
 #include "runtime/step_batch.h"
@@ -44,7 +45,7 @@ class SequenceRunner {
   std::vector<int32_t> block_table_;
   std::vector<float> logits_;
   std::unique_ptr<DecodeGraphs> graphs_;
-  std::unique_ptr<Buffer> logits_f32_;  // device f32 row for graph logits on their way to the host
+  LogitsDownload download_{backend_};  // graph logits on their way to the host
 };
 
 }  // namespace pagellm
