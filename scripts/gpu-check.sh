@@ -15,7 +15,9 @@
 # DeepSeek-V2-Lite-shape benchmarks; PAGELLM_CHECK_TESTS=0 skips the
 # tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
-# dependency setup on a machine without a GPU).
+# dependency setup on a machine without a GPU); PAGELLM_OPS_FILTER / PAGELLM_MODEL_FILTER narrow
+# test_ops / test_model to a gtest filter (a re-run of what failed; memcheck keeps its own);
+# PAGELLM_CHECK_ARCHIVE=FILE.tar.gz packs every log and bench report of the run into one file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -129,7 +131,8 @@ if [ $ops_built = 1 ]; then
   echo "== test_ops"
   t=$(now)
   rm -f "$ops_xml"
-  timeout "$(step_limit 240)" "$build/tests/test_ops" --gtest_output="xml:$ops_xml" >"$logs/test_ops.log" 2>&1
+  timeout "$(step_limit 240)" "$build/tests/test_ops" --gtest_output="xml:$ops_xml" \
+    --gtest_filter="${PAGELLM_OPS_FILTER:-*}" >"$logs/test_ops.log" 2>&1
   rc=$?
   grep -E "^\[ +FAILED +\]|CHECK failed|CUDA error|cuBLAS error|^test_ops:" "$logs/test_ops.log" | sort -u | head -40
   if [ ! -f "$ops_xml" ]; then
@@ -176,7 +179,8 @@ if [ $model_built = 1 ]; then
   t=$(now)
   # GoldenGguf converts checkpoints with the Python tools of .venv, which the GPU machine lacks;
   # CI runs it. Everything else (CPU golden, GoldenCuda, MoE) runs here.
-  timeout "$(step_limit 240)" "$build/tests/test_model" --gtest_filter=-GoldenGguf.* \
+  timeout "$(step_limit 240)" "$build/tests/test_model" \
+    --gtest_filter="${PAGELLM_MODEL_FILTER:-*}-GoldenGguf.*" \
     >"$logs/test_model.log" 2>&1
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
@@ -371,7 +375,10 @@ elif [ -f "$logs/test_ops.log" ]; then
 else
   echo "  (not run)"
 fi
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp -r "$logs" "$OUT/" 2>/dev/null; fi
+if [ -n "${PAGELLM_CHECK_ARCHIVE:-}" ]; then
+  tar -czf "$PAGELLM_CHECK_ARCHIVE" -C "$(dirname "$logs")" "$(basename "$logs")" \
+    --exclude='*.nsys-rep' --exclude='*.sqlite' || echo "gpu-check: cannot write $PAGELLM_CHECK_ARCHIVE"
+fi
 printf '\n== summary\n'
 for i in "${!step_names[@]}"; do printf '  %-28s %s\n' "${step_names[$i]}" "${step_results[$i]}"; done
 printf '  %-28s %ss\n' "total" "$(( $(now) - t0 ))"

@@ -43,7 +43,7 @@ class EngineCuda : public testing::Test {
     cfg.scheduler.max_num_seqs = max_num_seqs;
     cfg.scheduler.max_num_batched_tokens = budget;
     cfg.kv_cache_memory = 16 << 20;
-    cfg.max_model_len = 128;
+    cfg.max_model_len = 64;  // the checkpoint's max_position_embeddings
     cfg.scheduler.paranoid = true;
     cfg.enforce_eager = eager;
     auto e = Engine::create(*model_, *backend_, nullptr, cfg);
