@@ -4,13 +4,20 @@
 // Tolerance. On the GPU, activations are bf16 and the kernels depend on the step's shape: a token
 // decoded alone goes through the GEMV and a graph padded to batch 1, in a batch of 16 through
 // cuBLASLt and another attention split; a prefix-cache hit prefills 8 tokens instead of 40. Each
-// path rounds differently in the last bf16 bit of the activations, which moves this model's
-// logprobs by about 1e-2 (the golden tests measure transformers' own bf16 noise at that size).
-// So: logprobs of the same token agree within kLogprobTol, and tokens must be equal wherever the
-// reference run's top-2 margin exceeds kMarginTol; a sequence stops being compared after a
-// near-tie flips (the continuations then legitimately differ). A test that compared nothing fails.
+// path rounds differently in the last bf16 bit of the activations. The yardstick is the one the
+// golden tests use: transformers run in bf16 against its own float32 (the fixture's
+// transformers_bf16_noise, mean 0.027 and max 0.13 |dlogprob| for this model). Two bf16 paths of
+// pagellm must agree within 1.5x of that, mean and max, over every token compared; tokens must be
+// equal wherever the reference run's top-2 margin exceeds kMarginTol (the golden tests' 0.3); a
+// sequence stops being compared after a near-tie flips (the continuations then legitimately
+// differ). A wrong KV block, position or batch row moves logprobs by whole units, not hundredths.
+// A test that compared nothing fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "backend/backend.h"
@@ -21,8 +28,7 @@
 namespace pagellm {
 namespace {
 
-constexpr float kLogprobTol = 0.05f;
-constexpr float kMarginTol = 0.1f;
+constexpr float kMarginTol = 0.3f;
 
 class EngineCuda : public testing::Test {
  protected:
@@ -36,6 +42,20 @@ class EngineCuda : public testing::Test {
     auto m = load_model(ckpt_, *backend_);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(*m);
+    std::ifstream f(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama/reference.json");
+    ASSERT_TRUE(f) << "missing the fixture's reference.json";
+    const nlohmann::json noise = nlohmann::json::parse(f)["transformers_bf16_noise"];
+    max_tol_ = 1.5 * noise["max_abs_err"].get<double>();
+    mean_tol_ = 1.5 * noise["mean_abs_err"].get<double>();
+  }
+
+  // After a test's comparisons: the mean and the largest |dlogprob| within the bf16 yardstick.
+  void TearDown() override {
+    if (n_err_ == 0) return;
+    std::printf("[ engine-cuda ] max |dlogprob| %.4f (bound %.4f), mean %.5f (bound %.5f) over %d tokens\n",
+                max_err_, max_tol_, sum_err_ / n_err_, mean_tol_, n_err_);
+    EXPECT_LE(max_err_, max_tol_) << "at " << max_where_;
+    EXPECT_LE(sum_err_ / n_err_, mean_tol_);
   }
 
   std::unique_ptr<Engine> make_engine(int32_t max_num_seqs, int32_t budget, bool eager = false) {
@@ -58,7 +78,7 @@ class EngineCuda : public testing::Test {
 
   // Compares `got` with the reference `want` step by step (see the header). Returns the number of
   // tokens compared.
-  static int compare_runs(const Collected& want, const Collected& got, const std::string& what) {
+  int compare_runs(const Collected& want, const Collected& got, const std::string& what) {
     const auto& wt = want.tokens.at(0);
     const auto& gt = got.tokens.at(0);
     const auto& wd = want.details.at(0);
@@ -74,13 +94,21 @@ class EngineCuda : public testing::Test {
                                       << margin;
         break;  // a flipped near-tie: the continuations differ from here on
       }
-      EXPECT_NEAR(gd[k].logprob, wd[k].logprob, kLogprobTol) << what << " step " << k;
+      const double err = std::fabs(gd[k].logprob - wd[k].logprob);
+      if (err > max_err_) max_where_ = what + " step " + std::to_string(k);
+      max_err_ = std::max(max_err_, err);
+      sum_err_ += err;
+      ++n_err_;
       ++compared;
     }
     return compared;
   }
 
   std::unique_ptr<Backend> backend_;
+  double max_tol_ = 0, mean_tol_ = 0;  // from the fixture's transformers_bf16_noise
+  double max_err_ = 0, sum_err_ = 0;
+  int n_err_ = 0;
+  std::string max_where_;
   LoadedCheckpoint ckpt_;
   std::unique_ptr<Model> model_;
 };
