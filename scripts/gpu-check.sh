@@ -376,8 +376,8 @@ else
   echo "  (not run)"
 fi
 if [ -n "${PAGELLM_CHECK_ARCHIVE:-}" ]; then
-  tar -czf "$PAGELLM_CHECK_ARCHIVE" -C "$(dirname "$logs")" "$(basename "$logs")" \
-    --exclude='*.nsys-rep' --exclude='*.sqlite' || echo "gpu-check: cannot write $PAGELLM_CHECK_ARCHIVE"
+  tar --exclude='*.nsys-rep' --exclude='*.sqlite' -czf "$PAGELLM_CHECK_ARCHIVE" \
+    -C "$(dirname "$logs")" "$(basename "$logs")" || echo "gpu-check: cannot write $PAGELLM_CHECK_ARCHIVE"
 fi
 printf '\n== summary\n'
 for i in "${!step_names[@]}"; do printf '  %-28s %s\n' "${step_names[$i]}" "${step_results[$i]}"; done

@@ -35,6 +35,7 @@ ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSampl
   s.preemptions = counter_delta(before, after, "vllm:num_preemptions_total");
   s.prefix_cache_queries = counter_delta(before, after, "vllm:prefix_cache_queries_total");
   s.prefix_cache_hits = counter_delta(before, after, "vllm:prefix_cache_hits_total");
+  s.busy_seconds = counter_delta(before, after, "pagellm:engine_busy_seconds_total");
   return s;
 }
 
@@ -80,7 +81,9 @@ nlohmann::json run_json(const RunReport& r, const Slo& slo, bool with_requests) 
                    {"prompt_tokens", s.prompt_tokens},    {"generation_tokens", s.generation_tokens},
                    {"preemptions", s.preemptions},
                    {"prefix_cache_queries", s.prefix_cache_queries},
-                   {"prefix_cache_hits", s.prefix_cache_hits}};
+                   {"prefix_cache_hits", s.prefix_cache_hits},
+                   {"busy_seconds", s.busy_seconds}};
+    if (s.busy_seconds > 0 && m.duration_s > 0) j["server"]["busy_fraction"] = s.busy_seconds / m.duration_s;
   }
   if (with_requests) {
     nlohmann::json reqs = nlohmann::json::array();
@@ -153,6 +156,9 @@ std::string run_markdown(const RunReport& r, const Slo& slo) {
       s += "| prefix cache hit rate | | " + fmt("%.1f%%", 100.0 * v.prefix_cache_hits / v.prefix_cache_queries) + " | " +
            fmt("%.0f", v.prefix_cache_queries) + " |\n";
     if (v.preemptions > 0) s += "| preemptions | | " + fmt("%.0f", v.preemptions) + " | |\n";
+    if (v.busy_seconds > 0 && m.duration_s > 0)
+      s += "| engine busy (GPU steps) | | " + fmt("%.1f%% of the run", 100.0 * v.busy_seconds / m.duration_s) +
+           " | |\n";
   }
   return s;
 }

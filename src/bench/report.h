@@ -26,6 +26,10 @@ struct ServerSideMetrics {
   double preemptions = 0;        // vllm:num_preemptions_total
   double prefix_cache_queries = 0;  // vllm:prefix_cache_queries_total (prompt tokens looked up)
   double prefix_cache_hits = 0;     // vllm:prefix_cache_hits_total (of those, found cached)
+  // pagellm:engine_busy_seconds_total: wall time the engine spent executing steps (a GPU step
+  // includes its kernels and the wait for its sampled ids). Over the run's duration it is the
+  // GPU busy fraction; absent (0) on other servers.
+  double busy_seconds = 0;
   bool any() const { return ttft_s.count > 0 || itl_s.count > 0 || e2el_s.count > 0 || generation_tokens > 0; }
 };
 ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSamples& after);

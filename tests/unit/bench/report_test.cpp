@@ -56,7 +56,8 @@ TEST(Report, JsonHasTheSchemaFields) {
 TEST(Report, ServerSideColumns) {
   PromSamples before = {{"vllm:time_to_first_token_seconds_sum", 1.0}, {"vllm:time_to_first_token_seconds_count", 2}};
   PromSamples after = {{"vllm:time_to_first_token_seconds_sum", 1.4}, {"vllm:time_to_first_token_seconds_count", 6},
-                       {"vllm:time_per_output_token_seconds_sum", 0.2}, {"vllm:time_per_output_token_seconds_count", 10}};
+                       {"vllm:time_per_output_token_seconds_sum", 0.2}, {"vllm:time_per_output_token_seconds_count", 10},
+                       {"pagellm:engine_busy_seconds_total", 0.75}};
   ServerSideMetrics s = server_side_metrics(before, after);
   EXPECT_NEAR(s.ttft_s.mean(), 0.1, 1e-12);
   EXPECT_EQ(s.itl_s.count, 10);  // the older vLLM name is the fallback
@@ -64,6 +65,11 @@ TEST(Report, ServerSideColumns) {
   r.server = s;
   EXPECT_NEAR(run_json(r, Slo{}, false)["server"]["ttft"]["mean_ms"].get<double>(), 100.0, 1e-9);
   EXPECT_NE(run_markdown(r, Slo{}).find("| TTFT | 0.00 | 100.00 | 4 |"), std::string::npos) << run_markdown(r, Slo{});
+  // Busy seconds over the run's wall time: the GPU busy fraction.
+  r.metrics.duration_s = 1.5;
+  EXPECT_NEAR(run_json(r, Slo{}, false)["server"]["busy_fraction"].get<double>(), 0.5, 1e-12);
+  EXPECT_NE(run_markdown(r, Slo{}).find("| engine busy (GPU steps) | | 50.0% of the run |"), std::string::npos)
+      << run_markdown(r, Slo{});
 }
 
 TEST(Report, BestRateMeetingSlo) {
