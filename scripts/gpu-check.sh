@@ -193,6 +193,8 @@ declare -a bench_rows=()
 run_bench() {  # label, pagellm args...
   local label=$1; shift
   local t rc limit
+  # PAGELLM_BENCH_ONLY=REGEX: only the benchmarks whose label matches (e.g. 'deepseek|mixtral').
+  if [ -n "${PAGELLM_BENCH_ONLY:-}" ] && ! [[ $label =~ $PAGELLM_BENCH_ONLY ]]; then return; fi
   limit=$(step_limit 240)
   if [ "$limit" -lt 20 ]; then record "bench $label" "skipped: out of time"; return; fi
   t=$(now)
