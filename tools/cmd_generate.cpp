@@ -1,7 +1,7 @@
 // pagellm generate: one prompt in, one completion out, through the serving engine.
 //   pagellm generate "Once upon a time"            (default model, text in, text out)
-//   pagellm generate --model DIR --prompt-ids 5,17,42 --max-tokens 24 --temperature 0 \
-//       --prompt-logprobs --logprobs 1 --json
+//   pagellm generate --model DIR --prompt-ids 5,17,42 --max-tokens 24 --temperature 0
+//       --prompt-logprobs --logprobs 1 --json              (one command line)
 // With --json the last line of stdout is one object: {"prompt_logprobs": [null, ...],
 // "token_ids": [...], "logprobs": [...], "text": ...}: natural-log probabilities from the full
 // softmax of the model's raw logits; prompt_logprobs[i] = log P(prompt[i] | prompt[:i]).
