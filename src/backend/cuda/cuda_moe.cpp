@@ -170,8 +170,8 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
       (path == MoePath::kAuto && (n_pairs <= kMoeGemvMaxTokensPerExpert * E || recording));
   if (gemv) {
     const int64_t max_active = std::min(E, n_pairs);
-    launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, stream_);
-    launch_moe_down_gemv(w, ws, max_active, stream_);
+    launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
+    launch_moe_down_gemv(w, ws, max_active, n, stream_);
   } else {
     // Prefill: the per-expert counts come to the host (one wait per layer) so each expert's
     // products are tensor-core GEMMs on its gathered rows. y overwrites the gathered rows of its

@@ -207,14 +207,27 @@ __global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs
     const int c = cnt[e];
     const int off = static_cast<int>(run >> 32);
     ws.offsets[e] = off;
-    if (c > 0) ws.active[static_cast<int>(run & 0xffffffffll)] = e;
+    if (c > 0) {
+      const int j = static_cast<int>(run & 0xffffffffll);
+      ws.active[j] = e;
+      ws.active_begin[j] = off;
+    }
     run += (static_cast<long long>(c) << 32) | (c > 0 ? 1 : 0);
     cnt[e] = off;
   }
+  const long long total = warp_total[n_warps - 1];
+  const int n_active = static_cast<int>(total & 0xffffffffll);
+  const int n_slots = static_cast<int>(total >> 32);
+  // Past the active experts: -1 (no expert), and every begin at the end of the slots, so that
+  // active j's slots are [active_begin[j], active_begin[j + 1]) for every j < E.
+  for (int j = n_active + tid; j < E; j += blockDim.x) {
+    ws.active[j] = -1;
+    ws.active_begin[j + 1] = n_slots;
+  }
   if (tid == 0) {
-    const long long total = warp_total[n_warps - 1];
-    ws.offsets[E] = static_cast<int>(total >> 32);
-    ws.active[E] = static_cast<int>(total & 0xffffffffll);
+    ws.offsets[E] = n_slots;
+    ws.active[E] = n_active;
+    ws.active_begin[n_active] = n_slots;
   }
   __syncthreads();
   for (int p = tid; p < n_pairs; p += blockDim.x) {
@@ -231,32 +244,42 @@ __global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs
 
 // --- grouped GEMV ---
 
-// As gemv.cu: every lane keeps 8 16-byte weight loads in flight (2 weight rows x 4 pieces): the
-// gate|up kernel streams one gate and one up row per warp, the down kernel two rows.
+// As gemv.cu: every lane keeps 8 16-byte weight loads in flight before the math (the gate|up
+// kernel streams one gate and one up row per warp, 4 pieces each; the down kernel four rows, 2
+// pieces each: its rows, the expert width, are short). TOK, the tokens multiplied per pass over
+// the weights, is the launch's bound on an expert's tokens (1 at batch 1, up to kMoeGemvTokens):
+// at decode sizes fewer partial sums per lane mean fewer registers, so more warps stream at once.
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGateUpRows = 1;  // output rows per warp (each reads a gate row and an up row)
-constexpr int kDownRows = 2;
-constexpr int kGemvUnroll = 4;         // 16-byte loads per weight row a lane issues before the math
+constexpr int kGateUpUnroll = 4;
+constexpr int kDownRows = 4;
+constexpr int kDownUnroll = 2;
 constexpr int64_t kGemvStep = 32 * 8;  // elements a warp covers per load
 
-// The active expert of this block (blockIdx.y), or -1 past the step's active experts.
-__device__ __forceinline__ int block_expert(const MoeWorkspace& ws, int32_t n_experts) {
+// The active expert of this block (blockIdx.y) and its slots [begin, end): one round of
+// independent loads (the sort kernel pads the active list with -1), so the weight stream starts
+// one memory latency after launch.
+struct BlockExpert {
+  int e, begin, end;
+};
+__device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
   const int j = blockIdx.y;
-  return j < ws.active[n_experts] ? ws.active[j] : -1;
+  return {ws.active[j], ws.active_begin[j], ws.active_begin[j + 1]};
 }
 
 // act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
-// f in this warp's rows. The weight rows are streamed once per kMoeGemvTokens slots.
+// f in this warp's rows. The weight rows are streamed once per TOK slots.
+template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
-  const int e = block_expert(ws, w.n_experts);
-  if (e < 0) return;
+  const BlockExpert be = block_expert(ws);
+  if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
   const int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGateUpRows;
   if (f0 >= F) return;
-  const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(e) * 2 * F * D;
+  const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
   const bf16* wg[kGateUpRows];
   const bf16* wu[kGateUpRows];
 #pragma unroll
@@ -266,21 +289,20 @@ __global__ void __launch_bounds__(kGemvThreads)
     wu[r] = base + (F + f) * D;
   }
   bf16* act = static_cast<bf16*>(ws.act);
-  const int s_begin = ws.offsets[e], s_end = ws.offsets[e + 1];
-  for (int s0 = s_begin; s0 < s_end; s0 += kMoeGemvTokens) {
-    const int cnt = min(kMoeGemvTokens, s_end - s0);
-    int32_t tok[kMoeGemvTokens];
+  for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
+    const int cnt = min(TOK, be.end - s0);
+    int32_t tok[TOK];
 #pragma unroll
-    for (int j = 0; j < kMoeGemvTokens; ++j) tok[j] = ws.slot_token[s0 + min(j, cnt - 1)];
-    float ag[kGateUpRows][kMoeGemvTokens], au[kGateUpRows][kMoeGemvTokens];
+    for (int j = 0; j < TOK; ++j) tok[j] = ws.slot_token[s0 + min(j, cnt - 1)];
+    float ag[kGateUpRows][TOK], au[kGateUpRows][TOK];
 #pragma unroll
     for (int r = 0; r < kGateUpRows; ++r)
 #pragma unroll
-      for (int j = 0; j < kMoeGemvTokens; ++j) ag[r][j] = au[r][j] = 0.0f;
-    for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGemvUnroll) {
-      uint4 vg[kGemvUnroll][kGateUpRows], vu[kGemvUnroll][kGateUpRows];
+      for (int j = 0; j < TOK; ++j) ag[r][j] = au[r][j] = 0.0f;
+    for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGateUpUnroll) {
+      uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
+      for (int u = 0; u < kGateUpUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
 #pragma unroll
         for (int r = 0; r < kGateUpRows; ++r) {
@@ -289,11 +311,11 @@ __global__ void __launch_bounds__(kGemvThreads)
         }
       }
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
+      for (int u = 0; u < kGateUpUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
         if (k >= D) break;
 #pragma unroll
-        for (int j = 0; j < kMoeGemvTokens; ++j) {
+        for (int j = 0; j < TOK; ++j) {
           if (j >= cnt) break;
           const uint4 xv = __ldg(reinterpret_cast<const uint4*>(h + tok[j] * ldh + k));
 #pragma unroll
@@ -305,7 +327,7 @@ __global__ void __launch_bounds__(kGemvThreads)
       }
     }
 #pragma unroll
-    for (int j = 0; j < kMoeGemvTokens; ++j) {
+    for (int j = 0; j < TOK; ++j) {
       if (j >= cnt) break;  // cnt is the same for the whole warp
 #pragma unroll
       for (int r = 0; r < kGateUpRows; ++r) {
@@ -321,42 +343,42 @@ __global__ void __launch_bounds__(kGemvThreads)
 }
 
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
+template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
-  const int e = block_expert(ws, w.n_experts);
-  if (e < 0) return;
+  const BlockExpert be = block_expert(ws);
+  if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
   const int64_t d0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kDownRows;
   if (d0 >= D) return;
-  const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(e) * D * F;
+  const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(be.e) * D * F;
   const bf16* wr[kDownRows];
 #pragma unroll
   for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
   const bf16* act = static_cast<const bf16*>(ws.act);
   bf16* y = static_cast<bf16*>(ws.xy);
-  const int s_begin = ws.offsets[e], s_end = ws.offsets[e + 1];
-  for (int s0 = s_begin; s0 < s_end; s0 += kMoeGemvTokens) {
-    const int cnt = min(kMoeGemvTokens, s_end - s0);
-    float acc[kDownRows][kMoeGemvTokens];
+  for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
+    const int cnt = min(TOK, be.end - s0);
+    float acc[kDownRows][TOK];
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
-      for (int j = 0; j < kMoeGemvTokens; ++j) acc[r][j] = 0.0f;
-    for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kGemvUnroll) {
-      uint4 wv[kGemvUnroll][kDownRows];
+      for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
+    for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
+      uint4 wv[kDownUnroll][kDownRows];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
+      for (int u = 0; u < kDownUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
 #pragma unroll
         for (int r = 0; r < kDownRows; ++r)
           wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
+      for (int u = 0; u < kDownUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
         if (k >= F) break;
 #pragma unroll
-        for (int j = 0; j < kMoeGemvTokens; ++j) {
+        for (int j = 0; j < TOK; ++j) {
           if (j >= cnt) break;
           const uint4 xv =
               __ldg(reinterpret_cast<const uint4*>(act + static_cast<int64_t>(s0 + j) * 2 * F + k));
@@ -366,7 +388,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w
       }
     }
 #pragma unroll
-    for (int j = 0; j < kMoeGemvTokens; ++j) {
+    for (int j = 0; j < TOK; ++j) {
       if (j >= cnt) break;
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r) {
@@ -376,6 +398,12 @@ __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w
       }
     }
   }
+}
+
+// The pass width for a step whose experts hold at most max_tokens slots each: the smallest of 1,
+// 2, 4, kMoeGemvTokens that covers them (more slots take several passes).
+int gemv_pass_tokens(int64_t max_tokens) {
+  return max_tokens <= 1 ? 1 : max_tokens <= 2 ? 2 : max_tokens <= 4 ? 4 : kMoeGemvTokens;
 }
 
 // --- combine ---
@@ -441,7 +469,7 @@ void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
 }
 
 int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter) {
-  return 2 * align256((n_experts + 1) * 4) + 2 * align256(n_pairs * 4) +
+  return 3 * align256((n_experts + 1) * 4) + 2 * align256(n_pairs * 4) +
          align256(n_pairs * 2 * inter * 2) + align256(n_pairs * hidden * 2);
 }
 
@@ -456,6 +484,7 @@ MoeWorkspace moe_workspace_at(void* base, int64_t n_pairs, int64_t n_experts, in
   };
   ws.offsets = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
   ws.active = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
+  ws.active_begin = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
   ws.slot_token = reinterpret_cast<int32_t*>(take(n_pairs * 4));
   ws.pair_slot = reinterpret_cast<int32_t*>(take(n_pairs * 4));
   ws.act = take(n_pairs * 2 * inter * 2);
@@ -475,20 +504,32 @@ void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t
 }
 
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
-                             const MoeWorkspace& ws, int64_t max_active, cudaStream_t stream) {
+                             const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
+                             cudaStream_t stream) {
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
-  moe_gate_up_kernel<<<grid, kGemvThreads, 0, stream>>>(w, static_cast<const bf16*>(h), ldh, ws);
+  const auto* x = static_cast<const bf16*>(h);
+  switch (gemv_pass_tokens(max_tokens)) {
+    case 1: moe_gate_up_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
+    case 2: moe_gate_up_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
+    case 4: moe_gate_up_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
+    default: moe_gate_up_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
-                          cudaStream_t stream) {
+                          int64_t max_tokens, cudaStream_t stream) {
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
-  moe_down_kernel<<<grid, kGemvThreads, 0, stream>>>(w, ws);
+  switch (gemv_pass_tokens(max_tokens)) {
+    case 1: moe_down_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
+    case 2: moe_down_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
+    case 4: moe_down_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
+    default: moe_down_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -56,7 +56,8 @@ void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 // Scratch of one moe_experts call, carved from one device workspace.
 struct MoeWorkspace {
   int32_t* offsets = nullptr;     // [E + 1]: expert e's slots are [offsets[e], offsets[e+1])
-  int32_t* active = nullptr;      // [E + 1]: experts with tokens, ascending; active[E] = how many
+  int32_t* active = nullptr;      // [E + 1]: experts with tokens, ascending, then -1; active[E] = how many
+  int32_t* active_begin = nullptr;  // [E + 1]: active[j]'s first slot; past them, the slot count
   int32_t* slot_token = nullptr;  // [N]: the token of each slot
   int32_t* pair_slot = nullptr;   // [N]: the slot of pair t * K + k (-1: an id out of range)
   void* act = nullptr;  // bf16 [N, 2F]: gate|up products, then silu(gate) * up in the gate half
@@ -81,11 +82,14 @@ struct MoeExpertsArgs {
 
 // Stages 2 and 3 as grouped GEMVs: grids over (output rows, active-expert slot) with
 // max_active = min(E, N) slots; blocks past the step's active experts return at once.
+// max_tokens bounds the slots of one expert (the step's token count: routing picks distinct
+// experts per token); it only sizes the kernels' passes, any bound gives the same results.
 //   h bf16 [n, D] (row stride ldh, a multiple of 8, 16-byte aligned)
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
-                             const MoeWorkspace& ws, int64_t max_active, cudaStream_t stream);
+                             const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
+                             cudaStream_t stream);
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
-                          cudaStream_t stream);
+                          int64_t max_tokens, cudaStream_t stream);
 
 // Stage 4. ids and weights [n, K] as given to moe_experts; shared bf16 [n, D] or null; out bf16.
 void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_tokens, int32_t top_k,
