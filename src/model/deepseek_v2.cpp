@@ -53,7 +53,7 @@ struct DeepseekLayer {
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate, up, act, shared;
+  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate_up, act, shared;
   Tensor cos_sin;                  // f32 [cap, P]
 };
 
@@ -97,10 +97,8 @@ class DeepseekModel final : public Model {
       PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, dummy));
       return {};
     };
-    auto swiglu = [&](const std::string& p, int64_t f, MoeExpert& m) -> Status {
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "gate_proj.weight", {f, D}, m.gate_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "up_proj.weight", {f, D}, m.up_proj));
-      return ld.matrix_into(p + "down_proj.weight", {D, f}, m.down_proj);
+    auto swiglu = [&](const std::string& p, int64_t f, MoeExpert& m) {
+      return load_swiglu(ld, backend_, p, D, f, m);
     };
     PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
     if (cfg_.num_nextn_predict_layers > 0) {
@@ -257,19 +255,17 @@ class DeepseekModel final : public Model {
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
       // --- MLP ---
       if (!L.moe) {
-        Tensor gate = ws.gate.slice_rows(0, n).slice_cols(0, F);
-        Tensor up = ws.up.slice_rows(0, n).slice_cols(0, F);
+        Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * F);
         Tensor act = ws.act.slice_rows(0, n).slice_cols(0, F);
-        run_swiglu(backend_, L.mlp, h, gate, up, act, x);  // [n, D]
+        run_swiglu(backend_, L.mlp, h, gate_up, act, x);  // [n, D]
         continue;
       }
       Tensor shared;  // [n, D]; undefined without shared experts
       if (cfg_.n_shared_experts > 0) {
-        Tensor gate = ws.gate.slice_rows(0, n).slice_cols(0, Fs);
-        Tensor up = ws.up.slice_rows(0, n).slice_cols(0, Fs);
+        Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * Fs);
         Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);
         shared = ws.shared.slice_rows(0, n);
-        run_swiglu(backend_, L.shared, h, gate, up, act, shared);
+        run_swiglu(backend_, L.shared, h, gate_up, act, shared);
       }
       // Routed experts, then + shared (transformers' order), on the device.
       moe_.run(h, L.router, L.correction_bias, L.experts, shared, x);  // [n, D]
@@ -344,7 +340,7 @@ class DeepseekModel final : public Model {
           backend_, cap,
           {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qa, dt, Rq},
            {&ws.q, dt, H * (N + P)}, {&ws.lat, dt, P + R}, {&ws.qfull, dt, H * (P + R)},
-           {&ws.attn_lat, dt, H * R}, {&ws.attn_v, dt, H * Vd}, {&ws.gate, dt, F}, {&ws.up, dt, F},
+           {&ws.attn_lat, dt, H * R}, {&ws.attn_v, dt, H * Vd}, {&ws.gate_up, dt, 2 * F},
            {&ws.act, dt, F}, {&ws.shared, dt, D}, {&ws.cos_sin, DType::kF32, P}});
       ws.capacity_tokens = cap;
     }

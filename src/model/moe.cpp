@@ -8,10 +8,30 @@
 
 namespace pagellm {
 
-void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate, Tensor& up,
+Status load_swiglu(WeightLoader& ld, Backend& backend, const std::string& prefix, int64_t D,
+                   int64_t F, MoeExpert& out) {
+  if (backend.device() != Device::kCpu) {
+    PAGELLM_ASSIGN_OR_RETURN(out.gate_up_proj, ld.stacked_matrix({{prefix + "gate_proj.weight", F},
+                                                                  {prefix + "up_proj.weight", F}},
+                                                                 D));
+  } else {
+    PAGELLM_RETURN_IF_ERROR(ld.matrix_into(prefix + "gate_proj.weight", {F, D}, out.gate_proj));
+    PAGELLM_RETURN_IF_ERROR(ld.matrix_into(prefix + "up_proj.weight", {F, D}, out.up_proj));
+  }
+  return ld.matrix_into(prefix + "down_proj.weight", {D, F}, out.down_proj);
+}
+
+void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate_up,
                 Tensor& act, Tensor& out) {
-  backend.matmul(h, mlp.gate_proj, Tensor(), gate);
-  backend.matmul(h, mlp.up_proj, Tensor(), up);
+  const int64_t F = act.cols();
+  PAGELLM_CHECK(gate_up.cols() == 2 * F);
+  Tensor gate = gate_up.slice_cols(0, F), up = gate_up.slice_cols(F, 2 * F);
+  if (mlp.gate_up_proj.defined()) {
+    backend.matmul(h, mlp.gate_up_proj, Tensor(), gate_up);
+  } else {
+    backend.matmul(h, mlp.gate_proj, Tensor(), gate);
+    backend.matmul(h, mlp.up_proj, Tensor(), up);
+  }
   backend.silu_mul(gate, up, act);
   backend.matmul(act, mlp.down_proj, Tensor(), out);
 }

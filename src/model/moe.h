@@ -16,13 +16,21 @@
 namespace pagellm {
 
 // One SwiGLU MLP (a dense layer, or the shared experts as one wide MLP): down(silu(gate x) * up x).
+// On devices gate and up are stacked by rows into one weight, so a step runs one GEMM (GEMV at
+// decode) for both; the CPU keeps them apart, mapped from the checkpoint.
 struct MoeExpert {
-  Tensor gate_proj, up_proj;  // [F, D]
+  Tensor gate_proj, up_proj;  // [F, D] (CPU)
+  Tensor gate_up_proj;        // [2F, D]: gate | up (devices)
   Tensor down_proj;           // [D, F]
 };
 
-// Runs a dense SwiGLU MLP: out = down(silu(gate h) * up h).   gate, up, act: [n, F] scratch
-void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate, Tensor& up,
+// Loads prefix + {gate,up,down}_proj.weight of an MLP with hidden size D and width F.
+Status load_swiglu(WeightLoader& ld, Backend& backend, const std::string& prefix, int64_t D,
+                   int64_t F, MoeExpert& out);
+
+// Runs a SwiGLU MLP: out = down(silu(gate h) * up h).   gate_up: [n, 2F] scratch (any row
+// stride), gate in columns [0, F) and up in [F, 2F); act: [n, F] scratch.
+void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate_up,
                 Tensor& act, Tensor& out);
 
 // The config's router (scoring_func, topk_method, groups, norm_topk_prob, routed_scaling_factor).
