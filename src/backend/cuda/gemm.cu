@@ -108,6 +108,7 @@ Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) destroy(plan);
   for (auto& [key, plan] : batched_plans_) destroy(plan);
   if (workspace_ != nullptr) cudaFree(workspace_);  // no CHECK in a destructor: best effort
+  if (flush_ != nullptr) cudaFree(flush_);
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
@@ -210,14 +211,17 @@ void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* 
   // Decode reads every weight from HBM once per step, so time each candidate with the weights
   // out of L2: before every run, overwrite a buffer twice the L2's size (most weight matrices
   // fit in an H200's 50 MB L2, where repeated runs would measure L2 bandwidth instead).
-  int device = 0, l2_bytes = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  const size_t flush_bytes = std::max<size_t>(2 * static_cast<size_t>(l2_bytes), 8u << 20);
-  void* flush = nullptr;
-  if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
-    cudaGetLastError();  // no room to measure: keep cuBLASLt
-    return;
+  if (flush_ == nullptr) {
+    int device = 0, l2_bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    const size_t bytes = std::max<size_t>(2 * static_cast<size_t>(l2_bytes), 8u << 20);
+    if (cudaMalloc(&flush_, bytes) != cudaSuccess) {
+      cudaGetLastError();  // no room to measure: keep cuBLASLt
+      flush_ = nullptr;
+      return;
+    }
+    flush_bytes_ = bytes;
   }
   cudaEvent_t ev[2];
   for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
@@ -228,7 +232,7 @@ void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* 
   candidate[1].use_gemv = true;
   for (int rep = 0; rep <= kReps; ++rep) {  // rep 0 warms both up and is not counted
     for (int c = 0; c < 2; ++c) {
-      CUDA_CHECK(cudaMemsetAsync(flush, rep + c, flush_bytes, stream_));
+      CUDA_CHECK(cudaMemsetAsync(flush_, rep + c, flush_bytes_, stream_));
       CUDA_CHECK(cudaEventRecord(ev[0], stream_));
       run_plan(candidate[c], x, w, bias, bias_dtype, out);  // same values each time
       CUDA_CHECK(cudaEventRecord(ev[1], stream_));
@@ -239,7 +243,6 @@ void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* 
     }
   }
   for (auto& e : ev) cudaEventDestroy(e);
-  CUDA_CHECK(cudaFree(flush));
   p.use_gemv = total[1] < total[0];
 }
 

@@ -82,6 +82,10 @@ class Gemm {
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
+  // choose_gemv's L2 flush buffer (twice the L2), made at the first timing and kept: shapes are
+  // timed one after another during warm-up, and a cudaFree per shape would wait for the device.
+  void* flush_ = nullptr;
+  size_t flush_bytes_ = 0;
   std::map<Key, Plan> plans_;
   std::map<BatchedKey, Plan> batched_plans_;
 };
