@@ -22,16 +22,28 @@ def bytes_to_unicode():
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
-def make_byte_model(src_dir, dst_dir):
+def make_byte_model(src_dir, dst_dir, chat_template=None, special_tokens=None, tokenizer_config=None):
+    """Copies a checkpoint and gives it a byte-level tokenizer.
+
+    special_tokens: {id: text} of added special tokens that take those ids (their bytes leave the
+    vocabulary, so no id has two meanings, and no text encodes them); chat_template and tokenizer_config (extra keys such as
+    bos_token) go into tokenizer_config.json. Without a template, a minimal one is written.
+    """
     os.makedirs(dst_dir, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copyfile(os.path.join(src_dir, name), os.path.join(dst_dir, name))
-    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    special_tokens = special_tokens or {}
+    vocab = {ch: b for b, ch in bytes_to_unicode().items() if b not in special_tokens}
+    # The special tokens are in the BPE vocabulary as well, at their ids: HF tokenizers gives an
+    # added token the model's id for the same text, else the next id past the vocabulary.
+    vocab.update({text: i for i, text in special_tokens.items()})
+    added = [{"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, text in sorted(special_tokens.items())]
     tok = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [],
+        "added_tokens": added,
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "post_processor": None,
@@ -42,9 +54,11 @@ def make_byte_model(src_dir, dst_dir):
     }
     with open(os.path.join(dst_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False)
-    # A minimal chat template, so chat requests run on this model too.
-    template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] or '' }}\n{% endfor %}"
-                "{% if add_generation_prompt %}assistant: {% endif %}")
+    if chat_template is None:
+        # A minimal chat template, so chat requests run on this model too.
+        chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] or '' }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    config = dict(tokenizer_config or {}, chat_template=chat_template)
     with open(os.path.join(dst_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"chat_template": template}, f)
+        json.dump(config, f, ensure_ascii=False)
     return dst_dir
