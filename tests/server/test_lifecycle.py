@@ -57,7 +57,9 @@ def test_body_limit(server_factory, byte_model_dir):
 
 
 def test_slow_body_times_out_without_blocking_others(server_factory, byte_model_dir):
-    s = server_factory(["--model", byte_model_dir, "--kv-cache-memory", KV_BYTES, "--read-timeout", "1",
+    # A 3 s read timeout: answering the others in well under that shows they were not queued
+    # behind the slow clients, with room for a loaded machine's scheduling delays.
+    s = server_factory(["--model", byte_model_dir, "--kv-cache-memory", KV_BYTES, "--read-timeout", "3",
                         "--io-threads", "1"])
     socks = []
     for _ in range(20):  # more slow clients than I/O threads
@@ -68,9 +70,9 @@ def test_slow_body_times_out_without_blocking_others(server_factory, byte_model_
     t0 = time.time()
     # The server still answers everyone else at once.
     assert raw(s.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
-    assert time.time() - t0 < 1.0
+    assert time.time() - t0 < 2.0
     k = socks[0]
-    k.settimeout(5)
+    k.settimeout(10)
     data = b""
     while True:
         chunk = k.recv(4096)
@@ -78,7 +80,7 @@ def test_slow_body_times_out_without_blocking_others(server_factory, byte_model_
             break
         data += chunk
     assert data.startswith(b"HTTP/1.1 408"), data[:200]
-    assert 0.8 < time.time() - t0 < 4
+    assert 2.8 < time.time() - t0 < 8
     for k in socks:
         k.close()
 
@@ -112,7 +114,9 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(smol_server):
         time.sleep(0.02)
     assert metric(smol_server.url, "vllm:num_requests_running") == 0
     assert metric(smol_server.url, "vllm:kv_cache_usage_perc") == 0
-    assert time.time() < deadline - 4, "the abort took more than a second"
+    # 400 tokens take the CPU several seconds: freed well before means the disconnect aborted it
+    # (2.5 s of slack for a loaded machine).
+    assert time.time() < deadline - 2.5, "the abort took more than 2.5 seconds"
 
 
 def test_sigterm_drains_in_flight_request(server_factory):
