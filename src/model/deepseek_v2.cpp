@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/log.h"
-#include "model/logits_head.h"
+#include "model/decoder_model.h"
 #include "model/scratch.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -68,23 +68,13 @@ Tensor heads_major(const Tensor& t, int64_t heads, int64_t dim) {
   return v;
 }
 
-class DeepseekModel final : public Model {
+class DeepseekModel final : public DecoderModel {
  public:
   DeepseekModel(const ModelConfig& cfg, Backend& backend)
-      : cfg_(cfg), backend_(backend), rope_(cfg),
-        moe_(backend, cfg) {}
+      : DecoderModel(cfg, backend), rope_(cfg), moe_(backend, cfg) {}
 
-  const ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     return {cfg_.num_hidden_layers, 1, cfg_.qk_rope_head_dim + cfg_.kv_lora_rank, 0};
-  }
-  int64_t weight_bytes() const override { return weight_bytes_; }
-  int64_t decode_weight_bytes() const override {
-    // A batch-1 step reads the dense weights and only top-k routed experts of each MoE layer.
-    const int64_t embed = dtype_bytes(embed_tokens_.dtype, embed_tokens_.numel());
-    const int64_t head = dtype_bytes(lm_head_.dtype, lm_head_.numel());
-    return weight_bytes_ - embed + (lm_head_.data == embed_tokens_.data ? head : 0) -
-           unrouted_expert_bytes_;
   }
 
   Status load(const WeightSource& w, const LoadOptions& opt) {
@@ -186,10 +176,6 @@ class DeepseekModel final : public Model {
     attn_params_.scale = static_cast<float>(scale);
     return {};
   }
-
-  Tensor last_logits() const override { return head_.logits(); }
-
-  void download_logits(float* out) override { head_.download(out); }
 
   int32_t max_graph_batch() const override { return moe_graph_batch_limit(cfg_); }
 
@@ -352,19 +338,13 @@ class DeepseekModel final : public Model {
     return rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
   }
 
-  ModelConfig cfg_;
-  Backend& backend_;
   RotaryEmbedding rope_;
   AttentionParams attn_params_;
   MoeBlock moe_;
-  Tensor embed_tokens_, norm_, lm_head_;
   std::vector<DeepseekLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_, absorb_storage_;
   std::unique_ptr<Buffer> absorb_template_, absorb_identity_;  // load-time scratch of q_absorb
-  int64_t weight_bytes_ = 0;
-  int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
-  LogitsHead head_{backend_};
 };
 
 Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backend& backend,

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/log.h"
-#include "model/logits_head.h"
+#include "model/decoder_model.h"
 #include "model/scratch.h"
 #include "model/model.h"
 #include "model/rope.h"
@@ -41,21 +41,13 @@ struct Workspace {
   Tensor cos_sin;  // f32 [cap, rotary_dim]
 };
 
-class LlamaModel final : public Model {
+class LlamaModel final : public DecoderModel {
  public:
-  LlamaModel(const ModelConfig& cfg, Backend& backend) : cfg_(cfg), backend_(backend), rope_(cfg) {}
+  LlamaModel(const ModelConfig& cfg, Backend& backend) : DecoderModel(cfg, backend), rope_(cfg) {}
 
-  const ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     return {cfg_.num_hidden_layers, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.head_dim};
   }
-  int64_t weight_bytes() const override { return weight_bytes_; }
-  int64_t decode_weight_bytes() const override {
-    const int64_t embed = dtype_bytes(embed_tokens_.dtype, embed_tokens_.numel());
-    const int64_t head = dtype_bytes(lm_head_.dtype, lm_head_.numel());
-    return weight_bytes_ - embed + (lm_head_.data == embed_tokens_.data ? head : 0);
-  }
-
   Status load(const WeightSource& w, const LoadOptions& opt) {
     const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size;
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
@@ -124,10 +116,6 @@ class LlamaModel final : public Model {
     attn_params_.window = cfg_.sliding_window ? static_cast<int32_t>(*cfg_.sliding_window) : -1;
     return {};
   }
-
-  Tensor last_logits() const override { return head_.logits(); }
-
-  void download_logits(float* out) override { head_.download(out); }
 
 
   void prepare(const StepBatch& b) override {
@@ -236,16 +224,11 @@ class LlamaModel final : public Model {
     }
   }
 
-  ModelConfig cfg_;
-  Backend& backend_;
   RotaryEmbedding rope_;
   AttentionParams attn_params_;
-  Tensor embed_tokens_, norm_, lm_head_;
   std::vector<LlamaLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_;
-  int64_t weight_bytes_ = 0;
   Workspace ws_;
-  LogitsHead head_{backend_};
   // Devices stack q|k|v and gate|up into one GEMM each; the CPU keeps the checkpoint's matrices
   // (mapped without a copy). Qwen3's per-head q/k norm wants contiguous q and k, so no q|k|v there.
   bool fuse_mlp_ = false;

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "model/logits_head.h"
+#include "model/decoder_model.h"
 #include "model/scratch.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -33,25 +33,14 @@ struct Workspace {
   Tensor x, residual, h, q, k, v, attn, cos_sin;
 };
 
-class MixtralModel final : public Model {
+class MixtralModel final : public DecoderModel {
  public:
   MixtralModel(const ModelConfig& cfg, Backend& backend)
-      : cfg_(cfg), backend_(backend), rope_(cfg),
-        moe_(backend, cfg) {}
+      : DecoderModel(cfg, backend), rope_(cfg), moe_(backend, cfg) {}
 
-  const ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     return {cfg_.num_hidden_layers, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.head_dim};
   }
-  int64_t weight_bytes() const override { return weight_bytes_; }
-  int64_t decode_weight_bytes() const override {
-    // A batch-1 step reads only the top-k experts of each layer.
-    const int64_t embed = dtype_bytes(embed_tokens_.dtype, embed_tokens_.numel());
-    const int64_t head = dtype_bytes(lm_head_.dtype, lm_head_.numel());
-    return weight_bytes_ - embed + (lm_head_.data == embed_tokens_.data ? head : 0) -
-           unrouted_expert_bytes_;
-  }
-
   Status load(const WeightSource& w, const LoadOptions& opt) {
     const int64_t D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
@@ -86,10 +75,6 @@ class MixtralModel final : public Model {
     attn_params_.window = cfg_.sliding_window ? static_cast<int32_t>(*cfg_.sliding_window) : -1;
     return {};
   }
-
-  Tensor last_logits() const override { return head_.logits(); }
-
-  void download_logits(float* out) override { head_.download(out); }
 
   int32_t max_graph_batch() const override { return moe_graph_batch_limit(cfg_); }
 
@@ -154,18 +139,12 @@ class MixtralModel final : public Model {
     moe_.reserve(n);
   }
 
-  ModelConfig cfg_;
-  Backend& backend_;
   RotaryEmbedding rope_;
   AttentionParams attn_params_;
   MoeBlock moe_;
-  Tensor embed_tokens_, norm_, lm_head_;
   std::vector<MixtralLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_;
-  int64_t weight_bytes_ = 0;
-  int64_t unrouted_expert_bytes_ = 0;
   Workspace ws_;
-  LogitsHead head_{backend_};
 };
 
 Result<std::unique_ptr<Model>> make_mixtral(const LoadedCheckpoint& ckpt, Backend& backend,
