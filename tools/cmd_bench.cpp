@@ -204,8 +204,10 @@ int bench_latency(int argc, char** argv) {
 }
 
 int bench_throughput(int argc, char** argv) {
+  // --profile: every op of the whole run timed (eager, no CUDA graphs), summed per op kind and
+  // weight shape: where an offline run's time goes.
   std::vector<std::string> spec = {"num-prompts", "input-len", "output-len", "dataset", "json!",
-                                   "seed", "shared-prefix-len"};
+                                   "seed", "shared-prefix-len", "profile!", "peak-tflops"};
   add_model_options(spec);
   Args a("bench throughput", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench throughput", s);
@@ -214,9 +216,13 @@ int bench_throughput(int argc, char** argv) {
   o.device = a.get_or("device", "cpu");
   o.load_tokenizer = a.has("dataset");
   o.load_format = a.get_or("load-format", "auto");
+  const bool profile = a.flag("profile");
+  o.profile_ops = profile;
   auto sm = load_serving_model(o);
   if (!sm.ok()) return fail("bench throughput", sm.status());
   ServingModel& m = **sm;
+  auto peak = peak_tflops(a, m.backend->name());
+  if (!peak.ok()) return fail("bench throughput", peak.status());
   auto n = a.get_int("num-prompts", 64), in = a.get_int("input-len", 128),
        out = a.get_int("output-len", 128), shared = a.get_int("shared-prefix-len", 0);
   if (!n.ok() || !in.ok() || !out.ok() || !shared.ok() || *n < 1 || *in < 1 || *out < 1 ||
@@ -275,6 +281,13 @@ int bench_throughput(int argc, char** argv) {
   auto engine = Engine::create(*m.model, *m.backend, m.tokenizer.get(), *cfg);
   if (!engine.ok()) return fail("bench throughput", engine.status());
 
+  // The ceilings of --profile, measured before the run (the copies evict the caches).
+  OpCeilings ceilings;
+  if (profile) {
+    ceilings = {measure_memory_bandwidth_gbs(m.profiler->inner()), *peak};
+    m.profiler->start();  // the engine is idle until the first submit
+  }
+
   std::mutex mu;
   std::condition_variable cv;
   int64_t done = 0, failed = 0, prompt_tokens = 0, output_tokens = 0;
@@ -296,6 +309,16 @@ int bench_throughput(int argc, char** argv) {
     cv.wait(lock, [&] { return done == static_cast<int64_t>(reqs.size()); });
   }
   const double elapsed = seconds_since(t0);
+  std::optional<OpProfileTable> run_table;
+  if (profile) {
+    std::vector<OpSample> ops = m.profiler->stop();  // every request is done: the engine is idle
+    for (OpSample& op : ops) op.shape = step_independent_shape(op);
+    run_table = summarize_ops("offline run, " + std::to_string(reqs.size()) +
+                                  " requests (eager, every op timed; sizes summed over steps)",
+                              ops, elapsed * 1e3, ceilings);
+    // The run itself was profiled: the gap is host work (scheduling, sampling) plus launches.
+    run_table->wall_of = "the same run";
+  }
   const EngineStats st = (*engine)->stats();
   const double rps = reqs.size() / elapsed;
   const double total_tps = (prompt_tokens + output_tokens) / elapsed;
@@ -312,6 +335,7 @@ int bench_throughput(int argc, char** argv) {
   std::printf("prefix cache     %lld of %lld prompt tokens hit (%.1f%%)\n",
               static_cast<long long>(st.scheduler.prefix.hits),
               static_cast<long long>(st.scheduler.prefix.queries), 100.0 * st.scheduler.prefix.hit_rate());
+  if (run_table) std::printf("\n%s", format_op_table(*run_table).c_str());
   if (a.flag("json")) {
     nlohmann::json j = {{"requests_per_s", rps},
                         {"total_tokens_per_s", total_tps},
@@ -326,6 +350,7 @@ int bench_throughput(int argc, char** argv) {
                         {"prefix_cache_queries", st.scheduler.prefix.queries},
                         {"prefix_cache_hits", st.scheduler.prefix.hits},
                         {"kv_blocks", st.n_kv_blocks}};
+    if (run_table) j["profile"] = op_table_json(*run_table);
     std::printf("%s\n", j.dump().c_str());
   }
   return failed == 0 ? 0 : 1;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <utility>
+#include <vector>
 
 namespace pagellm {
 namespace {
@@ -27,7 +28,49 @@ nlohmann::json fraction_json(double achieved, double ceiling, bool applies) {
   return applies && ceiling > 0 ? nlohmann::json(achieved / ceiling) : nlohmann::json(nullptr);
 }
 
+// "key=value" fields of a shape key, in order; other words (dtype names, "+bias") have no key.
+std::vector<std::pair<std::string, std::string>> shape_fields(const std::string& shape) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t i = 0;
+  while (i < shape.size()) {
+    size_t j = shape.find(' ', i);
+    if (j == std::string::npos) j = shape.size();
+    const std::string word = shape.substr(i, j - i);
+    const size_t eq = word.find('=');
+    if (!word.empty()) {
+      if (eq == std::string::npos) out.emplace_back("", word);
+      else out.emplace_back(word.substr(0, eq), word.substr(eq + 1));
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string step_independent_shape(const OpSample& s) {
+  const auto fields = shape_fields(s.shape);
+  // Per-step sizes: tokens (n), sequences, queries, context, rows gathered, sampled rows, bytes.
+  auto per_step = [&](const std::string& k) {
+    return k == "n" || k == "seqs" || k == "q" || k == "kv" || k == "bytes" || k == "rows" ||
+           (k == "m" && s.op == "gather_rows");
+  };
+  std::string out;
+  if (s.op == "attention") {
+    std::string seqs, q;
+    for (const auto& [k, v] : fields) {
+      if (k == "seqs") seqs = v;
+      if (k == "q") q = v;
+    }
+    out = seqs == q ? "decode" : "prefill";
+  }
+  for (const auto& [k, v] : fields) {
+    if (per_step(k)) continue;
+    if (!out.empty()) out += ' ';
+    out += k.empty() ? v : k + "=" + v;
+  }
+  return out;
+}
 
 OpProfileTable summarize_ops(std::string step, std::span<const OpSample> samples, double wall_ms,
                              const OpCeilings& ceilings) {
@@ -81,9 +124,9 @@ std::string format_op_table(const OpProfileTable& t) {
   if (t.wall_ms > 0) {
     const double gap = t.wall_ms - t.sum_ms;
     std::snprintf(line, sizeof line,
-                  "  ops sum %.4f ms vs %.4f ms wall for the unprofiled step: %.4f ms (%.1f%%) "
+                  "  ops sum %.4f ms vs %.4f ms wall for %s: %.4f ms (%.1f%%) "
                   "launch and host overhead\n",
-                  t.sum_ms, t.wall_ms, gap, 100.0 * gap / t.wall_ms);
+                  t.sum_ms, t.wall_ms, t.wall_of.c_str(), gap, 100.0 * gap / t.wall_ms);
     out += line;
   } else {
     std::snprintf(line, sizeof line, "  ops sum %.4f ms (no unprofiled wall time measured)\n", t.sum_ms);

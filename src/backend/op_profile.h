@@ -45,8 +45,15 @@ struct OpProfileTable {
   double sum_ms = 0;   // summed op time
   double bytes = 0, flops = 0;
   double wall_ms = 0;  // wall time of the same step run without profiling; 0: not measured
+  std::string wall_of = "the unprofiled step";  // what wall_ms timed, for the table's last line
   OpCeilings ceilings;
 };
+
+// The shape key of a sample without what changes from step to step (token and sequence counts,
+// context lengths, copy sizes), so a whole serving run groups into one row per weight matrix and
+// op kind: "matmul n=740 k=4096 m=6144 bf16" -> "k=4096 m=6144 bf16". Attention keeps whether
+// the call was decode only (one query per sequence) or had prefill chunks in it.
+std::string step_independent_shape(const OpSample& s);
 
 // Groups samples by (op, shape), in order of total time (ties: first seen first).
 OpProfileTable summarize_ops(std::string step, std::span<const OpSample> samples, double wall_ms,

@@ -208,22 +208,25 @@ void ProfilingBackend::start() {
   inner_->synchronize();  // earlier work must not land inside the first op's bracket
   timer_->reset();
   pending_.clear();
+  done_.clear();
   recording_ = true;
+}
+
+void ProfilingBackend::flush() {
+  inner_->synchronize();
+  for (Pending& p : pending_) {
+    p.sample.ms = timer_->elapsed_ms(p.begin, p.end);
+    done_.push_back(std::move(p.sample));
+  }
+  pending_.clear();
+  timer_->reset();
 }
 
 std::vector<OpSample> ProfilingBackend::stop() {
   PAGELLM_CHECK_MSG(recording_, "ProfilingBackend::stop without start");
   recording_ = false;
-  inner_->synchronize();
-  std::vector<OpSample> out;
-  out.reserve(pending_.size());
-  for (Pending& p : pending_) {
-    p.sample.ms = timer_->elapsed_ms(p.begin, p.end);
-    out.push_back(std::move(p.sample));
-  }
-  pending_.clear();
-  timer_->reset();
-  return out;
+  flush();
+  return std::move(done_);
 }
 
 template <typename Cost, typename Op>
@@ -232,6 +235,7 @@ void ProfilingBackend::timed(Cost&& cost, Op&& op) {
     op();
     return;
   }
+  if (pending_.size() >= kFlushOps) flush();
   Pending p;
   p.sample = cost();
   p.begin = timer_->mark();

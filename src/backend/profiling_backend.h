@@ -77,8 +77,10 @@ class ProfilingBackend final : public Backend {
   // recording is on; off, they cost one extra virtual call.
   void start();
   // Stops recording, waits for the backend, and returns the ops run since start(), in order,
-  // with their times.
+  // with their times. A long recording (a whole serving run) keeps at most kFlushOps ops' timer
+  // marks outstanding: past that, the next op first waits for the backend and reads their times.
   std::vector<OpSample> stop();
+  static constexpr size_t kFlushOps = 4096;
   bool recording() const { return recording_; }
 
   std::string name() const override { return inner_->name(); }
@@ -139,7 +141,11 @@ class ProfilingBackend final : public Backend {
   };
   std::unique_ptr<Backend> inner_;
   std::unique_ptr<OpTimer> timer_;  // made on the first start()
+  // Reads the pending ops' times into done_ (waits for the backend) and frees their marks.
+  void flush();
+
   std::vector<Pending> pending_;
+  std::vector<OpSample> done_;  // flushed ops of this recording, in order
   bool recording_ = false;
 };
 

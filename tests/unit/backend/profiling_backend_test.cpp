@@ -209,6 +209,65 @@ TEST(ProfilingBackend, RecordsOpsInOrderOnlyWhileStarted) {
   EXPECT_FALSE(ran);
 }
 
+// A recording longer than kFlushOps: every op comes back, in order, timed, across the flushes
+// (a whole serving run under bench throughput --profile).
+TEST(ProfilingBackend, LongRecordingsKeepEveryOpInOrder) {
+  ProfilingBackend prof(make_cpu_backend());
+  std::vector<float> av(8, 1.0f), bv(8, 2.0f), ov(8), wv(4 * 8, 0.5f), mv(4);
+  Tensor a(av.data(), DType::kF32, {1, 8}), b(bv.data(), DType::kF32, {1, 8});
+  Tensor o(ov.data(), DType::kF32, {1, 8}), w(wv.data(), DType::kF32, {4, 8});
+  Tensor mo(mv.data(), DType::kF32, {1, 4});
+  const size_t n = 2 * ProfilingBackend::kFlushOps + 5;
+  prof.start();
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) prof.matmul(a, w, Tensor(), mo);
+    else prof.add(a, b, o);
+  }
+  const std::vector<OpSample> got = prof.stop();
+  ASSERT_EQ(got.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i].op, i % 3 == 0 ? "matmul" : "add") << i;
+    ASSERT_GE(got[i].ms, 0.0) << i;
+  }
+  EXPECT_FLOAT_EQ(ov[0], 3.0f);
+  EXPECT_FLOAT_EQ(mv[0], 4.0f);
+  prof.start();  // and the next recording starts empty
+  EXPECT_TRUE(prof.stop().empty());
+}
+
+TEST(OpProfileTable, StepIndependentShapes) {
+  auto at = [](const char* op, const char* shape) {
+    OpSample s;
+    s.op = op;
+    s.shape = shape;
+    return step_independent_shape(s);
+  };
+  EXPECT_EQ(at("matmul", "n=740 k=4096 m=6144 bf16"), "k=4096 m=6144 bf16");
+  EXPECT_EQ(at("matmul", "n=1 k=4096 m=6144 bf16 +bias"), "k=4096 m=6144 bf16 +bias");
+  EXPECT_EQ(at("attention", "seqs=256 q=256 kv=160000 hq=32 hkv=8 d=128 dv=128"),
+            "decode hq=32 hkv=8 d=128 dv=128");
+  EXPECT_EQ(at("attention", "seqs=9 q=1000 kv=? hq=32 hkv=8 d=128 dv=128"),
+            "prefill hq=32 hkv=8 d=128 dv=128");
+  EXPECT_EQ(at("gather_rows", "m=256 d=4096"), "d=4096");
+  EXPECT_EQ(at("copy_to_host", "bytes=409600"), "");
+  EXPECT_EQ(at("sample", "rows=256 vocab=128256 bf16"), "vocab=128256 bf16");
+  EXPECT_EQ(at("moe_experts", "n=512 e=64 k=6 d=2048 f=1408 bf16 +shared"),
+            "e=64 k=6 d=2048 f=1408 bf16 +shared");
+  // Grouped by the new keys, calls of different step sizes share a row.
+  std::vector<OpSample> ops(3);
+  const char* shapes[] = {"n=1 k=8 m=4 f32", "n=300 k=8 m=4 f32", "n=2 k=16 m=4 f32"};
+  for (int i = 0; i < 3; ++i) {
+    ops[i].op = "matmul";
+    ops[i].shape = shapes[i];
+    ops[i].ms = 1.0;
+    ops[i].shape = step_independent_shape(ops[i]);
+  }
+  const OpProfileTable t = summarize_ops("run", ops, 0, {});
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.rows[0].shape, "k=8 m=4 f32");
+  EXPECT_EQ(t.rows[0].calls, 2);
+}
+
 // Runs of spaces as one: table columns are padded to the widest cell.
 std::string squash(const std::string& s) {
   std::string out;
