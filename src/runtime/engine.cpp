@@ -331,11 +331,39 @@ void Engine::profile_run() {
   c.n_tokens = n;
   c.block_table = table.data();
   c.n_blocks = static_cast<int32_t>(table.size());
-  run_model({c});
+  const Tensor logits = run_model({c});
+  warm_up_sampling(logits);
   backend_.synchronize();
   cache_ = KvCache{};
   PAGELLM_LOG_INFO("profile run: a %d-token step in %.2f s", n,
                    std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+void Engine::warm_up_sampling(const Tensor& logits) {
+  // The device's sampling kernels load on their first launch (CUDA loads modules lazily): run
+  // them once here, on the profile step's logits, so the first request does not pay for it.
+  // Three rows cover the kernels' paths: greedy; temperature with top-k, top-p and logprobs;
+  // min-p with penalties.
+  if (!backend_.supports_sampling() || config_.host_sampling || logits.rows() < 1) return;
+  const int32_t V = static_cast<int32_t>(model_.config().vocab_size);
+  std::vector<SamplingParams> params(3);
+  params[0].temperature = 0.0f;
+  params[1].temperature = 0.8f;
+  params[1].top_k = 50;
+  params[1].top_p = 0.9f;
+  params[1].logprobs = 5;
+  params[2].min_p = 0.05f;
+  params[2].repetition_penalty = 1.1f;
+  params[2].presence_penalty = 0.5f;
+  params[2].frequency_penalty = 0.5f;
+  const std::vector<int32_t> tokens = {0, 1};
+  std::vector<SampleRow> rows;
+  for (const SamplingParams& p : params) {
+    if (!p.validate(V).ok()) return;  // a vocabulary too small for these settings: skip it
+    rows.push_back({&p, tokens, tokens, 0});
+  }
+  std::vector<SampleOutput> outs(rows.size());
+  sample(logits, true, rows, std::vector<int64_t>(rows.size(), logits.rows() - 1), outs);
 }
 
 void Engine::step() {

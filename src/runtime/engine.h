@@ -137,6 +137,9 @@ class Engine {
   Status init();
   // Device backends: one step of the largest size before the KV pool is sized (see engine.cpp).
   void profile_run();
+  // Runs the device's sampling kernels once on `logits` ([rows, vocab] on the device), so their
+  // first launch is not a request's.
+  void warm_up_sampling(const Tensor& logits);
   // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
   // on the device ([n_logits, vocab]; undefined when the step wants none).
   Tensor run_model(const std::vector<SeqChunk>& chunks);

@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "backend/backend.h"
@@ -105,7 +106,9 @@ class ContractSamplingBackend final : public Backend {
   explicit ContractSamplingBackend(Backend& inner) : in_(inner) {}
 
   std::string name() const override { return "contract-sampling(" + in_.name() + ")"; }
-  Device device() const override { return in_.device(); }
+  Device device() const override { return device_ ? *device_ : in_.device(); }
+  // Reports `d` as the device (the engine then treats it as a GPU: a profile step at start-up).
+  void report_device(Device d) { device_ = d; }
   DType activation_dtype() const override { return in_.activation_dtype(); }
   std::unique_ptr<Buffer> allocate(int64_t n) override { return in_.allocate(n); }
   int64_t free_memory() const override { return in_.free_memory(); }
@@ -163,6 +166,7 @@ class ContractSamplingBackend final : public Backend {
 
  private:
   Backend& in_;
+  std::optional<Device> device_;
 };
 
 struct Collected {
@@ -307,6 +311,32 @@ TEST_F(EngineDeviceSamplingTest, SameOutputsAsTheHostSampler) {
   for (const Collected& c : host)
     for (const auto& [seq, t] : c.tokens) n_tokens += static_cast<int64_t>(t.size());
   EXPECT_EQ(contract_->n_rows_sampled, n_tokens) << "every token came from the device path";
+}
+
+// On a device, the start-up profile step also runs the sampling kernels once (three rows:
+// greedy; top-k, top-p and logprobs; min-p and penalties), so the first request does not load
+// them; requests afterwards sample exactly as without it.
+TEST_F(EngineDeviceSamplingTest, DeviceEnginesWarmUpSamplingAtStartUp) {
+  contract_->report_device(Device::kCuda);
+  {
+    EngineConfig cfg;
+    cfg.scheduler.max_num_seqs = 32;
+    cfg.scheduler.max_num_batched_tokens = 40;
+    cfg.kv_cache_memory = 8 << 20;
+    auto e = Engine::create(*model_, *contract_, nullptr, cfg);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(contract_->n_calls, 1);
+    EXPECT_EQ(contract_->n_rows_sampled, 3);
+  }
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r = request({5, 9, 33, static_cast<int32_t>(40 + i)}, 77 + i);
+    r.params.temperature = i % 2 ? 0.8f : 0.0f;
+    reqs.push_back(std::move(r));
+  }
+  const auto host = run(*cpu_, reqs);
+  const auto dev = run(*contract_, reqs);
+  expect_same(host, dev);
 }
 
 TEST_F(EngineDeviceSamplingTest, PromptLogprobsStepsSampleOnTheHost) {
