@@ -97,7 +97,9 @@ TEST(TokenizerInput, LargeInputsFinishInLinearishTime) {
       EXPECT_GT(ids->size(), 0u);
       EXPECT_LT(s, 120.0) << family << ": " << text->size() << " bytes took " << s << " s";
       // Byte-level BPE is lossless; the SentencePiece-style decoder strips the leading space.
-      if (std::string(family) == "gpt2") EXPECT_TRUE(*(*tok)->decode(*ids, false) == *text) << family;
+      if (std::string(family) == "gpt2") {
+        EXPECT_TRUE(*(*tok)->decode(*ids, false) == *text) << family;
+      }
     }
   }
 }
