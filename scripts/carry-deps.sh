@@ -22,6 +22,7 @@ pkgs=(
   libsentencepiece-dev libsentencepiece0
   libboost1.74-dev
   libgtest-dev libgmock-dev googletest
+  libbenchmark-dev libbenchmark1debian
   pkgconf-bin libpkgconf3
 )
 

@@ -20,7 +20,8 @@
 # PAGELLM_CHECK_ARCHIVE=FILE.tar.gz packs every log and bench report of the run into one file;
 # PAGELLM_CHECK_PROFILE_OFFLINE=1 adds per-op profiles of offline runs (bench throughput --profile);
 # PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (256) and
-# max-num-batched-tokens (8192).
+# max-num-batched-tokens (8192); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
+# micro-benchmarks (bench/micro/cuda_attention_{decode,prefill}_bench; Google Benchmark carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -91,7 +92,9 @@ if command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi
 mkdir -p "$logs"
 t0=$(now)
 echo "== configure (cuda preset, CUDA arch $arch, ${CMAKE_GENERATOR:-Unix Makefiles})"
-if cmake --preset cuda -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGELLM_BENCH=OFF ${cmake_extra[@]+"${cmake_extra[@]}"} \
+# Google Benchmark micro-benchmarks only for PAGELLM_CHECK_KERNEL_BENCH=1 (carried since 2026-11-30).
+micro=$([ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ] && echo ON || echo OFF)
+if cmake --preset cuda -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGELLM_BENCH=$micro ${cmake_extra[@]+"${cmake_extra[@]}"} \
      >"$logs/configure.log" 2>&1; then
   record "configure" "ok ($(( $(now) - t0 ))s)"
 else
@@ -338,6 +341,21 @@ PY
       done
     fi
   fi
+fi
+
+# --- kernel micro-benchmarks (PAGELLM_CHECK_KERNEL_BENCH=1) ---
+# Decode and prefill attention per layer call on the shapes of bench/micro/cuda_attention_*_bench
+# (Llama-3-8B heads, DeepSeek-V2-Lite MLA): the loop for working on those kernels.
+if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
+  for b in cuda_attention_decode_bench cuda_attention_prefill_bench; do
+    build_target "$b" "$b" || continue
+    t=$(now)
+    echo "== $b"
+    timeout "$(step_limit 150)" "$build/bench/$b" >"$logs/$b.log" 2>&1
+    rc=$?
+    grep -E "^BM_" "$logs/$b.log" | sed 's/^/  /'
+    record "$b" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  done
 fi
 
 # --- summary ---
