@@ -21,7 +21,7 @@
 # PAGELLM_CHECK_PROFILE_OFFLINE=1 adds per-op profiles of offline runs (bench throughput --profile);
 # PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (256) and
 # max-num-batched-tokens (8192); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
-# micro-benchmarks (bench/micro/cuda_attention_{decode,prefill}_bench; Google Benchmark carried).
+# and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -344,10 +344,10 @@ PY
 fi
 
 # --- kernel micro-benchmarks (PAGELLM_CHECK_KERNEL_BENCH=1) ---
-# Decode and prefill attention per layer call on the shapes of bench/micro/cuda_attention_*_bench
-# (Llama-3-8B heads, DeepSeek-V2-Lite MLA): the loop for working on those kernels.
+# Decode and prefill attention and the routed experts per layer call (bench/micro/cuda_*_bench:
+# Llama-3-8B heads, DeepSeek-V2-Lite MLA and MoE, Mixtral MoE): the loop for working on them.
 if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
-  for b in cuda_attention_decode_bench cuda_attention_prefill_bench; do
+  for b in cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench; do
     build_target "$b" "$b" || continue
     t=$(now)
     echo "== $b"
