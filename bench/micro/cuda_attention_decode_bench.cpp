@@ -36,12 +36,8 @@ void run_case(benchmark::State& state, const Layout& L) {
   const int32_t seqs = static_cast<int32_t>(state.range(0));
   const int32_t ctx = static_cast<int32_t>(state.range(1));
   const int32_t plan = static_cast<int32_t>(std::max<int64_t>(state.range(2), ctx));
-  std::string why;
-  Backend* be = bench::cuda_or_null(why);
-  if (be == nullptr) {
-    state.SkipWithError(("CUDA backend unavailable: " + why).c_str());
-    return;
-  }
+  Backend* be = bench::cuda_or_skip(state);
+  if (be == nullptr) return;
   Backend& cuda = *be;
   bench::PagedBatch batch = bench::paged_batch(cuda, seqs, ctx, 1, kBlock, plan);
   const int64_t k_row = L.d, v_row = L.latent ? 0 : L.dv;

@@ -28,12 +28,8 @@ constexpr int kReps = 10;  // calls per timed interval: launch gaps hide behind 
 void BM_PrefillAttention(benchmark::State& state) {
   const int32_t n_seqs = static_cast<int32_t>(state.range(0));
   const int32_t len = static_cast<int32_t>(state.range(1));
-  std::string why;
-  Backend* be = bench::cuda_or_null(why);
-  if (be == nullptr) {
-    state.SkipWithError(("CUDA backend unavailable: " + why).c_str());
-    return;
-  }
+  Backend* be = bench::cuda_or_skip(state);
+  if (be == nullptr) return;
   Backend& cuda = *be;
   const int64_t n = static_cast<int64_t>(n_seqs) * len;
   bench::PagedBatch batch = bench::paged_batch(cuda, n_seqs, len, len, kBlock, len);

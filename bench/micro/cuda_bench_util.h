@@ -30,6 +30,14 @@ inline Backend* cuda_or_null(std::string& why) {
   return backend.get();
 }
 
+// The CUDA backend, or nullptr after marking the benchmark skipped with the reason.
+inline Backend* cuda_or_skip(benchmark::State& state) {
+  std::string why;
+  Backend* be = cuda_or_null(why);
+  if (be == nullptr) state.SkipWithError(("CUDA backend unavailable: " + why).c_str());
+  return be;
+}
+
 // n_seqs sequences of `len` cached tokens each in blocks of `block` tokens, sequence s owning
 // blocks s * blocks_per_seq ... (the layout a fresh pool hands out), `q_per_seq` queries each (the
 // last ones). The metadata lives on the device; max_seqlen_kv is `plan_len` (>= len), the bound a

@@ -35,12 +35,8 @@ constexpr MoeShape kMixtral{"mixtral-8x7b", 8, 2, 4096, 14336, false};
 
 void run_case(benchmark::State& state, const MoeShape& S) {
   const int64_t n = state.range(0);
-  std::string why;
-  Backend* be = bench::cuda_or_null(why);
-  if (be == nullptr) {
-    state.SkipWithError(("CUDA backend unavailable: " + why).c_str());
-    return;
-  }
+  Backend* be = bench::cuda_or_skip(state);
+  if (be == nullptr) return;
   Backend& cuda = *be;
   auto gu_buf = cuda.allocate(S.E * 2 * S.F * S.D * 2);
   auto dn_buf = cuda.allocate(S.E * S.D * S.F * 2);
