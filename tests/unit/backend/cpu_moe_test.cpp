@@ -20,12 +20,6 @@
 namespace pagellm::testing {
 namespace {
 
-std::vector<NamedBackend> all_backends() {
-  std::vector<NamedBackend> all = fast_backends();
-  all.insert(all.begin(), NamedBackend{"reference", make_cpu_backend(false)});
-  return all;
-}
-
 struct Routed {
   std::vector<int32_t> ids;
   std::vector<float> weights;

@@ -13,12 +13,6 @@
 namespace pagellm::testing {
 namespace {
 
-std::vector<NamedBackend> all_backends() {
-  std::vector<NamedBackend> all = fast_backends();
-  all.insert(all.begin(), NamedBackend{"reference", make_cpu_backend(false)});
-  return all;
-}
-
 // LlamaRMSNorm in double: x / sqrt(mean(x^2) + eps) * w.
 std::vector<double> naive_rms_norm(const std::vector<float>& x, const std::vector<float>& w,
                                    int64_t n, int64_t d, float eps) {

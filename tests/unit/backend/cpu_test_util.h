@@ -58,6 +58,12 @@ inline std::vector<NamedBackend> fast_backends() {
     out.push_back({k->isa, cpu::make_cpu_backend_for(k)});
   return out;
 }
+// The plain reference backend first, then every fast one.
+inline std::vector<NamedBackend> all_backends() {
+  std::vector<NamedBackend> all = fast_backends();
+  all.insert(all.begin(), NamedBackend{"reference", make_cpu_backend(false)});
+  return all;
+}
 
 // |got - want| <= tol, with a message naming the context (seed, case) and index.
 #define PAGELLM_EXPECT_CLOSE(got, want, tol, ctx, idx)                                          \
