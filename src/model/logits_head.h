@@ -12,12 +12,9 @@
 
 namespace pagellm {
 
-// Copies device logits (act [m, V]) to host f32 `out`, converting through `f32_scratch` (device f32,
-// at least [m, V]) when activations are not f32. Waits for the copy.
-void logits_to_host(Backend& backend, const Tensor& logits, const Tensor& f32_scratch, float* out);
-
-// logits_to_host for logits from anywhere (a replayed decode graph, say), with its own device f32
-// buffer, grown to the largest batch seen.
+// Copies device logits (act [m, V]) to host f32, converting them on the device first when
+// activations are not f32, through its own device f32 buffer grown to the largest batch seen.
+// For logits from anywhere: the LM head's, or a replayed decode graph's.
 class LogitsDownload {
  public:
   explicit LogitsDownload(Backend& backend) : backend_(backend) {}
@@ -39,7 +36,7 @@ class LogitsHead {
   // The last run's logits, act [n_logits, V] on the device.
   Tensor logits() const { return last_; }
   // Copies them to host f32 [n_logits, V] and waits.
-  void download(float* out) { logits_to_host(backend_, last_, logits_f32_, out); }
+  void download(float* out) { download_(last_, out); }
 
  private:
   void reserve(int64_t m, int64_t d, int64_t v);
@@ -48,7 +45,8 @@ class LogitsHead {
   int64_t capacity_ = 0;
   std::unique_ptr<Buffer> buf_;
   Tensor last_;
-  Tensor hl_, logits_, logits_f32_;  // [cap, D], [cap, V] act, [cap, V] f32 (non-f32 act only)
+  Tensor hl_, logits_;  // [cap, D], [cap, V] act
+  LogitsDownload download_{backend_};
 };
 
 }  // namespace pagellm
