@@ -196,6 +196,9 @@ TEST(AttentionDecode, HeadLayoutsAndDims) {
   run_attention_case(cuda, cpu, ++seed, {12, 4, 80, 80, 16, seqs});    // generic head_dim 80
   run_attention_case(cuda, cpu, ++seed, {8, 2, 128, 64, 32, seqs});    // Dv != D, block 32
   run_attention_case(cuda, cpu, ++seed, {8, 2, 64, 64, 8, seqs});      // block 8
+  run_attention_case(cuda, cpu, ++seed, {8, 2, 36, 36, 16, seqs});     // rows not 16-byte aligned
+  run_attention_case(cuda, cpu, ++seed, {8, 2, 128, 128, 1, seqs});    // block size 1
+  run_attention_case(cuda, cpu, ++seed, {8, 2, 128, 128, 7, seqs});    // block size not a power of 2
 }
 
 TEST(AttentionDecode, SlidingWindowAndSoftcap) {

@@ -2,7 +2,8 @@
 // All softmax math is fp32; K/V are read from the cache in bf16.
 //
 // Decode (max_seqlen_q == 1): one thread block per (sequence, KV head, KV split), so the G query
-// heads of a GQA group share every K/V load. A block scores its chunk of the context exactly (the
+// heads of a GQA group share every K/V load, read in 16-byte pieces with many loads in flight per
+// lane. A block scores its chunk of the context exactly (the
 // scores fit in shared memory), then writes either the final output (one split) or its
 // unnormalized partial sum with the chunk's max and sum of exponentials; a second kernel merges
 // the splits (log-sum-exp rescaling). Splitting long contexts keeps all SMs busy at small batch.
@@ -29,7 +30,7 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
-constexpr int kDecodeKeys = 8;         // keys a warp loads before using any of them
+constexpr int kDecodeLoads = 8;        // 16-byte row loads a lane issues before using any
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
 constexpr int kSmemSoftBudget = 64 * 1024;
@@ -58,17 +59,23 @@ struct DecodePlan {
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
+// Shared memory of one decode block for a chunk of `chunk` keys (layout above decode_kernel).
+int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int block_size) {
+  const int64_t tile = std::min(group, kDecodeHeadTile);
+  return static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
+         static_cast<int64_t>(group) * chunk * 4 + 2 * group * 4 + (chunk / block_size + 2) * 4;
+}
+
 DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   DecodePlan p;
   p.group = a.hq / a.hkv;
   p.dmax = dmax_for(std::max(a.head_dim, a.head_dim_v));
   int64_t max_len = std::max(a.max_seqlen_kv, 1);
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
-  const int64_t q_bytes = static_cast<int64_t>(p.group) * p.dmax * 2;
-  const int64_t per_token = static_cast<int64_t>(p.group) * 4;
-  const int64_t fixed_bytes =
-      q_bytes + static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * p.dmax * 4;
-  int64_t cap = (kSmemSoftBudget - fixed_bytes) / per_token / 32 * 32;
+  const int bs = std::max(a.block_size, 1);
+  // The longest chunk whose scores fit the soft budget (scores and block ids grow with it).
+  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, bs);
+  int64_t cap = (kSmemSoftBudget - fixed) / (static_cast<int64_t>(p.group) * 4 + 4) / 32 * 32;
   cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
   // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
   const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.hkv;
@@ -78,34 +85,99 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
-  const int64_t red_bytes =
-      static_cast<int64_t>(kDecodeWarps) * std::min(p.group, kDecodeHeadTile) * p.dmax * 4;
-  p.smem = static_cast<size_t>(per_token * chunk + q_bytes + p.group * 8 + red_bytes);
+  p.smem = static_cast<size_t>(decode_smem_bytes(p.group, p.dmax, chunk, bs));
   return p;
 }
 
-// Shared memory: scores f32 [G][chunk] | m, l f32 [G][2] | q bf16 [G][DMAX] |
-//                PV partial sums f32 [kDecodeWarps][min(G, kDecodeHeadTile)][DMAX].
-// Both passes over the context keep many loads in flight, which is what decode attention is bound
-// by: QK takes kDecodeKeys keys per warp per iteration (all their K loads issued before any math),
-// PV spreads keys over the warps (each lane owns DMAX / 32 contiguous V dims, so a warp reads whole
-// rows) and sums the warps' partial results through shared memory at the end.
-template <int DMAX>
+// 8 bf16 (16 bytes) of a cache row starting at element e of a row of n elements: zeros past the
+// row's end. kAligned: rows and strides are multiples of 8 elements on 16-byte boundaries, so one
+// vector load serves; otherwise element loads (odd head dims or strides).
+template <bool kAligned>
+__device__ __forceinline__ uint4 load_row8(const bf16* row, int e, int n) {
+  if constexpr (kAligned) {
+    return e < n ? *reinterpret_cast<const uint4*>(row + e) : make_uint4(0, 0, 0, 0);
+  } else {
+    union {
+      uint4 v;
+      bf16 h[8];
+    } u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) u.h[i] = e + i < n ? row[e + i] : from_float<bf16>(0.0f);
+    return u.v;
+  }
+}
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(p[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+// Sums N values over each group of Off * 2 consecutive lanes ("transposed" reduction): at each of
+// the first log2(N) levels a lane keeps one half of its values and sends the other half to its
+// partner, so the N sums cost N - 1 + log2(group / N) shuffles instead of N * log2(group).
+// Afterwards v[0] holds the sum of value reduced_index<Off * 2, N>(lane).
+template <int Off, int N>
+__device__ __forceinline__ void transpose_reduce(float* v, int lane) {
+  if constexpr (Off >= 1) {
+    if constexpr (N > 1) {
+      const bool upper = lane & Off;
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const float send = upper ? v[i] : v[i + N / 2];
+        const float keep = upper ? v[i + N / 2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, Off);
+      }
+      transpose_reduce<Off / 2, N / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], Off);
+      transpose_reduce<Off / 2, 1>(v, lane);
+    }
+  }
+}
+template <int Group, int N>
+__device__ __forceinline__ int reduced_index(int lane) {
+  int idx = 0;
+#pragma unroll
+  for (int n = N, off = Group / 2; n > 1; n /= 2, off /= 2)
+    if (lane & off) idx += n / 2;
+  return idx;
+}
+
+// One block per (sequence, KV head, split), kDecodeWarps warps. Lanes split a cache row in
+// 16-byte pieces (L lanes per row, so a warp covers 32 / L rows per load) and each lane keeps
+// kDecodeLoads loads in flight before using any: decode attention is bound by how many bytes are
+// in flight, not by arithmetic. Pass 1 scores the chunk's keys for every head of the GQA group
+// (each K row is loaded once for all of them; the per-row dot products are summed over the L
+// lanes by transpose_reduce), then an exact softmax per head over the chunk, then pass 2 streams
+// the V rows the same way, each lane accumulating its 8 dims for a tile of heads.
+//
+// Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
+//                scores f32 [G][chunk] | m, l f32 [G][2] | the chunk's block ids i32.
+template <int DMAX, bool kAligned>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
                   float* __restrict__ part_ml) {
-  extern __shared__ float smem[];
+  constexpr int L = DMAX / 8;                      // lanes per cache row
+  constexpr int KPW = 32 / L;                      // rows per warp-wide load
+  constexpr int KW = KPW * kDecodeLoads;           // rows per warp per iteration
+  static_assert(L >= kDecodeLoads, "transpose_reduce needs a lane per loaded row");
+  extern __shared__ __align__(16) unsigned char decode_smem[];
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int q_tok = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
   const int G = a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
   const int tile = min(G, kDecodeHeadTile);
-  float* scores = smem;
-  float* ml = scores + static_cast<size_t>(G) * chunk;
-  bf16* qs = reinterpret_cast<bf16*>(ml + 2 * G);
+  bf16* qs = reinterpret_cast<bf16*>(decode_smem);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
-  const int32_t* table = a.block_tables + s * a.block_table_ld;
+  float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
+  float* ml = scores + static_cast<size_t>(G) * chunk;
+  int32_t* blk = reinterpret_cast<int32_t*>(ml + 2 * G);
   const int32_t pos = a.seq_lens_kv[s] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
@@ -115,53 +187,59 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int32_t begin = lo + split * my_chunk;
   const int32_t n_tok = max(0, min(begin + my_chunk, pos + 1) - begin);
   const int h0 = kvh * G;
+  const int bs = a.block_size;
+  const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;  // block_size a power of two
+  const int32_t first_blk = n_tok > 0 ? begin / bs : 0;
+  const int n_blk = n_tok > 0 ? (begin + n_tok - 1) / bs - first_blk + 1 : 0;
 
+  // The chunk's block ids go to shared memory once, so no row load waits on a table load.
+  const int32_t* table = a.block_tables + s * a.block_table_ld;
+  for (int i = tid; i < n_blk; i += kDecodeThreads) blk[i] = table[first_blk + i];
+  // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
   const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
-  for (int idx = tid; idx < G * D; idx += kDecodeThreads) {
-    const int g = idx / D, e = idx % D;
-    qs[g * DMAX + e] = q[(h0 + g) * a.q_stride_head + e];
+  for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
+    const int g = idx / DMAX, e = idx % DMAX;
+    qs[idx] = e < D ? q[(h0 + g) * a.q_stride_head + e] : from_float<bf16>(0.0f);
   }
   __syncthreads();
 
-  // Scores: a warp per key, kDecodeKeys keys per iteration; lanes hold pairs of K elements,
-  // reused for every head of the group.
-  constexpr int kPairs = DMAX / 64;
-  for (int t0 = warp * kDecodeKeys; t0 < n_tok; t0 += kDecodeWarps * kDecodeKeys) {
-    float2 kr[kDecodeKeys][kPairs];
+  auto row = [&](const CacheView& c, int32_t t) {
+    const int32_t p = begin + t;
+    const int32_t b = shift >= 0 ? p >> shift : p / bs;
+    return static_cast<const bf16*>(c.data) + blk[b - first_blk] * c.stride_block +
+           (p - b * bs) * c.stride_tok + kvh * c.stride_head;
+  };
+  const int sub = lane % L, kk = lane / L, e0 = sub * 8;
+
+  // Pass 1: scores. Row t0 + u * KPW + kk of this warp's iteration is lane's u-th load.
+  for (int t0 = warp * KW; t0 < n_tok; t0 += kDecodeWarps * KW) {
+    float kf[kDecodeLoads][8];
+    {
+      uint4 raw[kDecodeLoads];
 #pragma unroll
-    for (int u = 0; u < kDecodeKeys; ++u) {
-      const bool valid = t0 + u < n_tok;
-      const bf16* krow = valid ? cache_row(a.k_cache, table, begin + t0 + u, a.block_size, kvh) : nullptr;
-#pragma unroll
-      for (int c = 0; c < kPairs; ++c) {
-        const int e = 2 * (lane + 32 * c);
-        kr[u][c] = valid && e < D
-                       ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + e))
-                       : make_float2(0.0f, 0.0f);
+      for (int u = 0; u < kDecodeLoads; ++u) {
+        const int t = t0 + u * KPW + kk;
+        raw[u] = t < n_tok ? load_row8<kAligned>(row(a.k_cache, t), e0, D) : make_uint4(0, 0, 0, 0);
       }
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) unpack8(raw[u], kf[u]);
     }
+    const int u_mine = reduced_index<L, kDecodeLoads>(lane);
+    const int t_mine = t0 + u_mine * KPW + kk;
+    const bool writer = (lane & (L / kDecodeLoads - 1)) == 0 && t_mine < n_tok;
     for (int g = 0; g < G; ++g) {
-      float2 qv[kPairs];
+      float qf[8];
+      unpack8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
+      float dot[kDecodeLoads];
 #pragma unroll
-      for (int c = 0; c < kPairs; ++c) {
-        const int e = 2 * (lane + 32 * c);
-        qv[c] = e < D ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qs + g * DMAX + e))
-                      : make_float2(0.0f, 0.0f);
+      for (int u = 0; u < kDecodeLoads; ++u) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d = fmaf(qf[i], kf[u][i], d);
+        dot[u] = d;
       }
-      float dot[kDecodeKeys];
-#pragma unroll
-      for (int u = 0; u < kDecodeKeys; ++u) {
-        dot[u] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < kPairs; ++c) dot[u] += qv[c].x * kr[u][c].x + qv[c].y * kr[u][c].y;
-      }
-#pragma unroll
-      for (int u = 0; u < kDecodeKeys; ++u) dot[u] = warp_sum(dot[u]);
-      if (lane == 0) {
-#pragma unroll
-        for (int u = 0; u < kDecodeKeys; ++u)
-          if (t0 + u < n_tok) scores[g * chunk + t0 + u] = cap_score(dot[u] * a.scale, a.softcap);
-      }
+      transpose_reduce<L / 2, kDecodeLoads>(dot, lane);
+      if (writer) scores[g * chunk + t_mine] = cap_score(dot[0] * a.scale, a.softcap);
     }
   }
   __syncthreads();
@@ -185,55 +263,50 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncthreads();
 
-  // P . V: warp w takes keys w, w + kDecodeWarps, ...; lane owns dims [e0, e0 + kDims).
-  constexpr int kDims = DMAX / 32;
-  const int e0 = lane * kDims;
+  // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
   for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
-    float acc[kDecodeHeadTile][kDims];
+    float acc[kDecodeHeadTile][8];
 #pragma unroll
     for (int gg = 0; gg < kDecodeHeadTile; ++gg)
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) acc[gg][d] = 0.0f;
-    if (e0 < Dv) {
-      for (int t0 = warp; t0 < n_tok; t0 += kDecodeWarps * kDecodeKeys) {
-        float2 vr[kDecodeKeys][kDims / 2];
+      for (int i = 0; i < 8; ++i) acc[gg][i] = 0.0f;
+    for (int t0 = warp * KW; t0 < n_tok; t0 += kDecodeWarps * KW) {
+      uint4 raw[kDecodeLoads];
 #pragma unroll
-        for (int u = 0; u < kDecodeKeys; ++u) {
-          const int t = t0 + u * kDecodeWarps;
-          const bf16* vrow = t < n_tok ? cache_row(a.v_cache, table, begin + t, a.block_size, kvh) : nullptr;
+      for (int u = 0; u < kDecodeLoads; ++u) {
+        const int t = t0 + u * KPW + kk;
+        raw[u] = t < n_tok ? load_row8<kAligned>(row(a.v_cache, t), e0, Dv) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-          for (int c = 0; c < kDims / 2; ++c) {
-            const int e = e0 + 2 * c;
-            vr[u][c] = t < n_tok && e < Dv
-                           ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + e))
-                           : make_float2(0.0f, 0.0f);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kDecodeKeys; ++u) {
-          const int t = t0 + u * kDecodeWarps;
-          if (t >= n_tok) break;
+      for (int u = 0; u < kDecodeLoads; ++u) {
+        const int t = t0 + u * KPW + kk;
+        if (t < n_tok) {
+          float vf[8];
+          unpack8(raw[u], vf);
 #pragma unroll
           for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
             if (gg < gn) {
               const float p = scores[(g0 + gg) * chunk + t];
 #pragma unroll
-              for (int c = 0; c < kDims / 2; ++c) {
-                acc[gg][2 * c] += p * vr[u][c].x;
-                acc[gg][2 * c + 1] += p * vr[u][c].y;
-              }
+              for (int i = 0; i < 8; ++i) acc[gg][i] = fmaf(p, vf[i], acc[gg][i]);
             }
           }
         }
       }
     }
-    // Sum the warps' partial results.
+    // Sum the rows a warp held side by side (lanes kk * L + sub), then the warps.
 #pragma unroll
     for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
       if (gg < gn) {
 #pragma unroll
-        for (int d = 0; d < kDims; ++d) red[(warp * tile + gg) * DMAX + e0 + d] = acc[gg][d];
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int off = L; off < 32; off *= 2) acc[gg][i] += __shfl_xor_sync(0xffffffffu, acc[gg][i], off);
+        if (kk == 0) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) red[(warp * tile + gg) * DMAX + e0 + i] = acc[gg][i];
+        }
       }
     }
     __syncthreads();
@@ -384,7 +457,17 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
   }
 }
 
-template <int DMAX>
+// Whether every cache row the decode kernel reads starts on a 16-byte boundary with a multiple of
+// 8 elements, so it can load rows in 16-byte pieces.
+bool decode_rows_aligned(const AttentionArgs& a) {
+  auto ok = [](const CacheView& c) {
+    return reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && c.stride_block % 8 == 0 &&
+           c.stride_tok % 8 == 0 && c.stride_head % 8 == 0;
+  };
+  return a.head_dim % 8 == 0 && a.head_dim_v % 8 == 0 && ok(a.k_cache) && ok(a.v_cache);
+}
+
+template <int DMAX, bool kAligned>
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
   float* part_acc = static_cast<float*>(workspace);
   float* part_ml = part_acc == nullptr
@@ -393,16 +476,22 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cu
   PAGELLM_CHECK_MSG(p.smem <= static_cast<size_t>(kSmemHardLimit),
                     "attention: GQA group too large for the decode kernel's shared memory");
   if (p.smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(p.smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX, kAligned>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
   const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  decode_kernel<DMAX><<<grid, kDecodeThreads, p.smem, stream>>>(a, p.chunk, p.n_splits, part_acc,
-                                                                 part_ml);
+  decode_kernel<DMAX, kAligned><<<grid, kDecodeThreads, p.smem, stream>>>(a, p.chunk, p.n_splits,
+                                                                           part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
     decode_reduce_kernel<<<dim3(a.hq, a.n_seqs), 128, 0, stream>>>(a, p.n_splits, part_acc, part_ml);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+template <int DMAX>
+void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
+  if (decode_rows_aligned(a)) run_decode<DMAX, true>(a, p, workspace, stream);
+  else run_decode<DMAX, false>(a, p, workspace, stream);
 }
 
 template <int DMAX>
