@@ -21,7 +21,8 @@
 # PAGELLM_CHECK_PROFILE_OFFLINE=1 adds per-op profiles of offline runs (bench throughput --profile);
 # PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (256) and
 # max-num-batched-tokens (8192); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
-# and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried).
+# and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried;
+# PAGELLM_KERNEL_BENCHES names a subset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -347,7 +348,8 @@ fi
 # Decode and prefill attention and the routed experts per layer call (bench/micro/cuda_*_bench:
 # Llama-3-8B heads, DeepSeek-V2-Lite MLA and MoE, Mixtral MoE): the loop for working on them.
 if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
-  for b in cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench; do
+  # PAGELLM_KERNEL_BENCHES narrows the list (space-separated names).
+  for b in ${PAGELLM_KERNEL_BENCHES:-cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench}; do
     build_target "$b" "$b" || continue
     t=$(now)
     echo "== $b"
