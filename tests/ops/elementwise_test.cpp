@@ -253,7 +253,7 @@ void run_add_rms_norm_case(Backend& cuda, Backend& cpu, uint64_t seed, int64_t n
 TEST(AddRmsNorm, MatchesReference) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 600;
-  for (int64_t d : {7, 19, 111, 4096})
+  for (int64_t d : {7, 19, 24, 111, 2048, 4096})  // 24, 2048, 4096: the 16-byte vector path
     for (int64_t n : kRowCounts)
       for (bool in_place : {false, true}) run_add_rms_norm_case(cuda, cpu, ++seed, n, d, in_place);
 }
@@ -263,7 +263,7 @@ TEST(AddRmsNorm, MatchesReference) {
 TEST(SiluMul, ColumnSlicesOfOneBuffer) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 700;
-  for (int64_t f : {7, 19, 111, 14336})
+  for (int64_t f : {7, 19, 24, 111, 2816, 14336})  // 24, 2816, 14336: 16-byte vector path
     for (int64_t n : kRowCounts) {
       ++seed;
       Rng rng(seed);

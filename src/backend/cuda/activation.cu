@@ -18,6 +18,7 @@ dim3 row_grid(int64_t n_rows, int64_t cols) {
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t ldu, T* out,
                                 int64_t ldo, int64_t n_rows, int64_t cols) {
+  pdl_allow_next();  // the down projection's GEMV may start fetching its weights
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -26,6 +27,33 @@ __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t
     // silu(g) = g / (1 + e^-g); expf of a large positive -g gives inf and g / inf = -0, the limit.
     out[r * ldo + c] = from_float<T>(g / (1.0f + expf(-g)) * u);
   }
+}
+
+// The bf16 rows of every model, 8 elements (16 bytes) per thread: one vector load per operand
+// instead of eight, which is what the scalar kernel above is bound by on wide rows.
+__global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16* up, int64_t ldu,
+                                       bf16* out, int64_t ldo, int64_t n_rows, int64_t cols) {
+  pdl_allow_next();
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (c >= cols) return;
+  for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+    const uint4 gv = *reinterpret_cast<const uint4*>(gate + r * ldg + c);
+    const uint4 uv = *reinterpret_cast<const uint4*>(up + r * ldu + c);
+    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
+    uint4 ov;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&ov);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 g = __bfloat1622float2(g2[i]), u = __bfloat1622float2(u2[i]);
+      o2[i] = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+    }
+    *reinterpret_cast<uint4*>(out + r * ldo + c) = ov;
+  }
+}
+
+bool rows_of_8_aligned(const RowView& v) {
+  return v.ld % 8 == 0 && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
 }
 
 template <typename T>
@@ -73,6 +101,14 @@ __global__ void add_bias_kernel(T* out, int64_t ldo, const TB* __restrict__ bias
 void launch_silu_mul(const RowView& gate, const RowView& up, const RowView& out,
                      cudaStream_t stream) {
   if (out.n_rows == 0 || out.cols == 0) return;
+  if (out.dtype == DType::kBF16 && out.cols % 8 == 0 && rows_of_8_aligned(gate) &&
+      rows_of_8_aligned(up) && rows_of_8_aligned(out)) {
+    silu_mul_bf16x8_kernel<<<row_grid(out.n_rows, out.cols / 8), kThreads, 0, stream>>>(
+        static_cast<const bf16*>(gate.data), gate.ld, static_cast<const bf16*>(up.data), up.ld,
+        static_cast<bf16*>(out.data), out.ld, out.n_rows, out.cols);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   dispatch_float_type(out.dtype, [&](auto t) {
     using T = decltype(t);
     silu_mul_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(

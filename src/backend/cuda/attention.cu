@@ -167,6 +167,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   constexpr int KW = KPW * kDecodeLoads;           // rows per warp per iteration
   static_assert(L >= kDecodeLoads, "transpose_reduce needs a lane per loaded row");
   extern __shared__ __align__(16) unsigned char decode_smem[];
+  pdl_allow_next();  // the output projection's GEMV may start fetching its weights
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int q_tok = a.cu_seqlens_q[s];
@@ -339,6 +340,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 __global__ void decode_reduce_kernel(AttentionArgs a, int n_splits,
                                      const float* __restrict__ part_acc,
                                      const float* __restrict__ part_ml) {
+  pdl_allow_next();
   const int h = blockIdx.x, s = blockIdx.y;
   const int q_tok = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;

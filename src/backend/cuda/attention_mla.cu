@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     mla_attention_kernel(AttentionArgs a, MlaLayout L, float* __restrict__ part_acc,
                          float* __restrict__ part_ml) {
   extern __shared__ float4 smem_raw[];
+  pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
   float* smem = reinterpret_cast<float*>(smem_raw);
   const int tok = blockIdx.x, split = blockIdx.y;
   const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
@@ -355,6 +356,7 @@ __global__ void __launch_bounds__(kReduceThreads)
                       const float* __restrict__ part_ml) {
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_sum;
+  pdl_allow_next();
   const int e = blockIdx.x * kReduceThreads + threadIdx.x;
   const int h = blockIdx.y, tok = blockIdx.z;
   if (tok >= a.cu_seqlens_q[a.n_seqs]) return;

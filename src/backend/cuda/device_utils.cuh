@@ -5,7 +5,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/check.h"
@@ -73,6 +76,67 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
     s = fmaf(fa.y, fb.y, s);
   }
   return s;
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
+// attribute (launch_overlapped) may start while the kernel before it still runs, does whatever
+// does not depend on it (the GEMVs prefetch their weights), then waits in pdl_wait() for that
+// kernel to finish and its writes to be visible. Kernels that call pdl_allow_next() early let such
+// a successor start as soon as all their own blocks are running. Both are no-ops on older GPUs and
+// for kernels launched the ordinary way, so a kernel may contain them whoever launches it.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Whether the current device can overlap a kernel with its predecessor (compute capability 9.0+),
+// looked up once per device. PAGELLM_CUDA_PDL=0 in the environment turns overlapping off (to
+// measure what it gains).
+inline bool pdl_supported() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not looked up, 1: no, 2: yes
+  static const bool enabled = [] {
+    const char* v = std::getenv("PAGELLM_CUDA_PDL");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (!enabled || dev >= kMaxDevices) return false;
+  int k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    k = major >= 9 ? 2 : 1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
+}
+
+// Launches `kernel` on `stream` so that it may overlap the kernel queued before it (see pdl_wait;
+// the kernel must call pdl_wait() before it reads anything its predecessors write, or writes
+// anything they read). Falls back to an ordinary launch where the device cannot.
+template <typename... Params, typename... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_supported()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

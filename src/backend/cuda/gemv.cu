@@ -6,7 +6,8 @@
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
 // warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch of
 // independent products of one shape (per-head projections) runs as one launch, an entry per
-// blockIdx.y.
+// blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it prefetches the
+// start of its weight rows while that kernel finishes.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -17,6 +18,8 @@ constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvRows = 2;    // output rows per warp
 constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
+constexpr int64_t kGemvPrefetch = 512;  // elements per row pulled into L2 before the wait (1 KB:
+                                        // ~17 MB over all resident blocks, a few us of DRAM time)
 
 __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   if (bias == nullptr) return 0.0f;
@@ -47,6 +50,16 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bf16* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
+  // The weights do not depend on the kernel before this one: start pulling the first
+  // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
+  // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
+  // the rows of the first blocks out of L2 before they are read.
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    const int64_t k = lane * 64;  // one 128-byte line per lane
+    if (k < k_dim && k < kGemvPrefetch) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
+  }
+  pdl_wait();
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   for (int64_t k0 = lane * 8; k0 < k_dim; k0 += kStep * kGemvUnroll) {
@@ -95,15 +108,14 @@ void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_d
   const auto* xp = static_cast<const bf16*>(x.data);
   const auto* wp = static_cast<const bf16*>(w.data);
   if (out.dtype == DType::kF32) {
-    gemv_kernel<N, float><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows, x.cols,
-        x_bs, w_bs, o_bs);
+    launch_overlapped(gemv_kernel<N, float>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
+                      w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows,
+                      x.cols, x_bs, w_bs, o_bs);
   } else {
-    gemv_kernel<N, bf16><<<grid, kGemvThreads, 0, stream>>>(
-        xp, x.ld, wp, w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols,
-        x_bs, w_bs, o_bs);
+    launch_overlapped(gemv_kernel<N, bf16>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
+                      w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows,
+                      x.cols, x_bs, w_bs, o_bs);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
