@@ -87,6 +87,7 @@ TEST(RopeStoreKv, MatchesReference) {
       run_rope_store_kv_case(cuda, cpu, ++seed,
                              {n, 8, 8, 256, 256, 64, inter, 32});  // partial rotary
       run_rope_store_kv_case(cuda, cpu, ++seed, {n, 4, 2, 96, 64, 32, inter, 16});  // Dv != D
+      run_rope_store_kv_case(cuda, cpu, ++seed, {n, 6, 3, 40, 36, 20, inter, 16});  // Dv % 8 != 0
     }
 }
 

@@ -1,5 +1,5 @@
-// Rotary embedding, alone and fused with the paged KV-cache write. One block per token (per token
-// and head for the fused kernel); the rotation of a pair (a, b) is done by one thread, so in-place
+// Rotary embedding, alone and fused with the paged KV-cache write. One block per token (a warp per
+// token and head for the fused kernel); the rotation of a pair (a, b) is done by one thread, so in-place
 // updates never race. Pairs are
 // (2j, 2j+1) when interleaved (GPT-J / DeepSeek) and (j, j + rotary_dim/2) otherwise (NeoX / HF
 // Llama); both touch only the first rotary_dim dims of a head.
@@ -20,10 +20,12 @@ __device__ __forceinline__ Pair pair_of(int64_t j, int64_t half, bool interleave
 
 // Rotates every pair of every head of token `i` in place; when `cache` is non-null, the rotated
 // values are also written to the cache row of that head.
+// Thread `me` of `count` takes pairs me, me + count, ...
 __device__ __forceinline__ void rotate_heads(bf16* x, int64_t stride_head, int64_t heads,
                                              const float* cs, int64_t half, bool interleaved,
-                                             bf16* cache, int64_t cache_stride_head) {
-  for (int64_t t = threadIdx.x; t < heads * half; t += blockDim.x) {
+                                             bf16* cache, int64_t cache_stride_head, int me,
+                                             int count) {
+  for (int64_t t = me; t < heads * half; t += count) {
     const int64_t h = t / half, j = t % half;
     const Pair p = pair_of(j, half, interleaved);
     bf16* v = x + h * stride_head;
@@ -44,26 +46,32 @@ __global__ void rope_kernel(HeadsView x, const float* __restrict__ cos_sin, int6
                             int64_t rotary_dim, bool interleaved) {
   const int64_t i = blockIdx.x;
   rotate_heads(static_cast<bf16*>(x.data) + i * x.stride_tok, x.stride_head, x.heads,
-               cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0);
+               cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0, threadIdx.x, blockDim.x);
 }
 
-// One block per (token, head): blockIdx.y < q.heads rotates that query head; the others rotate
-// key head y - q.heads, store it and copy the same head of v. A decode step (one token) thus
-// spreads over q.heads + k.heads blocks instead of one.
+// A warp per (token, head), kHeadsPerBlock heads per block: head y < q.heads rotates that query
+// head; the others rotate key head y - q.heads, store it and copy the same head of v. Warps rather
+// than blocks per head because a head is only 64..256 values: a block each left most threads idle
+// and made block scheduling the cost of a prefill's many (token, head) pairs.
+constexpr int kHeadsPerBlock = kThreads / 32;
+
 __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
                                      const float* __restrict__ cos_sin, int64_t cs_ld,
                                      int64_t rotary_dim, bool interleaved,
                                      const int32_t* __restrict__ slot_mapping, CacheView kc,
-                                     CacheView vc) {
+                                     CacheView vc, bool v_vec) {
   const int64_t i = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t y = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + (threadIdx.x >> 5);
+  if (y >= q.heads + k.heads) return;
   const float* cs = cos_sin + i * cs_ld;
   const int64_t half = rotary_dim / 2;
-  if (blockIdx.y < q.heads) {
-    rotate_heads(static_cast<bf16*>(q.data) + i * q.stride_tok + blockIdx.y * q.stride_head,
-                 q.stride_head, 1, cs, half, interleaved, nullptr, 0);
+  if (y < q.heads) {
+    rotate_heads(static_cast<bf16*>(q.data) + i * q.stride_tok + y * q.stride_head, q.stride_head,
+                 1, cs, half, interleaved, nullptr, 0, lane, 32);
     return;
   }
-  const int64_t h = blockIdx.y - q.heads;
+  const int64_t h = y - q.heads;
   const int64_t slot = slot_mapping[i];
   // Negative slots are padding; slots past the cache cannot come from a valid plan, and are
   // skipped rather than written out of bounds.
@@ -76,12 +84,17 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
     vdst = static_cast<bf16*>(vc.data) + blk * vc.stride_block + off * vc.stride_tok + h * vc.stride_head;
   }
   bf16* krow = static_cast<bf16*>(k.data) + i * k.stride_tok + h * k.stride_head;
-  rotate_heads(krow, k.stride_head, 1, cs, half, interleaved, kdst, kc.stride_head);
+  rotate_heads(krow, k.stride_head, 1, cs, half, interleaved, kdst, kc.stride_head, lane, 32);
   if (!store) return;
   // K dims past rotary_dim are copied unrotated (partial rotary: Phi, GLM, DeepSeek's nope part).
-  for (int64_t e = rotary_dim + threadIdx.x; e < k.dim; e += blockDim.x) kdst[e] = krow[e];
+  for (int64_t e = rotary_dim + lane; e < k.dim; e += 32) kdst[e] = krow[e];
   const bf16* vrow = static_cast<const bf16*>(v.data) + i * v.stride_tok + h * v.stride_head;
-  for (int64_t e = threadIdx.x; e < v.dim; e += blockDim.x) vdst[e] = vrow[e];
+  if (v_vec) {  // 16-byte pieces where both rows allow (every model's layout)
+    for (int64_t e = 8 * lane; e < v.dim; e += 8 * 32)
+      *reinterpret_cast<uint4*>(vdst + e) = *reinterpret_cast<const uint4*>(vrow + e);
+  } else {
+    for (int64_t e = lane; e < v.dim; e += 32) vdst[e] = vrow[e];
+  }
 }
 
 }  // namespace
@@ -100,9 +113,16 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
                           const CacheView& v_cache, cudaStream_t stream) {
   if (q.n == 0) return;
   PAGELLM_CHECK(q.heads + k.heads <= 65535 && v.heads == k.heads);
-  const dim3 grid(static_cast<unsigned>(q.n), static_cast<unsigned>(q.heads + k.heads));
-  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(
-      q, k, v, cos_sin, cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache);
+  const auto vec_ok = [](const void* p, int64_t a, int64_t b, int64_t c) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
+  };
+  const bool v_vec = v.dim % 8 == 0 && vec_ok(v.data, v.stride_tok, v.stride_head, 0) &&
+                     vec_ok(v_cache.data, v_cache.stride_block, v_cache.stride_tok, v_cache.stride_head);
+  const dim3 grid(static_cast<unsigned>(q.n),
+                  static_cast<unsigned>((q.heads + k.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(q, k, v, cos_sin, cos_sin_ld, rotary_dim,
+                                                      interleaved, slot_mapping, k_cache, v_cache,
+                                                      v_vec);
   CUDA_CHECK_LAUNCH();
 }
 
