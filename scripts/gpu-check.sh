@@ -267,8 +267,11 @@ PY
         --load-format dummy --device cuda --input-len 512 --output-len 128 --iters 2
       run_bench profile-deepseek-v2-lite latency --profile --model $cfg/deepseek-v2-lite.json \
         --load-format dummy --device cuda --input-len 512 --output-len 8 --iters 1
+      # 16 prompts of 1000 tokens per step: the routed experts' GEMMs grow with the step, and
+      # the per-layer wait for the routing counts is paid once per step.
       run_bench throughput-deepseek-v2-lite throughput --model $cfg/deepseek-v2-lite.json \
-        --load-format dummy --device cuda --num-prompts 200 --input-len 1000 --output-len 100
+        --load-format dummy --device cuda --num-prompts 200 --input-len 1000 --output-len 100 \
+        --max-num-seqs 256 --max-num-batched-tokens 16384
     fi
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
@@ -283,7 +286,7 @@ PY
       if [ "${PAGELLM_CHECK_MOE:-0}" = 1 ]; then
         run_bench profile-offline-deepseek-v2-lite throughput --profile \
           --model $cfg/deepseek-v2-lite.json --load-format dummy --device cuda --num-prompts 100 \
-          --input-len 1000 --output-len 100
+          --input-len 1000 --output-len 100 --max-num-seqs 256 --max-num-batched-tokens 16384
       fi
     fi
     # The server on the GPU: a real `pagellm serve --device cuda` answering a completion.
