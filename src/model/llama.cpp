@@ -134,9 +134,9 @@ class LlamaModel final : public DecoderModel {
     Tensor h = ws.h.slice_rows(0, n);                // [n, D]
     Tensor attn = ws.attn.slice_rows(0, n);          // [n, Hq*Dh]
     Tensor act = ws.act.slice_rows(0, n);            // [n, F]
-    Proj qkv = proj_views(ws.qkv, n, {cfg_.q_dim(), cfg_.kv_dim(), cfg_.kv_dim()}, fuse_qkv_);
-    Proj gu = proj_views(ws.gate_up, n, {cfg_.intermediate_size, cfg_.intermediate_size},
-                               fuse_mlp_);
+    ProjViews qkv = proj_views(ws.qkv, n, {cfg_.q_dim(), cfg_.kv_dim(), cfg_.kv_dim()}, fuse_qkv_);
+    ProjViews gu = proj_views(ws.gate_up, n, {cfg_.intermediate_size, cfg_.intermediate_size},
+                              fuse_mlp_);
     Tensor q = qkv.part[0], k = qkv.part[1], v = qkv.part[2];
     Tensor gate = gu.part[0], up = gu.part[1];
     Tensor q3 = q.split_heads(Hq, Dh), k3 = k.split_heads(Hkv, Dh), v3 = v.split_heads(Hkv, Dh);
@@ -182,31 +182,6 @@ class LlamaModel final : public DecoderModel {
   }
 
  private:
-  // A step's outputs of a projection with parts of the given widths. Fused: one GEMM writes
-  // [n, sum of widths] and the parts are column slices of it. Separate: each part is its own
-  // contiguous [n, width] block carved from the same scratch (the CPU backend's ops, and the
-  // per-head RMSNorm of Qwen3, want contiguous rows).
-  struct Proj {
-    Tensor all;
-    std::array<Tensor, 3> part;
-  };
-  static Proj proj_views(const Tensor& scratch, int64_t n, std::initializer_list<int64_t> widths,
-                         bool fused) {
-    Proj p;
-    int64_t total = 0;
-    for (int64_t w : widths) total += w;
-    PAGELLM_CHECK(scratch.cols() == total && n <= scratch.rows());
-    p.all = scratch.slice_rows(0, n);
-    int64_t off = 0, i = 0;
-    for (int64_t w : widths) {
-      p.part[i++] = fused ? p.all.slice_cols(off, off + w)
-                          : Tensor(static_cast<char*>(scratch.data) + dtype_bytes(scratch.dtype, n * off),
-                                   scratch.dtype, {n, w}, scratch.device);
-      off += w;
-    }
-    return p;
-  }
-
   // Grows the workspace to hold n tokens.
   void reserve(int64_t n) {
     Workspace& ws = ws_;

@@ -22,6 +22,7 @@ namespace {
 struct MixtralLayer {
   Tensor input_layernorm, post_attention_layernorm;  // [D]
   Tensor q_proj, k_proj, v_proj;                     // [Hq*Dh, D], [Hkv*Dh, D], [Hkv*Dh, D]
+  Tensor qkv_proj;  // devices: q|k|v stacked by rows, one GEMM (the three above stay unset)
   Tensor o_proj;                                     // [D, Hq*Dh]
   Tensor router;                                     // [E, D]
   MoeExpertWeights experts;                          // w1 = gate, w3 = up, w2 = down
@@ -30,7 +31,9 @@ struct MixtralLayer {
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  Tensor x, residual, h, q, k, v, attn, cos_sin;
+  // qkv: a step's q, k and v, column slices of one GEMM's rows on devices, else three contiguous
+  // blocks of the same memory (proj_views).
+  Tensor x, residual, h, qkv, attn, cos_sin;
 };
 
 class MixtralModel final : public DecoderModel {
@@ -46,6 +49,7 @@ class MixtralModel final : public DecoderModel {
     const int64_t Dh = cfg_.head_dim, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     const int64_t E = cfg_.n_routed_experts;
     WeightLoader ld(backend_, w, opt);
+    fuse_qkv_ = backend_.device() != Device::kCpu;
     PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
@@ -54,9 +58,17 @@ class MixtralModel final : public DecoderModel {
       PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "input_layernorm.weight", D, L.input_layernorm));
       PAGELLM_RETURN_IF_ERROR(
           ld.norm_into(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.q_proj.weight", {Hq * Dh, D}, L.q_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, L.k_proj));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, L.v_proj));
+      const std::string a = p + "self_attn.";
+      if (fuse_qkv_) {
+        PAGELLM_ASSIGN_OR_RETURN(L.qkv_proj, ld.stacked_matrix({{a + "q_proj.weight", Hq * Dh},
+                                                                {a + "k_proj.weight", Hkv * Dh},
+                                                                {a + "v_proj.weight", Hkv * Dh}},
+                                                               D));
+      } else {
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {Hq * Dh, D}, L.q_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "k_proj.weight", {Hkv * Dh, D}, L.k_proj));
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "v_proj.weight", {Hkv * Dh, D}, L.v_proj));
+      }
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
       const std::string m = p + "block_sparse_moe.";
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "gate.weight", {E, D}, L.router));
@@ -92,11 +104,10 @@ class MixtralModel final : public DecoderModel {
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
     Tensor h = ws.h.slice_rows(0, n);                // [n, D]
-    Tensor q = ws.q.slice_rows(0, n);                // [n, Hq*Dh]
-    Tensor k = ws.k.slice_rows(0, n);                // [n, Hkv*Dh]
-    Tensor v = ws.v.slice_rows(0, n);                // [n, Hkv*Dh]
     Tensor attn = ws.attn.slice_rows(0, n);          // [n, Hq*Dh]
-    Tensor q3 = q.reshape({n, Hq, Dh}), k3 = k.reshape({n, Hkv, Dh}), v3 = v.reshape({n, Hkv, Dh});
+    ProjViews qkv = proj_views(ws.qkv, n, {cfg_.q_dim(), cfg_.kv_dim(), cfg_.kv_dim()}, fuse_qkv_);
+    Tensor q = qkv.part[0], k = qkv.part[1], v = qkv.part[2];
+    Tensor q3 = q.split_heads(Hq, Dh), k3 = k.split_heads(Hkv, Dh), v3 = v.split_heads(Hkv, Dh);
     Tensor attn3 = attn.reshape({n, Hq, Dh});
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, rotary_dim], uploaded by prepare()
 
@@ -108,9 +119,13 @@ class MixtralModel final : public DecoderModel {
       } else {
         backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MoE out
       }
-      backend_.matmul(h, L.q_proj, Tensor(), q);
-      backend_.matmul(h, L.k_proj, Tensor(), k);
-      backend_.matmul(h, L.v_proj, Tensor(), v);
+      if (fuse_qkv_) {
+        backend_.matmul(h, L.qkv_proj, Tensor(), qkv.all);
+      } else {
+        backend_.matmul(h, L.q_proj, Tensor(), q);
+        backend_.matmul(h, L.k_proj, Tensor(), k);
+        backend_.matmul(h, L.v_proj, Tensor(), v);
+      }
       backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
                              cache.k[l], cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
@@ -132,8 +147,8 @@ class MixtralModel final : public DecoderModel {
       const int64_t cap = std::max<int64_t>(n, 16);
       ws.buf = allocate_scratch(
           backend_, cap,
-          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.q, dt, qd}, {&ws.k, dt, kvd},
-           {&ws.v, dt, kvd}, {&ws.attn, dt, qd}, {&ws.cos_sin, DType::kF32, rd}});
+          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qkv, dt, qd + 2 * kvd},
+           {&ws.attn, dt, qd}, {&ws.cos_sin, DType::kF32, rd}});
       ws.capacity_tokens = cap;
     }
     moe_.reserve(n);
@@ -145,6 +160,9 @@ class MixtralModel final : public DecoderModel {
   std::vector<MixtralLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_;
   Workspace ws_;
+  // Devices stack q|k|v into one GEMM (one weight stream per step instead of three); the CPU keeps
+  // the checkpoint's matrices, mapped without a copy.
+  bool fuse_qkv_ = false;
 };
 
 Result<std::unique_ptr<Model>> make_mixtral(const LoadedCheckpoint& ckpt, Backend& backend,

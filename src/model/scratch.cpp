@@ -17,4 +17,21 @@ std::unique_ptr<Buffer> allocate_scratch(Backend& backend, int64_t rows,
   return buf;
 }
 
+ProjViews proj_views(const Tensor& scratch, int64_t n, std::initializer_list<int64_t> widths,
+                     bool fused) {
+  ProjViews p;
+  int64_t total = 0;
+  for (int64_t w : widths) total += w;
+  PAGELLM_CHECK(widths.size() <= p.part.size() && scratch.cols() == total && n <= scratch.rows());
+  p.all = scratch.slice_rows(0, n);
+  int64_t off = 0, i = 0;
+  for (int64_t w : widths) {
+    p.part[i++] = fused ? p.all.slice_cols(off, off + w)
+                        : Tensor(static_cast<char*>(scratch.data) + dtype_bytes(scratch.dtype, n * off),
+                                 scratch.dtype, {n, w}, scratch.device);
+    off += w;
+  }
+  return p;
+}
+
 }  // namespace pagellm

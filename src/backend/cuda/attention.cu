@@ -30,7 +30,8 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
-constexpr int kDecodeLoads = 8;        // 16-byte row loads a lane issues before using any
+constexpr int kDecodeMinBlocks = 5;    // resident decode blocks per SM the registers must allow
+constexpr int kDecodeLoads = 4;        // 16-byte row loads per lane per group (two groups in flight)
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
 constexpr int kSmemSoftBudget = 64 * 1024;
@@ -158,13 +159,15 @@ __device__ __forceinline__ int reduced_index(int lane) {
 //
 // Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
 //                scores f32 [G][chunk] | m, l f32 [G][2] | the chunk's block ids i32.
-template <int DMAX, bool kAligned>
-__global__ void __launch_bounds__(kDecodeThreads)
+// kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
+// P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
+template <int DMAX, bool kAligned, int kG>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
                   float* __restrict__ part_ml) {
   constexpr int L = DMAX / 8;                      // lanes per cache row
   constexpr int KPW = 32 / L;                      // rows per warp-wide load
-  constexpr int KW = KPW * kDecodeLoads;           // rows per warp per iteration
+  constexpr int KW = KPW * kDecodeLoads;           // rows per warp per group
   static_assert(L >= kDecodeLoads, "transpose_reduce needs a lane per loaded row");
   extern __shared__ __align__(16) unsigned char decode_smem[];
   pdl_allow_next();  // the output projection's GEMV may start fetching its weights
@@ -172,8 +175,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int q_tok = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
-  const int G = a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
-  const int tile = min(G, kDecodeHeadTile);
+  constexpr int kTile = kG > 0 ? kG : kDecodeHeadTile;  // accumulator rows per pass over V
+  const int G = kG > 0 ? kG : a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
+  const int tile = min(G, kTile);
   bf16* qs = reinterpret_cast<bf16*>(decode_smem);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
@@ -212,35 +216,49 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
   const int sub = lane % L, kk = lane / L, e0 = sub * 8;
 
-  // Pass 1: scores. Row t0 + u * KPW + kk of this warp's iteration is lane's u-th load.
-  for (int t0 = warp * KW; t0 < n_tok; t0 += kDecodeWarps * KW) {
-    float kf[kDecodeLoads][8];
-    {
-      uint4 raw[kDecodeLoads];
+  // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
+  // chunk. A warp's groups are kStride rows apart.
+  auto load_group = [&](const CacheView& c, int n, int t0, uint4(&raw)[kDecodeLoads]) {
 #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) {
-        const int t = t0 + u * KPW + kk;
-        raw[u] = t < n_tok ? load_row8<kAligned>(row(a.k_cache, t), e0, D) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) unpack8(raw[u], kf[u]);
+    for (int u = 0; u < kDecodeLoads; ++u) {
+      const int t = t0 + u * KPW + kk;
+      raw[u] = t < n_tok ? load_row8<kAligned>(row(c, t), e0, n) : make_uint4(0, 0, 0, 0);
     }
-    const int u_mine = reduced_index<L, kDecodeLoads>(lane);
-    const int t_mine = t0 + u_mine * KPW + kk;
-    const bool writer = (lane & (L / kDecodeLoads - 1)) == 0 && t_mine < n_tok;
-    for (int g = 0; g < G; ++g) {
-      float qf[8];
-      unpack8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
-      float dot[kDecodeLoads];
+  };
+  constexpr int kStride = kDecodeWarps * KW;
+
+  // Pass 1: scores. Software-pipelined: the next group's loads are issued before this group's
+  // math, so each warp always has a group in flight.
+  {
+    uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) {
-        float d = 0.0f;
+    for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
+    load_group(a.k_cache, D, warp * KW, cur);
+    for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
+      if (t0 + kStride < n_tok) load_group(a.k_cache, D, t0 + kStride, nxt);
+      float kf[kDecodeLoads][8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) d = fmaf(qf[i], kf[u][i], d);
-        dot[u] = d;
+      for (int u = 0; u < kDecodeLoads; ++u) unpack8(cur[u], kf[u]);
+      const int u_mine = reduced_index<L, kDecodeLoads>(lane);
+      const int t_mine = t0 + u_mine * KPW + kk;
+      const bool writer = (lane & (L / kDecodeLoads - 1)) == 0 && t_mine < n_tok;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float qf[8];
+        unpack8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
+        float dot[kDecodeLoads];
+#pragma unroll
+        for (int u = 0; u < kDecodeLoads; ++u) {
+          float d = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) d = fmaf(qf[i], kf[u][i], d);
+          dot[u] = d;
+        }
+        transpose_reduce<L / 2, kDecodeLoads>(dot, lane);
+        if (writer) scores[g * chunk + t_mine] = cap_score(dot[0] * a.scale, a.softcap);
       }
-      transpose_reduce<L / 2, kDecodeLoads>(dot, lane);
-      if (writer) scores[g * chunk + t_mine] = cap_score(dot[0] * a.scale, a.softcap);
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = nxt[u];
     }
   }
   __syncthreads();
@@ -267,26 +285,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
   for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
-    float acc[kDecodeHeadTile][8];
+    float acc[kTile][8];
 #pragma unroll
-    for (int gg = 0; gg < kDecodeHeadTile; ++gg)
+    for (int gg = 0; gg < kTile; ++gg)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[gg][i] = 0.0f;
-    for (int t0 = warp * KW; t0 < n_tok; t0 += kDecodeWarps * KW) {
-      uint4 raw[kDecodeLoads];
+    uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) {
-        const int t = t0 + u * KPW + kk;
-        raw[u] = t < n_tok ? load_row8<kAligned>(row(a.v_cache, t), e0, Dv) : make_uint4(0, 0, 0, 0);
-      }
+    for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
+    load_group(a.v_cache, Dv, warp * KW, cur);
+    for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
+      if (t0 + kStride < n_tok) load_group(a.v_cache, Dv, t0 + kStride, nxt);
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) {
         const int t = t0 + u * KPW + kk;
         if (t < n_tok) {
           float vf[8];
-          unpack8(raw[u], vf);
+          unpack8(cur[u], vf);
 #pragma unroll
-          for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
+          for (int gg = 0; gg < kTile; ++gg) {
             if (gg < gn) {
               const float p = scores[(g0 + gg) * chunk + t];
 #pragma unroll
@@ -295,10 +312,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
           }
         }
       }
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = nxt[u];
     }
     // Sum the rows a warp held side by side (lanes kk * L + sub), then the warps.
 #pragma unroll
-    for (int gg = 0; gg < kDecodeHeadTile; ++gg) {
+    for (int gg = 0; gg < kTile; ++gg) {
       if (gg < gn) {
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -469,7 +488,7 @@ bool decode_rows_aligned(const AttentionArgs& a) {
   return a.head_dim % 8 == 0 && a.head_dim_v % 8 == 0 && ok(a.k_cache) && ok(a.v_cache);
 }
 
-template <int DMAX, bool kAligned>
+template <int DMAX, bool kAligned, int kG>
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
   float* part_acc = static_cast<float*>(workspace);
   float* part_ml = part_acc == nullptr
@@ -478,11 +497,11 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cu
   PAGELLM_CHECK_MSG(p.smem <= static_cast<size_t>(kSmemHardLimit),
                     "attention: GQA group too large for the decode kernel's shared memory");
   if (p.smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX, kAligned>,
+    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX, kAligned, kG>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
   const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  decode_kernel<DMAX, kAligned><<<grid, kDecodeThreads, p.smem, stream>>>(a, p.chunk, p.n_splits,
-                                                                           part_acc, part_ml);
+  decode_kernel<DMAX, kAligned, kG><<<grid, kDecodeThreads, p.smem, stream>>>(
+      a, p.chunk, p.n_splits, part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
     decode_reduce_kernel<<<dim3(a.hq, a.n_seqs), 128, 0, stream>>>(a, p.n_splits, part_acc, part_ml);
@@ -492,8 +511,14 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cu
 
 template <int DMAX>
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
-  if (decode_rows_aligned(a)) run_decode<DMAX, true>(a, p, workspace, stream);
-  else run_decode<DMAX, false>(a, p, workspace, stream);
+  if (!decode_rows_aligned(a)) return run_decode<DMAX, false, 0>(a, p, workspace, stream);
+  switch (p.group) {
+    case 1: return run_decode<DMAX, true, 1>(a, p, workspace, stream);
+    case 2: return run_decode<DMAX, true, 2>(a, p, workspace, stream);
+    case 4: return run_decode<DMAX, true, 4>(a, p, workspace, stream);
+    case 8: return run_decode<DMAX, true, 8>(a, p, workspace, stream);
+    default: return run_decode<DMAX, true, 0>(a, p, workspace, stream);
+  }
 }
 
 template <int DMAX>
