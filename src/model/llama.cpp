@@ -62,26 +62,11 @@ class LlamaModel final : public DecoderModel {
       PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "input_layernorm.weight", D, L.input_layernorm));
       PAGELLM_RETURN_IF_ERROR(ld.norm_into(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
       const std::string a = p + "self_attn.";
-      if (fuse_qkv_) {
-        PAGELLM_ASSIGN_OR_RETURN(L.qkv_proj, ld.stacked_matrix({{a + "q_proj.weight", Hq * Dh},
-                                                                {a + "k_proj.weight", Hkv * Dh},
-                                                                {a + "v_proj.weight", Hkv * Dh}},
-                                                               D));
-        if (cfg_.attention_bias) {
-          PAGELLM_ASSIGN_OR_RETURN(L.qkv_bias, ld.stacked_vector({{a + "q_proj.bias", Hq * Dh},
-                                                                  {a + "k_proj.bias", Hkv * Dh},
-                                                                  {a + "v_proj.bias", Hkv * Dh}},
-                                                                 0.0f));
-        }
-      } else {
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {Hq * Dh, D}, L.q_proj));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "k_proj.weight", {Hkv * Dh, D}, L.k_proj));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "v_proj.weight", {Hkv * Dh, D}, L.v_proj));
-        if (cfg_.attention_bias) {
-          PAGELLM_RETURN_IF_ERROR(ld.bias_into(a + "q_proj.bias", Hq * Dh, L.q_bias));
-          PAGELLM_RETURN_IF_ERROR(ld.bias_into(a + "k_proj.bias", Hkv * Dh, L.k_bias));
-          PAGELLM_RETURN_IF_ERROR(ld.bias_into(a + "v_proj.bias", Hkv * Dh, L.v_bias));
-        }
+      PAGELLM_RETURN_IF_ERROR(ld.qkv_into(a, "weight", Hq * Dh, Hkv * Dh, D, fuse_qkv_, L.qkv_proj,
+                                          L.q_proj, L.k_proj, L.v_proj));
+      if (cfg_.attention_bias) {
+        PAGELLM_RETURN_IF_ERROR(ld.qkv_into(a, "bias", Hq * Dh, Hkv * Dh, 0, fuse_qkv_, L.qkv_bias,
+                                            L.q_bias, L.k_bias, L.v_bias));
       }
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "o_proj.weight", {D, Hq * Dh}, L.o_proj));
       if (cfg_.o_proj_bias) PAGELLM_RETURN_IF_ERROR(ld.bias_into(p + "self_attn.o_proj.bias", D, L.o_bias));

@@ -59,16 +59,8 @@ class MixtralModel final : public DecoderModel {
       PAGELLM_RETURN_IF_ERROR(
           ld.norm_into(p + "post_attention_layernorm.weight", D, L.post_attention_layernorm));
       const std::string a = p + "self_attn.";
-      if (fuse_qkv_) {
-        PAGELLM_ASSIGN_OR_RETURN(L.qkv_proj, ld.stacked_matrix({{a + "q_proj.weight", Hq * Dh},
-                                                                {a + "k_proj.weight", Hkv * Dh},
-                                                                {a + "v_proj.weight", Hkv * Dh}},
-                                                               D));
-      } else {
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {Hq * Dh, D}, L.q_proj));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "k_proj.weight", {Hkv * Dh, D}, L.k_proj));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "v_proj.weight", {Hkv * Dh, D}, L.v_proj));
-      }
+      PAGELLM_RETURN_IF_ERROR(ld.qkv_into(a, "weight", Hq * Dh, Hkv * Dh, D, fuse_qkv_, L.qkv_proj,
+                                          L.q_proj, L.k_proj, L.v_proj));
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "self_attn.o_proj.weight", {D, Hq * Dh}, L.o_proj));
       const std::string m = p + "block_sparse_moe.";
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "gate.weight", {E, D}, L.router));

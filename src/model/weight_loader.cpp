@@ -103,6 +103,26 @@ Status WeightLoader::bias_into(const std::string& name, int64_t n, Tensor& out) 
   return {};
 }
 
+Status WeightLoader::qkv_into(const std::string& prefix, const std::string& kind, int64_t q_rows,
+                              int64_t kv_rows, int64_t cols, bool fuse, Tensor& fused, Tensor& q,
+                              Tensor& k, Tensor& v) {
+  const bool bias = kind == "bias";
+  const std::string suffix = "_proj." + kind;
+  if (fuse) {
+    const std::vector<Part> parts = {
+        {prefix + "q" + suffix, q_rows}, {prefix + "k" + suffix, kv_rows}, {prefix + "v" + suffix, kv_rows}};
+    PAGELLM_ASSIGN_OR_RETURN(fused, bias ? stacked_vector(parts, 0.0f) : stacked_matrix(parts, cols));
+    return {};
+  }
+  const auto one = [&](const char* name, int64_t rows, Tensor& out) {
+    return bias ? bias_into(prefix + name + suffix, rows, out)
+                : matrix_into(prefix + name + suffix, {rows, cols}, out);
+  };
+  PAGELLM_RETURN_IF_ERROR(one("q", q_rows, q));
+  PAGELLM_RETURN_IF_ERROR(one("k", kv_rows, k));
+  return one("v", kv_rows, v);
+}
+
 Status WeightLoader::embeddings_and_head(const ModelConfig& cfg, Tensor& embed, Tensor& final_norm,
                                          Tensor& lm_head) {
   const int64_t V = cfg.vocab_size, D = cfg.hidden_size;

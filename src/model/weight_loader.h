@@ -42,6 +42,12 @@ class WeightLoader {
   Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
   Status norm_into(const std::string& name, int64_t n, Tensor& out);  // dummy value 1
   Status bias_into(const std::string& name, int64_t n, Tensor& out);  // dummy value 0
+  // An attention block's q, k and v projections, "<prefix>q_proj.<kind>" etc. with q_rows, kv_rows
+  // and kv_rows rows: stacked into `fused` when `fuse` is set (one GEMM on devices), else loaded
+  // into q, k and v. kind "weight": matrices of `cols` columns; "bias": vectors (cols unused).
+  Status qkv_into(const std::string& prefix, const std::string& kind, int64_t q_rows,
+                  int64_t kv_rows, int64_t cols, bool fuse, Tensor& fused, Tensor& q, Tensor& k,
+                  Tensor& v);
   // model.embed_tokens, model.norm and the LM head, which is the embedding table when the
   // checkpoint has no lm_head.weight and the config ties them (else an error naming the tensor).
   Status embeddings_and_head(const ModelConfig& cfg, Tensor& embed, Tensor& final_norm,

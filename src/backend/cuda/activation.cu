@@ -52,10 +52,6 @@ __global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16
   }
 }
 
-bool rows_of_8_aligned(const RowView& v) {
-  return v.ld % 8 == 0 && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
-}
-
 template <typename T>
 __global__ void add_kernel(const T* a, int64_t lda, const T* b, int64_t ldb, T* out, int64_t ldo,
                            int64_t n_rows, int64_t cols) {
@@ -101,8 +97,8 @@ __global__ void add_bias_kernel(T* out, int64_t ldo, const TB* __restrict__ bias
 void launch_silu_mul(const RowView& gate, const RowView& up, const RowView& out,
                      cudaStream_t stream) {
   if (out.n_rows == 0 || out.cols == 0) return;
-  if (out.dtype == DType::kBF16 && out.cols % 8 == 0 && rows_of_8_aligned(gate) &&
-      rows_of_8_aligned(up) && rows_of_8_aligned(out)) {
+  if (out.dtype == DType::kBF16 && out.cols % 8 == 0 && rows_aligned16(gate) &&
+      rows_aligned16(up) && rows_aligned16(out)) {
     silu_mul_bf16x8_kernel<<<row_grid(out.n_rows, out.cols / 8), kThreads, 0, stream>>>(
         static_cast<const bf16*>(gate.data), gate.ld, static_cast<const bf16*>(up.data), up.ld,
         static_cast<bf16*>(out.data), out.ld, out.n_rows, out.cols);

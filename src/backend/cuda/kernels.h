@@ -21,6 +21,11 @@ struct RowView {
   int64_t cols = 0;
   int64_t ld = 0;  // elements between consecutive rows
 };
+// Whether every row of a 2-byte-element view starts on a 16-byte boundary: the condition of the
+// kernels that move 8 bf16 at a time.
+inline bool rows_aligned16(const RowView& v) {
+  return v.ld % 8 == 0 && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+}
 
 // --- embedding.cu ---
 // out[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros (ids are

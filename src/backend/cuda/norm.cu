@@ -125,8 +125,7 @@ __global__ void add_rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res
 }
 
 bool bf16x8_rows(const RowView& v) {
-  return v.dtype == DType::kBF16 && v.cols % 8 == 0 && v.cols <= 8 * 1024 && v.ld % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+  return v.dtype == DType::kBF16 && v.cols % 8 == 0 && v.cols <= 8 * 1024 && rows_aligned16(v);
 }
 
 // 128 threads for short rows (per-head q/k norms of 64..256), up to 1024 for wide hidden states.
