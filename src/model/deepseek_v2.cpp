@@ -36,8 +36,7 @@ struct DeepseekLayer {
   Tensor q_a_proj, q_a_bias;        // [Rq, D], [Rq]
   Tensor q_a_layernorm;             // [Rq]
   Tensor q_b_proj;                  // [H*(N+P), Rq]
-  Tensor kv_a_pe, kv_a_pe_bias;     // rows [R, R+P) of kv_a_proj_with_mqa: [P, D], [P]
-  Tensor kv_a_c, kv_a_c_bias;       // rows [0, R): [R, D], [R]
+  Tensor kv_a, kv_a_bias;           // kv_a_proj_with_mqa, rows reordered to k_pe | c_kv: [P+R, D]
   Tensor kv_a_layernorm;            // [R]
   Tensor kv_b_proj;                 // [H*(N+V), R]
   Tensor q_absorb;                  // act [H, P+R, N+P]: per head [[0 | I_P], [W_UK_h^T | 0]]
@@ -114,14 +113,13 @@ class DeepseekModel final : public DecoderModel {
       } else {
         PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {H * (N + P), D}, L.q_proj));
       }
-      Tensor kv_a, kv_a_bias;
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_a_proj_with_mqa.weight", {R + P, D}, kv_a));
-      L.kv_a_c = kv_a.slice_rows(0, R);
-      L.kv_a_pe = kv_a.slice_rows(R, R + P);
+      // The checkpoint's rows are c_kv (R) then k_pe (P); the cache row is k_pe | c_kv.
+      const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
+      PAGELLM_ASSIGN_OR_RETURN(
+          L.kv_a, ld.reordered_matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, pe_first));
       if (cfg_.attention_bias) {
-        PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_proj_with_mqa.bias", R + P, 0.0f, kv_a_bias));
-        L.kv_a_c_bias = kv_a_bias.slice_rows(0, R);
-        L.kv_a_pe_bias = kv_a_bias.slice_rows(R, R + P);
+        PAGELLM_ASSIGN_OR_RETURN(L.kv_a_bias, ld.reordered_vector(a + "kv_a_proj_with_mqa.bias",
+                                                                  R + P, 0.0f, pe_first));
       }
       PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_layernorm.weight", R, 1.0f, L.kv_a_layernorm));
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
@@ -200,7 +198,7 @@ class DeepseekModel final : public DecoderModel {
     Tensor qfull = ws.qfull.slice_rows(0, n);        // [n, H*(P+R)]: per head q_pe | q_abs
     Tensor attn_lat = ws.attn_lat.slice_rows(0, n);  // [n, H*R]
     Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
-    Tensor lat_pe = lat.slice_cols(0, P), lat_c = lat.slice_cols(P, P + R);  // [n, P], [n, R]
+    Tensor lat_c = lat.slice_cols(P, P + R);                                  // [n, R]
     Tensor lat3 = lat.reshape({n, 1, P + R});                                // [n, 1, P+R]
     Tensor lat3_c = lat3.slice_cols(P, P + R);                               // [n, 1, R]
     Tensor qfull3 = qfull.reshape({n, H, P + R});                            // [n, H, P+R]
@@ -226,8 +224,7 @@ class DeepseekModel final : public DecoderModel {
       }
       Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, n, P+R]: per head q_pe | q_abs
       backend_.batched_matmul(heads_major(q, H, N + P), L.q_absorb, qfull_heads);
-      backend_.matmul(h, L.kv_a_pe, L.kv_a_pe_bias, lat_pe);  // [n, P]
-      backend_.matmul(h, L.kv_a_c, L.kv_a_c_bias, lat_c);     // [n, R]
+      backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.

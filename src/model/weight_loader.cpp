@@ -45,12 +45,16 @@ Result<Tensor> WeightLoader::vector(const std::string& name, int64_t n, float du
   return t;
 }
 
-Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int64_t cols) {
-  PAGELLM_CHECK(!loaded.empty() && loaded.size() <= storage_.size());
+Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int64_t cols,
+                                          size_t n_owned) {
+  PAGELLM_CHECK(!loaded.empty() && n_owned <= storage_.size());
   const DType dt = loaded[0].dtype;
   int64_t rows = 0;
   for (const Tensor& t : loaded) {
-    if (t.dtype != dt || is_quantized(dt) || !t.is_contiguous() || t.numel() % cols != 0)
+    // Quantized rows are whole blocks, so pieces of one quantized tensor reorder byte for byte;
+    // parts of several are refused (devices dequantize each on upload).
+    if (t.dtype != dt || (is_quantized(dt) && n_owned != 1) || !t.is_contiguous() ||
+        t.numel() % cols != 0)
       return invalid_argument("cannot stack weights of different or quantized types (" +
                               t.shape_string() + ")");
     rows += t.numel() / cols;
@@ -63,7 +67,7 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
     dst += t.nbytes();
   }
   backend_.synchronize();  // the parts are freed next
-  storage_.resize(storage_.size() - loaded.size());
+  storage_.resize(storage_.size() - n_owned);
   const Tensor out = cols == 1 ? Tensor(buf->data(), dt, {rows}, backend_.device())
                                : Tensor(buf->data(), dt, {rows, cols}, backend_.device());
   storage_.push_back(std::move(buf));
@@ -76,7 +80,7 @@ Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int6
     PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}));
     loaded.push_back(t);
   }
-  return stack_loaded(loaded, cols);
+  return stack_loaded(loaded, cols, loaded.size());
 }
 
 Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, float dummy_value) {
@@ -85,7 +89,32 @@ Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, floa
     PAGELLM_ASSIGN_OR_RETURN(Tensor t, vector(p.name, p.rows, dummy_value));
     loaded.push_back(t);
   }
-  return stack_loaded(loaded, 1);
+  return stack_loaded(loaded, 1, loaded.size());
+}
+
+Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols, const RowRanges& ranges) {
+  const int64_t rows = t.numel() / cols;
+  std::vector<Tensor> pieces;
+  for (const auto& [first, last] : ranges) {
+    PAGELLM_CHECK_MSG(0 <= first && first < last && last <= rows, "reordered weight: bad row range");
+    const int64_t n = last - first;
+    pieces.push_back(Tensor(static_cast<char*>(t.data) + dtype_bytes(t.dtype, first * cols), t.dtype,
+                            {n * cols}, t.device));
+  }
+  return stack_loaded(pieces, cols, 1);
+}
+
+Result<Tensor> WeightLoader::reordered_matrix(const std::string& name, std::vector<int64_t> shape,
+                                              const RowRanges& ranges) {
+  const int64_t cols = shape.back();
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(name, std::move(shape)));
+  return reorder_loaded(t, cols, ranges);
+}
+
+Result<Tensor> WeightLoader::reordered_vector(const std::string& name, int64_t n, float dummy_value,
+                                              const RowRanges& ranges) {
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t, vector(name, n, dummy_value));
+  return reorder_loaded(t, 1, ranges);
 }
 
 Status WeightLoader::matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -38,6 +39,16 @@ class WeightLoader {
   Result<Tensor> stacked_matrix(const std::vector<Part>& parts, int64_t cols);
   Result<Tensor> stacked_vector(const std::vector<Part>& parts, float dummy_value);
 
+  // One checkpoint tensor with its rows reordered: the row ranges [first, second) of the matrix
+  // of `shape` (or the vector of n values), concatenated in the given order into a new weight.
+  // DeepSeek's kv_a_proj_with_mqa is [c_kv | k_pe] by rows while the latent cache row is
+  // [k_pe | c_kv]: reordered, one GEMM writes the row.
+  using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+  Result<Tensor> reordered_matrix(const std::string& name, std::vector<int64_t> shape,
+                                  const RowRanges& ranges);
+  Result<Tensor> reordered_vector(const std::string& name, int64_t n, float dummy_value,
+                                  const RowRanges& ranges);
+
   // The same, storing into `out`: for the long load sequences of the architecture files.
   Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
   Status norm_into(const std::string& name, int64_t n, Tensor& out);  // dummy value 1
@@ -60,8 +71,10 @@ class WeightLoader {
  private:
   Result<Tensor> dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, float lo,
                        float hi);
-  // Copies `loaded`, the tensors loaded last, into one stacked buffer and frees them.
-  Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols);
+  // Copies `loaded` (pieces of the last n_owned tensors loaded) into one stacked buffer and frees
+  // those tensors.
+  Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols, size_t n_owned);
+  Result<Tensor> reorder_loaded(const Tensor& t, int64_t cols, const RowRanges& ranges);
 
   Backend& backend_;
   const WeightSource& source_;
