@@ -19,8 +19,8 @@
 # test_ops / test_model to a gtest filter (a re-run of what failed; memcheck keeps its own);
 # PAGELLM_CHECK_ARCHIVE=FILE.tar.gz packs every log and bench report of the run into one file;
 # PAGELLM_CHECK_PROFILE_OFFLINE=1 adds per-op profiles of offline runs (bench throughput --profile);
-# PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (256) and
-# max-num-batched-tokens (8192); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
+# PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (512) and
+# max-num-batched-tokens (16384); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
 # and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried;
 # PAGELLM_KERNEL_BENCHES names a subset).
 set -uo pipefail
@@ -275,14 +275,14 @@ PY
     fi
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
-      --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-256} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-8192}
+      --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
     # PAGELLM_CHECK_PROFILE_OFFLINE=1: where an offline run's time goes, op by op (`bench
     # throughput --profile`: eager, every op timed, summed per op kind and weight shape; the
     # table is in $logs/bench-profile-offline-*.log). Fewer prompts than the timed run.
     if [ "${PAGELLM_CHECK_PROFILE_OFFLINE:-0}" = 1 ]; then
       run_bench profile-offline-llama3-8b throughput --profile --model $cfg/llama-3-8b.json \
         --load-format dummy --device cuda --num-prompts 300 --input-len 512 --output-len 256 \
-        --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-256} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-8192}
+        --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
       if [ "${PAGELLM_CHECK_MOE:-0}" = 1 ]; then
         run_bench profile-offline-deepseek-v2-lite throughput --profile \
           --model $cfg/deepseek-v2-lite.json --load-format dummy --device cuda --num-prompts 100 \
