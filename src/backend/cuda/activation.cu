@@ -19,7 +19,6 @@ template <typename T>
 __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t ldu, T* out,
                                 int64_t ldo, int64_t n_rows, int64_t cols) {
   pdl_allow_next();  // the down projection's GEMV may start fetching its weights
-  pdl_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -35,7 +34,6 @@ __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t
 __global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16* up, int64_t ldu,
                                        bf16* out, int64_t ldo, int64_t n_rows, int64_t cols) {
   pdl_allow_next();
-  pdl_wait();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -66,8 +64,6 @@ __global__ void add_kernel(const T* a, int64_t lda, const T* b, int64_t ldb, T* 
 template <typename T>
 __global__ void to_f32_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ out,
                               int64_t ldo, int64_t n_rows, int64_t cols) {
-  pdl_allow_next();
-  pdl_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) out[r * ldo + c] = to_float(x[r * ldx + c]);
@@ -77,8 +73,6 @@ template <typename T>
 __global__ void gather_rows_kernel(const T* __restrict__ x, int64_t ldx, int64_t x_rows,
                                    const int32_t* __restrict__ rows, T* __restrict__ out,
                                    int64_t ldo, int64_t n_rows, int64_t cols) {
-  pdl_allow_next();
-  pdl_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -105,18 +99,17 @@ void launch_silu_mul(const RowView& gate, const RowView& up, const RowView& out,
   if (out.n_rows == 0 || out.cols == 0) return;
   if (out.dtype == DType::kBF16 && out.cols % 8 == 0 && rows_aligned16(gate) &&
       rows_aligned16(up) && rows_aligned16(out)) {
-    launch_overlapped(silu_mul_bf16x8_kernel, row_grid(out.n_rows, out.cols / 8), kThreads, 0,
-                      stream, static_cast<const bf16*>(gate.data), gate.ld,
-                      static_cast<const bf16*>(up.data), up.ld, static_cast<bf16*>(out.data),
-                      out.ld, out.n_rows, out.cols);
+    silu_mul_bf16x8_kernel<<<row_grid(out.n_rows, out.cols / 8), kThreads, 0, stream>>>(
+        static_cast<const bf16*>(gate.data), gate.ld, static_cast<const bf16*>(up.data), up.ld,
+        static_cast<bf16*>(out.data), out.ld, out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
     return;
   }
   dispatch_float_type(out.dtype, [&](auto t) {
     using T = decltype(t);
-    launch_overlapped(silu_mul_kernel<T>, row_grid(out.n_rows, out.cols), kThreads, 0, stream,
-                      static_cast<const T*>(gate.data), gate.ld, static_cast<const T*>(up.data),
-                      up.ld, static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
+    silu_mul_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
+        static_cast<const T*>(gate.data), gate.ld, static_cast<const T*>(up.data), up.ld,
+        static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -136,9 +129,9 @@ void launch_to_f32(const RowView& x, const RowView& out, cudaStream_t stream) {
   if (out.n_rows == 0 || out.cols == 0) return;
   dispatch_float_type(x.dtype, [&](auto t) {
     using T = decltype(t);
-    launch_overlapped(to_f32_kernel<T>, row_grid(out.n_rows, out.cols), kThreads, 0, stream,
-                      static_cast<const T*>(x.data), x.ld, static_cast<float*>(out.data), out.ld,
-                      out.n_rows, out.cols);
+    to_f32_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
+        static_cast<const T*>(x.data), x.ld, static_cast<float*>(out.data), out.ld, out.n_rows,
+        out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -148,9 +141,9 @@ void launch_gather_rows(const RowView& x, const int32_t* rows, const RowView& ou
   if (out.n_rows == 0 || out.cols == 0) return;
   dispatch_float_type(x.dtype, [&](auto t) {
     using T = decltype(t);
-    launch_overlapped(gather_rows_kernel<T>, row_grid(out.n_rows, out.cols), kThreads, 0, stream,
-                      static_cast<const T*>(x.data), x.ld, x.n_rows, rows,
-                      static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
+    gather_rows_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
+        static_cast<const T*>(x.data), x.ld, x.n_rows, rows, static_cast<T*>(out.data), out.ld,
+        out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -165,8 +165,6 @@ template <int DMAX, bool kAligned, int kG>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
                   float* __restrict__ part_ml) {
-  pdl_allow_next();
-  pdl_wait();
   constexpr int L = DMAX / 8;                      // lanes per cache row
   constexpr int KPW = 32 / L;                      // rows per warp-wide load
   constexpr int KW = KPW * kDecodeLoads;           // rows per warp per group
@@ -362,7 +360,6 @@ __global__ void decode_reduce_kernel(AttentionArgs a, int n_splits,
                                      const float* __restrict__ part_acc,
                                      const float* __restrict__ part_ml) {
   pdl_allow_next();
-  pdl_wait();
   const int h = blockIdx.x, s = blockIdx.y;
   const int q_tok = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;
@@ -503,12 +500,11 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cu
     CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX, kAligned, kG>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
   const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  launch_overlapped(decode_kernel<DMAX, kAligned, kG>, grid, kDecodeThreads, p.smem, stream, a,
-                    p.chunk, p.n_splits, part_acc, part_ml);
+  decode_kernel<DMAX, kAligned, kG><<<grid, kDecodeThreads, p.smem, stream>>>(
+      a, p.chunk, p.n_splits, part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
-    launch_overlapped(decode_reduce_kernel, dim3(a.hq, a.n_seqs), 128, 0, stream, a, p.n_splits,
-                      part_acc, part_ml);
+    decode_reduce_kernel<<<dim3(a.hq, a.n_seqs), 128, 0, stream>>>(a, p.n_splits, part_acc, part_ml);
     CUDA_CHECK_LAUNCH();
   }
 }

@@ -104,7 +104,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                          float* __restrict__ part_ml) {
   extern __shared__ float4 smem_raw[];
   pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
-  pdl_wait();
   float* smem = reinterpret_cast<float*>(smem_raw);
   const int tok = blockIdx.x, split = blockIdx.y;
   const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
@@ -358,7 +357,6 @@ __global__ void __launch_bounds__(kReduceThreads)
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_sum;
   pdl_allow_next();
-  pdl_wait();
   const int e = blockIdx.x * kReduceThreads + threadIdx.x;
   const int h = blockIdx.y, tok = blockIdx.z;
   if (tok >= a.cu_seqlens_q[a.n_seqs]) return;
@@ -424,8 +422,7 @@ void run_mla(const AttentionArgs& a, const MlaLayout& L, int64_t n_tokens, float
                                   cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(L.n_splits),
                   static_cast<unsigned>(a.hkv * L.head_tiles));
-  launch_overlapped(mla_attention_kernel<J>, grid, kThreads, L.smem, stream, a, L, part_acc,
-                    part_ml);
+  mla_attention_kernel<J><<<grid, kThreads, L.smem, stream>>>(a, L, part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -491,8 +488,7 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
   if (L.n_splits > 1) {
     const dim3 grid(static_cast<unsigned>((a.head_dim_v + kReduceThreads - 1) / kReduceThreads),
                     static_cast<unsigned>(a.hq), static_cast<unsigned>(n_tokens));
-    launch_overlapped(mla_reduce_kernel, grid, kReduceThreads, 0, stream, a, L.n_splits, part_acc,
-                      part_ml);
+    mla_reduce_kernel<<<grid, kReduceThreads, 0, stream>>>(a, L.n_splits, part_acc, part_ml);
     CUDA_CHECK_LAUNCH();
   }
 }

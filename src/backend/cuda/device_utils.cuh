@@ -84,11 +84,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 // kernel to finish and its writes to be visible. Kernels that call pdl_allow_next() early let such
 // a successor start as soon as all their own blocks are running. Both are no-ops on older GPUs and
 // for kernels launched the ordinary way, so a kernel may contain them whoever launches it.
-// The kernels of a decode step (norms, projections, rope, attention, MoE, elementwise) all run
-// this way: each starts with pdl_allow_next(); pdl_wait(); (the GEMVs prefetch in between), so
-// the hand-over between two small kernels costs less than a full launch. Waiting before touching
-// memory keeps the order exact: a kernel's predecessor has finished, and with it every kernel
-// before (each of them waited for its own predecessor before finishing).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

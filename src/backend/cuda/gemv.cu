@@ -36,7 +36,6 @@ __global__ void __launch_bounds__(kGemvThreads)
                 const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
                 int64_t ldo, int64_t m_dim, int64_t k_dim, int64_t x_batch_stride,
                 int64_t w_batch_stride, int64_t out_batch_stride) {
-  pdl_allow_next();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   x += blockIdx.y * x_batch_stride;  // batch entry (0 for a single product)
   w += blockIdx.y * w_batch_stride;

@@ -49,8 +49,6 @@ __device__ __forceinline__ uint32_t warp_top_lanes(float v, int n_valid, int cou
 // in double as the CPU reference does, so both round the same values), the selection array for
 // the method, top_k rounds of a warp argmax, then the weights by lane 0 in the reference's order.
 __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArgs a) {
-  pdl_allow_next();
-  pdl_wait();
   extern __shared__ float route_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
@@ -169,8 +167,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArg
 // count << 32 | has-tokens), then each pair takes the next slot of its expert.
 __global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs, int32_t top_k,
                                 int32_t n_experts, MoeWorkspace ws) {
-  pdl_allow_next();
-  pdl_wait();
   extern __shared__ int32_t cnt[];  // [E]: counts, then each expert's next free slot
   __shared__ long long warp_total[32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
@@ -277,8 +273,6 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
-  pdl_allow_next();
-  pdl_wait();
   const BlockExpert be = block_expert(ws);
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -351,8 +345,6 @@ __global__ void __launch_bounds__(kGemvThreads)
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
-  pdl_allow_next();
-  pdl_wait();
   const BlockExpert be = block_expert(ws);
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -425,8 +417,6 @@ __global__ void __launch_bounds__(kCombineThreads)
                        int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
                        int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
                        bf16* __restrict__ out, int64_t ld_out) {
-  pdl_allow_next();
-  pdl_wait();
   __shared__ int order_slot[kMoeMaxTopK];
   __shared__ float order_w[kMoeMaxTopK];
   __shared__ int n_valid;
@@ -474,7 +464,7 @@ void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return;
   const unsigned grid = ceil_div(a.n_tokens, kRouteWarps);
   const size_t smem = static_cast<size_t>(kRouteWarps) * 2 * a.n_experts * sizeof(float);
-  launch_overlapped(moe_route_kernel, grid, kRouteWarps * 32, smem, stream, a);
+  moe_route_kernel<<<grid, kRouteWarps * 32, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -508,8 +498,8 @@ void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t
   // A decode step has a handful of pairs: a small block finishes its barriers sooner.
   const int threads = n_pairs > 2048 ? 1024 : 256;
   const size_t smem = static_cast<size_t>(n_experts) * sizeof(int32_t);
-  launch_overlapped(moe_sort_kernel, 1, threads, smem, stream, ids, static_cast<int32_t>(n_pairs),
-                    top_k, n_experts, ws);
+  moe_sort_kernel<<<1, threads, smem, stream>>>(ids, static_cast<int32_t>(n_pairs), top_k,
+                                                n_experts, ws);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -521,18 +511,10 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
   const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
   const auto* x = static_cast<const bf16*>(h);
   switch (gemv_pass_tokens(max_tokens)) {
-    case 1:
-      launch_overlapped(moe_gate_up_kernel<1>, grid, kGemvThreads, 0, stream, w, x, ldh, ws);
-      break;
-    case 2:
-      launch_overlapped(moe_gate_up_kernel<2>, grid, kGemvThreads, 0, stream, w, x, ldh, ws);
-      break;
-    case 4:
-      launch_overlapped(moe_gate_up_kernel<4>, grid, kGemvThreads, 0, stream, w, x, ldh, ws);
-      break;
-    default:
-      launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens>, grid, kGemvThreads, 0, stream, w, x,
-                        ldh, ws);
+    case 1: moe_gate_up_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
+    case 2: moe_gate_up_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
+    case 4: moe_gate_up_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
+    default: moe_gate_up_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -543,17 +525,10 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
   switch (gemv_pass_tokens(max_tokens)) {
-    case 1:
-      launch_overlapped(moe_down_kernel<1>, grid, kGemvThreads, 0, stream, w, ws);
-      break;
-    case 2:
-      launch_overlapped(moe_down_kernel<2>, grid, kGemvThreads, 0, stream, w, ws);
-      break;
-    case 4:
-      launch_overlapped(moe_down_kernel<4>, grid, kGemvThreads, 0, stream, w, ws);
-      break;
-    default:
-      launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, kGemvThreads, 0, stream, w, ws);
+    case 1: moe_down_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
+    case 2: moe_down_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
+    case 4: moe_down_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
+    default: moe_down_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -563,9 +538,9 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
                         const RowView& shared, const RowView& out, cudaStream_t stream) {
   if (n_tokens == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_tokens, 65535));
-  launch_overlapped(moe_combine_kernel, grid, kCombineThreads, 0, stream, ids, weights, n_tokens,
-                    top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data), shared.ld,
-                    static_cast<bf16*>(out.data), out.ld);
+  moe_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(
+      ids, weights, n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
+      shared.ld, static_cast<bf16*>(out.data), out.ld);
   CUDA_CHECK_LAUNCH();
 }
 

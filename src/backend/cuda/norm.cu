@@ -14,7 +14,6 @@ __global__ void rms_norm_kernel(const T* x, int64_t ldx, const TW* __restrict__ 
                                 T* out, int64_t ldo, int64_t d) {
   __shared__ float scratch[32];
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
-  pdl_wait();
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
   T* orow = out + r * ldo;
@@ -40,7 +39,6 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
                                     int64_t d) {
   __shared__ float scratch[32];
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
-  pdl_wait();
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
   T* rr = res + r * ldr;
@@ -94,7 +92,6 @@ __global__ void add_rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res
                                            int64_t ldo, int64_t d) {
   __shared__ float scratch[32];
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
-  pdl_wait();
   const int64_t r = blockIdx.x, c = threadIdx.x * 8;
   const bool mine = c < d;
   float v[8], wv[8];
@@ -155,9 +152,9 @@ void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, 
     using T = decltype(tx);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      launch_overlapped(rms_norm_kernel<T, TW>, static_cast<unsigned>(x.n_rows),
-                        norm_threads(x.cols), 0, stream, static_cast<const T*>(x.data), x.ld,
-                        static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
+      rms_norm_kernel<T, TW><<<static_cast<unsigned>(x.n_rows), norm_threads(x.cols), 0, stream>>>(
+          static_cast<const T*>(x.data), x.ld, static_cast<const TW*>(w), eps,
+          static_cast<T*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
     });
   });
@@ -170,10 +167,9 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
     const int threads = static_cast<int>((x.cols / 8 + 31) / 32 * 32);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      launch_overlapped(add_rms_norm_bf16x8_kernel<TW>, static_cast<unsigned>(x.n_rows), threads, 0,
-                        stream, static_cast<const bf16*>(x.data), x.ld,
-                        static_cast<bf16*>(residual.data), residual.ld, static_cast<const TW*>(w),
-                        eps, static_cast<bf16*>(out.data), out.ld, x.cols);
+      add_rms_norm_bf16x8_kernel<TW><<<static_cast<unsigned>(x.n_rows), threads, 0, stream>>>(
+          static_cast<const bf16*>(x.data), x.ld, static_cast<bf16*>(residual.data), residual.ld,
+          static_cast<const TW*>(w), eps, static_cast<bf16*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
     });
     return;
@@ -182,10 +178,10 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
     using T = decltype(tx);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      launch_overlapped(add_rms_norm_kernel<T, TW>, static_cast<unsigned>(x.n_rows),
-                        add_norm_threads(x.cols), 0, stream, static_cast<const T*>(x.data), x.ld,
-                        static_cast<T*>(residual.data), residual.ld, static_cast<const TW*>(w), eps,
-                        static_cast<T*>(out.data), out.ld, x.cols);
+      add_rms_norm_kernel<T, TW>
+          <<<static_cast<unsigned>(x.n_rows), add_norm_threads(x.cols), 0, stream>>>(
+              static_cast<const T*>(x.data), x.ld, static_cast<T*>(residual.data), residual.ld,
+              static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -60,8 +60,6 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
                                      int64_t rotary_dim, bool interleaved,
                                      const int32_t* __restrict__ slot_mapping, CacheView kc,
                                      CacheView vc, bool v_vec) {
-  pdl_allow_next();
-  pdl_wait();
   const int64_t i = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const int64_t y = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + (threadIdx.x >> 5);
@@ -122,8 +120,9 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
                      vec_ok(v_cache.data, v_cache.stride_block, v_cache.stride_tok, v_cache.stride_head);
   const dim3 grid(static_cast<unsigned>(q.n),
                   static_cast<unsigned>((q.heads + k.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  launch_overlapped(rope_store_kv_kernel, grid, kThreads, 0, stream, q, k, v, cos_sin, cos_sin_ld,
-                    rotary_dim, interleaved, slot_mapping, k_cache, v_cache, v_vec);
+  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(q, k, v, cos_sin, cos_sin_ld, rotary_dim,
+                                                      interleaved, slot_mapping, k_cache, v_cache,
+                                                      v_vec);
   CUDA_CHECK_LAUNCH();
 }
 
