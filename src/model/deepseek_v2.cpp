@@ -11,13 +11,28 @@
 //   o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
 // which is the same sum as transformers' expanded form (only summation order differs). The latent
 // cache is the attention op's K (dim P + R) and, as a column view of the same rows, its V (dim R).
-// The row puts k_pe first because the rope op rotates the leading dims of each head. The per-head
-// products (q_h -> [q_pe | q_abs_h], W_UV_h) are one batched matmul each over the heads (a strided
-// batched GEMM on devices); q_absorb is built where the weights live, from kv_b_proj, by backend
-// ops, so the CPU golden tests check the same op sequence the GPU runs.
+// The row puts k_pe first because the rope op rotates the leading dims of each head; for the same
+// reason q_proj (or q_b_proj) is loaded with each head's rows reordered to [q_pe | q_nope]. The
+// per-head products (q_h -> [q_pe | q_abs_h], W_UV_h) are one batched matmul each over the heads
+// (a strided batched GEMM on devices); q_absorb is built where the weights live, from kv_b_proj, by
+// backend ops, so the CPU golden tests check the same op sequence the GPU runs.
+//
+// Fresh prompts take the expanded form instead (transformers' own): a prompt's context is exactly
+// its own tokens, whose latent rows are in the step's buffer, so their per-head keys
+// [k_pe | W_UK_h c_kv] (dim P + N) and values W_UV_h c_kv are made by two batched matmuls and run
+// through the ordinary attention op (the tensor-core prefill kernel on devices, dims 192 / 128 for
+// V2 and V3) with q_h = [q_pe | q_nope] as it comes out of the projection. The absorbed form costs
+// (P + R) + R multiply-adds per head and key pair against (P + N) + Vd for the expanded one, and
+// has no tensor-core kernel; at decode the expanded form would re-expand the whole context every
+// step. So each step splits: the scheduler puts decodes and continued prefills first and newly
+// admitted prompts last, and the trailing run of prompts starting at position 0 is expanded
+// (mla_split below) while the rest stays absorbed. Decode-shaped steps (the ones CUDA graphs
+// record) never split.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/log.h"
 #include "model/decoder_model.h"
@@ -32,14 +47,14 @@ namespace {
 
 struct DeepseekLayer {
   Tensor input_layernorm, post_attention_layernorm;  // [D]
-  Tensor q_proj;                    // [H*(N+P), D] (no q_lora_rank)
+  Tensor q_proj;                    // [H*(P+N), D] (no q_lora_rank), head rows q_pe then q_nope
   Tensor q_a_proj, q_a_bias;        // [Rq, D], [Rq]
   Tensor q_a_layernorm;             // [Rq]
-  Tensor q_b_proj;                  // [H*(N+P), Rq]
+  Tensor q_b_proj;                  // [H*(P+N), Rq], rows ordered as q_proj
   Tensor kv_a, kv_a_bias;           // kv_a_proj_with_mqa, rows reordered to k_pe | c_kv: [P+R, D]
   Tensor kv_a_layernorm;            // [R]
   Tensor kv_b_proj;                 // [H*(N+V), R]
-  Tensor q_absorb;                  // act [H, P+R, N+P]: per head [[0 | I_P], [W_UK_h^T | 0]]
+  Tensor q_absorb;                  // act [H, P+R, P+N]: per head [[I_P | 0], [0 | W_UK_h^T]]
   Tensor w_uv;                      // [H, Vd, R]: W_UV_h, rows h*(N+Vd)+N.. of kv_b_proj (a view)
   Tensor o_proj, o_bias;            // [D, H*V], [D]
   bool moe = false;
@@ -53,8 +68,43 @@ struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
   Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate_up, act, shared;
+  Tensor kv_exp;                   // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
   Tensor cos_sin;                  // f32 [cap, P]
 };
+
+// How a step's sequences divide between the two forms of attention (see the top of the file):
+// sequences [0, s0) and their tokens [0, n_abs) absorbed, the rest expanded.
+struct MlaSplit {
+  int32_t s0 = 0, n_abs = 0;
+  int32_t max_q_abs = 0, max_q_exp = 0;  // longest query run of each part
+  int64_t exp_qk_pairs = 0;             // causal (query, key) pairs of the expanded part
+  int64_t exp_kv_tokens = 0;            // its keys (= its tokens)
+  bool expanded() const { return max_q_exp > 0; }
+};
+
+MlaSplit mla_split(const StepBatch& b) {
+  MlaSplit sp;
+  const int32_t n_seqs = b.attn.n_seqs;
+  sp.s0 = n_seqs;
+  sp.n_abs = b.n_tokens;
+  const std::vector<int32_t>& cu = b.cu_seqlens_q;
+  if (static_cast<int32_t>(cu.size()) != n_seqs + 1 || b.positions.size() != static_cast<size_t>(b.n_tokens))
+    return sp;  // no host copies: keep everything absorbed
+  int32_t max_q = 0;
+  for (int32_t s = 0; s < n_seqs; ++s) max_q = std::max(max_q, cu[s + 1] - cu[s]);
+  if (max_q <= 1) return sp;  // decode-shaped: recorded as a graph, never split
+  while (sp.s0 > 0) {
+    const int32_t s = sp.s0 - 1, n_q = cu[s + 1] - cu[s];
+    if (n_q < 1 || b.positions[cu[s]] != 0) break;  // not a prompt starting this step
+    --sp.s0;
+    sp.max_q_exp = std::max(sp.max_q_exp, n_q);
+    sp.exp_kv_tokens += n_q;
+    sp.exp_qk_pairs += static_cast<int64_t>(n_q) * (n_q + 1) / 2;
+  }
+  sp.n_abs = cu[sp.s0];
+  for (int32_t s = 0; s < sp.s0; ++s) sp.max_q_abs = std::max(sp.max_q_abs, cu[s + 1] - cu[s]);
+  return sp;
+}
 
 // Head h of an activation [n, heads * dim] as entry h of a [heads, n, dim] view: batched_matmul's
 // operand for per-head products (batch stride dim, row stride the activation's).
@@ -95,6 +145,13 @@ class DeepseekModel final : public DecoderModel {
                        cfg_.source.c_str(), static_cast<long long>(cfg_.num_nextn_predict_layers),
                        static_cast<long long>(cfg_.num_hidden_layers));
     }
+    // Each head's query rows come as q_nope (N) then q_pe (P); loaded as q_pe then q_nope, so the
+    // rope op rotates the head's leading P dims and the expanded form uses q as it is.
+    WeightLoader::RowRanges pe_first_heads;
+    for (int64_t hd = 0; hd < H; ++hd) {
+      pe_first_heads.push_back({hd * (N + P) + N, (hd + 1) * (N + P)});
+      pe_first_heads.push_back({hd * (N + P), hd * (N + P) + N});
+    }
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -109,9 +166,11 @@ class DeepseekModel final : public DecoderModel {
         if (cfg_.attention_bias)
           PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_proj.bias", Rq, 0.0f, L.q_a_bias));
         PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_layernorm.weight", Rq, 1.0f, L.q_a_layernorm));
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_b_proj.weight", {H * (N + P), Rq}, L.q_b_proj));
+        PAGELLM_ASSIGN_OR_RETURN(L.q_b_proj, ld.reordered_matrix(a + "q_b_proj.weight",
+                                                                 {H * (N + P), Rq}, pe_first_heads));
       } else {
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_proj.weight", {H * (N + P), D}, L.q_proj));
+        PAGELLM_ASSIGN_OR_RETURN(L.q_proj, ld.reordered_matrix(a + "q_proj.weight",
+                                                               {H * (N + P), D}, pe_first_heads));
       }
       // The checkpoint's rows are c_kv (R) then k_pe (P); the cache row is k_pe | c_kv.
       const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
@@ -180,6 +239,8 @@ class DeepseekModel final : public DecoderModel {
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);
     upload_cos_sin(b);
+    const MlaSplit sp = mla_split(b);
+    if (sp.expanded()) upload_expanded_meta(b, sp);
   }
 
   void compute(const StepBatch& b, KvCache& cache) override {
@@ -193,17 +254,24 @@ class DeepseekModel final : public DecoderModel {
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
     Tensor h = ws.h.slice_rows(0, n);                // [n, D]
-    Tensor q = ws.q.slice_rows(0, n);                // [n, H*(N+P)]
+    Tensor q = ws.q.slice_rows(0, n);                // [n, H*(P+N)]: per head q_pe | q_nope
     Tensor lat = ws.lat.slice_rows(0, n);            // [n, P+R]: k_pe | c_kv
-    Tensor qfull = ws.qfull.slice_rows(0, n);        // [n, H*(P+R)]: per head q_pe | q_abs
-    Tensor attn_lat = ws.attn_lat.slice_rows(0, n);  // [n, H*R]
     Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
-    Tensor lat_c = lat.slice_cols(P, P + R);                                  // [n, R]
-    Tensor lat3 = lat.reshape({n, 1, P + R});                                // [n, 1, P+R]
-    Tensor lat3_c = lat3.slice_cols(P, P + R);                               // [n, 1, R]
-    Tensor qfull3 = qfull.reshape({n, H, P + R});                            // [n, H, P+R]
-    Tensor attn_lat3 = attn_lat.reshape({n, H, R});                          // [n, H, R]
+    Tensor lat_c = lat.slice_cols(P, P + R);         // [n, R]
+    Tensor lat3 = lat.reshape({n, 1, P + R});        // [n, 1, P+R]
+    Tensor lat3_c = lat3.slice_cols(P, P + R);       // [n, 1, R]
+    Tensor q3 = q.reshape({n, H, P + N});            // [n, H, P+N]
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, P], uploaded by prepare()
+    // Tokens [0, na) attend in the absorbed form, [na, n) (fresh prompts) in the expanded one.
+    const MlaSplit sp = mla_split(b);
+    const int64_t na = sp.n_abs;
+    const AttentionMeta meta_abs = sp.expanded() ? absorbed_meta(b, sp) : b.attn;
+    const AttentionMeta meta_exp = sp.expanded() ? expanded_meta(b, sp) : AttentionMeta{};
+    Tensor qfull = ws.qfull.slice_rows(0, na);        // [na, H*(P+R)]: per head q_pe | q_abs
+    Tensor attn_lat = ws.attn_lat.slice_rows(0, na);  // [na, H*R]
+    Tensor qfull3 = qfull.reshape({na, H, P + R});
+    Tensor attn_lat3 = attn_lat.reshape({na, H, R});
+    Tensor attn_v_exp3 = attn_v.slice_rows(na, n).reshape({n - na, H, Vd});
 
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -218,22 +286,28 @@ class DeepseekModel final : public DecoderModel {
         Tensor qa = ws.qa.slice_rows(0, n);  // [n, Rq]
         backend_.matmul(h, L.q_a_proj, L.q_a_bias, qa);
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
-        backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(N+P)]
+        backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
       } else {
-        backend_.matmul(h, L.q_proj, Tensor(), q);     // [n, H*(N+P)]
+        backend_.matmul(h, L.q_proj, Tensor(), q);     // [n, H*(P+N)]
       }
-      Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, n, P+R]: per head q_pe | q_abs
-      backend_.batched_matmul(heads_major(q, H, N + P), L.q_absorb, qfull_heads);
       backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.
       Tensor v_cache = cache.k[l].slice_cols(P, P + R);  // [blocks, bs, 1, R]
-      backend_.rope_store_kv(qfull3, lat3, lat3_c, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
+      backend_.rope_store_kv(q3, lat3, lat3_c, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
                              cache.k[l], v_cache);
-      backend_.attention(qfull3, cache.k[l], v_cache, b.attn, attn_params_, attn_lat3);
-      Tensor attn_v_heads = heads_major(attn_v, H, Vd);  // [H, n, Vd] = W_UV_h [n, R] per head
-      backend_.batched_matmul(heads_major(attn_lat, H, R), L.w_uv, attn_v_heads);
+      if (na > 0) {  // absorbed: q_h -> [q_pe | q_abs_h] against the latent cache, then W_UV_h
+        Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, na, P+R]
+        backend_.batched_matmul(heads_major(q.slice_rows(0, na), H, P + N), L.q_absorb, qfull_heads);
+        backend_.attention(qfull3, cache.k[l], v_cache, meta_abs, attn_params_, attn_lat3);
+        Tensor attn_v_heads = heads_major(attn_v.slice_rows(0, na), H, Vd);  // [H, na, Vd]
+        backend_.batched_matmul(heads_major(attn_lat, H, R), L.w_uv, attn_v_heads);
+      }
+      if (sp.expanded()) {  // expanded: per-head keys and values of the fresh prompts
+        const auto [k_exp, v_exp] = expand_kv(L, lat.slice_rows(na, n));
+        backend_.attention(q3.slice_rows(na, n), k_exp, v_exp, meta_exp, attn_params_, attn_v_exp3);
+      }
       backend_.matmul(attn_v, L.o_proj, L.o_bias, x);  // [n, D]
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
       // --- MLP ---
@@ -259,13 +333,14 @@ class DeepseekModel final : public DecoderModel {
 
  private:
   // q_absorb for one layer, from kv_b_proj's key rows (W_UK_h [N, R] per head): per head the
-  // [P+R, N+P] block maps q_h = [q_nope | q_pe] to [q_pe | W_UK_h^T q_nope], in the activation
+  // [P+R, P+N] block maps q_h = [q_pe | q_nope] to [q_pe | W_UK_h^T q_nope], in the activation
   // dtype (f32 on the CPU, bf16 on devices). It is built where the weights live, with backend ops
-  // (dummy weights never leave the device): the [0 | I_P] rows and the zeros are copied from a
+  // (dummy weights never leave the device): the [I_P | 0] rows and the zeros are copied from a
   // template, and the W_UK_h^T rows are I_R . W_UK_h^T by matmul, which copies each weight
   // exactly (one product by 1 plus zeros in an fp32 sum) and rounds it to the activation dtype
   // (kv_b_proj is bf16 on devices already, whatever float dtype the checkpoint holds). The
-  // identity block copies q_pe exactly (x * 1 + 0 in fp32).
+  // identity block copies q_pe exactly (x * 1 + 0 in fp32). Made with the template: eye_p_storage_,
+  // I_P per head, the weight that copies k_pe into every head of the expanded keys.
   Status build_absorbed_query(const std::string& name, DeepseekLayer& L) {
     const int64_t H = cfg_.num_attention_heads, N = cfg_.qk_nope_head_dim;
     const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
@@ -281,7 +356,7 @@ class DeepseekModel final : public DecoderModel {
     if (!absorb_template_) {  // made once per load, freed at its end
       std::vector<float> t(H * block, 0.0f), eye(R * R, 0.0f);
       for (int64_t hd = 0; hd < H; ++hd)
-        for (int64_t i = 0; i < P; ++i) t[hd * block + i * (N + P) + N + i] = 1.0f;
+        for (int64_t i = 0; i < P; ++i) t[hd * block + i * (N + P) + i] = 1.0f;
       for (int64_t i = 0; i < R; ++i) eye[i * R + i] = 1.0f;
       std::vector<uint8_t> staged(bytes);
       from_f32(dt, t.data(), staged.data(), H * block);
@@ -291,21 +366,119 @@ class DeepseekModel final : public DecoderModel {
       from_f32(dt, eye.data(), staged.data(), R * R);
       absorb_identity_ = backend_.allocate(dtype_bytes(dt, R * R));
       backend_.copy_from_host(absorb_identity_->data(), staged.data(), dtype_bytes(dt, R * R));
+      // One I_P per head (no batch stride of 0 on the weight side: the batched GEMMs are tested
+      // with shared inputs, and the copy is 2 H P^2 bytes).
+      std::vector<float> eye_p(H * P * P, 0.0f);
+      for (int64_t hd = 0; hd < H; ++hd)
+        for (int64_t i = 0; i < P; ++i) eye_p[(hd * P + i) * P + i] = 1.0f;
+      staged.resize(dtype_bytes(dt, H * P * P));
+      from_f32(dt, eye_p.data(), staged.data(), H * P * P);
+      eye_p_storage_ = backend_.allocate(dtype_bytes(dt, H * P * P));
+      backend_.copy_from_host(eye_p_storage_->data(), staged.data(), dtype_bytes(dt, H * P * P));
     }
     auto buf = backend_.allocate(bytes);
     backend_.copy(buf->data(), absorb_template_->data(), bytes);
     Tensor A = buf->view(dt, {H, P + R, N + P});
     const Tensor eye = absorb_identity_->view(dt, {R, R});
     for (int64_t hd = 0; hd < H; ++hd) {
-      // Rows [P, P+R) x columns [0, N) of head hd's block: W_UK_h^T [R, N], row stride N+P.
-      Tensor uk_t(static_cast<char*>(buf->data()) + dtype_bytes(dt, hd * block + P * (N + P)), dt,
-                  {R, N}, backend_.device());
+      // Rows [P, P+R) x columns [P, P+N) of head hd's block: W_UK_h^T [R, N], row stride P+N.
+      Tensor uk_t(static_cast<char*>(buf->data()) + dtype_bytes(dt, hd * block + P * (N + P) + P),
+                  dt, {R, N}, backend_.device());
       uk_t.stride = {N + P, 1, 0, 0};
       backend_.matmul(eye, kvb.slice_rows(hd * (N + Vd), hd * (N + Vd) + N), Tensor(), uk_t);
     }
     L.q_absorb = A;
     absorb_storage_.push_back(std::move(buf));
     return {};
+  }
+
+  // The expanded keys and values of the step's trailing fresh prompts (tokens [sp.n_abs, n)),
+  // heads-major in ws.kv_exp: head h's panel [T, P+N+Vd] holds per token [k_pe | W_UK_h c_kv |
+  // W_UV_h c_kv]. Returns the panel views as the attention op's caches: K [T, 1, H, P+N] and V
+  // [T, 1, H, Vd], one token per "block" (block tables from upload_expanded_meta).
+  std::pair<Tensor, Tensor> expand_kv(const DeepseekLayer& L, const Tensor& lat_exp) {
+    const int64_t H = cfg_.num_attention_heads, N = cfg_.qk_nope_head_dim;
+    const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
+    const int64_t T = lat_exp.rows(), W = P + N + Vd;
+    const DType dt = backend_.activation_dtype();
+    auto panels = [&](int64_t col, int64_t width) {  // [H, T, width] at column col of the panels
+      Tensor t(static_cast<char*>(ws_.kv_exp.data) + dtype_bytes(dt, col), dt, {H, T, width},
+               backend_.device());
+      t.stride = {T * W, W, 1, 0};
+      return t;
+    };
+    auto every_head = [&](const Tensor& x) {  // [T, k] as [H, T, k] with batch stride 0
+      Tensor t = x;
+      t.ndim = 3;
+      t.shape = {H, x.rows(), x.cols(), 1};
+      t.stride = {0, x.row_stride(), 1, 0};
+      return t;
+    };
+    Tensor kvb_heads = L.kv_b_proj;  // [H, N+Vd, R]: W_UK_h then W_UV_h
+    kvb_heads.ndim = 3;
+    kvb_heads.shape = {H, N + Vd, R, 1};
+    kvb_heads.stride = {(N + Vd) * R, R, 1, 0};
+    Tensor eye_heads = eye_p_storage_->view(dt, {H, P, P});
+    Tensor k_pe = panels(0, P), kv_nope_v = panels(P, N + Vd);
+    backend_.batched_matmul(every_head(lat_exp.slice_cols(0, P)), eye_heads, k_pe);  // exact copy
+    backend_.batched_matmul(every_head(lat_exp.slice_cols(P, P + R)), kvb_heads, kv_nope_v);
+    auto cache_view = [&](int64_t col, int64_t width) {
+      Tensor t(static_cast<char*>(ws_.kv_exp.data) + dtype_bytes(dt, col), dt, {T, 1, H, width},
+               backend_.device());
+      t.stride = {W, W, T * W, 1};
+      return t;
+    };
+    return {cache_view(0, P + N), cache_view(P + N, Vd)};
+  }
+
+  // The expanded part's attention metadata, made on the host and uploaded by prepare():
+  // cu_seqlens_q from 0, seq_lens_kv = the prompts' lengths, block tables (block size 1) naming
+  // each prompt's rows of the panels. Views of the uploaded buffer.
+  AttentionMeta expanded_meta(const StepBatch& b, const MlaSplit& sp) const {
+    const int32_t n_e = b.attn.n_seqs - sp.s0;
+    const int32_t* base = static_cast<const int32_t*>(exp_meta_->data());
+    const Device dev = backend_.device();
+    AttentionMeta m;
+    m.n_seqs = n_e;
+    m.cu_seqlens_q = Tensor(const_cast<int32_t*>(base), DType::kI32, {n_e + 1}, dev);
+    m.seq_lens_kv = Tensor(const_cast<int32_t*>(base + n_e + 1), DType::kI32, {n_e}, dev);
+    m.block_tables = Tensor(const_cast<int32_t*>(base + 2 * n_e + 1), DType::kI32,
+                            {n_e, sp.max_q_exp}, dev);
+    m.block_size = 1;
+    m.max_seqlen_q = m.max_seqlen_kv = sp.max_q_exp;
+    m.total_kv_tokens = sp.exp_kv_tokens;
+    m.total_qk_pairs = sp.exp_qk_pairs;
+    return m;
+  }
+  void upload_expanded_meta(const StepBatch& b, const MlaSplit& sp) {
+    const int32_t n_e = b.attn.n_seqs - sp.s0, w = sp.max_q_exp;
+    std::vector<int32_t> host(static_cast<size_t>(2 * n_e + 1) + static_cast<size_t>(n_e) * w, 0);
+    for (int32_t i = 0; i <= n_e; ++i) host[i] = b.cu_seqlens_q[sp.s0 + i] - sp.n_abs;
+    for (int32_t i = 0; i < n_e; ++i) {
+      const int32_t first = host[i], len = host[i + 1] - host[i];
+      host[n_e + 1 + i] = len;
+      for (int32_t j = 0; j < len; ++j) host[2 * n_e + 1 + static_cast<size_t>(i) * w + j] = first + j;
+    }
+    const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(int32_t));
+    if (!exp_meta_ || exp_meta_bytes_ < bytes) {
+      exp_meta_bytes_ = std::max<int64_t>(bytes, 2 * exp_meta_bytes_);
+      exp_meta_ = backend_.allocate(exp_meta_bytes_);
+      PAGELLM_CHECK_MSG(exp_meta_ != nullptr, "out of memory for the expanded attention metadata");
+    }
+    backend_.copy_from_host(exp_meta_->data(), host.data(), bytes);
+  }
+
+  // The absorbed part's metadata: the step's, cut to its first sp.s0 sequences.
+  static AttentionMeta absorbed_meta(const StepBatch& b, const MlaSplit& sp) {
+    AttentionMeta m = b.attn;
+    m.n_seqs = sp.s0;
+    m.cu_seqlens_q = b.attn.cu_seqlens_q.slice_rows(0, sp.s0 + 1);
+    m.seq_lens_kv = b.attn.seq_lens_kv.slice_rows(0, sp.s0);
+    m.block_tables = b.attn.block_tables.slice_rows(0, sp.s0);
+    m.max_seqlen_q = sp.max_q_abs;
+    m.total_kv_tokens = std::max<int64_t>(0, b.attn.total_kv_tokens - sp.exp_kv_tokens);
+    m.total_qk_pairs = std::max<int64_t>(0, b.attn.total_qk_pairs - sp.exp_qk_pairs);
+    return m;
   }
 
   void reserve(int64_t n) {
@@ -324,7 +497,8 @@ class DeepseekModel final : public DecoderModel {
           {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qa, dt, Rq},
            {&ws.q, dt, H * (N + P)}, {&ws.lat, dt, P + R}, {&ws.qfull, dt, H * (P + R)},
            {&ws.attn_lat, dt, H * R}, {&ws.attn_v, dt, H * Vd}, {&ws.gate_up, dt, 2 * F},
-           {&ws.act, dt, F}, {&ws.shared, dt, D}, {&ws.cos_sin, DType::kF32, P}});
+           {&ws.act, dt, F}, {&ws.shared, dt, D}, {&ws.kv_exp, dt, H * (P + N + Vd)},
+           {&ws.cos_sin, DType::kF32, P}});
       ws.capacity_tokens = cap;
     }
     moe_.reserve(n);
@@ -341,6 +515,9 @@ class DeepseekModel final : public DecoderModel {
   std::vector<DeepseekLayer> layers_;
   std::vector<std::unique_ptr<Buffer>> storage_, absorb_storage_;
   std::unique_ptr<Buffer> absorb_template_, absorb_identity_;  // load-time scratch of q_absorb
+  std::unique_ptr<Buffer> eye_p_storage_;                      // [H, P, P]: I_P per head
+  std::unique_ptr<Buffer> exp_meta_;                           // expanded_meta's device copy
+  int64_t exp_meta_bytes_ = 0;
   Workspace ws_;
 };
 

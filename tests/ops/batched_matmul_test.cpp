@@ -130,6 +130,21 @@ TEST(BatchedMatmul, MlaProjections) {
   }
 }
 
+// MLA's expanded keys and values for a prompt of n tokens (deepseek_v2.cpp, expand_kv): every head
+// multiplies the same latent rows (batch stride 0, row stride P+R) into its own panel of
+// [k_pe | k_nope | v] rows (batch stride n (P+N+Vd), row stride P+N+Vd), k_pe by I_P per head and
+// k_nope | v by the head's rows of kv_b_proj.
+TEST(BatchedMatmul, MlaExpandedKeysAndValues) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 7050;
+  const int64_t H = 16, N = 128, P = 64, R = 512, Vd = 128, W = P + N + Vd;
+  for (int64_t n : {1, 2, 7, 111, 1000}) {
+    run_batched_case(cuda, cpu, ++seed, {H, n, P, P, {0, P + R, 0}, {P * P, P, 0}, {n * W, W, 0}});
+    run_batched_case(cuda, cpu, ++seed,
+                     {H, n, R, N + Vd, {0, P + R, P}, {(N + Vd) * R, R, 0}, {n * W, W, P}});
+  }
+}
+
 TEST(BatchedMatmul, OddSizesStridesAndTypes) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 7100;
