@@ -234,7 +234,9 @@ class DeepseekModel final : public DecoderModel {
     return {};
   }
 
-  int32_t max_graph_batch() const override { return moe_graph_batch_limit(cfg_); }
+  int32_t max_graph_batch() const override {
+    return moe_graph_batch_limit(cfg_, backend_.moe_graph_tokens_per_expert());
+  }
 
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);

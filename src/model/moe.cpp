@@ -1,6 +1,7 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "core/check.h"
@@ -121,10 +122,11 @@ void MoeBlock::run(const Tensor& h, const Tensor& router, const Tensor& correcti
   backend_.moe_experts(h, ids, weights, experts, shared, out);  // [n, D]
 }
 
-int32_t moe_graph_batch_limit(const ModelConfig& cfg) {
-  constexpr int64_t kTokensPerExpert = 8;  // the device's grouped-GEMV rule (backend/cuda/moe.h)
+int32_t moe_graph_batch_limit(const ModelConfig& cfg, int64_t tokens_per_expert) {
+  if (tokens_per_expert <= 0) return std::numeric_limits<int32_t>::max();
   const int64_t k = std::max<int64_t>(cfg.num_experts_per_tok, 1);
-  return static_cast<int32_t>(std::max<int64_t>(1, kTokensPerExpert * cfg.n_routed_experts / k));
+  const int64_t limit = tokens_per_expert * cfg.n_routed_experts / k;
+  return static_cast<int32_t>(std::clamp<int64_t>(limit, 1, std::numeric_limits<int32_t>::max()));
 }
 
 }  // namespace pagellm

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
                  Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
+  int64_t moe_graph_tokens_per_expert() const override;  // the grouped GEMVs' bound (moe.h)
   // moe_experts() on a chosen path (tests and benchmarks run both on every shape); kAuto chooses
   // as moe_experts() does. kGemm waits for the host, so it cannot be recorded.
   enum class MoePath { kAuto, kGemv, kGemm };
