@@ -42,25 +42,12 @@ TEST_P(DeepseekMlaSplitTest, MixedStepsMatchRequestsRunAlone) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kRequests; ++i) prompts.push_back(random_prompt(rng, 5 + (i * 7) % 31));
 
-  std::vector<Collected> alone(kRequests);
-  {
-    auto e = make_engine(64, 64);
-    ASSERT_NE(e, nullptr);
-    for (int i = 0; i < kRequests; ++i) {
-      Waiter w;
-      ASSERT_TRUE(e->submit(greedy_request(prompts[i], kTokens), w.callback(&alone[i])).ok());
-      w.wait(1);
-    }
-  }
-  // All at once with 40 tokens a step: the first prompts finish their prefill while later ones
-  // are admitted, so a step holds decodes, a prompt's continued chunk and new prompts together.
-  std::vector<Collected> together(kRequests);
+  // Together with 40 tokens a step: the first prompts finish their prefill while later ones are
+  // admitted, so a step holds decodes, a prompt's continued chunk and new prompts together.
+  auto solo = make_engine(64, 64);
   auto e = make_engine(kRequests, 40);
-  ASSERT_NE(e, nullptr);
-  Waiter w;
-  for (int i = 0; i < kRequests; ++i)
-    ASSERT_TRUE(e->submit(greedy_request(prompts[i], kTokens), w.callback(&together[i])).ok());
-  w.wait(kRequests);
+  ASSERT_TRUE(solo != nullptr && e != nullptr);
+  auto [alone, together] = run_alone_and_together(*solo, *e, prompts, kTokens);
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_EQ(together[i].tokens[0].size(), static_cast<size_t>(kTokens)) << "request " << i;
     EXPECT_EQ(together[i].tokens[0], alone[i].tokens[0]) << "request " << i;

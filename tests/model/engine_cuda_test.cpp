@@ -118,22 +118,10 @@ TEST_F(EngineCuda, BatchInvarianceWithinBf16Rounding) {
   constexpr int kN = 16, kOut = 12;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kN; ++i) prompts.push_back(random_prompt(rng, 3 + (i * 5) % 37));
-  std::vector<Collected> alone(kN), together(kN);
-  {
-    auto e = make_engine(16, 64);
-    ASSERT_NE(e, nullptr);
-    for (int i = 0; i < kN; ++i) {
-      Waiter w;
-      ASSERT_TRUE(e->submit(greedy(prompts[i], kOut), w.callback(&alone[i])).ok());
-      w.wait(1);
-    }
-  }
+  auto solo = make_engine(16, 64);
   auto e = make_engine(16, 48);  // chunked prefills mixed with decodes
-  ASSERT_NE(e, nullptr);
-  Waiter w;
-  for (int i = 0; i < kN; ++i)
-    ASSERT_TRUE(e->submit(greedy(prompts[i], kOut), w.callback(&together[i])).ok());
-  w.wait(kN);
+  ASSERT_TRUE(solo != nullptr && e != nullptr);
+  auto [alone, together] = run_alone_and_together(*solo, *e, prompts, kOut);
   int compared = 0;
   for (int i = 0; i < kN; ++i) {
     compared += compare_runs(alone[i], together[i], "request " + std::to_string(i));

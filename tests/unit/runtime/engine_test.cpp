@@ -55,22 +55,12 @@ TEST_F(EngineTest, BatchInvariance32Concurrent) {
   std::mt19937 rng(7);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 32; ++i) prompts.push_back(random_prompt(rng, 3 + (i * 5) % 37));
-  // Alone, one at a time.
-  std::vector<Collected> alone(32);
-  {
-    auto e = make_engine();
-    for (int i = 0; i < 32; ++i) {
-      Waiter w;
-      ASSERT_TRUE(e->submit(greedy(prompts[i], 12), w.callback(&alone[i])).ok());
-      w.wait(1);
-    }
-  }
-  // All 32 at once, with a small token budget so prefills are chunked and mixed with decodes.
-  std::vector<Collected> together(32);
+  // Alone, one at a time; then all 32 at once, with a small token budget so prefills are
+  // chunked and mixed with decodes.
+  auto solo = make_engine();
   auto e = make_engine(/*max_num_seqs=*/32, /*budget=*/48);
-  Waiter w;
-  for (int i = 0; i < 32; ++i) ASSERT_TRUE(e->submit(greedy(prompts[i], 12), w.callback(&together[i])).ok());
-  w.wait(32);
+  ASSERT_TRUE(solo != nullptr && e != nullptr);
+  auto [alone, together] = run_alone_and_together(*solo, *e, prompts, 12);
   for (int i = 0; i < 32; ++i) {
     EXPECT_EQ(together[i].tokens[0], alone[i].tokens[0]) << "request " << i;
     ASSERT_EQ(together[i].logprobs[0].size(), alone[i].logprobs[0].size());

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -78,6 +79,27 @@ inline std::vector<int32_t> random_prompt(std::mt19937& rng, int len) {
   std::vector<int32_t> p(len);
   for (auto& t : p) t = d(rng);
   return p;
+}
+
+// Every prompt as a greedy request of max_tokens: first one request at a time on `alone_engine`,
+// then all at once on `together_engine` (a small token budget there makes steps that mix
+// decodes, chunked prefills and new prompts). Returns {alone, together}, per request.
+inline std::pair<std::vector<Collected>, std::vector<Collected>> run_alone_and_together(
+    Engine& alone_engine, Engine& together_engine, const std::vector<std::vector<int32_t>>& prompts,
+    int32_t max_tokens) {
+  const size_t n = prompts.size();
+  std::vector<Collected> alone(n), together(n);
+  for (size_t i = 0; i < n; ++i) {
+    Waiter w;
+    EXPECT_TRUE(alone_engine.submit(greedy_request(prompts[i], max_tokens), w.callback(&alone[i])).ok());
+    w.wait(1);
+  }
+  Waiter w;
+  for (size_t i = 0; i < n; ++i)
+    EXPECT_TRUE(
+        together_engine.submit(greedy_request(prompts[i], max_tokens), w.callback(&together[i])).ok());
+  w.wait(static_cast<int>(n));
+  return {std::move(alone), std::move(together)};
 }
 
 }  // namespace pagellm
