@@ -150,9 +150,9 @@ __device__ __forceinline__ int reduced_index(int lane) {
 }
 
 // One block per (sequence, KV head, split), kDecodeWarps warps. Lanes split a cache row in
-// 16-byte pieces (L lanes per row, so a warp covers 32 / L rows per load) and each lane keeps
-// kDecodeLoads loads in flight before using any: decode attention is bound by how many bytes are
-// in flight, not by arithmetic. Pass 1 scores the chunk's keys for every head of the GQA group
+// 16-byte pieces (L lanes per row, so a warp covers 32 / L rows per load) and each lane issues
+// the next group of kDecodeLoads loads before using the current one: decode attention is bound by
+// how many bytes are in flight, not by arithmetic. Pass 1 scores the chunk's keys for every head of the GQA group
 // (each K row is loaded once for all of them; the per-row dot products are summed over the L
 // lanes by transpose_reduce), then an exact softmax per head over the chunk, then pass 2 streams
 // the V rows the same way, each lane accumulating its 8 dims for a tile of heads.
