@@ -206,8 +206,9 @@ int bench_latency(int argc, char** argv) {
 int bench_throughput(int argc, char** argv) {
   // --profile: every op of the whole run timed (eager, no CUDA graphs), summed per op kind and
   // weight shape: where an offline run's time goes.
-  std::vector<std::string> spec = {"num-prompts", "input-len", "output-len", "dataset", "json!",
-                                   "seed", "shared-prefix-len", "profile!", "peak-tflops"};
+  std::vector<std::string> spec = {"num-prompts",       "input-len", "output-len",
+                                   "dataset",           "json!",     "seed",
+                                   "shared-prefix-len", "profile!",  "peak-tflops"};
   add_model_options(spec);
   Args a("bench throughput", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench throughput", s);

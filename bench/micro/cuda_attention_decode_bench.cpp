@@ -56,9 +56,8 @@ void run_case(benchmark::State& state, const Layout& L) {
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(L.latent ? 192 : L.d));
 
-  const double per_call_s = bench::time_calls(cuda, state, kReps, [&] {
-    cuda.attention(q, k_cache, v_cache, batch.meta, params, out);
-  });
+  const double per_call_s = bench::time_calls(
+      cuda, state, kReps, [&] { cuda.attention(q, k_cache, v_cache, batch.meta, params, out); });
   const double kv_bytes =
       static_cast<double>(seqs) * ctx * L.hkv * static_cast<double>(k_row + v_row) * 2.0;
   state.counters["GB/s"] = kv_bytes / per_call_s * 1e-9;
@@ -67,22 +66,26 @@ void run_case(benchmark::State& state, const Layout& L) {
                  " tokens, planned for " + std::to_string(plan));
 }
 
-void BM_DecodeAttentionLlama(benchmark::State& state) { run_case(state, kLlama); }
-void BM_DecodeAttentionMla(benchmark::State& state) { run_case(state, kMla); }
+void BM_DecodeAttentionLlama(benchmark::State& state) {
+  run_case(state, kLlama);
+}
+void BM_DecodeAttentionMla(benchmark::State& state) {
+  run_case(state, kMla);
+}
 
 // seqs, ctx, plan: batch 1 eager and as recorded for an 8192-token max_model_len; long contexts;
 // the batches of an offline run (256 sequences of ~640 tokens).
-#define DECODE_CASES(bm)                    \
-  BENCHMARK(bm)                             \
-      ->ArgNames({"seqs", "ctx", "plan"})   \
-      ->Args({1, 513, 513})                 \
-      ->Args({1, 513, 8192})                \
-      ->Args({1, 4096, 4096})               \
-      ->Args({1, 32768, 32768})             \
-      ->Args({64, 1024, 1024})              \
-      ->Args({256, 640, 768})               \
-      ->UseManualTime()                     \
-      ->MinTime(0.1)                        \
+#define DECODE_CASES(bm)                  \
+  BENCHMARK(bm)                           \
+      ->ArgNames({"seqs", "ctx", "plan"}) \
+      ->Args({1, 513, 513})               \
+      ->Args({1, 513, 8192})              \
+      ->Args({1, 4096, 4096})             \
+      ->Args({1, 32768, 32768})           \
+      ->Args({64, 1024, 1024})            \
+      ->Args({256, 640, 768})             \
+      ->UseManualTime()                   \
+      ->MinTime(0.1)                      \
       ->Unit(benchmark::kMicrosecond)
 
 DECODE_CASES(BM_DecodeAttentionLlama);

@@ -47,9 +47,8 @@ void BM_PrefillAttention(benchmark::State& state) {
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
 
-  const double per_call_s = bench::time_calls(cuda, state, kReps, [&] {
-    cuda.attention(q, k_cache, v_cache, batch.meta, params, out);
-  });
+  const double per_call_s = bench::time_calls(
+      cuda, state, kReps, [&] { cuda.attention(q, k_cache, v_cache, batch.meta, params, out); });
   const double flops = 4.0 * static_cast<double>(batch.meta.total_qk_pairs) * kDim * kHq;
   state.counters["TFLOP/s"] = flops / per_call_s * 1e-12;
   state.counters["ms_32_layers"] = per_call_s * kLayers * 1e3;

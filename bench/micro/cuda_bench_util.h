@@ -23,8 +23,10 @@ inline Backend* cuda_or_null(std::string& why) {
   if (!tried) {
     tried = true;
     auto r = make_cuda_backend(0);
-    if (r.ok()) backend = std::move(r).value();
-    else status = r.status().to_string();
+    if (r.ok())
+      backend = std::move(r).value();
+    else
+      status = r.status().to_string();
   }
   why = status;
   return backend.get();

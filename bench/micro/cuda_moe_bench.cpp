@@ -74,27 +74,41 @@ void run_case(benchmark::State& state, const MoeShape& S) {
   Tensor ids_t = ids_buf->view(DType::kI32, {n, S.K});
   Tensor w_t = w_buf->view(DType::kF32, {n, S.K});
 
-  const double per_call_s = bench::time_calls(cuda, state, kReps, [&] {
-    cuda.moe_experts(h, ids_t, w_t, w, shared, out);
-  });
+  const double per_call_s = bench::time_calls(
+      cuda, state, kReps, [&] { cuda.moe_experts(h, ids_t, w_t, w, shared, out); });
   const double bytes = static_cast<double>(touched.size()) * 3.0 * S.D * S.F * 2.0;
   state.counters["GB/s"] = bytes / per_call_s * 1e-9;
   state.counters["experts"] = static_cast<double>(touched.size());
   state.SetLabel(std::string(S.name) + ", " + std::to_string(n) + " tokens");
 }
 
-void BM_MoeExpertsV2Lite(benchmark::State& state) { run_case(state, kV2Lite); }
-void BM_MoeExpertsMixtral(benchmark::State& state) { run_case(state, kMixtral); }
+void BM_MoeExpertsV2Lite(benchmark::State& state) {
+  run_case(state, kV2Lite);
+}
+void BM_MoeExpertsMixtral(benchmark::State& state) {
+  run_case(state, kMixtral);
+}
 
 // Decode sizes (the grouped GEMVs, as recorded in graphs) and prefill sizes (per-expert GEMMs).
 BENCHMARK(BM_MoeExpertsV2Lite)
     ->ArgName("tokens")
-    ->Arg(1)->Arg(8)->Arg(64)->Arg(512)->Arg(4096)
-    ->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+    ->Arg(1)
+    ->Arg(8)
+    ->Arg(64)
+    ->Arg(512)
+    ->Arg(4096)
+    ->UseManualTime()
+    ->MinTime(0.1)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MoeExpertsMixtral)
     ->ArgName("tokens")
-    ->Arg(1)->Arg(8)->Arg(32)->Arg(512)
-    ->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+    ->Arg(1)
+    ->Arg(8)
+    ->Arg(32)
+    ->Arg(512)
+    ->UseManualTime()
+    ->MinTime(0.1)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace pagellm

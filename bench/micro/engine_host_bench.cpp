@@ -59,7 +59,8 @@ class NullDeviceBackend final : public Backend {
   void copy_to_host(void* dst, const void*, int64_t n) override { std::memset(dst, 0, n); }
   void copy(void*, const void*, int64_t) override {}
   void synchronize() override {}
-  Result<Tensor> upload_weight(const Tensor& host, DType dtype, std::unique_ptr<Buffer>& s) override {
+  Result<Tensor> upload_weight(const Tensor& host, DType dtype,
+                               std::unique_ptr<Buffer>& s) override {
     s = allocate(dtype_bytes(dtype, host.numel()));
     Tensor t = host;
     t.data = s->data();
@@ -151,7 +152,12 @@ void BM_EngineHostStep(benchmark::State& state) {
   state.counters["steps"] = static_cast<double>(steps) / static_cast<double>(state.iterations());
   state.counters["us_per_step"] = steps > 0 ? 1e6 * seconds / static_cast<double>(steps) : 0.0;
 }
-BENCHMARK(BM_EngineHostStep)->Arg(1)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_EngineHostStep)
+    ->Arg(1)
+    ->Arg(64)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace pagellm

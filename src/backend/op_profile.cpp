@@ -38,8 +38,10 @@ std::vector<std::pair<std::string, std::string>> shape_fields(const std::string&
     const std::string word = shape.substr(i, j - i);
     const size_t eq = word.find('=');
     if (!word.empty()) {
-      if (eq == std::string::npos) out.emplace_back("", word);
-      else out.emplace_back(word.substr(0, eq), word.substr(eq + 1));
+      if (eq == std::string::npos)
+        out.emplace_back("", word);
+      else
+        out.emplace_back(word.substr(0, eq), word.substr(eq + 1));
     }
     i = j + 1;
   }

@@ -7,8 +7,8 @@
 // per-head keys and values are never materialized: attention runs in the absorbed form, with
 // W_UK (the key half of kv_b_proj) folded into the query:
 //   q_abs_h = W_UK_h^T q_nope_h                         [R]
-//   score   = (q_pe_h . k_pe + q_abs_h . c_kv) * scale  (one "head" of dim P + R against the latent)
-//   o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
+//   score   = (q_pe_h . k_pe + q_abs_h . c_kv) * scale  (one "head" of dim P + R against the
+//   latent) o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
 // which is the same sum as transformers' expanded form (only summation order differs). The latent
 // cache is the attention op's K (dim P + R) and, as a column view of the same rows, its V (dim R).
 // The row puts k_pe first because the rope op rotates the leading dims of each head; for the same
@@ -36,10 +36,10 @@
 
 #include "core/log.h"
 #include "model/decoder_model.h"
-#include "model/scratch.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/rope.h"
+#include "model/scratch.h"
 #include "model/weight_loader.h"
 
 namespace pagellm {
@@ -68,7 +68,7 @@ struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
   Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate_up, act, shared;
-  Tensor kv_exp;                   // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
+  Tensor kv_exp;  // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
   Tensor cos_sin;                  // f32 [cap, P]
 };
 
@@ -77,8 +77,8 @@ struct Workspace {
 struct MlaSplit {
   int32_t s0 = 0, n_abs = 0;
   int32_t max_q_abs = 0, max_q_exp = 0;  // longest query run of each part
-  int64_t exp_qk_pairs = 0;             // causal (query, key) pairs of the expanded part
-  int64_t exp_kv_tokens = 0;            // its keys (= its tokens)
+  int64_t exp_qk_pairs = 0;              // causal (query, key) pairs of the expanded part
+  int64_t exp_kv_tokens = 0;             // its keys (= its tokens)
   bool expanded() const { return max_q_exp > 0; }
 };
 
@@ -88,7 +88,8 @@ MlaSplit mla_split(const StepBatch& b) {
   sp.s0 = n_seqs;
   sp.n_abs = b.n_tokens;
   const std::vector<int32_t>& cu = b.cu_seqlens_q;
-  if (static_cast<int32_t>(cu.size()) != n_seqs + 1 || b.positions.size() != static_cast<size_t>(b.n_tokens))
+  if (static_cast<int32_t>(cu.size()) != n_seqs + 1 ||
+      b.positions.size() != static_cast<size_t>(b.n_tokens))
     return sp;  // no host copies: keep everything absorbed
   int32_t max_q = 0;
   for (int32_t s = 0; s < n_seqs; ++s) max_q = std::max(max_q, cu[s + 1] - cu[s]);
@@ -166,19 +167,20 @@ class DeepseekModel final : public DecoderModel {
         if (cfg_.attention_bias)
           PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_proj.bias", Rq, 0.0f, L.q_a_bias));
         PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_layernorm.weight", Rq, 1.0f, L.q_a_layernorm));
-        PAGELLM_ASSIGN_OR_RETURN(L.q_b_proj, ld.reordered_matrix(a + "q_b_proj.weight",
-                                                                 {H * (N + P), Rq}, pe_first_heads));
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.q_b_proj,
+            ld.reordered_matrix(a + "q_b_proj.weight", {H * (N + P), Rq}, pe_first_heads));
       } else {
-        PAGELLM_ASSIGN_OR_RETURN(L.q_proj, ld.reordered_matrix(a + "q_proj.weight",
-                                                               {H * (N + P), D}, pe_first_heads));
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.q_proj, ld.reordered_matrix(a + "q_proj.weight", {H * (N + P), D}, pe_first_heads));
       }
       // The checkpoint's rows are c_kv (R) then k_pe (P); the cache row is k_pe | c_kv.
       const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
       PAGELLM_ASSIGN_OR_RETURN(
           L.kv_a, ld.reordered_matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, pe_first));
       if (cfg_.attention_bias) {
-        PAGELLM_ASSIGN_OR_RETURN(L.kv_a_bias, ld.reordered_vector(a + "kv_a_proj_with_mqa.bias",
-                                                                  R + P, 0.0f, pe_first));
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.kv_a_bias, ld.reordered_vector(a + "kv_a_proj_with_mqa.bias", R + P, 0.0f, pe_first));
       }
       PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_layernorm.weight", R, 1.0f, L.kv_a_layernorm));
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
@@ -290,7 +292,7 @@ class DeepseekModel final : public DecoderModel {
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
         backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
       } else {
-        backend_.matmul(h, L.q_proj, Tensor(), q);     // [n, H*(P+N)]
+        backend_.matmul(h, L.q_proj, Tensor(), q);  // [n, H*(P+N)]
       }
       backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
@@ -301,7 +303,8 @@ class DeepseekModel final : public DecoderModel {
                              cache.k[l], v_cache);
       if (na > 0) {  // absorbed: q_h -> [q_pe | q_abs_h] against the latent cache, then W_UV_h
         Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, na, P+R]
-        backend_.batched_matmul(heads_major(q.slice_rows(0, na), H, P + N), L.q_absorb, qfull_heads);
+        backend_.batched_matmul(heads_major(q.slice_rows(0, na), H, P + N), L.q_absorb,
+                                qfull_heads);
         backend_.attention(qfull3, cache.k[l], v_cache, meta_abs, attn_params_, attn_lat3);
         Tensor attn_v_heads = heads_major(attn_v.slice_rows(0, na), H, Vd);  // [H, na, Vd]
         backend_.batched_matmul(heads_major(attn_lat, H, R), L.w_uv, attn_v_heads);
@@ -444,8 +447,8 @@ class DeepseekModel final : public DecoderModel {
     m.n_seqs = n_e;
     m.cu_seqlens_q = Tensor(const_cast<int32_t*>(base), DType::kI32, {n_e + 1}, dev);
     m.seq_lens_kv = Tensor(const_cast<int32_t*>(base + n_e + 1), DType::kI32, {n_e}, dev);
-    m.block_tables = Tensor(const_cast<int32_t*>(base + 2 * n_e + 1), DType::kI32,
-                            {n_e, sp.max_q_exp}, dev);
+    m.block_tables =
+        Tensor(const_cast<int32_t*>(base + 2 * n_e + 1), DType::kI32, {n_e, sp.max_q_exp}, dev);
     m.block_size = 1;
     m.max_seqlen_q = m.max_seqlen_kv = sp.max_q_exp;
     m.total_kv_tokens = sp.exp_kv_tokens;
@@ -459,7 +462,8 @@ class DeepseekModel final : public DecoderModel {
     for (int32_t i = 0; i < n_e; ++i) {
       const int32_t first = host[i], len = host[i + 1] - host[i];
       host[n_e + 1 + i] = len;
-      for (int32_t j = 0; j < len; ++j) host[2 * n_e + 1 + static_cast<size_t>(i) * w + j] = first + j;
+      for (int32_t j = 0; j < len; ++j)
+        host[2 * n_e + 1 + static_cast<size_t>(i) * w + j] = first + j;
     }
     const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(int32_t));
     if (!exp_meta_ || exp_meta_bytes_ < bytes) {
@@ -494,13 +498,21 @@ class DeepseekModel final : public DecoderModel {
                                cfg_.moe_intermediate_size * std::max<int64_t>(cfg_.n_shared_experts, 1));
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
-      ws.buf = allocate_scratch(
-          backend_, cap,
-          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qa, dt, Rq},
-           {&ws.q, dt, H * (N + P)}, {&ws.lat, dt, P + R}, {&ws.qfull, dt, H * (P + R)},
-           {&ws.attn_lat, dt, H * R}, {&ws.attn_v, dt, H * Vd}, {&ws.gate_up, dt, 2 * F},
-           {&ws.act, dt, F}, {&ws.shared, dt, D}, {&ws.kv_exp, dt, H * (P + N + Vd)},
-           {&ws.cos_sin, DType::kF32, P}});
+      ws.buf = allocate_scratch(backend_, cap,
+                                {{&ws.x, dt, D},
+                                 {&ws.residual, dt, D},
+                                 {&ws.h, dt, D},
+                                 {&ws.qa, dt, Rq},
+                                 {&ws.q, dt, H * (N + P)},
+                                 {&ws.lat, dt, P + R},
+                                 {&ws.qfull, dt, H * (P + R)},
+                                 {&ws.attn_lat, dt, H * R},
+                                 {&ws.attn_v, dt, H * Vd},
+                                 {&ws.gate_up, dt, 2 * F},
+                                 {&ws.act, dt, F},
+                                 {&ws.shared, dt, D},
+                                 {&ws.kv_exp, dt, H * (P + N + Vd)},
+                                 {&ws.cos_sin, DType::kF32, P}});
       ws.capacity_tokens = cap;
     }
     moe_.reserve(n);

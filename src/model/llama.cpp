@@ -8,9 +8,9 @@
 
 #include "core/log.h"
 #include "model/decoder_model.h"
-#include "model/scratch.h"
 #include "model/model.h"
 #include "model/rope.h"
+#include "model/scratch.h"
 #include "model/weight_loader.h"
 
 namespace pagellm {
@@ -102,7 +102,6 @@ class LlamaModel final : public DecoderModel {
     return {};
   }
 
-
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);
     rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);
@@ -120,8 +119,8 @@ class LlamaModel final : public DecoderModel {
     Tensor attn = ws.attn.slice_rows(0, n);          // [n, Hq*Dh]
     Tensor act = ws.act.slice_rows(0, n);            // [n, F]
     ProjViews qkv = proj_views(ws.qkv, n, {cfg_.q_dim(), cfg_.kv_dim(), cfg_.kv_dim()}, fuse_qkv_);
-    ProjViews gu = proj_views(ws.gate_up, n, {cfg_.intermediate_size, cfg_.intermediate_size},
-                              fuse_mlp_);
+    ProjViews gu =
+        proj_views(ws.gate_up, n, {cfg_.intermediate_size, cfg_.intermediate_size}, fuse_mlp_);
     Tensor q = qkv.part[0], k = qkv.part[1], v = qkv.part[2];
     Tensor gate = gu.part[0], up = gu.part[1];
     Tensor q3 = q.split_heads(Hq, Dh), k3 = k.split_heads(Hkv, Dh), v3 = v.split_heads(Hkv, Dh);

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "model/decoder_model.h"
-#include "model/scratch.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/rope.h"
+#include "model/scratch.h"
 #include "model/weight_loader.h"
 
 namespace pagellm {
@@ -139,10 +139,13 @@ class MixtralModel final : public DecoderModel {
     const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), rd = rope_.rotary_dim();
     if (n > ws.capacity_tokens) {
       const int64_t cap = std::max<int64_t>(n, 16);
-      ws.buf = allocate_scratch(
-          backend_, cap,
-          {{&ws.x, dt, D}, {&ws.residual, dt, D}, {&ws.h, dt, D}, {&ws.qkv, dt, qd + 2 * kvd},
-           {&ws.attn, dt, qd}, {&ws.cos_sin, DType::kF32, rd}});
+      ws.buf = allocate_scratch(backend_, cap,
+                                {{&ws.x, dt, D},
+                                 {&ws.residual, dt, D},
+                                 {&ws.h, dt, D},
+                                 {&ws.qkv, dt, qd + 2 * kvd},
+                                 {&ws.attn, dt, qd},
+                                 {&ws.cos_sin, DType::kF32, rd}});
       ws.capacity_tokens = cap;
     }
     moe_.reserve(n);

@@ -12,9 +12,9 @@ namespace pagellm {
 Status load_swiglu(WeightLoader& ld, Backend& backend, const std::string& prefix, int64_t D,
                    int64_t F, MoeExpert& out) {
   if (backend.device() != Device::kCpu) {
-    PAGELLM_ASSIGN_OR_RETURN(out.gate_up_proj, ld.stacked_matrix({{prefix + "gate_proj.weight", F},
-                                                                  {prefix + "up_proj.weight", F}},
-                                                                 D));
+    PAGELLM_ASSIGN_OR_RETURN(
+        out.gate_up_proj,
+        ld.stacked_matrix({{prefix + "gate_proj.weight", F}, {prefix + "up_proj.weight", F}}, D));
   } else {
     PAGELLM_RETURN_IF_ERROR(ld.matrix_into(prefix + "gate_proj.weight", {F, D}, out.gate_proj));
     PAGELLM_RETURN_IF_ERROR(ld.matrix_into(prefix + "up_proj.weight", {F, D}, out.up_proj));

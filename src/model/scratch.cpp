@@ -26,9 +26,10 @@ ProjViews proj_views(const Tensor& scratch, int64_t n, std::initializer_list<int
   p.all = scratch.slice_rows(0, n);
   int64_t off = 0, i = 0;
   for (int64_t w : widths) {
-    p.part[i++] = fused ? p.all.slice_cols(off, off + w)
-                        : Tensor(static_cast<char*>(scratch.data) + dtype_bytes(scratch.dtype, n * off),
-                                 scratch.dtype, {n, w}, scratch.device);
+    p.part[i++] =
+        fused ? p.all.slice_cols(off, off + w)
+              : Tensor(static_cast<char*>(scratch.data) + dtype_bytes(scratch.dtype, n * off),
+                       scratch.dtype, {n, w}, scratch.device);
     off += w;
   }
   return p;

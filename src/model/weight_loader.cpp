@@ -92,14 +92,16 @@ Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, floa
   return stack_loaded(loaded, 1, loaded.size());
 }
 
-Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols, const RowRanges& ranges) {
+Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols,
+                                            const RowRanges& ranges) {
   const int64_t rows = t.numel() / cols;
   std::vector<Tensor> pieces;
   for (const auto& [first, last] : ranges) {
-    PAGELLM_CHECK_MSG(0 <= first && first < last && last <= rows, "reordered weight: bad row range");
+    PAGELLM_CHECK_MSG(0 <= first && first < last && last <= rows,
+                      "reordered weight: bad row range");
     const int64_t n = last - first;
-    pieces.push_back(Tensor(static_cast<char*>(t.data) + dtype_bytes(t.dtype, first * cols), t.dtype,
-                            {n * cols}, t.device));
+    pieces.push_back(Tensor(static_cast<char*>(t.data) + dtype_bytes(t.dtype, first * cols),
+                            t.dtype, {n * cols}, t.device));
   }
   return stack_loaded(pieces, cols, 1);
 }
@@ -138,9 +140,11 @@ Status WeightLoader::qkv_into(const std::string& prefix, const std::string& kind
   const bool bias = kind == "bias";
   const std::string suffix = "_proj." + kind;
   if (fuse) {
-    const std::vector<Part> parts = {
-        {prefix + "q" + suffix, q_rows}, {prefix + "k" + suffix, kv_rows}, {prefix + "v" + suffix, kv_rows}};
-    PAGELLM_ASSIGN_OR_RETURN(fused, bias ? stacked_vector(parts, 0.0f) : stacked_matrix(parts, cols));
+    const std::vector<Part> parts = {{prefix + "q" + suffix, q_rows},
+                                     {prefix + "k" + suffix, kv_rows},
+                                     {prefix + "v" + suffix, kv_rows}};
+    PAGELLM_ASSIGN_OR_RETURN(fused,
+                             bias ? stacked_vector(parts, 0.0f) : stacked_matrix(parts, cols));
     return {};
   }
   const auto one = [&](const char* name, int64_t rows, Tensor& out) {

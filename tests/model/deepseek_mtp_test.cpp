@@ -7,12 +7,12 @@
 // to the checkpoint without it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "backend/backend.h"
@@ -79,7 +79,8 @@ std::vector<float> last_logits(const std::string& dir, std::string* log) {
 }
 
 TEST(DeepseekMtp, LayersPastTheDecoderAreSkippedWithALogLine) {
-  const fs::path golden = fs::path(PAGELLM_SOURCE_DIR) / "tests" / "data" / "golden" / "deepseek_v3";
+  const fs::path golden =
+      fs::path(PAGELLM_SOURCE_DIR) / "tests" / "data" / "golden" / "deepseek_v3";
   json cfg = json::parse(read_file(golden / "config.json"));
   const int L = cfg["num_hidden_layers"];
   ASSERT_GE(L, 2);

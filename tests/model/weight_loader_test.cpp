@@ -60,7 +60,8 @@ TEST(WeightLoader, ReorderedMatrixAndVectorTakeTheRowRangesInOrder) {
   ASSERT_TRUE(w.ok()) << w.status().message();
   EXPECT_EQ(w->rows(), 5);
   EXPECT_EQ(w->cols(), 3);
-  EXPECT_EQ(to_vector(*w), (std::vector<float>{30, 31, 32, 40, 41, 42, 0, 1, 2, 10, 11, 12, 20, 21, 22}));
+  EXPECT_EQ(to_vector(*w),
+            (std::vector<float>{30, 31, 32, 40, 41, 42, 0, 1, 2, 10, 11, 12, 20, 21, 22}));
   Result<Tensor> b = ld.reordered_vector("b", 5, 0.0f, ranges);
   ASSERT_TRUE(b.ok()) << b.status().message();
   EXPECT_EQ(to_vector(*b), (std::vector<float>{3, 4, 0, 1, 2}));

@@ -198,7 +198,7 @@ TEST(AttentionDecode, HeadLayoutsAndDims) {
   run_attention_case(cuda, cpu, ++seed, {8, 2, 64, 64, 8, seqs});      // block 8
   run_attention_case(cuda, cpu, ++seed, {8, 2, 36, 36, 16, seqs});     // rows not 16-byte aligned
   run_attention_case(cuda, cpu, ++seed, {8, 2, 128, 128, 1, seqs});    // block size 1
-  run_attention_case(cuda, cpu, ++seed, {8, 2, 128, 128, 7, seqs});    // block size not a power of 2
+  run_attention_case(cuda, cpu, ++seed, {8, 2, 128, 128, 7, seqs});  // block size not a power of 2
 }
 
 TEST(AttentionDecode, SlidingWindowAndSoftcap) {

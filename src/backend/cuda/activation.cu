@@ -46,7 +46,8 @@ __global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 g = __bfloat1622float2(g2[i]), u = __bfloat1622float2(u2[i]);
-      o2[i] = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+      o2[i] =
+          __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
     }
     *reinterpret_cast<uint4*>(out + r * ldo + c) = ov;
   }

@@ -31,7 +31,7 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
 constexpr int kDecodeMinBlocks = 5;    // resident decode blocks per SM the registers must allow
-constexpr int kDecodeLoads = 4;        // 16-byte row loads per lane per group (two groups in flight)
+constexpr int kDecodeLoads = 4;  // 16-byte row loads per lane per group (two groups in flight)
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
 constexpr int kSmemSoftBudget = 64 * 1024;
@@ -152,10 +152,10 @@ __device__ __forceinline__ int reduced_index(int lane) {
 // One block per (sequence, KV head, split), kDecodeWarps warps. Lanes split a cache row in
 // 16-byte pieces (L lanes per row, so a warp covers 32 / L rows per load) and each lane issues
 // the next group of kDecodeLoads loads before using the current one: decode attention is bound by
-// how many bytes are in flight, not by arithmetic. Pass 1 scores the chunk's keys for every head of the GQA group
-// (each K row is loaded once for all of them; the per-row dot products are summed over the L
-// lanes by transpose_reduce), then an exact softmax per head over the chunk, then pass 2 streams
-// the V rows the same way, each lane accumulating its 8 dims for a tile of heads.
+// how many bytes are in flight, not by arithmetic. Pass 1 scores the chunk's keys for every head of
+// the GQA group (each K row is loaded once for all of them; the per-row dot products are summed
+// over the L lanes by transpose_reduce), then an exact softmax per head over the chunk, then pass 2
+// streams the V rows the same way, each lane accumulating its 8 dims for a tile of heads.
 //
 // Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
 //                scores f32 [G][chunk] | m, l f32 [G][2] | the chunk's block ids i32.
@@ -165,9 +165,9 @@ template <int DMAX, bool kAligned, int kG>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
                   float* __restrict__ part_ml) {
-  constexpr int L = DMAX / 8;                      // lanes per cache row
-  constexpr int KPW = 32 / L;                      // rows per warp-wide load
-  constexpr int KW = KPW * kDecodeLoads;           // rows per warp per group
+  constexpr int L = DMAX / 8;             // lanes per cache row
+  constexpr int KPW = 32 / L;             // rows per warp-wide load
+  constexpr int KW = KPW * kDecodeLoads;  // rows per warp per group
   static_assert(L >= kDecodeLoads, "transpose_reduce needs a lane per loaded row");
   extern __shared__ __align__(16) unsigned char decode_smem[];
   pdl_allow_next();  // the output projection's GEMV may start fetching its weights
@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
-          for (int off = L; off < 32; off *= 2) acc[gg][i] += __shfl_xor_sync(0xffffffffu, acc[gg][i], off);
+          for (int off = L; off < 32; off *= 2)
+            acc[gg][i] += __shfl_xor_sync(0xffffffffu, acc[gg][i], off);
         if (kk == 0) {
 #pragma unroll
           for (int i = 0; i < 8; ++i) red[(warp * tile + gg) * DMAX + e0 + i] = acc[gg][i];
@@ -498,10 +499,11 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cu
                     "attention: GQA group too large for the decode kernel's shared memory");
   if (p.smem > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX, kAligned, kG>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(p.smem)));
   const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  decode_kernel<DMAX, kAligned, kG><<<grid, kDecodeThreads, p.smem, stream>>>(
-      a, p.chunk, p.n_splits, part_acc, part_ml);
+  decode_kernel<DMAX, kAligned, kG>
+      <<<grid, kDecodeThreads, p.smem, stream>>>(a, p.chunk, p.n_splits, part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
     decode_reduce_kernel<<<dim3(a.hq, a.n_seqs), 128, 0, stream>>>(a, p.n_splits, part_acc, part_ml);
@@ -513,11 +515,16 @@ template <int DMAX>
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
   if (!decode_rows_aligned(a)) return run_decode<DMAX, false, 0>(a, p, workspace, stream);
   switch (p.group) {
-    case 1: return run_decode<DMAX, true, 1>(a, p, workspace, stream);
-    case 2: return run_decode<DMAX, true, 2>(a, p, workspace, stream);
-    case 4: return run_decode<DMAX, true, 4>(a, p, workspace, stream);
-    case 8: return run_decode<DMAX, true, 8>(a, p, workspace, stream);
-    default: return run_decode<DMAX, true, 0>(a, p, workspace, stream);
+    case 1:
+      return run_decode<DMAX, true, 1>(a, p, workspace, stream);
+    case 2:
+      return run_decode<DMAX, true, 2>(a, p, workspace, stream);
+    case 4:
+      return run_decode<DMAX, true, 4>(a, p, workspace, stream);
+    case 8:
+      return run_decode<DMAX, true, 8>(a, p, workspace, stream);
+    default:
+      return run_decode<DMAX, true, 0>(a, p, workspace, stream);
   }
 }
 

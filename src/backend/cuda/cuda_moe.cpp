@@ -99,7 +99,9 @@ void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
   return moe_workspace_->data();
 }
 
-int64_t CudaBackend::moe_graph_tokens_per_expert() const { return kMoeGemvMaxTokensPerExpert; }
+int64_t CudaBackend::moe_graph_tokens_per_expert() const {
+  return kMoeGemvMaxTokensPerExpert;
+}
 
 void CudaBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                               const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {

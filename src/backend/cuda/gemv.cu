@@ -4,8 +4,8 @@
 // each lane reads 16-byte pieces of them (a warp covers 512 contiguous bytes of a row per load) and
 // issues kGemvUnroll such loads per row before using any; x (n rows, a few to a few hundred KB)
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
-// warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch of
-// independent products of one shape (per-head projections) runs as one launch, an entry per
+// warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch
+// of independent products of one shape (per-head projections) runs as one launch, an entry per
 // blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it prefetches the
 // start of its weight rows while that kernel finishes.
 #include "backend/cuda/device_utils.cuh"
@@ -50,10 +50,10 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bf16* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
-  // The weights do not depend on the kernel before this one: start pulling the first
-  // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
-  // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
-  // the rows of the first blocks out of L2 before they are read.
+    // The weights do not depend on the kernel before this one: start pulling the first
+    // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
+    // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
+    // the rows of the first blocks out of L2 before they are read.
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     const int64_t k = lane * 64;  // one 128-byte line per lane
@@ -112,9 +112,9 @@ void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_d
                       w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows,
                       x.cols, x_bs, w_bs, o_bs);
   } else {
-    launch_overlapped(gemv_kernel<N, bf16>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
-                      w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows,
-                      x.cols, x_bs, w_bs, o_bs);
+    launch_overlapped(gemv_kernel<N, bf16>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp, w.ld,
+                      bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols,
+                      x_bs, w_bs, o_bs);
   }
 }
 

@@ -511,10 +511,17 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
   const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
   const auto* x = static_cast<const bf16*>(h);
   switch (gemv_pass_tokens(max_tokens)) {
-    case 1: moe_gate_up_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
-    case 2: moe_gate_up_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
-    case 4: moe_gate_up_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws); break;
-    default: moe_gate_up_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+    case 1:
+      moe_gate_up_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      break;
+    case 2:
+      moe_gate_up_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      break;
+    case 4:
+      moe_gate_up_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      break;
+    default:
+      moe_gate_up_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -525,10 +532,17 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
   switch (gemv_pass_tokens(max_tokens)) {
-    case 1: moe_down_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
-    case 2: moe_down_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
-    case 4: moe_down_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, ws); break;
-    default: moe_down_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+    case 1:
+      moe_down_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      break;
+    case 2:
+      moe_down_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      break;
+    case 4:
+      moe_down_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      break;
+    default:
+      moe_down_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, ws);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -1,8 +1,7 @@
 // Rotary embedding, alone and fused with the paged KV-cache write. One block per token (a warp per
-// token and head for the fused kernel); the rotation of a pair (a, b) is done by one thread, so in-place
-// updates never race. Pairs are
-// (2j, 2j+1) when interleaved (GPT-J / DeepSeek) and (j, j + rotary_dim/2) otherwise (NeoX / HF
-// Llama); both touch only the first rotary_dim dims of a head.
+// token and head for the fused kernel); the rotation of a pair (a, b) is done by one thread, so
+// in-place updates never race. Pairs are (2j, 2j+1) when interleaved (GPT-J / DeepSeek) and (j, j +
+// rotary_dim/2) otherwise (NeoX / HF Llama); both touch only the first rotary_dim dims of a head.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -46,7 +45,8 @@ __global__ void rope_kernel(HeadsView x, const float* __restrict__ cos_sin, int6
                             int64_t rotary_dim, bool interleaved) {
   const int64_t i = blockIdx.x;
   rotate_heads(static_cast<bf16*>(x.data) + i * x.stride_tok, x.stride_head, x.heads,
-               cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0, threadIdx.x, blockDim.x);
+               cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0, threadIdx.x,
+               blockDim.x);
 }
 
 // A warp per (token, head), kHeadsPerBlock heads per block: head y < q.heads rotates that query
@@ -116,13 +116,13 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
   const auto vec_ok = [](const void* p, int64_t a, int64_t b, int64_t c) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
   };
-  const bool v_vec = v.dim % 8 == 0 && vec_ok(v.data, v.stride_tok, v.stride_head, 0) &&
-                     vec_ok(v_cache.data, v_cache.stride_block, v_cache.stride_tok, v_cache.stride_head);
+  const bool v_vec =
+      v.dim % 8 == 0 && vec_ok(v.data, v.stride_tok, v.stride_head, 0) &&
+      vec_ok(v_cache.data, v_cache.stride_block, v_cache.stride_tok, v_cache.stride_head);
   const dim3 grid(static_cast<unsigned>(q.n),
                   static_cast<unsigned>((q.heads + k.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(q, k, v, cos_sin, cos_sin_ld, rotary_dim,
-                                                      interleaved, slot_mapping, k_cache, v_cache,
-                                                      v_vec);
+  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(
+      q, k, v, cos_sin, cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, v_vec);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -220,8 +220,10 @@ TEST(ProfilingBackend, LongRecordingsKeepEveryOpInOrder) {
   const size_t n = 2 * ProfilingBackend::kFlushOps + 5;
   prof.start();
   for (size_t i = 0; i < n; ++i) {
-    if (i % 3 == 0) prof.matmul(a, w, Tensor(), mo);
-    else prof.add(a, b, o);
+    if (i % 3 == 0)
+      prof.matmul(a, w, Tensor(), mo);
+    else
+      prof.add(a, b, o);
   }
   const std::vector<OpSample> got = prof.stop();
   ASSERT_EQ(got.size(), n);
