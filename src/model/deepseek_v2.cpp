@@ -78,7 +78,6 @@ struct MlaSplit {
   int32_t s0 = 0, n_abs = 0;
   int32_t max_q_abs = 0, max_q_exp = 0;  // longest query run of each part
   int64_t exp_qk_pairs = 0;              // causal (query, key) pairs of the expanded part
-  int64_t exp_kv_tokens = 0;             // its keys (= its tokens)
   bool expanded() const { return max_q_exp > 0; }
 };
 
@@ -99,7 +98,6 @@ MlaSplit mla_split(const StepBatch& b) {
     if (n_q < 1 || b.positions[cu[s]] != 0) break;  // not a prompt starting this step
     --sp.s0;
     sp.max_q_exp = std::max(sp.max_q_exp, n_q);
-    sp.exp_kv_tokens += n_q;
     sp.exp_qk_pairs += static_cast<int64_t>(n_q) * (n_q + 1) / 2;
   }
   sp.n_abs = cu[sp.s0];
@@ -451,7 +449,7 @@ class DeepseekModel final : public DecoderModel {
         Tensor(const_cast<int32_t*>(base + 2 * n_e + 1), DType::kI32, {n_e, sp.max_q_exp}, dev);
     m.block_size = 1;
     m.max_seqlen_q = m.max_seqlen_kv = sp.max_q_exp;
-    m.total_kv_tokens = sp.exp_kv_tokens;
+    m.total_kv_tokens = b.n_tokens - sp.n_abs;  // a fresh prompt's keys are its tokens
     m.total_qk_pairs = sp.exp_qk_pairs;
     return m;
   }
@@ -482,7 +480,7 @@ class DeepseekModel final : public DecoderModel {
     m.seq_lens_kv = b.attn.seq_lens_kv.slice_rows(0, sp.s0);
     m.block_tables = b.attn.block_tables.slice_rows(0, sp.s0);
     m.max_seqlen_q = sp.max_q_abs;
-    m.total_kv_tokens = std::max<int64_t>(0, b.attn.total_kv_tokens - sp.exp_kv_tokens);
+    m.total_kv_tokens = std::max<int64_t>(0, b.attn.total_kv_tokens - (b.n_tokens - sp.n_abs));
     m.total_qk_pairs = std::max<int64_t>(0, b.attn.total_qk_pairs - sp.exp_qk_pairs);
     return m;
   }
