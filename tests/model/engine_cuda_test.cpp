@@ -84,6 +84,8 @@ class EngineCuda : public testing::Test {
     const auto& wd = want.details.at(0);
     const auto& gd = got.details.at(0);
     EXPECT_EQ(wt.size(), gt.size()) << what;
+    EXPECT_TRUE(!wd.empty() && wd[0].top.size() >= 2)
+        << what << ": the reference run must carry its top-2 logprobs (the margins)";
     int compared = 0;
     for (size_t k = 0; k < std::min(wt.size(), gt.size()); ++k) {
       const float margin =
@@ -121,7 +123,8 @@ TEST_F(EngineCuda, BatchInvarianceWithinBf16Rounding) {
   auto solo = make_engine(16, 64);
   auto e = make_engine(16, 48);  // chunked prefills mixed with decodes
   ASSERT_TRUE(solo != nullptr && e != nullptr);
-  auto [alone, together] = run_alone_and_together(*solo, *e, prompts, kOut);
+  // The top 2 logprobs come along: the margin decides whether a token must match.
+  auto [alone, together] = run_alone_and_together(*solo, *e, prompts, kOut, /*logprobs=*/2);
   int compared = 0;
   for (int i = 0; i < kN; ++i) {
     compared += compare_runs(alone[i], together[i], "request " + std::to_string(i));

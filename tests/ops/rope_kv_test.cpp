@@ -27,12 +27,14 @@ struct RopeKvCase {
   int64_t n, hq, hkv, d, dv, rd;
   bool interleaved;
   int64_t block_size;
+  int64_t dq = 0;  // q's head_dim where it differs from k's (DeepSeek MLA); 0: d
+  int64_t q_dim() const { return dq > 0 ? dq : d; }
 };
 
 void run_rope_store_kv_case(Backend& cuda, Backend& cpu, uint64_t seed, const RopeKvCase& c) {
   Rng rng(seed);
   const int64_t n_blocks = (c.n + c.block_size - 1) / c.block_size + 3;
-  std::vector<float> q = random_bf16_values(rng, c.n * c.hq * c.d, 2.0f);
+  std::vector<float> q = random_bf16_values(rng, c.n * c.hq * c.q_dim(), 2.0f);
   std::vector<float> k = random_bf16_values(rng, c.n * c.hkv * c.d, 2.0f);
   std::vector<float> v = random_bf16_values(rng, c.n * c.hkv * c.dv, 2.0f);
   std::vector<float> kc = random_bf16_values(rng, n_blocks * c.block_size * c.hkv * c.d);
@@ -50,7 +52,7 @@ void run_rope_store_kv_case(Backend& cuda, Backend& cpu, uint64_t seed, const Ro
   auto kc_dev = upload_bf16(cuda, kc), vc_dev = upload_bf16(cuda, vc);
   auto cs_dev = upload_raw(cuda, cs);
   auto slots_dev = upload_raw(cuda, slots);
-  Tensor q_t = q_dev->view(DType::kBF16, {c.n, c.hq, c.d});
+  Tensor q_t = q_dev->view(DType::kBF16, {c.n, c.hq, c.q_dim()});
   Tensor k_t = k_dev->view(DType::kBF16, {c.n, c.hkv, c.d});
   Tensor kc_t = kc_dev->view(DType::kBF16, {n_blocks, c.block_size, c.hkv, c.d});
   Tensor vc_t = vc_dev->view(DType::kBF16, {n_blocks, c.block_size, c.hkv, c.dv});
@@ -58,14 +60,14 @@ void run_rope_store_kv_case(Backend& cuda, Backend& cpu, uint64_t seed, const Ro
                      cs_dev->view(DType::kF32, {c.n, c.rd}), c.interleaved,
                      slots_dev->view(DType::kI32, {c.n}), kc_t, vc_t);
 
-  Tensor qh = host_f32(q, {c.n, c.hq, c.d}), kh = host_f32(k, {c.n, c.hkv, c.d});
+  Tensor qh = host_f32(q, {c.n, c.hq, c.q_dim()}), kh = host_f32(k, {c.n, c.hkv, c.d});
   Tensor kch = host_f32(kc, {n_blocks, c.block_size, c.hkv, c.d});
   Tensor vch = host_f32(vc, {n_blocks, c.block_size, c.hkv, c.dv});
   cpu.rope_store_kv(qh, kh, host_f32(v, {c.n, c.hkv, c.dv}), host_f32(cs, {c.n, c.rd}),
                     c.interleaved, Tensor(slots.data(), DType::kI32, {c.n}), kch, vch);
 
   const std::string what =
-      Label("rope_store_kv", seed)("n", c.n)("hq", c.hq)("hkv", c.hkv)("d", c.d)("dv", c.dv)(
+      Label("rope_store_kv", seed)("n", c.n)("hq", c.hq)("hkv", c.hkv)("dq", c.q_dim())("d", c.d)("dv", c.dv)(
           "rotary_dim", c.rd)("interleaved", c.interleaved)("block_size", c.block_size);
   EXPECT_TRUE(compare(what + " q", download_bf16(*q_dev), q, kBf16Tol));
   EXPECT_TRUE(compare(what + " k", download_bf16(*k_dev), k, kBf16Tol));
@@ -88,6 +90,8 @@ TEST(RopeStoreKv, MatchesReference) {
                              {n, 8, 8, 256, 256, 64, inter, 32});  // partial rotary
       run_rope_store_kv_case(cuda, cpu, ++seed, {n, 4, 2, 96, 64, 32, inter, 16});  // Dv != D
       run_rope_store_kv_case(cuda, cpu, ++seed, {n, 6, 3, 40, 36, 20, inter, 16});  // Dv % 8 != 0
+      // DeepSeek-V2-Lite MLA: q heads q_pe | q_nope (192), one latent k_pe | c_kv row (576)
+      run_rope_store_kv_case(cuda, cpu, ++seed, {n, 16, 1, 576, 512, 64, inter, 16, 192});
     }
 }
 

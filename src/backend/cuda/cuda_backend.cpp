@@ -467,9 +467,10 @@ void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Ten
   PAGELLM_CHECK(slot_mapping.dtype == DType::kI32 && slot_mapping.is_contiguous());
   PAGELLM_CHECK(cos_sin.dtype == DType::kF32 && cos_sin.ndim == 2 && cos_sin.size(0) == n);
   const int64_t rd = cos_sin.cols();
-  PAGELLM_CHECK_MSG(
-      rd % 2 == 0 && rd <= q.size(2) && q.size(2) == k.size(2),
-      "rope_store_kv: rotary_dim must be even and <= head_dim; q and k head_dim equal");
+  // q and k may differ in width (DeepSeek: q is q_pe | q_nope, k the latent row k_pe | c_kv); the
+  // rotation touches the leading rotary_dim dims of each.
+  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= q.size(2) && rd <= k.size(2),
+                    "rope_store_kv: rotary_dim must be even and <= the head_dim of q and of k");
   const CacheView kc = cache_of(k_cache), vc = cache_of(v_cache);
   PAGELLM_CHECK_MSG(kc.heads == k.size(1) && kc.dim == k.size(2), "rope_store_kv: k_cache shape");
   PAGELLM_CHECK_MSG(vc.heads == v.size(1) && vc.dim == v.size(2), "rope_store_kv: v_cache shape");

@@ -81,24 +81,25 @@ inline std::vector<int32_t> random_prompt(std::mt19937& rng, int len) {
   return p;
 }
 
-// Every prompt as a greedy request of max_tokens: first one request at a time on `alone_engine`,
-// then all at once on `together_engine` (a small token budget there makes steps that mix
-// decodes, chunked prefills and new prompts). Returns {alone, together}, per request.
+// Every prompt as a greedy request of max_tokens (with the top `logprobs` of each token): first
+// one request at a time on `alone_engine`, then all at once on `together_engine` (a small token
+// budget there makes steps that mix decodes, chunked prefills and new prompts). Returns
+// {alone, together}, per request.
 inline std::pair<std::vector<Collected>, std::vector<Collected>> run_alone_and_together(
     Engine& alone_engine, Engine& together_engine, const std::vector<std::vector<int32_t>>& prompts,
-    int32_t max_tokens) {
+    int32_t max_tokens, int32_t logprobs = 0) {
   const size_t n = prompts.size();
   std::vector<Collected> alone(n), together(n);
   for (size_t i = 0; i < n; ++i) {
     Waiter w;
     EXPECT_TRUE(
-        alone_engine.submit(greedy_request(prompts[i], max_tokens), w.callback(&alone[i])).ok());
+        alone_engine.submit(greedy_request(prompts[i], max_tokens, logprobs), w.callback(&alone[i])).ok());
     w.wait(1);
   }
   Waiter w;
   for (size_t i = 0; i < n; ++i)
     EXPECT_TRUE(
-        together_engine.submit(greedy_request(prompts[i], max_tokens), w.callback(&together[i]))
+        together_engine.submit(greedy_request(prompts[i], max_tokens, logprobs), w.callback(&together[i]))
             .ok());
   w.wait(static_cast<int>(n));
   return {std::move(alone), std::move(together)};
