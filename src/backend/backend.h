@@ -252,10 +252,6 @@ class Backend {
     (void)h, (void)ids, (void)weights, (void)experts, (void)shared, (void)out;
     PAGELLM_CHECK_MSG(false, "moe_experts() called on a backend that does not implement it");
   }
-  // moe_experts runs without a host round trip, and so can be recorded into a CUDA graph, while a
-  // step's (token, expert) pairs average at most this many per expert; 0 when the backend records
-  // no graphs (no bound).
-  virtual int64_t moe_graph_tokens_per_expert() const { return 0; }
 
   // --- profiling ---
   // A timer on this backend's timeline. The default synchronizes and reads the host's steady

@@ -122,9 +122,6 @@ class ProfilingBackend final : public Backend {
                  Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
-  int64_t moe_graph_tokens_per_expert() const override {
-    return inner_->moe_graph_tokens_per_expert();
-  }
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
   bool supports_sampling() const override { return inner_->supports_sampling(); }
   void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit* edits,

@@ -234,10 +234,6 @@ class DeepseekModel final : public DecoderModel {
     return {};
   }
 
-  int32_t max_graph_batch() const override {
-    return moe_graph_batch_limit(cfg_, backend_.moe_graph_tokens_per_expert());
-  }
-
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);
     upload_cos_sin(b);

@@ -80,10 +80,6 @@ class MixtralModel final : public DecoderModel {
     return {};
   }
 
-  int32_t max_graph_batch() const override {
-    return moe_graph_batch_limit(cfg_, backend_.moe_graph_tokens_per_expert());
-  }
-
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);
     rope_.upload_step_table(b.positions, b.cu_seqlens_q, backend_, ws_.cos_sin);

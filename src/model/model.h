@@ -5,7 +5,6 @@
 #pragma once
 
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,9 +76,6 @@ class Model {
   // CUDA graphs (runtime/decode_graphs.h): every architecture splits its step into host-side
   // preparation (per-step tables uploaded into scratch that does not move) and pure device work,
   // so the decode-graph runner can record compute() once per batch size and replay it.
-  // The largest decode batch worth recording: above it, steps run op by op. MoE models bound it
-  // where their experts stop being decode-sized (moe_graph_batch_limit in model/moe.h).
-  virtual int32_t max_graph_batch() const { return std::numeric_limits<int32_t>::max(); }
   // Sizes scratch for the batch and uploads its per-step tables (RoPE). Not recordable.
   virtual void prepare(const StepBatch& batch) = 0;
   // Every device op of the step, ending with the logits in last_logits(). Recordable once the

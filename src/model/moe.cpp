@@ -1,7 +1,6 @@
 #include "model/moe.h"
 
 #include <algorithm>
-#include <limits>
 #include <vector>
 
 #include "core/check.h"
@@ -120,13 +119,6 @@ void MoeBlock::run(const Tensor& h, const Tensor& router, const Tensor& correcti
   backend_.matmul(h, router, Tensor(), logits);
   backend_.moe_route(logits, correction_bias, params_, ids, weights);
   backend_.moe_experts(h, ids, weights, experts, shared, out);  // [n, D]
-}
-
-int32_t moe_graph_batch_limit(const ModelConfig& cfg, int64_t tokens_per_expert) {
-  if (tokens_per_expert <= 0) return std::numeric_limits<int32_t>::max();
-  const int64_t k = std::max<int64_t>(cfg.num_experts_per_tok, 1);
-  const int64_t limit = tokens_per_expert * cfg.n_routed_experts / k;
-  return static_cast<int32_t>(std::clamp<int64_t>(limit, 1, std::numeric_limits<int32_t>::max()));
 }
 
 }  // namespace pagellm

@@ -56,12 +56,6 @@ int64_t expert_bytes(const MoeExpertWeights& w);
 // them), moe_route, then moe_experts, with the shared experts' output (when the model has them)
 // added last. The scratch for logits, ids and weights is the block's own; it is shared by every
 // layer of a model, since layers run one after another.
-// The largest decode batch a MoE model records as a graph: tokens_per_expert on average (n top_k
-// <= tokens_per_expert n_routed_experts), the backend's moe_graph_tokens_per_expert() (8 on CUDA:
-// up to there the device runs the experts as grouped GEMVs, which need no host round trip; beyond,
-// the GEMM path reads per-expert counts back to the host, which a recording cannot do). With 8:
-// Mixtral (8 experts, top 2) 32, DeepSeek-V2-Lite (64, top 6) 85. 0: no bound.
-int32_t moe_graph_batch_limit(const ModelConfig& cfg, int64_t tokens_per_expert);
 
 class MoeBlock {
  public:

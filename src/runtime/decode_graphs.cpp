@@ -9,7 +9,6 @@ namespace pagellm {
 std::unique_ptr<DecodeGraphs> DecodeGraphs::create(Model& model, Backend& backend, KvCache& cache,
                                                    int32_t block_size, int32_t max_seqs,
                                                    int32_t max_model_len) {
-  max_seqs = std::min(max_seqs, model.max_graph_batch());
   if (max_seqs < 1 || max_model_len < 1) return nullptr;
   // Probe: a backend without recording returns null for any capture.
   if (!backend.capture([] {})) return nullptr;

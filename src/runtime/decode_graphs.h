@@ -30,8 +30,7 @@ namespace pagellm {
 class DecodeGraphs {
  public:
   // Null when graphs are not possible for this model on this backend. `cache` must outlive the
-  // runner; max_seqs bounds the decode batch (lowered to Model::max_graph_batch(): larger decode
-  // steps run op by op), max_model_len every sequence's context.
+  // runner; max_seqs bounds the decode batch, max_model_len every sequence's context.
   static std::unique_ptr<DecodeGraphs> create(Model& model, Backend& backend, KvCache& cache,
                                               int32_t block_size, int32_t max_seqs,
                                               int32_t max_model_len);

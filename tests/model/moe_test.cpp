@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -26,27 +25,6 @@ std::filesystem::path fixture_config(const std::string& name) {
 }
 
 class DummyMoeModels : public testing::TestWithParam<std::string> {};
-
-// Decode batches up to 8 tokens per expert on average (the CUDA backend's bound) are recorded as
-// graphs; the published shapes' limits, the floor of one for a config with more routed slots than
-// 8 per expert, and no bound from a backend that records no graphs.
-TEST(MoeGraphBatchLimit, EightTokensPerExpert) {
-  ModelConfig c;
-  c.n_routed_experts = 8;
-  c.num_experts_per_tok = 2;
-  EXPECT_EQ(moe_graph_batch_limit(c, 8), 32);  // Mixtral-8x7B
-  c.n_routed_experts = 64;
-  c.num_experts_per_tok = 6;
-  EXPECT_EQ(moe_graph_batch_limit(c, 8), 85);  // DeepSeek-V2-Lite
-  c.n_routed_experts = 256;
-  c.num_experts_per_tok = 8;
-  EXPECT_EQ(moe_graph_batch_limit(c, 8), 256);  // DeepSeek-V3
-  c.n_routed_experts = 1;
-  c.num_experts_per_tok = 16;
-  EXPECT_EQ(moe_graph_batch_limit(c, 8), 1);
-  EXPECT_EQ(moe_graph_batch_limit(c, 0), std::numeric_limits<int32_t>::max());
-  EXPECT_EQ(make_cpu_backend()->moe_graph_tokens_per_expert(), 0);
-}
 
 TEST_P(DummyMoeModels, LoadAndRun) {
   auto ckpt = open_dummy_checkpoint(fixture_config(GetParam()).string());

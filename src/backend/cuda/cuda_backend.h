@@ -68,15 +68,15 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void to_f32(const Tensor& x, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
-  // Mixture of experts (cuda_moe.cpp, kernels in moe.cu): routing on the device; the experts by
-  // grouped GEMVs for decode-sized steps, per-expert cuBLASLt GEMMs for larger ones (moe.h).
+  // Mixture of experts (cuda_moe.cpp, kernels in moe.cu and moe_gemm.cu): routing on the device;
+  // the experts by grouped GEMVs for decode-sized steps, grouped tensor-core GEMMs for larger ones
+  // (moe.h). No step waits for the host, so every step size can be recorded.
   void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
                  Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
-  int64_t moe_graph_tokens_per_expert() const override;  // the grouped GEMVs' bound (moe.h)
   // moe_experts() on a chosen path (tests and benchmarks run both on every shape); kAuto chooses
-  // as moe_experts() does. kGemm waits for the host, so it cannot be recorded.
+  // as moe_experts() does.
   enum class MoePath { kAuto, kGemv, kGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
@@ -112,6 +112,9 @@ class CudaBackend final : public Backend {
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);
   void* ensure_attention_workspace(int64_t nbytes);
+  // The decode kernel's arrival counters (attention_counters in kernels.h): zeroed when allocated,
+  // left zero by every launch; grown like the workspaces.
+  int32_t* ensure_attention_counters(int64_t count);
   // The MoE scratch (moe.h's MoeWorkspace), grown like the attention workspace; a recording that
   // would need it larger fails with a CHECK naming the cause.
   void* ensure_moe_workspace(int64_t nbytes);
@@ -131,8 +134,8 @@ class CudaBackend final : public Backend {
   int64_t upload_staging_bytes_ = 0;
   void* attn_workspace_ = nullptr;
   int64_t attn_workspace_bytes_ = 0;
+  std::unique_ptr<Buffer> attn_counters_;  // freeing it moves the allocation epoch
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
-  std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (GEMM path)
   // Device sampling: the rows and edits going up and the results coming back pass through one
   // pinned host area and one device area, grown on demand.
   bool cluster_ok_ = false;  // sm_90: thread-block clusters

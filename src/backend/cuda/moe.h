@@ -11,9 +11,10 @@
 //   3. down:     per slot, y = down_e act (bf16);
 //   4. combine:  per token, out = sum of weight * y over its experts in ascending expert order,
 //                plus the shared experts' output, in fp32, rounded to bf16 once.
-// Stages 2 and 3 are either grouped GEMV kernels over (active expert, output rows) that read
-// the expert's slots from the device-side offsets (decode), or per-expert cuBLASLt GEMMs on the
-// gathered rows, which needs the offsets on the host (prefill; see kMoeGemvMaxTokensPerExpert).
+// Stages 2 and 3 are either grouped GEMV kernels over (active expert, output rows) (decode), or
+// grouped tensor-core GEMMs over (expert m-tile, column tile) (moe_gemm.cu; larger steps, see
+// kMoeGemvMaxTokensPerExpert). Both read the experts' slot ranges from the device-side offsets,
+// so a step never waits for the host and every step size can be recorded into a CUDA graph.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,8 +31,7 @@ namespace pagellm::cuda {
 // tokens (kMoeGemvTokens) and multiplies on CUDA cores, 2 flops per weight element and token, so
 // it stays bound by memory bandwidth up to roughly the H200's ratio of CUDA-core fp32 throughput
 // (~67 TFLOP/s) to HBM bandwidth (4.8 TB/s) per 2-byte weight: ~14 tokens per expert. Past 8 the
-// tensor-core GEMMs of the prefill path win even with one host round trip per layer. Steps
-// recorded into a CUDA graph always take the GEMV path (the other one must wait for the host).
+// tensor-core GEMMs take over.
 constexpr int64_t kMoeGemvMaxTokensPerExpert = 8;
 // Tokens an expert's weights are multiplied with per pass of the GEMV kernels (registers per
 // lane hold one fp32 partial sum per output row and token).
@@ -62,7 +62,7 @@ struct MoeWorkspace {
   int32_t* slot_token = nullptr;  // [N]: the token of each slot
   int32_t* pair_slot = nullptr;   // [N]: the slot of pair t * K + k (-1: an id out of range)
   void* act = nullptr;  // bf16 [N, 2F]: gate|up products, then silu(gate) * up in the gate half
-  void* xy = nullptr;   // bf16 [N, D]: gathered rows (GEMM path), then the down products
+  void* xy = nullptr;   // bf16 [N, D]: the down products
 };
 // Bytes of the workspace for N = n K pairs (both paths use the same layout).
 int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter);
@@ -91,6 +91,27 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
                              cudaStream_t stream);
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
+
+// Stages 2 and 3 as one grouped tensor-core GEMM each (moe_gemm.cu): for every expert e and slot
+// s in [offsets[e], offsets[e + 1]), c[s, :] = a[row(s), :] . b_e^T with row(s) = a_rows[s] (or s
+// when a_rows is null). bf16 operands and output, fp32 accumulation.
+struct MoeGemmArgs {
+  const void* a = nullptr;  // bf16 rows of K, row stride lda
+  int64_t lda = 0;
+  const int32_t* a_rows = nullptr;  // [slots]: the a row of each slot, or null
+  const void* b = nullptr;          // bf16 [E][N, K], expert e at b + e * b_expert_stride
+  int64_t b_expert_stride = 0, ldb = 0;
+  void* c = nullptr;  // bf16 [slots, N], row stride ldc
+  int64_t ldc = 0;
+  const int32_t* offsets = nullptr;  // [E + 1], on the device
+  int32_t n_experts = 0;
+  int64_t n = 0, k = 0;
+};
+// Multiples of 8 (N, K, strides) and 16-byte aligned bases.
+bool moe_gemm_supported(const MoeGemmArgs& g);
+// max_slots bounds offsets[E] (the step's pair count); it sizes the grid, any bound gives the same
+// results.
+void launch_moe_gemm(const MoeGemmArgs& g, int64_t max_slots, cudaStream_t stream);
 
 // Stage 4. ids and weights [n, K] as given to moe_experts; shared bf16 [n, D] or null; out bf16.
 void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_tokens, int32_t top_k,
