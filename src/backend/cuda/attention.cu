@@ -5,8 +5,9 @@
 // heads of a GQA group share every K/V load, read in 16-byte pieces with many loads in flight per
 // lane. A block scores its chunk of the context exactly (the
 // scores fit in shared memory), then writes either the final output (one split) or its
-// unnormalized partial sum with the chunk's max and sum of exponentials; a second kernel merges
-// the splits (log-sum-exp rescaling). Splitting long contexts keeps all SMs busy at small batch.
+// unnormalized partial sum with the chunk's max and sum of exponentials; the last split of a
+// (sequence, KV head) to finish, counted by an atomic, merges them all (log-sum-exp rescaling)
+// in the same launch. Splitting long contexts keeps all SMs busy at small batch.
 // The number of splits is planned on the host from max_seqlen_kv; each sequence then cuts its own
 // context into that many chunks of whole warps-worth of keys, read on the device. So a launch
 // planned for a bound (a CUDA graph recorded for max_model_len) serves every shorter context, and
@@ -61,6 +62,8 @@ struct DecodePlan {
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 // Shared memory of one decode block for a chunk of `chunk` keys (layout above decode_kernel).
+// The scores region also holds the merge weights of the last split ([G][n_splits]), so it is
+// sized for max(chunk, n_splits) (scores_cap).
 int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int block_size) {
   const int64_t tile = std::min(group, kDecodeHeadTile);
   return static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
@@ -86,7 +89,8 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
-  p.smem = static_cast<size_t>(decode_smem_bytes(p.group, p.dmax, chunk, bs));
+  p.smem = static_cast<size_t>(
+      decode_smem_bytes(p.group, p.dmax, std::max<int64_t>(chunk, p.n_splits), bs));
   return p;
 }
 
@@ -164,7 +168,7 @@ __device__ __forceinline__ int reduced_index(int lane) {
 template <int DMAX, bool kAligned, int kG>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
-                  float* __restrict__ part_ml) {
+                  float* __restrict__ part_ml, int32_t* __restrict__ counters) {
   constexpr int L = DMAX / 8;             // lanes per cache row
   constexpr int KPW = 32 / L;             // rows per warp-wide load
   constexpr int KW = KPW * kDecodeLoads;  // rows per warp per group
@@ -181,7 +185,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   bf16* qs = reinterpret_cast<bf16*>(decode_smem);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
-  float* ml = scores + static_cast<size_t>(G) * chunk;
+  const int scores_cap = max(chunk, n_splits);  // as the plan sized it
+  float* ml = scores + static_cast<size_t>(G) * scores_cap;
   int32_t* blk = reinterpret_cast<int32_t*>(ml + 2 * G);
   const int32_t pos = a.seq_lens_kv[s] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
@@ -226,6 +231,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     }
   };
   constexpr int kStride = kDecodeWarps * KW;
+
+  // The first group of V rows is requested with the first K rows: V does not depend on the scores,
+  // and a short chunk (a split of a batch-1 step) then costs one memory round, not two.
+  uint4 v_first[kDecodeLoads];
+  load_group(a.v_cache, Dv, warp * KW, v_first);
 
   // Pass 1: scores. Software-pipelined: the next group's loads are issued before this group's
   // math, so each warp always has a group in flight.
@@ -293,7 +303,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
     for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
-    load_group(a.v_cache, Dv, warp * KW, cur);
+    if (g0 == 0) {
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = v_first[u];
+    } else {
+      load_group(a.v_cache, Dv, warp * KW, cur);
+    }
     for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
       if (t0 + kStride < n_tok) load_group(a.v_cache, Dv, t0 + kStride, nxt);
 #pragma unroll
@@ -353,36 +368,51 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     }
     __syncthreads();  // red is reused by the next head tile
   }
-}
+  if (n_splits == 1) return;
 
-// Merges the splits of one (sequence, query head): out = sum_i e^(m_i - M) acc_i /
-// sum_i e^(m_i - M) l_i, skipping empty splits (l_i == 0: past this sequence's context).
-__global__ void decode_reduce_kernel(AttentionArgs a, int n_splits,
-                                     const float* __restrict__ part_acc,
-                                     const float* __restrict__ part_ml) {
-  pdl_allow_next();
-  const int h = blockIdx.x, s = blockIdx.y;
-  const int q_tok = a.cu_seqlens_q[s];
-  if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;
-  const int64_t base = (static_cast<int64_t>(s) * a.hq + h) * n_splits;
-  float m_all = -INFINITY;
-  for (int i = 0; i < n_splits; ++i)
-    if (part_ml[2 * (base + i) + 1] > 0.0f) m_all = fmaxf(m_all, part_ml[2 * (base + i)]);
-  float l_all = 0.0f;
-  for (int i = 0; i < n_splits; ++i) {
-    const float l = part_ml[2 * (base + i) + 1];
-    if (l > 0.0f) l_all += expf(part_ml[2 * (base + i)] - m_all) * l;
-  }
-  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;  // 0: a padding sequence, no context
-  bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
-  for (int e = threadIdx.x; e < a.head_dim_v; e += blockDim.x) {
-    float acc = 0.0f;
-    for (int i = 0; i < n_splits; ++i) {
-      const float l = part_ml[2 * (base + i) + 1];
-      if (l > 0.0f) acc += expf(part_ml[2 * (base + i)] - m_all) * part_acc[(base + i) * a.head_dim_v + e];
+  // Arrival: every thread's partials are made visible device-wide before the block counts itself;
+  // the block that brings the count to n_splits merges, and sees every other block's partials.
+  __shared__ bool merge_here;
+  __threadfence();
+  __syncthreads();
+  int32_t* counter = counters + static_cast<int64_t>(s) * a.hkv + kvh;
+  if (tid == 0) merge_here = atomicAdd(counter, 1) == n_splits - 1;
+  __syncthreads();
+  if (!merge_here) return;
+  __threadfence();
+
+  // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the splits of each head, skipping
+  // empty splits (l_i == 0: past this sequence's context). The weights go where the scores were.
+  float* wgt = scores;  // [G][n_splits]
+  for (int g = warp; g < G; g += kDecodeWarps) {
+    const float* ml_g = part_ml + 2 * ((static_cast<int64_t>(s) * a.hq + h0 + g) * n_splits);
+    float m_all = -INFINITY;
+    for (int i = lane; i < n_splits; i += 32)
+      if (__ldcg(ml_g + 2 * i + 1) > 0.0f) m_all = fmaxf(m_all, __ldcg(ml_g + 2 * i));
+    m_all = warp_max(m_all);
+    float l_all = 0.0f;
+    for (int i = lane; i < n_splits; i += 32) {
+      const float l = __ldcg(ml_g + 2 * i + 1);
+      const float w = l > 0.0f ? expf(__ldcg(ml_g + 2 * i) - m_all) : 0.0f;
+      wgt[g * n_splits + i] = w;
+      l_all += w * l;
     }
-    o[e] = from_float<bf16>(acc * inv);
+    l_all = warp_sum(l_all);
+    // 0: a padding sequence with no context, whose output is then 0 rather than NaN.
+    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+    for (int i = lane; i < n_splits; i += 32) wgt[g * n_splits + i] *= inv;
   }
+  __syncthreads();
+  for (int idx = tid; idx < G * Dv; idx += kDecodeThreads) {
+    const int g = idx / Dv, e = idx % Dv, h = h0 + g;
+    const float* acc_g = part_acc + (static_cast<int64_t>(s) * a.hq + h) * n_splits * Dv + e;
+    float v = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < n_splits; ++i) v = fmaf(wgt[g * n_splits + i], __ldcg(acc_g + i * Dv), v);
+    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
+    o[e] = from_float<bf16>(v);
+  }
+  if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
 }
 
 template <int DMAX>
@@ -490,7 +520,8 @@ bool decode_rows_aligned(const AttentionArgs& a) {
 }
 
 template <int DMAX, bool kAligned, int kG>
-void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
+void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, int32_t* counters,
+                cudaStream_t stream) {
   float* part_acc = static_cast<float*>(workspace);
   float* part_ml = part_acc == nullptr
                        ? nullptr
@@ -502,29 +533,26 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cu
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
   const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  decode_kernel<DMAX, kAligned, kG>
-      <<<grid, kDecodeThreads, p.smem, stream>>>(a, p.chunk, p.n_splits, part_acc, part_ml);
+  decode_kernel<DMAX, kAligned, kG><<<grid, kDecodeThreads, p.smem, stream>>>(
+      a, p.chunk, p.n_splits, part_acc, part_ml, counters);
   CUDA_CHECK_LAUNCH();
-  if (p.n_splits > 1) {
-    decode_reduce_kernel<<<dim3(a.hq, a.n_seqs), 128, 0, stream>>>(a, p.n_splits, part_acc, part_ml);
-    CUDA_CHECK_LAUNCH();
-  }
 }
 
 template <int DMAX>
-void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, cudaStream_t stream) {
-  if (!decode_rows_aligned(a)) return run_decode<DMAX, false, 0>(a, p, workspace, stream);
+void run_decode(const AttentionArgs& a, const DecodePlan& p, void* ws, int32_t* counters,
+                cudaStream_t stream) {
+  if (!decode_rows_aligned(a)) return run_decode<DMAX, false, 0>(a, p, ws, counters, stream);
   switch (p.group) {
     case 1:
-      return run_decode<DMAX, true, 1>(a, p, workspace, stream);
+      return run_decode<DMAX, true, 1>(a, p, ws, counters, stream);
     case 2:
-      return run_decode<DMAX, true, 2>(a, p, workspace, stream);
+      return run_decode<DMAX, true, 2>(a, p, ws, counters, stream);
     case 4:
-      return run_decode<DMAX, true, 4>(a, p, workspace, stream);
+      return run_decode<DMAX, true, 4>(a, p, ws, counters, stream);
     case 8:
-      return run_decode<DMAX, true, 8>(a, p, workspace, stream);
+      return run_decode<DMAX, true, 8>(a, p, ws, counters, stream);
     default:
-      return run_decode<DMAX, true, 0>(a, p, workspace, stream);
+      return run_decode<DMAX, true, 0>(a, p, ws, counters, stream);
   }
 }
 
@@ -545,7 +573,13 @@ int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms) {
          static_cast<int64_t>(sizeof(float));
 }
 
-void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaStream_t stream) {
+int64_t attention_counters(const AttentionArgs& a, int n_sms) {
+  if (a.max_seqlen_q != 1 || a.n_seqs == 0) return 0;
+  return plan_decode(a, n_sms).n_splits == 1 ? 0 : static_cast<int64_t>(a.n_seqs) * a.hkv;
+}
+
+void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters, int n_sms,
+                      cudaStream_t stream) {
   if (a.n_seqs == 0 || a.max_seqlen_q == 0) return;
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: query heads not a multiple of KV heads");
   PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
@@ -553,10 +587,11 @@ void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaSt
   const int dmax = dmax_for(std::max(a.head_dim, a.head_dim_v));
   if (a.max_seqlen_q == 1) {
     const DecodePlan p = plan_decode(a, n_sms);
-    PAGELLM_CHECK_MSG(p.n_splits == 1 || workspace != nullptr, "attention: missing workspace");
-    if (dmax == 64) run_decode<64>(a, p, workspace, stream);
-    else if (dmax == 128) run_decode<128>(a, p, workspace, stream);
-    else run_decode<256>(a, p, workspace, stream);
+    PAGELLM_CHECK_MSG(p.n_splits == 1 || (workspace != nullptr && counters != nullptr),
+                      "attention: missing workspace or counters");
+    if (dmax == 64) run_decode<64>(a, p, workspace, counters, stream);
+    else if (dmax == 128) run_decode<128>(a, p, workspace, counters, stream);
+    else run_decode<256>(a, p, workspace, counters, stream);
   } else if (prefill_mma_supported(a)) {
     launch_prefill_mma(a, stream);
   } else {

@@ -254,6 +254,17 @@ void* CudaBackend::ensure_attention_workspace(int64_t nbytes) {
   return attn_workspace_;
 }
 
+int32_t* CudaBackend::ensure_attention_counters(int64_t count) {
+  const int64_t have = attn_counters_ ? attn_counters_->nbytes() / 4 : 0;
+  if (count > have) {
+    synchronize();          // earlier steps may still use the old ones
+    attn_counters_.reset();  // bumps the allocation epoch: recordings using them are stale
+    attn_counters_ = allocate(4 * std::max(count, 2 * have));
+    CUDA_CHECK(cudaMemsetAsync(attn_counters_->data(), 0, attn_counters_->nbytes(), stream_));
+  }
+  return static_cast<int32_t*>(attn_counters_->data());
+}
+
 std::unique_ptr<OpGraph> CudaBackend::capture(const std::function<void()>& record) {
   // Thread-local mode: only this thread's capture-unsafe calls (a synchronize, an allocation) fail
   // the capture; other threads of the process are unaffected.
@@ -560,7 +571,9 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
   const int64_t ws_bytes = attention_workspace_bytes(a, n_sms_);
   void* ws = ws_bytes > 0 ? ensure_attention_workspace(ws_bytes) : nullptr;
-  launch_attention(a, ws, n_sms_, stream_);
+  const int64_t n_counters = attention_counters(a, n_sms_);
+  int32_t* counters = n_counters > 0 ? ensure_attention_counters(n_counters) : nullptr;
+  launch_attention(a, ws, counters, n_sms_, stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {

@@ -138,9 +138,14 @@ struct AttentionArgs {
 };
 // Bytes of scratch the decode path needs for split-KV partial results (0 when it does not split).
 int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms);
-// Runs decode (max_seqlen_q == 1: split-KV + reduction) or ragged prefill (tiled). `workspace`
-// must hold attention_workspace_bytes(a, n_sms).
-void launch_attention(const AttentionArgs& a, void* workspace, int n_sms, cudaStream_t stream);
+// Arrival counters the decode path needs when it splits (one per sequence and KV head; 0 when it
+// does not). They must be zero before the launch, and the kernel leaves them zero.
+int64_t attention_counters(const AttentionArgs& a, int n_sms);
+// Runs decode (max_seqlen_q == 1: split-KV, the last split of each KV head merging them all) or
+// ragged prefill (tiled). `workspace` must hold attention_workspace_bytes(a, n_sms) and
+// `counters` attention_counters(a, n_sms) zeros.
+void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters, int n_sms,
+                      cudaStream_t stream);
 
 // --- attention_mla.cu ---
 // Attention over a latent cache (DeepSeek MLA in the absorbed form) and any head dims above 256:
