@@ -8,8 +8,6 @@
 // of independent products of one shape (per-head projections) runs as one launch, an entry per
 // blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it prefetches the
 // start of its weight rows while that kernel finishes.
-#include <cstdlib>
-
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -18,14 +16,8 @@ namespace {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kGemvRows = 2;  // output rows per warp
-// 16-byte loads per row a lane issues before the math: 4 where the grid has many blocks per SM
-// (they keep DRAM busy together), 8 for matrices of few rows (o_proj, down, q|k|v: two blocks per
-// SM), whose warps must each keep twice as many bytes in flight. Up to 4 activation rows only:
-// past that the registers of 8 allow one block per SM.
-constexpr int kGemvUnrollWide = 4, kGemvUnrollNarrow = 8;
-constexpr int64_t kGemvNarrowRows = 8192;  // at most this many weight rows: the narrow unroll
-constexpr int kGemvNarrowMaxN = 4;
+constexpr int kGemvRows = 2;    // output rows per warp
+constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
 constexpr int64_t kGemvPrefetch = 512;  // elements per row pulled into L2 before the wait (1 KB:
                                         // ~17 MB over all resident blocks, a few us of DRAM time)
 
@@ -38,7 +30,7 @@ __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   }
 }
 
-template <int N, typename TOut, int kGemvUnroll>
+template <int N, typename TOut>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
@@ -108,44 +100,22 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// Whether a matrix of `rows` rows takes the narrow unroll. PAGELLM_GEMV_UNROLL=4 in the
-// environment turns it off (to measure the rule).
-bool gemv_narrow(int64_t rows) {
-  static const bool allowed = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_UNROLL");
-    return v == nullptr || std::atoi(v) != kGemvUnrollWide;
-  }();
-  return allowed && rows <= kGemvNarrowRows;
-}
-
-template <int N, int U>
-void launch_nu(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-               const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
-               cudaStream_t stream) {
-  const dim3 grid(ceil_div(w.n_rows, kGemvWarps * kGemvRows), static_cast<unsigned>(batch));
-  const auto* xp = static_cast<const bf16*>(x.data);
-  const auto* wp = static_cast<const bf16*>(w.data);
-  if (out.dtype == DType::kF32) {
-    launch_overlapped(gemv_kernel<N, float, U>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
-                      w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows,
-                      x.cols, x_bs, w_bs, o_bs);
-  } else {
-    launch_overlapped(gemv_kernel<N, bf16, U>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
-                      w.ld, bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows,
-                      x.cols, x_bs, w_bs, o_bs);
-  }
-}
-
 template <int N>
 void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
               const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
               cudaStream_t stream) {
-  if constexpr (N <= kGemvNarrowMaxN) {
-    if (gemv_narrow(w.n_rows))
-      return launch_nu<N, kGemvUnrollNarrow>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs,
-                                             stream);
+  const dim3 grid(ceil_div(w.n_rows, kGemvWarps * kGemvRows), static_cast<unsigned>(batch));
+  const auto* xp = static_cast<const bf16*>(x.data);
+  const auto* wp = static_cast<const bf16*>(w.data);
+  if (out.dtype == DType::kF32) {
+    launch_overlapped(gemv_kernel<N, float>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
+                      w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows,
+                      x.cols, x_bs, w_bs, o_bs);
+  } else {
+    launch_overlapped(gemv_kernel<N, bf16>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp, w.ld,
+                      bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols,
+                      x_bs, w_bs, o_bs);
   }
-  launch_nu<N, kGemvUnrollWide>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream);
 }
 
 }  // namespace
