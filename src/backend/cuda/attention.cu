@@ -381,36 +381,55 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   if (!merge_here) return;
   __threadfence();
 
-  // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the splits of each head, skipping
-  // empty splits (l_i == 0: past this sequence's context). The weights go where the scores were.
-  float* wgt = scores;  // [G][n_splits]
+  // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the splits of each head. Only the
+  // splits holding keys of this sequence take part: each takes my_chunk keys in order, so they are
+  // a prefix (none for a padding sequence with no context). The weights go where the scores were.
+  const int n_live = my_chunk > 0 ? min(n_splits, (span + my_chunk - 1) / my_chunk) : 0;
+  float* wgt = scores;  // [G][n_live]
   for (int g = warp; g < G; g += kDecodeWarps) {
     const float* ml_g = part_ml + 2 * ((static_cast<int64_t>(s) * a.hq + h0 + g) * n_splits);
     float m_all = -INFINITY;
-    for (int i = lane; i < n_splits; i += 32)
+    for (int i = lane; i < n_live; i += 32)
       if (__ldcg(ml_g + 2 * i + 1) > 0.0f) m_all = fmaxf(m_all, __ldcg(ml_g + 2 * i));
     m_all = warp_max(m_all);
     float l_all = 0.0f;
-    for (int i = lane; i < n_splits; i += 32) {
+    for (int i = lane; i < n_live; i += 32) {
       const float l = __ldcg(ml_g + 2 * i + 1);
       const float w = l > 0.0f ? expf(__ldcg(ml_g + 2 * i) - m_all) : 0.0f;
-      wgt[g * n_splits + i] = w;
+      wgt[g * n_live + i] = w;
       l_all += w * l;
     }
     l_all = warp_sum(l_all);
-    // 0: a padding sequence with no context, whose output is then 0 rather than NaN.
-    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
-    for (int i = lane; i < n_splits; i += 32) wgt[g * n_splits + i] *= inv;
+    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;  // 0: no context, output 0, not NaN
+    for (int i = lane; i < n_live; i += 32) wgt[g * n_live + i] *= inv;
   }
   __syncthreads();
-  for (int idx = tid; idx < G * Dv; idx += kDecodeThreads) {
-    const int g = idx / Dv, e = idx % Dv, h = h0 + g;
-    const float* acc_g = part_acc + (static_cast<int64_t>(s) * a.hq + h) * n_splits * Dv + e;
-    float v = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < n_splits; ++i) v = fmaf(wgt[g * n_splits + i], __ldcg(acc_g + i * Dv), v);
-    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
-    o[e] = from_float<bf16>(v);
+  // kOut outputs per thread, so the loads of each split go out together.
+  constexpr int kOut = 4;
+  for (int idx0 = tid; idx0 < G * Dv; idx0 += kDecodeThreads * kOut) {
+    float v[kOut];
+    const float* src[kOut];
+    const float* w[kOut];
+#pragma unroll
+    for (int j = 0; j < kOut; ++j) {
+      const int idx = min(idx0 + j * kDecodeThreads, G * Dv - 1);  // past the end: a valid repeat
+      const int g = idx / Dv, e = idx % Dv;
+      src[j] = part_acc + (static_cast<int64_t>(s) * a.hq + h0 + g) * n_splits * Dv + e;
+      w[j] = wgt + g * n_live;
+      v[j] = 0.0f;
+    }
+#pragma unroll 2
+    for (int i = 0; i < n_live; ++i)
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) v[j] = fmaf(w[j][i], __ldcg(src[j] + i * Dv), v[j]);
+#pragma unroll
+    for (int j = 0; j < kOut; ++j) {
+      const int idx = idx0 + j * kDecodeThreads;
+      if (idx >= G * Dv) break;
+      const int g = idx / Dv, e = idx % Dv, h = h0 + g;
+      bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
+      o[e] = from_float<bf16>(v[j]);
+    }
   }
   if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
 }

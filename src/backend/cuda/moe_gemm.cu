@@ -5,11 +5,14 @@
 //   c[s, j] = sum_k a[row(s), k] * b_e[j, k]   for every expert e and slot s in its range
 //   (row(s) = a_rows[s] when given: the gate|up product gathers token rows of h on the fly)
 //
-// Work split: a block computes kBm slots x kBn output columns of one expert. blockIdx.x counts
-// the m-tiles of all experts in expert order (expert e owns ceil(count_e / kBm) of them); warp 0
-// finds the block's expert by a prefix sum over the counts, and blocks past the last tile return.
-// blockIdx.y is the column tile. The grid is sized for the worst case the host can know (every
-// expert adding one partial tile), so it never depends on the routing.
+// Work split: a block computes kBm slots x kBn output columns of one expert. The m-tiles of all
+// experts are numbered in expert order (expert e owns ceil(count_e / kBm) of them); warp 0 finds
+// the block's expert by a prefix sum over the counts, and blocks past the last tile return. The
+// grid is sized for the worst case the host can know (every expert adding one partial tile), so
+// it never depends on the routing. Blocks run in groups of kGroupM m-tiles swept across all
+// column tiles, m fastest: the blocks resident at once share a few m-tiles of activations and a
+// few column tiles of weights, which stay in L2 (m-tile-major order re-read every activation row
+// once per column tile, column-major every expert's weights once per m-tile).
 //
 // Per block: K is walked kBk at a time through a kStages-deep cp.async pipeline (16-byte chunks,
 // zero-filled past the expert's slots and past K); 8 warps as 2 x 4, each owns 64 x 32 of the
@@ -29,6 +32,7 @@ constexpr int kBm = 128;  // slots per block
 constexpr int kBn = 128;  // output columns per block
 constexpr int kBk = 64;   // K per pipeline stage (one 128-byte row of 8 chunks per operand row)
 constexpr int kStages = 3;
+constexpr int kGroupM = 8;  // m-tiles per raster group
 constexpr int kThreads = 256;
 constexpr int kWarpsN = 4;                   // warps side by side along N (2 along M)
 constexpr int kWm = kBm / (kThreads / 32 / kWarpsN);  // 64 rows per warp
@@ -77,14 +81,19 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(MoeGemmArgs g) {
   bf16* smem = reinterpret_cast<bf16*>(moe_gemm_smem);
   __shared__ Tile tile_s;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Block -> (m-tile, column tile): groups of kGroupM m-tiles, m fastest inside a group.
+  const int n_tiles = static_cast<int>((g.n + kBn - 1) / kBn);
+  const int group = static_cast<int>(blockIdx.x) / (kGroupM * n_tiles);
+  const int in_group = static_cast<int>(blockIdx.x) % (kGroupM * n_tiles);
+  const int m_tile = group * kGroupM + in_group % kGroupM;
   if (warp == 0) {
-    const Tile t = find_tile(g.offsets, g.n_experts, static_cast<int>(blockIdx.x));
+    const Tile t = find_tile(g.offsets, g.n_experts, m_tile);
     if (lane == 0) tile_s = t;
   }
   __syncthreads();
   const Tile t = tile_s;
   if (t.expert < 0) return;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBn;
+  const int64_t n0 = static_cast<int64_t>(in_group / kGroupM) * kBn;
 
   // This thread copies chunk `c` of tile rows r0 + i * kRowsPerPass, of A and of B, every stage.
   const int c = tid % kChunks, r0 = tid / kChunks;
@@ -187,7 +196,7 @@ bool moe_gemm_supported(const MoeGemmArgs& g) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return g.n > 0 && g.k > 0 && g.k % 8 == 0 && g.n % 8 == 0 && g.lda % 8 == 0 && g.ldb % 8 == 0 &&
          g.ldc % 8 == 0 && g.b_expert_stride % 8 == 0 && aligned(g.a) && aligned(g.b) &&
-         aligned(g.c) && g.n / kBn < 65535;
+         aligned(g.c);
 }
 
 void launch_moe_gemm(const MoeGemmArgs& g, int64_t max_slots, cudaStream_t stream) {
@@ -195,11 +204,11 @@ void launch_moe_gemm(const MoeGemmArgs& g, int64_t max_slots, cudaStream_t strea
   PAGELLM_CHECK_MSG(moe_gemm_supported(g), "moe gemm: unsupported sizes, strides or alignment");
   CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   kSmemBytes));
-  // Every expert with slots adds at most one partial tile to the full ones.
-  const int64_t tiles = (max_slots + kBm - 1) / kBm + std::min<int64_t>(g.n_experts, max_slots);
-  PAGELLM_CHECK_MSG(tiles < INT32_MAX, "moe gemm: too many slots");
-  const dim3 grid(static_cast<unsigned>(tiles), ceil_div(g.n, kBn));
-  moe_gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(g);
+  // Every expert with slots adds at most one partial tile to the full ones; whole raster groups.
+  const int64_t m_tiles = (max_slots + kBm - 1) / kBm + std::min<int64_t>(g.n_experts, max_slots);
+  const int64_t blocks = (m_tiles + kGroupM - 1) / kGroupM * kGroupM * ((g.n + kBn - 1) / kBn);
+  PAGELLM_CHECK_MSG(blocks < INT32_MAX, "moe gemm: too many slots");
+  moe_gemm_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(g);
   CUDA_CHECK_LAUNCH();
 }
 
