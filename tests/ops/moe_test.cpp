@@ -267,7 +267,10 @@ std::vector<float> run_device(Backend& cuda, const ExpertsCase& c, const Experts
 }
 
 const char* path_name(MoePath p) {
-  return p == MoePath::kGemv ? "gemv" : p == MoePath::kGemm ? "gemm" : "auto";
+  return p == MoePath::kGemv           ? "gemv"
+         : p == MoePath::kGroupedGemm  ? "grouped-gemm"
+         : p == MoePath::kExpertGemm   ? "expert-gemm"
+                                       : "auto";
 }
 
 void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsCase& c, int64_t n) {
@@ -278,7 +281,8 @@ void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsC
   const char* routing = c.routing == Routing::kRandom       ? "random"
                         : c.routing == Routing::kOddExperts ? "odd-experts-only"
                                                             : "all-on-K-experts";
-  for (MoePath path : {MoePath::kAuto, MoePath::kGemv, MoePath::kGemm}) {
+  for (MoePath path :
+       {MoePath::kAuto, MoePath::kGemv, MoePath::kGroupedGemm, MoePath::kExpertGemm}) {
     const std::string what = Label("moe_experts", seed)("path", path_name(path))("n", n)("E", c.E)(
         "K", c.K)("D", c.D)("F", c.F)("shared", c.shared)("routing", routing);
     DevBuf out(cuda, n * c.D * 2);

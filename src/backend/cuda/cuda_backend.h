@@ -28,6 +28,7 @@
 namespace pagellm::cuda {
 
 class Gemm;
+struct MoeWorkspace;
 
 class CudaBackend final : public Backend {
  public:
@@ -69,15 +70,15 @@ class CudaBackend final : public Backend {
   void to_f32(const Tensor& x, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
   // Mixture of experts (cuda_moe.cpp, kernels in moe.cu and moe_gemm.cu): routing on the device;
-  // the experts by grouped GEMVs for decode-sized steps, grouped tensor-core GEMMs for larger ones
-  // (moe.h). No step waits for the host, so every step size can be recorded.
+  // the experts by grouped GEMVs for decode-sized steps, grouped tensor-core GEMMs for larger ones,
+  // per-expert cuBLASLt GEMMs for large eager steps (moe.h). Every step size can be recorded.
   void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
                  Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
-  // moe_experts() on a chosen path (tests and benchmarks run both on every shape); kAuto chooses
-  // as moe_experts() does.
-  enum class MoePath { kAuto, kGemv, kGemm };
+  // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
+  // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded.
+  enum class MoePath { kAuto, kGemv, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
                            MoePath path);
@@ -118,6 +119,11 @@ class CudaBackend final : public Backend {
   // The MoE scratch (moe.h's MoeWorkspace), grown like the attention workspace; a recording that
   // would need it larger fails with a CHECK naming the cause.
   void* ensure_moe_workspace(int64_t nbytes);
+  // The routed experts' products of moe_experts() on its two GEMM paths (cuda_moe.cpp).
+  void moe_grouped_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
+                         const MoeWorkspace& ws, int64_t n_pairs);
+  void moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
+                        const MoeWorkspace& ws);
 
   // Shared with the buffers this backend hands out, which bump it when they free their memory
   // (they may outlive the backend, hence shared ownership).
@@ -136,6 +142,7 @@ class CudaBackend final : public Backend {
   int64_t attn_workspace_bytes_ = 0;
   std::unique_ptr<Buffer> attn_counters_;  // freeing it moves the allocation epoch
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
+  std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   // Device sampling: the rows and edits going up and the results coming back pass through one
   // pinned host area and one device area, grown on demand.
   bool cluster_ok_ = false;  // sm_90: thread-block clusters

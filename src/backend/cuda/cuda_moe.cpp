@@ -1,12 +1,13 @@
 // CudaBackend's mixture-of-experts ops: checks, the MoE workspace, and the choice between the
-// grouped GEMVs (decode-sized steps) and the grouped tensor-core GEMMs (larger ones), as
-// described in moe.h. Neither waits for the host.
+// grouped GEMVs (decode-sized steps), the grouped tensor-core GEMMs (larger ones, and every
+// recording) and per-expert cuBLASLt GEMMs (large eager steps), as described in moe.h.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
 
@@ -161,49 +162,107 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   w.inter = F;
   launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K), static_cast<int32_t>(E), ws,
                   stream_);
-  const bool gemv =
-      path == MoePath::kGemv || (path == MoePath::kAuto && n_pairs <= kMoeGemvMaxTokensPerExpert * E);
-  if (gemv) {
-    const int64_t max_active = std::min(E, n_pairs);
-    launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
-    launch_moe_down_gemv(w, ws, max_active, n, stream_);
-  } else {
-    // Tensor-core GEMMs over every expert's slots at once: gate|up gathers the token rows of h,
-    // silu(gate) * up goes into the gate half, down reads it. Slots past the step's count (pairs
-    // with an id out of range) hold stale values that nothing reads.
-    MoeGemmArgs gate_up;
-    gate_up.a = h.data;
-    gate_up.lda = h.row_stride();
-    gate_up.a_rows = ws.slot_token;
-    gate_up.b = gu.data;
-    gate_up.b_expert_stride = 2 * F * D;
-    gate_up.ldb = D;
-    gate_up.c = ws.act;
-    gate_up.ldc = 2 * F;
-    gate_up.offsets = ws.offsets;
-    gate_up.n_experts = static_cast<int32_t>(E);
-    gate_up.n = 2 * F;
-    gate_up.k = D;
-    launch_moe_gemm(gate_up, n_pairs, stream_);
-    auto* act = static_cast<char*>(ws.act);
-    const RowView gate{act, DType::kBF16, n_pairs, F, 2 * F};
-    const RowView up{act + F * 2, DType::kBF16, n_pairs, F, 2 * F};
-    launch_silu_mul(gate, up, gate, stream_);
-    MoeGemmArgs down = gate_up;
-    down.a = ws.act;
-    down.lda = 2 * F;
-    down.a_rows = nullptr;
-    down.b = dn.data;
-    down.b_expert_stride = D * F;
-    down.ldb = F;
-    down.c = ws.xy;
-    down.ldc = D;
-    down.n = D;
-    down.k = F;
-    launch_moe_gemm(down, n_pairs, stream_);
+  const bool recording = capturing(stream_);
+  PAGELLM_CHECK_MSG(!(recording && path == MoePath::kExpertGemm),
+                    "moe_experts: the per-expert GEMM path waits for the host and cannot be "
+                    "recorded");
+  if (path == MoePath::kAuto) {
+    path = n_pairs <= kMoeGemvMaxTokensPerExpert * E ? MoePath::kGemv
+           : !recording && n_pairs >= kMoeExpertGemmMinTokensPerExpert * E
+               ? MoePath::kExpertGemm
+               : MoePath::kGroupedGemm;
+  }
+  switch (path) {
+    case MoePath::kGemv: {
+      const int64_t max_active = std::min(E, n_pairs);
+      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
+      launch_moe_down_gemv(w, ws, max_active, n, stream_);
+      break;
+    }
+    case MoePath::kExpertGemm:
+      moe_expert_gemms(h, gu, dn, ws);
+      break;
+    default:
+      moe_grouped_gemms(h, gu, dn, ws, n_pairs);
+      break;
   }
   launch_moe_combine(ids.ptr<int32_t>(), weights.ptr<float>(), n, static_cast<int32_t>(K),
                      static_cast<int32_t>(E), ws, D, shared_view, row_view(out), stream_);
+}
+
+void CudaBackend::moe_grouped_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
+                                    const MoeWorkspace& ws, int64_t n_pairs) {
+  // Tensor-core GEMMs over every expert's slots at once: gate|up gathers the token rows of h,
+  // silu(gate) * up goes into the gate half, down reads it. Slots past the step's count (pairs
+  // with an id out of range) hold stale values that nothing reads.
+  const int64_t D = h.cols(), F = dn.size(2), E = gu.size(0);
+  MoeGemmArgs gate_up;
+  gate_up.a = h.data;
+  gate_up.lda = h.row_stride();
+  gate_up.a_rows = ws.slot_token;
+  gate_up.b = gu.data;
+  gate_up.b_expert_stride = 2 * F * D;
+  gate_up.ldb = D;
+  gate_up.c = ws.act;
+  gate_up.ldc = 2 * F;
+  gate_up.offsets = ws.offsets;
+  gate_up.n_experts = static_cast<int32_t>(E);
+  gate_up.n = 2 * F;
+  gate_up.k = D;
+  launch_moe_gemm(gate_up, n_pairs, stream_);
+  auto* act = static_cast<char*>(ws.act);
+  const RowView gate{act, DType::kBF16, n_pairs, F, 2 * F};
+  const RowView up{act + F * 2, DType::kBF16, n_pairs, F, 2 * F};
+  launch_silu_mul(gate, up, gate, stream_);
+  MoeGemmArgs down = gate_up;
+  down.a = ws.act;
+  down.lda = 2 * F;
+  down.a_rows = nullptr;
+  down.b = dn.data;
+  down.b_expert_stride = D * F;
+  down.ldb = F;
+  down.c = ws.xy;
+  down.ldc = D;
+  down.n = D;
+  down.k = F;
+  launch_moe_gemm(down, n_pairs, stream_);
+}
+
+void CudaBackend::moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
+                                   const MoeWorkspace& ws) {
+  // The per-expert counts come to the host (one wait per layer) so each expert's products are
+  // cuBLASLt GEMMs on its gathered rows. y overwrites the gathered rows of its own expert, which
+  // its gate|up GEMM has already read.
+  const int64_t D = h.cols(), F = dn.size(2), E = gu.size(0);
+  moe_offsets_.resize(E + 1);
+  copy_to_host(moe_offsets_.data(), ws.offsets, (E + 1) * sizeof(int32_t));
+  const int64_t n_slots = moe_offsets_[E];
+  launch_gather_rows(row_view(h), ws.slot_token, RowView{ws.xy, DType::kBF16, n_slots, D, D},
+                     stream_);
+  auto* gu_base = static_cast<char*>(gu.data);
+  auto* dn_base = static_cast<char*>(dn.data);
+  auto* act = static_cast<char*>(ws.act);
+  auto* xy = static_cast<char*>(ws.xy);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t s0 = moe_offsets_[e], m = moe_offsets_[e + 1] - s0;
+    if (m == 0) continue;
+    const RowView x{xy + s0 * D * 2, DType::kBF16, m, D, D};
+    const RowView wgu{gu_base + e * 2 * F * D * 2, DType::kBF16, 2 * F, D, D};
+    const RowView g{act + s0 * 2 * F * 2, DType::kBF16, m, 2 * F, 2 * F};
+    gemm_->run(x, wgu, nullptr, DType::kF32, g);
+  }
+  // silu(gate) * up over every slot at once, into the gate half.
+  const RowView gate{act, DType::kBF16, n_slots, F, 2 * F};
+  const RowView up{act + F * 2, DType::kBF16, n_slots, F, 2 * F};
+  launch_silu_mul(gate, up, gate, stream_);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t s0 = moe_offsets_[e], m = moe_offsets_[e + 1] - s0;
+    if (m == 0) continue;
+    const RowView a{act + s0 * 2 * F * 2, DType::kBF16, m, F, 2 * F};
+    const RowView wd{dn_base + e * D * F * 2, DType::kBF16, D, F, F};
+    const RowView y{xy + s0 * D * 2, DType::kBF16, m, D, D};
+    gemm_->run(a, wd, nullptr, DType::kF32, y);
+  }
 }
 
 }  // namespace pagellm::cuda
