@@ -1,8 +1,8 @@
-// Launchers of the mixture-of-experts kernels (moe.cu), callable from host C++. Pointers are
-// device pointers; all work is queued on `stream`; the backend (cuda_moe.cpp) checks shapes,
-// dtypes and devices before calling these.
+// Launchers of the mixture-of-experts kernels (moe.cu, moe_gemm.cu), callable from host C++.
+// Pointers are device pointers; all work is queued on `stream`; the backend (cuda_moe.cpp) checks
+// shapes, dtypes and devices before calling these.
 //
-// The routed experts of a step run in four stages, none of which needs the host:
+// The routed experts of a step run in four stages, all on the device:
 //   1. sort:     (token, k) pairs grouped by expert: per-expert offsets, the list of experts that
 //                received tokens, each slot's token and each pair's slot (one block; the order of
 //                pairs inside an expert's slots is not fixed, which changes no result: every row is
