@@ -1,8 +1,8 @@
 // Routed experts on the CUDA backend (Backend::moe_experts: sort, grouped GEMVs or grouped
-// tensor-core GEMMs, combine; src/backend/cuda/moe.cu, moe_gemm.cu) for one layer of DeepSeek-V2-Lite (64 experts of
-// 2048 x 1408, top 6, shared experts' output added) and of Mixtral-8x7B (8 of 4096 x 14336, top
-// 2), bf16 weights stacked as the model loads them, random routing (distinct experts per token).
-// Reported per call:
+// tensor-core GEMMs, combine; src/backend/cuda/moe.cu, moe_gemm.cu) for one layer of
+// DeepSeek-V2-Lite (64 experts of 2048 x 1408, top 6, shared experts' output added) and of
+// Mixtral-8x7B (8 of 4096 x 14336, top 2), bf16 weights stacked as the model loads them, random
+// routing (distinct experts per token). Reported per call:
 //   time          CUDA events around kReps back-to-back calls on the backend's stream, / kReps
 //   GB/s          the weights of the experts the step touches (each read once) over the time
 //   TFLOP/s       the routed products' flops (2 x 3 D F per token and expert) over the time

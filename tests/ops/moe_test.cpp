@@ -267,10 +267,10 @@ std::vector<float> run_device(Backend& cuda, const ExpertsCase& c, const Experts
 }
 
 const char* path_name(MoePath p) {
-  return p == MoePath::kGemv           ? "gemv"
-         : p == MoePath::kGroupedGemm  ? "grouped-gemm"
-         : p == MoePath::kExpertGemm   ? "expert-gemm"
-                                       : "auto";
+  return p == MoePath::kGemv          ? "gemv"
+         : p == MoePath::kGroupedGemm ? "grouped-gemm"
+         : p == MoePath::kExpertGemm  ? "expert-gemm"
+                                      : "auto";
 }
 
 void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsCase& c, int64_t n) {

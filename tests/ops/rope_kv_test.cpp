@@ -67,8 +67,8 @@ void run_rope_store_kv_case(Backend& cuda, Backend& cpu, uint64_t seed, const Ro
                     c.interleaved, Tensor(slots.data(), DType::kI32, {c.n}), kch, vch);
 
   const std::string what =
-      Label("rope_store_kv", seed)("n", c.n)("hq", c.hq)("hkv", c.hkv)("dq", c.q_dim())("d", c.d)("dv", c.dv)(
-          "rotary_dim", c.rd)("interleaved", c.interleaved)("block_size", c.block_size);
+      Label("rope_store_kv", seed)("n", c.n)("hq", c.hq)("hkv", c.hkv)("dq", c.q_dim())("d", c.d)(
+          "dv", c.dv)("rotary_dim", c.rd)("interleaved", c.interleaved)("block_size", c.block_size);
   EXPECT_TRUE(compare(what + " q", download_bf16(*q_dev), q, kBf16Tol));
   EXPECT_TRUE(compare(what + " k", download_bf16(*k_dev), k, kBf16Tol));
   EXPECT_TRUE(compare(what + " k_cache", download_bf16(*kc_dev), kc, kBf16Tol));

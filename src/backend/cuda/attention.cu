@@ -608,9 +608,12 @@ void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters
     const DecodePlan p = plan_decode(a, n_sms);
     PAGELLM_CHECK_MSG(p.n_splits == 1 || (workspace != nullptr && counters != nullptr),
                       "attention: missing workspace or counters");
-    if (dmax == 64) run_decode<64>(a, p, workspace, counters, stream);
-    else if (dmax == 128) run_decode<128>(a, p, workspace, counters, stream);
-    else run_decode<256>(a, p, workspace, counters, stream);
+    if (dmax == 64)
+      run_decode<64>(a, p, workspace, counters, stream);
+    else if (dmax == 128)
+      run_decode<128>(a, p, workspace, counters, stream);
+    else
+      run_decode<256>(a, p, workspace, counters, stream);
   } else if (prefill_mma_supported(a)) {
     launch_prefill_mma(a, stream);
   } else {

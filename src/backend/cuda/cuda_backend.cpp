@@ -257,7 +257,7 @@ void* CudaBackend::ensure_attention_workspace(int64_t nbytes) {
 int32_t* CudaBackend::ensure_attention_counters(int64_t count) {
   const int64_t have = attn_counters_ ? attn_counters_->nbytes() / 4 : 0;
   if (count > have) {
-    synchronize();          // earlier steps may still use the old ones
+    synchronize();           // earlier steps may still use the old ones
     attn_counters_.reset();  // bumps the allocation epoch: recordings using them are stale
     attn_counters_ = allocate(4 * std::max(count, 2 * have));
     CUDA_CHECK(cudaMemsetAsync(attn_counters_->data(), 0, attn_counters_->nbytes(), stream_));

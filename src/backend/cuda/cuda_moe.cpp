@@ -167,10 +167,9 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                     "moe_experts: the per-expert GEMM path waits for the host and cannot be "
                     "recorded");
   if (path == MoePath::kAuto) {
-    path = n_pairs <= kMoeGemvMaxTokensPerExpert * E ? MoePath::kGemv
-           : !recording && n_pairs >= kMoeExpertGemmMinTokensPerExpert * E
-               ? MoePath::kExpertGemm
-               : MoePath::kGroupedGemm;
+    path = n_pairs <= kMoeGemvMaxTokensPerExpert * E                       ? MoePath::kGemv
+           : !recording && n_pairs >= kMoeExpertGemmMinTokensPerExpert * E ? MoePath::kExpertGemm
+                                                                           : MoePath::kGroupedGemm;
   }
   switch (path) {
     case MoePath::kGemv: {

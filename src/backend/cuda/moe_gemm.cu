@@ -34,7 +34,7 @@ constexpr int kBk = 64;   // K per pipeline stage (one 128-byte row of 8 chunks 
 constexpr int kStages = 3;
 constexpr int kGroupM = 8;  // m-tiles per raster group
 constexpr int kThreads = 256;
-constexpr int kWarpsN = 4;                   // warps side by side along N (2 along M)
+constexpr int kWarpsN = 4;                            // warps side by side along N (2 along M)
 constexpr int kWm = kBm / (kThreads / 32 / kWarpsN);  // 64 rows per warp
 constexpr int kWn = kBn / kWarpsN;                    // 32 columns per warp
 constexpr int kMi = kWm / 16, kNi = kWn / 8;          // mma tiles per warp: 4 x 4
@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(MoeGemmArgs g) {
     const int s = t.m0 + r0 + i * kRowsPerPass;
     a_row[i] = s >= t.m_end ? -1 : g.a_rows != nullptr ? g.a_rows[s] : s;
   }
-  const bf16* b_src = b + (n0 + r0) * g.ldb + c * 8;  // row n0 + r0; pass i is i * kRowsPerPass below
+  // B row n0 + r0 at this thread's chunk; pass i adds i * kRowsPerPass rows.
+  const bf16* b_src = b + (n0 + r0) * g.ldb + c * 8;
   const int k_tiles = static_cast<int>((g.k + kBk - 1) / kBk);
   auto load_stage = [&](int kt, int stage) {
     bf16* as = smem + stage * kStageElems;
@@ -128,9 +129,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(MoeGemmArgs g) {
 
   float acc[kMi][kNi][4];
 #pragma unroll
-  for (int mi = 0; mi < kMi; ++mi)
+  for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
-    for (int ni = 0; ni < kNi; ++ni) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+    for (int ni = 0; ni < kNi; ++ni)
+      acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+  }
 
   // kStages - 1 stages in flight before the first product; one group committed per step, empty
   // ones included, so "all but the newest kStages - 2 groups" is always "stage kt has landed".

@@ -93,13 +93,15 @@ inline std::pair<std::vector<Collected>, std::vector<Collected>> run_alone_and_t
   for (size_t i = 0; i < n; ++i) {
     Waiter w;
     EXPECT_TRUE(
-        alone_engine.submit(greedy_request(prompts[i], max_tokens, logprobs), w.callback(&alone[i])).ok());
+        alone_engine.submit(greedy_request(prompts[i], max_tokens, logprobs), w.callback(&alone[i]))
+            .ok());
     w.wait(1);
   }
   Waiter w;
   for (size_t i = 0; i < n; ++i)
     EXPECT_TRUE(
-        together_engine.submit(greedy_request(prompts[i], max_tokens, logprobs), w.callback(&together[i]))
+        together_engine
+            .submit(greedy_request(prompts[i], max_tokens, logprobs), w.callback(&together[i]))
             .ok());
   w.wait(static_cast<int>(n));
   return {std::move(alone), std::move(together)};
