@@ -4,11 +4,12 @@
 //
 // MLA keeps one latent row per token in the KV cache: [k_pe (rope dim P) | c_kv (kv_lora_rank R)],
 // where c_kv = kv_a_layernorm(kv_a_proj_with_mqa(h)[:R]) and k_pe is the rotated shared key. The
-// per-head keys and values are never materialized: attention runs in the absorbed form, with
-// W_UK (the key half of kv_b_proj) folded into the query:
+// per-head keys and values of the cached context are never materialized: decodes and continued
+// prefills attend in the absorbed form, with W_UK (the key half of kv_b_proj) folded into the
+// query, as one "head" of dim P + R against the latent row:
 //   q_abs_h = W_UK_h^T q_nope_h                         [R]
-//   score   = (q_pe_h . k_pe + q_abs_h . c_kv) * scale  (one "head" of dim P + R against the
-//   latent) o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
+//   score   = (q_pe_h . k_pe + q_abs_h . c_kv) * scale
+//   o_h     = W_UV_h (softmax . c_kv)                   [v_head_dim]
 // which is the same sum as transformers' expanded form (only summation order differs). The latent
 // cache is the attention op's K (dim P + R) and, as a column view of the same rows, its V (dim R).
 // The row puts k_pe first because the rope op rotates the leading dims of each head; for the same

@@ -181,7 +181,8 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
     case MoePath::kExpertGemm:
       moe_expert_gemms(h, gu, dn, ws);
       break;
-    default:
+    case MoePath::kGroupedGemm:
+    case MoePath::kAuto:  // resolved above
       moe_grouped_gemms(h, gu, dn, ws, n_pairs);
       break;
   }
