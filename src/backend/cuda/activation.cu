@@ -1,5 +1,7 @@
 // Elementwise ops over row views: SwiGLU's silu(gate) * up, add, conversion to f32 for logits,
-// row gather, and the bias add used when the GEMM epilogue cannot take the bias.
+// row gather, and the bias add used when the GEMM epilogue cannot take the bias. All are steps of a
+// forward pass, launched overlapped with the kernel before (device_utils.cuh): each waits for it in
+// pdl_wait() before touching memory.
 #include <algorithm>
 
 #include "backend/cuda/device_utils.cuh"
@@ -18,6 +20,7 @@ dim3 row_grid(int64_t n_rows, int64_t cols) {
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t ldu, T* out,
                                 int64_t ldo, int64_t n_rows, int64_t cols) {
+  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // the down projection's GEMV may start fetching its weights
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
@@ -33,6 +36,7 @@ __global__ void silu_mul_kernel(const T* gate, int64_t ldg, const T* up, int64_t
 // instead of eight, which is what the scalar kernel above is bound by on wide rows.
 __global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16* up, int64_t ldu,
                                        bf16* out, int64_t ldo, int64_t n_rows, int64_t cols) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (c >= cols) return;
@@ -56,6 +60,8 @@ __global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16
 template <typename T>
 __global__ void add_kernel(const T* a, int64_t lda, const T* b, int64_t ldb, T* out, int64_t ldo,
                            int64_t n_rows, int64_t cols) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y)
@@ -65,6 +71,8 @@ __global__ void add_kernel(const T* a, int64_t lda, const T* b, int64_t ldb, T* 
 template <typename T>
 __global__ void to_f32_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ out,
                               int64_t ldo, int64_t n_rows, int64_t cols) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) out[r * ldo + c] = to_float(x[r * ldx + c]);
@@ -74,6 +82,8 @@ template <typename T>
 __global__ void gather_rows_kernel(const T* __restrict__ x, int64_t ldx, int64_t x_rows,
                                    const int32_t* __restrict__ rows, T* __restrict__ out,
                                    int64_t ldo, int64_t n_rows, int64_t cols) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -86,6 +96,8 @@ __global__ void gather_rows_kernel(const T* __restrict__ x, int64_t ldx, int64_t
 template <typename T, typename TB>
 __global__ void add_bias_kernel(T* out, int64_t ldo, const TB* __restrict__ bias, int64_t n_rows,
                                 int64_t cols) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const float b = to_float(bias[c]);
@@ -100,17 +112,18 @@ void launch_silu_mul(const RowView& gate, const RowView& up, const RowView& out,
   if (out.n_rows == 0 || out.cols == 0) return;
   if (out.dtype == DType::kBF16 && out.cols % 8 == 0 && rows_aligned16(gate) &&
       rows_aligned16(up) && rows_aligned16(out)) {
-    silu_mul_bf16x8_kernel<<<row_grid(out.n_rows, out.cols / 8), kThreads, 0, stream>>>(
-        static_cast<const bf16*>(gate.data), gate.ld, static_cast<const bf16*>(up.data), up.ld,
-        static_cast<bf16*>(out.data), out.ld, out.n_rows, out.cols);
+    launch_overlapped(silu_mul_bf16x8_kernel, row_grid(out.n_rows, out.cols / 8), dim3(kThreads), 0,
+                      stream, static_cast<const bf16*>(gate.data), gate.ld,
+                      static_cast<const bf16*>(up.data), up.ld, static_cast<bf16*>(out.data),
+                      out.ld, out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
     return;
   }
   dispatch_float_type(out.dtype, [&](auto t) {
     using T = decltype(t);
-    silu_mul_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
-        static_cast<const T*>(gate.data), gate.ld, static_cast<const T*>(up.data), up.ld,
-        static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
+    launch_overlapped(silu_mul_kernel<T>, row_grid(out.n_rows, out.cols), dim3(kThreads), 0, stream,
+                      static_cast<const T*>(gate.data), gate.ld, static_cast<const T*>(up.data),
+                      up.ld, static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -119,9 +132,9 @@ void launch_add(const RowView& a, const RowView& b, const RowView& out, cudaStre
   if (out.n_rows == 0 || out.cols == 0) return;
   dispatch_float_type(out.dtype, [&](auto t) {
     using T = decltype(t);
-    add_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
-        static_cast<const T*>(a.data), a.ld, static_cast<const T*>(b.data), b.ld,
-        static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
+    launch_overlapped(add_kernel<T>, row_grid(out.n_rows, out.cols), dim3(kThreads), 0, stream,
+                      static_cast<const T*>(a.data), a.ld, static_cast<const T*>(b.data), b.ld,
+                      static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -130,9 +143,9 @@ void launch_to_f32(const RowView& x, const RowView& out, cudaStream_t stream) {
   if (out.n_rows == 0 || out.cols == 0) return;
   dispatch_float_type(x.dtype, [&](auto t) {
     using T = decltype(t);
-    to_f32_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
-        static_cast<const T*>(x.data), x.ld, static_cast<float*>(out.data), out.ld, out.n_rows,
-        out.cols);
+    launch_overlapped(to_f32_kernel<T>, row_grid(out.n_rows, out.cols), dim3(kThreads), 0, stream,
+                      static_cast<const T*>(x.data), x.ld, static_cast<float*>(out.data), out.ld,
+                      out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -142,9 +155,9 @@ void launch_gather_rows(const RowView& x, const int32_t* rows, const RowView& ou
   if (out.n_rows == 0 || out.cols == 0) return;
   dispatch_float_type(x.dtype, [&](auto t) {
     using T = decltype(t);
-    gather_rows_kernel<T><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
-        static_cast<const T*>(x.data), x.ld, x.n_rows, rows, static_cast<T*>(out.data), out.ld,
-        out.n_rows, out.cols);
+    launch_overlapped(gather_rows_kernel<T>, row_grid(out.n_rows, out.cols), dim3(kThreads), 0,
+                      stream, static_cast<const T*>(x.data), x.ld, x.n_rows, rows,
+                      static_cast<T*>(out.data), out.ld, out.n_rows, out.cols);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -155,8 +168,9 @@ void launch_add_bias(const RowView& out, const void* bias, DType bias_dtype, cud
     using T = decltype(t);
     dispatch_float_type(bias_dtype, [&](auto tb) {
       using TB = decltype(tb);
-      add_bias_kernel<T, TB><<<row_grid(out.n_rows, out.cols), kThreads, 0, stream>>>(
-          static_cast<T*>(out.data), out.ld, static_cast<const TB*>(bias), out.n_rows, out.cols);
+      launch_overlapped(add_bias_kernel<T, TB>, row_grid(out.n_rows, out.cols), dim3(kThreads), 0,
+                        stream, static_cast<T*>(out.data), out.ld, static_cast<const TB*>(bias),
+                        out.n_rows, out.cols);
       CUDA_CHECK_LAUNCH();
     });
   });

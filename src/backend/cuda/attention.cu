@@ -19,6 +19,10 @@
 // head) walks tiles of 32 keys from the cache (cached prefix included), with causal and
 // sliding-window masks and an online softmax (running max and sum, rescaled accumulators), on
 // CUDA cores with fp32 dot products from shared memory.
+//
+// Both kernels here are launched overlapped with the kernel before (device_utils.cuh) and wait for
+// it in pdl_wait() before touching memory: q and the cache rows come from the kernels before, the
+// split counters from the previous decode launch's reset.
 #include <algorithm>
 
 #include "backend/cuda/attention_prefill.h"
@@ -174,6 +178,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   constexpr int KW = KPW * kDecodeLoads;  // rows per warp per group
   static_assert(L >= kDecodeLoads, "transpose_reduce needs a lane per loaded row");
   extern __shared__ __align__(16) unsigned char decode_smem[];
+  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // the output projection's GEMV may start fetching its weights
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -441,6 +446,8 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
   __shared__ bf16 ks[kBk][DMAX + 2];
   __shared__ bf16 vs[kBk][DMAX];
   __shared__ float ss[kBq][kBk + 1];
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int tile = blockIdx.x, s = blockIdx.y, h = blockIdx.z;
   const int tid = threadIdx.x;
   const int q_begin = a.cu_seqlens_q[s];
@@ -552,8 +559,8 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, in
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
   const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  decode_kernel<DMAX, kAligned, kG><<<grid, kDecodeThreads, p.smem, stream>>>(
-      a, p.chunk, p.n_splits, part_acc, part_ml, counters);
+  launch_overlapped(decode_kernel<DMAX, kAligned, kG>, grid, dim3(kDecodeThreads), p.smem, stream,
+                    a, p.chunk, p.n_splits, part_acc, part_ml, counters);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -578,7 +585,7 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* ws, int32_t* 
 template <int DMAX>
 void run_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(ceil_div(a.max_seqlen_q, kBq), a.n_seqs, a.hq);
-  prefill_kernel<DMAX><<<grid, kPrefillThreads, 0, stream>>>(a);
+  launch_overlapped(prefill_kernel<DMAX>, grid, dim3(kPrefillThreads), 0, stream, a);
   CUDA_CHECK_LAUNCH();
 }
 

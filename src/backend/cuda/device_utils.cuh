@@ -84,6 +84,15 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 // kernel to finish and its writes to be visible. Kernels that call pdl_allow_next() early let such
 // a successor start as soon as all their own blocks are running. Both are no-ops on older GPUs and
 // for kernels launched the ordinary way, so a kernel may contain them whoever launches it.
+//
+// The kernels of a step (embedding, norms, activations, RoPE and the KV store, attention, MoE,
+// GEMVs) are launched this way, so each one's blocks are already resident when its predecessor
+// ends and the launch gap (~1 us a kernel, even in a CUDA graph) is hidden. The rule for every
+// kernel launched through launch_overlapped: every thread calls pdl_wait() before it touches any
+// global memory its predecessors write (or read: it may overwrite them). The step's kernels call
+// it first, before any early return, then pdl_allow_next(). Waiting covers all earlier kernels
+// too, since each finishes only after its own wait; a kernel whose threads all left without
+// waiting could finish before its predecessor and break that chain.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

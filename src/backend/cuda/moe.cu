@@ -1,6 +1,8 @@
 // Mixture-of-experts kernels: routing (one warp per token), the sort of (token, expert) pairs by
 // expert, grouped GEMVs for the experts' gate|up (SiLU x up fused) and down products, and the
-// weighted combine. See moe.h for how they fit together.
+// weighted combine. See moe.h for how they fit together. Each is launched overlapped with the
+// kernel before (device_utils.cuh) and waits for it in pdl_wait() before touching memory: the
+// grouped GEMVs cannot prefetch weights as gemv.cu does, since the expert comes from the sort.
 #include <algorithm>
 #include <climits>
 
@@ -50,6 +52,8 @@ __device__ __forceinline__ uint32_t warp_top_lanes(float v, int n_valid, int cou
 // the method, top_k rounds of a warp argmax, then the weights by lane 0 in the reference's order.
 __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArgs a) {
   extern __shared__ float route_smem[];
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= a.n_tokens) return;  // whole warps only; no block-wide barrier below
@@ -169,6 +173,8 @@ __global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs
                                 int32_t n_experts, MoeWorkspace ws) {
   extern __shared__ int32_t cnt[];  // [E]: counts, then each expert's next free slot
   __shared__ long long warp_total[32];
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
   const int E = n_experts;
   for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
@@ -273,6 +279,8 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const BlockExpert be = block_expert(ws);
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -345,6 +353,8 @@ __global__ void __launch_bounds__(kGemvThreads)
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const BlockExpert be = block_expert(ws);
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -420,6 +430,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ int order_slot[kMoeMaxTopK];
   __shared__ float order_w[kMoeMaxTopK];
   __shared__ int n_valid;
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const bf16* y = static_cast<const bf16*>(ws.xy);
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     if (threadIdx.x == 0) {
@@ -464,7 +476,7 @@ void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return;
   const unsigned grid = ceil_div(a.n_tokens, kRouteWarps);
   const size_t smem = static_cast<size_t>(kRouteWarps) * 2 * a.n_experts * sizeof(float);
-  moe_route_kernel<<<grid, kRouteWarps * 32, smem, stream>>>(a);
+  launch_overlapped(moe_route_kernel, dim3(grid), dim3(kRouteWarps * 32), smem, stream, a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -498,8 +510,8 @@ void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t
   // A decode step has a handful of pairs: a small block finishes its barriers sooner.
   const int threads = n_pairs > 2048 ? 1024 : 256;
   const size_t smem = static_cast<size_t>(n_experts) * sizeof(int32_t);
-  moe_sort_kernel<<<1, threads, smem, stream>>>(ids, static_cast<int32_t>(n_pairs), top_k,
-                                                n_experts, ws);
+  launch_overlapped(moe_sort_kernel, dim3(1), dim3(threads), smem, stream, ids,
+                    static_cast<int32_t>(n_pairs), top_k, n_experts, ws);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -512,16 +524,17 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
   const auto* x = static_cast<const bf16*>(h);
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      moe_gate_up_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     case 2:
-      moe_gate_up_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     case 4:
-      moe_gate_up_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     default:
-      moe_gate_up_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
+                        x, ldh, ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -533,16 +546,17 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
   const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      moe_down_kernel<1><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      launch_overlapped(moe_down_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, ws);
       break;
     case 2:
-      moe_down_kernel<2><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      launch_overlapped(moe_down_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, ws);
       break;
     case 4:
-      moe_down_kernel<4><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      launch_overlapped(moe_down_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, ws);
       break;
     default:
-      moe_down_kernel<kMoeGemvTokens><<<grid, kGemvThreads, 0, stream>>>(w, ws);
+      launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
+                        ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -552,9 +566,9 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
                         const RowView& shared, const RowView& out, cudaStream_t stream) {
   if (n_tokens == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_tokens, 65535));
-  moe_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(
-      ids, weights, n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
-      shared.ld, static_cast<bf16*>(out.data), out.ld);
+  launch_overlapped(moe_combine_kernel, dim3(grid), dim3(kCombineThreads), 0, stream, ids, weights,
+                    n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
+                    shared.ld, static_cast<bf16*>(out.data), out.ld);
   CUDA_CHECK_LAUNCH();
 }
 

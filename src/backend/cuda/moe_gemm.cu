@@ -18,6 +18,9 @@
 // zero-filled past the expert's slots and past K); 8 warps as 2 x 4, each owns 64 x 32 of the
 // tile as 4 x 4 bf16 mma.m16n8k16 with fp32 accumulators; operands come from XOR-swizzled shared
 // memory by ldmatrix. Results are rounded to bf16 once and stored straight from the fragments.
+//
+// Launched overlapped with the kernel before (device_utils.cuh); it waits for it in pdl_wait()
+// before touching memory (the offsets and the activations come from the kernels before).
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -78,8 +81,10 @@ __device__ Tile find_tile(const int32_t* __restrict__ offsets, int n_experts, in
 
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(MoeGemmArgs g) {
   extern __shared__ __align__(128) unsigned char moe_gemm_smem[];
-  bf16* smem = reinterpret_cast<bf16*>(moe_gemm_smem);
   __shared__ Tile tile_s;
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  bf16* smem = reinterpret_cast<bf16*>(moe_gemm_smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Block -> (m-tile, column tile): groups of kGroupM m-tiles, m fastest inside a group.
   const int n_tiles = static_cast<int>((g.n + kBn - 1) / kBn);
@@ -211,7 +216,8 @@ void launch_moe_gemm(const MoeGemmArgs& g, int64_t max_slots, cudaStream_t strea
   const int64_t m_tiles = (max_slots + kBm - 1) / kBm + std::min<int64_t>(g.n_experts, max_slots);
   const int64_t blocks = (m_tiles + kGroupM - 1) / kGroupM * kGroupM * ((g.n + kBn - 1) / kBn);
   PAGELLM_CHECK_MSG(blocks < INT32_MAX, "moe gemm: too many slots");
-  moe_gemm_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(g);
+  launch_overlapped(moe_gemm_kernel, static_cast<unsigned>(blocks), dim3(kThreads), kSmemBytes,
+                    stream, g);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
 // RMSNorm and the fused residual add + RMSNorm. One block per row, fp32 accumulation of the sum of
 // squares. The math follows the reference (Hugging Face's LlamaRMSNorm in f32):
-// out = (x * rsqrt(mean(x^2) + eps)) * w, rounded once to the output type.
+// out = (x * rsqrt(mean(x^2) + eps)) * w, rounded once to the output type. Launched overlapped with
+// the kernel before (device_utils.cuh): each waits for it in pdl_wait() before touching memory.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -13,6 +14,7 @@ template <typename T, typename TW>
 __global__ void rms_norm_kernel(const T* x, int64_t ldx, const TW* __restrict__ w, float eps,
                                 T* out, int64_t ldo, int64_t d) {
   __shared__ float scratch[32];
+  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
@@ -38,6 +40,7 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
                                     const TW* __restrict__ w, float eps, T* out, int64_t ldo,
                                     int64_t d) {
   __shared__ float scratch[32];
+  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
@@ -91,6 +94,7 @@ __global__ void add_rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res
                                            const TW* __restrict__ w, float eps, bf16* out,
                                            int64_t ldo, int64_t d) {
   __shared__ float scratch[32];
+  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
   const int64_t r = blockIdx.x, c = threadIdx.x * 8;
   const bool mine = c < d;
@@ -152,9 +156,9 @@ void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, 
     using T = decltype(tx);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      rms_norm_kernel<T, TW><<<static_cast<unsigned>(x.n_rows), norm_threads(x.cols), 0, stream>>>(
-          static_cast<const T*>(x.data), x.ld, static_cast<const TW*>(w), eps,
-          static_cast<T*>(out.data), out.ld, x.cols);
+      launch_overlapped(rms_norm_kernel<T, TW>, static_cast<unsigned>(x.n_rows),
+                        norm_threads(x.cols), 0, stream, static_cast<const T*>(x.data), x.ld,
+                        static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
     });
   });
@@ -167,9 +171,10 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
     const int threads = static_cast<int>((x.cols / 8 + 31) / 32 * 32);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      add_rms_norm_bf16x8_kernel<TW><<<static_cast<unsigned>(x.n_rows), threads, 0, stream>>>(
-          static_cast<const bf16*>(x.data), x.ld, static_cast<bf16*>(residual.data), residual.ld,
-          static_cast<const TW*>(w), eps, static_cast<bf16*>(out.data), out.ld, x.cols);
+      launch_overlapped(add_rms_norm_bf16x8_kernel<TW>, static_cast<unsigned>(x.n_rows), threads, 0,
+                        stream, static_cast<const bf16*>(x.data), x.ld,
+                        static_cast<bf16*>(residual.data), residual.ld, static_cast<const TW*>(w),
+                        eps, static_cast<bf16*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
     });
     return;
@@ -178,10 +183,10 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
     using T = decltype(tx);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      add_rms_norm_kernel<T, TW>
-          <<<static_cast<unsigned>(x.n_rows), add_norm_threads(x.cols), 0, stream>>>(
-              static_cast<const T*>(x.data), x.ld, static_cast<T*>(residual.data), residual.ld,
-              static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
+      launch_overlapped(add_rms_norm_kernel<T, TW>, static_cast<unsigned>(x.n_rows),
+                        add_norm_threads(x.cols), 0, stream, static_cast<const T*>(x.data), x.ld,
+                        static_cast<T*>(residual.data), residual.ld, static_cast<const TW*>(w), eps,
+                        static_cast<T*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
     });
   });

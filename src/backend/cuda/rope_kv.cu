@@ -2,6 +2,8 @@
 // token and head for the fused kernel); the rotation of a pair (a, b) is done by one thread, so
 // in-place updates never race. Pairs are (2j, 2j+1) when interleaved (GPT-J / DeepSeek) and (j, j +
 // rotary_dim/2) otherwise (NeoX / HF Llama); both touch only the first rotary_dim dims of a head.
+// Both kernels are launched overlapped with the kernel before (device_utils.cuh) and wait for it in
+// pdl_wait() before touching memory.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -43,6 +45,8 @@ __device__ __forceinline__ void rotate_heads(bf16* x, int64_t stride_head, int64
 
 __global__ void rope_kernel(HeadsView x, const float* __restrict__ cos_sin, int64_t cs_ld,
                             int64_t rotary_dim, bool interleaved) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int64_t i = blockIdx.x;
   rotate_heads(static_cast<bf16*>(x.data) + i * x.stride_tok, x.stride_head, x.heads,
                cos_sin + i * cs_ld, rotary_dim / 2, interleaved, nullptr, 0, threadIdx.x,
@@ -60,6 +64,8 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
                                      int64_t rotary_dim, bool interleaved,
                                      const int32_t* __restrict__ slot_mapping, CacheView kc,
                                      CacheView vc, bool v_vec) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int64_t i = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const int64_t y = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + (threadIdx.x >> 5);
@@ -102,8 +108,8 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
 void launch_rope(const HeadsView& x, const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
                  bool interleaved, cudaStream_t stream) {
   if (x.n == 0) return;
-  rope_kernel<<<static_cast<unsigned>(x.n), kThreads, 0, stream>>>(x, cos_sin, cos_sin_ld,
-                                                                   rotary_dim, interleaved);
+  launch_overlapped(rope_kernel, static_cast<unsigned>(x.n), dim3(kThreads), 0, stream, x, cos_sin,
+                    cos_sin_ld, rotary_dim, interleaved);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -121,8 +127,8 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
       vec_ok(v_cache.data, v_cache.stride_block, v_cache.stride_tok, v_cache.stride_head);
   const dim3 grid(static_cast<unsigned>(q.n),
                   static_cast<unsigned>((q.heads + k.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(
-      q, k, v, cos_sin, cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, v_vec);
+  launch_overlapped(rope_store_kv_kernel, grid, dim3(kThreads), 0, stream, q, k, v, cos_sin,
+                    cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, v_vec);
   CUDA_CHECK_LAUNCH();
 }
 
