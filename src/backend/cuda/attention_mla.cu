@@ -19,7 +19,13 @@
 // kernel merges the splits (log-sum-exp rescaling). A launch planned for a bound (a CUDA graph
 // recorded for max_model_len) therefore serves every shorter context.
 //
-// Per key tile (kTile keys), on CUDA cores with fp32 arithmetic:
+// Two kernels with that work split and the same outputs: the DeepSeek shapes (latent rows, dims
+// in whole mma steps, see mla_mma_ok) run on tensor cores (mla_mma_kernel), every other shape
+// on CUDA cores (mla_attention_kernel). The tensor-core kernel is compute-light enough to stream
+// the cache at memory speed; the CUDA-core one is bound by its fp32 FMAs (~30 per cache byte at
+// 16 heads). Both are launched overlapped (device_utils.cuh), as is the merge.
+//
+// Per key tile (kTile keys), the CUDA-core kernel with fp32 arithmetic:
 //   rows     cp.async from the paged cache into shared memory, two stages (the next tile loads
 //            while this one is used); block-table lookup once per row
 //   S = Q K  each warp computes 4 (head x key) micro-tiles of 4 x 4 over 8 slices of the head
@@ -29,7 +35,7 @@
 //            grows; masked keys (past the chunk) score -inf
 //   O += P V each thread owns 4 heads x 2*J dims (pairs 64 apart), V read from the same rows
 // Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
-// per step (8 words each) fall in distinct banks.
+// per step (8 words each) fall in distinct banks. The tensor-core kernel is described above it.
 #include <algorithm>
 
 #include "backend/cuda/device_utils.cuh"
@@ -63,6 +69,7 @@ struct MlaLayout {
   int v_words = 0;     // shared-memory V row stride (separate V rows only)
   int head_tiles = 1;  // ceil(G / kRows)
   int n_splits = 1;
+  bool mma = false;    // mla_mma_kernel (else mla_attention_kernel)
   size_t smem = 0;
 };
 
@@ -88,22 +95,20 @@ size_t smem_bytes(const MlaLayout& L) {
   return words * 4;
 }
 
-// J: V pairs per thread per head (pairs dl, dl + 64, ..., dl + 64 (J - 1)); J * 128 >= dv.
-template <int J>
-__global__ void __launch_bounds__(kThreads, 2)
-    mla_attention_kernel(AttentionArgs a, MlaLayout L, float* __restrict__ part_acc,
-                         float* __restrict__ part_ml) {
-  extern __shared__ float4 smem_raw[];
-  pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
-  float* smem = reinterpret_cast<float*>(smem_raw);
-  const int tok = blockIdx.x, split = blockIdx.y;
-  const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int* cu = a.cu_seqlens_q;
-  if (tok >= cu[a.n_seqs]) return;  // the whole block: before any barrier
-
+// The keys one block reads: its query token's sequence and that token's causal (or windowed)
+// context cut in n_splits chunks of whole tiles, this split's chunk. Trailing splits of a short
+// context are empty (n_keys == 0; they still write l = 0, which the merge skips), so the live
+// splits of a token are always a prefix.
+struct MlaWork {
+  int s = 0;           // sequence
+  int32_t begin = 0;   // first key position of the split
+  int32_t n_keys = 0;  // keys of the split
+};
+__device__ __forceinline__ MlaWork mla_work(const AttentionArgs& a, int n_splits, int tok,
+                                            int split) {
   // The token's sequence: the last s with cu[s] <= tok (sequences without queries have
   // cu[s] == cu[s + 1] and are skipped over).
+  const int* cu = a.cu_seqlens_q;
   int s_lo = 0, s_hi = a.n_seqs;
   while (s_hi - s_lo > 1) {
     const int mid = (s_lo + s_hi) >> 1;
@@ -112,16 +117,34 @@ __global__ void __launch_bounds__(kThreads, 2)
     else
       s_hi = mid;
   }
-  const int s = s_lo;
-  const int n_q = cu[s + 1] - cu[s];
-  const int32_t pos = a.seq_lens_kv[s] - n_q + (tok - cu[s]);
+  MlaWork w;
+  w.s = s_lo;
+  const int n_q = cu[w.s + 1] - cu[w.s];
+  const int32_t pos = a.seq_lens_kv[w.s] - n_q + (tok - cu[w.s]);
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   const int32_t span = max(0, pos + 1 - lo);
-  // This split's keys: the span cut in n_splits chunks of whole tiles; trailing splits of a short
-  // context are empty (they still write l = 0, which the merge skips).
-  const int32_t per_split = ((span + L.n_splits - 1) / L.n_splits + kTile - 1) / kTile * kTile;
-  const int32_t begin = lo + split * per_split;
-  const int32_t n_keys = max(0, min(begin + per_split, pos + 1) - begin);
+  const int32_t per_split = ((span + n_splits - 1) / n_splits + kTile - 1) / kTile * kTile;
+  w.begin = lo + split * per_split;
+  w.n_keys = max(0, min(w.begin + per_split, pos + 1) - w.begin);
+  return w;
+}
+
+// J: V pairs per thread per head (pairs dl, dl + 64, ..., dl + 64 (J - 1)); J * 128 >= dv.
+template <int J>
+__global__ void __launch_bounds__(kThreads, 2)
+    mla_attention_kernel(AttentionArgs a, MlaLayout L, float* __restrict__ part_acc,
+                         float* __restrict__ part_ml) {
+  extern __shared__ float4 smem_raw[];
+  pdl_wait();        // launched overlapped: q and the cache rows come from the kernels before
+  pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
+  float* smem = reinterpret_cast<float*>(smem_raw);
+  const int tok = blockIdx.x, split = blockIdx.y;
+  const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tok >= a.cu_seqlens_q[a.n_seqs]) return;  // the whole block: before any barrier
+  const MlaWork work = mla_work(a, L.n_splits, tok, split);
+  const int s = work.s;
+  const int32_t begin = work.begin, n_keys = work.n_keys;
   const int n_kt = (n_keys + kTile - 1) / kTile;
 
   const int G = a.hq / a.hkv;
@@ -340,13 +363,239 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// The tensor-core form of the kernel above for the DeepSeek shapes (mla_mma_ok): the same blocks,
+// splits and outputs, with both products on mma.sync m16n8k16 (bf16 operands, fp32 accumulators).
+// The block's 16 heads are exactly the M of one mma, so
+//   S = Q K^T  warp w computes keys 8 (w % 4) .. + 7 of the tile over half of the head dim
+//              (w / 4); Q and K by ldmatrix from shared memory, the two halves summed in shared
+//              memory by the softmax
+//   softmax    as above (warp w: heads 2w, 2w + 1; lane = key), P written as two bf16 terms,
+//              hi = bf16(p) and lo = bf16(p - hi), so P.V carries p to 2^-17 relative (two mmas
+//              per product instead of one, cheap beside the row loads) rather than bf16's 2^-9
+//   O += P V   warp w owns dv / 8 output dims (NT n8 tiles) of all 16 heads; V by ldmatrix.trans
+//              from the K rows it is a column view of
+// Key rows past the split are zero-filled (their P is 0, and 0 x garbage could be NaN).
+// Shared rows (Q, K) are d + 8 elements: an odd number of 16-byte chunks, so the 8 rows an
+// ldmatrix phase reads fall in distinct banks.
+constexpr int kMmaRowPad = 8;        // bf16 elements after each shared Q / K row
+constexpr int kScoreStride = kTile + 8;  // f32 per shared score row
+constexpr int kPStride = kTile + 8;      // bf16 per shared P row (5 chunks)
+
+size_t mma_smem_bytes(int d) {
+  const size_t rs = static_cast<size_t>(d) + kMmaRowPad;
+  return (kRows + static_cast<size_t>(kStages) * kTile) * rs * 2 +  // Q, K tiles (bf16)
+         2 * kRows * kScoreStride * 4 +                              // score halves (f32)
+         2 * kRows * kPStride * 2 +                                  // P hi, lo (bf16)
+         3 * kRows * 4;                                              // rescale, (max, sum)
+}
+
+// NT: n8 tiles of output dims per warp (dv = 64 NT; even, ldmatrix.trans loads two at a time).
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2)
+    mla_mma_kernel(AttentionArgs a, MlaLayout L, float* __restrict__ part_acc,
+                   float* __restrict__ part_ml) {
+  static_assert(kRows == 16 && kWarps == 8 && kTile == 32, "warp roles below");
+  static_assert(NT % 2 == 0, "V fragments come two n8 tiles at a time");
+  extern __shared__ float4 smem_raw[];
+  pdl_wait();        // launched overlapped: q and the cache rows come from the kernels before
+  pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
+  const int tok = blockIdx.x, split = blockIdx.y;
+  const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tok >= a.cu_seqlens_q[a.n_seqs]) return;  // the whole block: before any barrier
+  const MlaWork work = mla_work(a, L.n_splits, tok, split);
+  const int n_kt = (work.n_keys + kTile - 1) / kTile;
+  const int G = a.hq / a.hkv;
+  const int h0 = kvh * G + ht * kRows;            // first query head of the block
+  const int n_rows = min(kRows, G - ht * kRows);  // heads past G are zero rows
+  const int rs = L.d + kMmaRowPad;                // bf16 per shared Q / K row
+  const int cpr = L.d / 8;                        // 16-byte chunks per row
+
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* ks = qs + kRows * rs;
+  float* sp = reinterpret_cast<float*>(ks + kStages * kTile * rs);  // [2][kRows][kScoreStride]
+  bf16* p_hi = reinterpret_cast<bf16*>(sp + 2 * kRows * kScoreStride);
+  bf16* p_lo = p_hi + kRows * kPStride;
+  float* corr = reinterpret_cast<float*>(p_lo + kRows * kPStride);
+  float* mls = corr + kRows;
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(work.s) * a.block_table_ld;
+  const bf16* kc = static_cast<const bf16*>(a.k_cache.data) + kvh * a.k_cache.stride_head;
+  const int bs = a.block_size;
+  // Warp w copies rows w, w + kWarps, ... of tile kt; rows past the split are zeros.
+  const auto load_tile = [&](int kt, int stage) {
+    bf16* dst = ks + stage * kTile * rs;
+    for (int r = warp; r < kTile; r += kWarps) {
+      const int t = kt * kTile + r;
+      const bool valid = t < work.n_keys;
+      const bf16* row = kc;  // not read when !valid
+      if (valid) {
+        const int32_t p = work.begin + t;
+        row = kc + table[p / bs] * a.k_cache.stride_block + (p % bs) * a.k_cache.stride_tok;
+      }
+      for (int c = lane; c < cpr; c += 32)
+        cp_async_16(smem_u32(dst + r * rs + c * 8), row + c * 8, valid);
+    }
+  };
+  // q rows of the block's heads (padding rows zero) with the first tile; an empty split (past a
+  // short context, e.g. in a graph recorded for max_model_len) loads nothing.
+  if (n_kt > 0) {
+    const bf16* qg = static_cast<const bf16*>(a.q) + static_cast<int64_t>(tok) * a.q_stride_tok;
+    for (int idx = tid; idx < kRows * cpr; idx += kThreads) {
+      const int r = idx / cpr, c = idx - r * cpr;
+      const bool valid = r < n_rows;
+      const bf16* src = valid ? qg + static_cast<int64_t>(h0 + r) * a.q_stride_head + c * 8 : qg;
+      cp_async_16(smem_u32(qs + r * rs + c * 8), src, valid);
+    }
+    load_tile(0, 0);
+  }
+  cp_async_commit();
+
+  const int g = lane >> 2, q4 = lane & 3;  // fragment row (and row + 8), column pair
+  const int key8 = (warp & 3) * 8;         // S: this warp's 8 keys of the tile ...
+  const int ks_half = L.d / 32;            // ... and k-steps of 16 over its half of the dim
+  const int ks0 = (warp >> 2) * ks_half;
+  const int dim0 = warp * NT * 8;          // P.V: this warp's output dims
+  const uint32_t q_addr = smem_u32(qs + (lane & 15) * rs + (lane >> 4) * 8);
+  const uint32_t p_hi_addr = smem_u32(p_hi + (lane & 15) * kPStride + (lane >> 4) * 8);
+  const uint32_t p_lo_addr = smem_u32(p_lo + (lane & 15) * kPStride + (lane >> 4) * 8);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  // Running max and sum of this warp's two softmax rows (identical in every lane).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    if (kt + 1 < n_kt) load_tile(kt + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile kt (and q) has landed for this thread's copies ...
+    __syncthreads();     // ... and for everyone's
+    const bf16* kt_s = ks + stage * kTile * rs;
+
+    // S: lanes 0-7 / 8-15 / 16-23 / 24-31 address the warp's 8 key rows at chunks 0 / 1 / 2 / 3
+    // past 2 ks: the B fragments of k-steps ks and ks + 1 in one ldmatrix.
+    const uint32_t k_addr = smem_u32(kt_s + (key8 + (lane & 7)) * rs + (lane >> 3) * 8);
+    float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int ks_i = ks0; ks_i < ks0 + ks_half; ks_i += 2) {
+      uint32_t qa[4], qb[4], kb[4];
+      ldmatrix_x4(qa, q_addr + ks_i * 32);
+      ldmatrix_x4(qb, q_addr + (ks_i + 1) * 32);
+      ldmatrix_x4(kb, k_addr + ks_i * 32);
+      mma_bf16(s0, qa, kb[0], kb[1]);
+      mma_bf16(s1, qb, kb[2], kb[3]);
+    }
+    float* sh = sp + (warp >> 2) * kRows * kScoreStride + key8 + 2 * q4;
+    *reinterpret_cast<float2*>(sh + g * kScoreStride) = make_float2(s0[0] + s1[0], s0[1] + s1[1]);
+    *reinterpret_cast<float2*>(sh + (g + 8) * kScoreStride) =
+        make_float2(s0[2] + s1[2], s0[3] + s1[3]);
+    __syncthreads();
+
+    // Online softmax: warp w owns heads 2w and 2w + 1, lane = key.
+    const int t0 = kt * kTile;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp * 2 + i;
+      const float raw = (sp[r * kScoreStride + lane] + sp[(kRows + r) * kScoreStride + lane]) * a.scale;
+      const float sv = t0 + lane < work.n_keys ? cap_score(raw, a.softcap) : -INFINITY;
+      const float m_new = fmaxf(m_run[i], warp_max(sv));
+      float p = 0.0f, c = 1.0f;
+      if (m_new != -INFINITY) {  // a tile always holds a key of the split; kept for safety
+        p = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+        c = expf(m_run[i] - m_new);  // 0 on the first tile (m_run == -inf)
+      }
+      l_run[i] = l_run[i] * c + warp_sum(p);
+      m_run[i] = m_new;
+      const bf16 hi = __float2bfloat16_rn(p);
+      p_hi[r * kPStride + lane] = hi;
+      p_lo[r * kPStride + lane] = __float2bfloat16_rn(p - __bfloat162float(hi));
+      if (lane == 0) corr[r] = c;
+    }
+    __syncthreads();
+
+    // O = O * c + (P_hi + P_lo) V. ldmatrix.trans: lanes 0-7 / 8-15 address keys 0-7 / 8-15 of
+    // the k-step at the first 8 dims, lanes 16-31 the same keys at the next 8: the B fragments
+    // of two n8 tiles.
+    const float c_top = corr[g], c_bot = corr[g + 8];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      acc[j][0] *= c_top;
+      acc[j][1] *= c_top;
+      acc[j][2] *= c_bot;
+      acc[j][3] *= c_bot;
+    }
+    const uint32_t v_addr = smem_u32(kt_s + ((lane & 7) + (lane & 8)) * rs + L.v_offset + dim0 +
+                                     (lane >> 4) * 8);
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t ph[4], pl[4];
+      ldmatrix_x4(ph, p_hi_addr + kk * 32);
+      ldmatrix_x4(pl, p_lo_addr + kk * 32);
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_addr + (kk * 16 * rs + j * 8) * 2);
+        mma_bf16(acc[j], ph, vb[0], vb[1]);
+        mma_bf16(acc[j], pl, vb[0], vb[1]);
+        mma_bf16(acc[j + 1], ph, vb[2], vb[3]);
+        mma_bf16(acc[j + 1], pl, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // everyone is done with this stage (and the scores, P) before reuse
+  }
+  cp_async_wait<0>();  // no copy may land after the block exits (none is pending here)
+
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mls[2 * (warp * 2 + i)] = m_run[i];
+      mls[2 * (warp * 2 + i) + 1] = l_run[i];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // fragment rows g and g + 8
+    const int row = g + 8 * half;
+    if (row >= n_rows) continue;
+    const int h = h0 + row;
+    const float m = mls[2 * row], l = mls[2 * row + 1];
+    if (L.n_splits == 1) {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // 0: a padding token without context
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(
+          static_cast<bf16*>(a.out) + static_cast<int64_t>(tok) * a.o_stride_tok +
+          static_cast<int64_t>(h) * a.o_stride_head + dim0 + 2 * q4);
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        o[4 * j] = __floats2bfloat162_rn(acc[j][2 * half] * inv, acc[j][2 * half + 1] * inv);
+    } else {
+      // An empty split writes only l = 0: the merge skips its (unwritten) sums.
+      const int64_t slot = (static_cast<int64_t>(tok) * a.hq + h) * L.n_splits + split;
+      if (l > 0.0f) {
+        float2* pa = reinterpret_cast<float2*>(part_acc + slot * L.dv + dim0 + 2 * q4);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) pa[4 * j] = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
+      }
+      if (warp == 0 && q4 == 0) {
+        part_ml[2 * slot] = m;
+        part_ml[2 * slot + 1] = l;
+      }
+    }
+  }
+}
+
 // Merges the splits of one (token, query head) for kReduceThreads dims:
-// out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i, skipping empty splits (l_i == 0).
+// out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the live splits (a prefix: l_i > 0),
+// so a launch planned for a long bound (a graph recorded for max_model_len) reads only the
+// splits that hold keys.
 __global__ void __launch_bounds__(kReduceThreads)
     mla_reduce_kernel(AttentionArgs a, int n_splits, const float* __restrict__ part_acc,
                       const float* __restrict__ part_ml) {
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_sum;
+  __shared__ int n_live;
+  pdl_wait();  // launched overlapped: the partial results come from the kernel before
   pdl_allow_next();
   const int e = blockIdx.x * kReduceThreads + threadIdx.x;
   const int h = blockIdx.y, tok = blockIdx.z;
@@ -355,29 +604,50 @@ __global__ void __launch_bounds__(kReduceThreads)
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float m = -INFINITY;
-    for (int i = lane; i < n_splits; i += 32)
-      if (part_ml[2 * (base + i) + 1] > 0.0f) m = fmaxf(m, part_ml[2 * (base + i)]);
-    m = warp_max(m);
-    float l = 0.0f;
+    unsigned live = 0;
     for (int i = lane; i < n_splits; i += 32) {
+      if (part_ml[2 * (base + i) + 1] > 0.0f) {
+        m = fmaxf(m, part_ml[2 * (base + i)]);
+        live = i + 1;
+      }
+    }
+    m = warp_max(m);
+    live = __reduce_max_sync(0xffffffffu, live);
+    float l = 0.0f;
+    for (int i = lane; i < static_cast<int>(live); i += 32) {
       const float li = part_ml[2 * (base + i) + 1];
       const float wi = li > 0.0f ? expf(part_ml[2 * (base + i)] - m) : 0.0f;
       weight[i] = wi;
       l += wi * li;
     }
     l = warp_sum(l);
-    if (lane == 0) inv_sum = l > 0.0f ? 1.0f / l : 0.0f;  // 0: a padding token, no context
+    if (lane == 0) {
+      inv_sum = l > 0.0f ? 1.0f / l : 0.0f;  // 0: a padding token, no context
+      n_live = static_cast<int>(live);
+    }
   }
   __syncthreads();
   if (e >= a.head_dim_v) return;
   float acc = 0.0f;
-  for (int i = 0; i < n_splits; ++i) {
-    const float wi = weight[i];
-    if (wi != 0.0f) acc += wi * part_acc[(base + i) * a.head_dim_v + e];
-  }
+  const int live = n_live;
+#pragma unroll 4
+  for (int i = 0; i < live; ++i) acc += weight[i] * part_acc[(base + i) * a.head_dim_v + e];
   bf16* o = static_cast<bf16*>(a.out) + static_cast<int64_t>(tok) * a.o_stride_tok +
             static_cast<int64_t>(h) * a.o_stride_head;
   o[e] = from_float<bf16>(acc * inv_sum);
+}
+
+// Whether mla_mma_kernel takes the launch: V a column view of the K rows (the latent layout) at
+// a 16-byte column, dims in whole mma steps (d a multiple of 64: two halves of even k-step
+// counts; dv of 128: pairs of n8 tiles over 8 warps, at most 512), every row 16-byte aligned.
+bool mla_mma_ok(const AttentionArgs& a, int v_offset) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const CacheView& k = a.k_cache;
+  return v_offset >= 0 && v_offset % 8 == 0 && a.head_dim % 64 == 0 && a.head_dim_v % 128 == 0 &&
+         a.head_dim_v <= 512 && aligned16(k.data) && k.stride_block % 8 == 0 &&
+         k.stride_tok % 8 == 0 && k.stride_head % 8 == 0 && aligned16(a.q) &&
+         a.q_stride_tok % 8 == 0 && a.q_stride_head % 8 == 0 &&
+         mma_smem_bytes(a.head_dim) <= static_cast<size_t>(kSmemHardLimit);
 }
 
 MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
@@ -397,24 +667,24 @@ MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   const int64_t want = (2 * static_cast<int64_t>(n_sms) + blocks - 1) / blocks;
   const int64_t most = std::min<int64_t>(kMaxSplits, (max_len + kTile - 1) / kTile);
   L.n_splits = static_cast<int>(std::clamp<int64_t>(want, 1, most));
-  L.smem = smem_bytes(L);
+  L.mma = mla_mma_ok(a, L.v_offset);
+  L.smem = L.mma ? mma_smem_bytes(L.d) : smem_bytes(L);
   return L;
 }
 
-template <int J>
-void run_mla(const AttentionArgs& a, const MlaLayout& L, int64_t n_tokens, float* part_acc,
-             float* part_ml, cudaStream_t stream) {
-  CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<J>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+// Launches `kernel` (an instantiation of either kernel) over (token, split, KV head x head tile).
+void run_mla(void (*kernel)(AttentionArgs, MlaLayout, float*, float*), const AttentionArgs& a,
+             const MlaLayout& L, int64_t n_tokens, float* part_acc, float* part_ml,
+             cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(L.smem)));
-  // Two blocks per SM need most of the shared memory on sm_90 (2 x 113 KiB at 576/512).
-  CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<J>,
-                                  cudaFuncAttributePreferredSharedMemoryCarveout,
+  // Two blocks per SM need most of the shared memory on sm_90 (2 x 99 KiB at 576/512 on tensor
+  // cores, 2 x 113 KiB on CUDA cores).
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(L.n_splits),
                   static_cast<unsigned>(a.hkv * L.head_tiles));
-  mla_attention_kernel<J><<<grid, kThreads, L.smem, stream>>>(a, L, part_acc, part_ml);
-  CUDA_CHECK_LAUNCH();
+  launch_overlapped(kernel, grid, dim3(kThreads), L.smem, stream, a, L, part_acc, part_ml);
 }
 
 }  // namespace
@@ -467,20 +737,28 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
   }
   PAGELLM_CHECK_MSG(L.n_splits == 1 || n_tokens <= 65535,
                     "latent attention: too many tokens to merge splits");
-  const int pairs = a.head_dim_v / 2;
-  if (pairs <= 64)
-    run_mla<1>(a, L, n_tokens, part_acc, part_ml, stream);
-  else if (pairs <= 128)
-    run_mla<2>(a, L, n_tokens, part_acc, part_ml, stream);
-  else if (pairs <= 256)
-    run_mla<4>(a, L, n_tokens, part_acc, part_ml, stream);
-  else
-    run_mla<8>(a, L, n_tokens, part_acc, part_ml, stream);
+  if (L.mma) {
+    switch (L.dv / 64) {
+      case 2: run_mla(mla_mma_kernel<2>, a, L, n_tokens, part_acc, part_ml, stream); break;
+      case 4: run_mla(mla_mma_kernel<4>, a, L, n_tokens, part_acc, part_ml, stream); break;
+      default: run_mla(mla_mma_kernel<8>, a, L, n_tokens, part_acc, part_ml, stream); break;
+    }
+  } else {
+    const int pairs = a.head_dim_v / 2;
+    if (pairs <= 64)
+      run_mla(mla_attention_kernel<1>, a, L, n_tokens, part_acc, part_ml, stream);
+    else if (pairs <= 128)
+      run_mla(mla_attention_kernel<2>, a, L, n_tokens, part_acc, part_ml, stream);
+    else if (pairs <= 256)
+      run_mla(mla_attention_kernel<4>, a, L, n_tokens, part_acc, part_ml, stream);
+    else
+      run_mla(mla_attention_kernel<8>, a, L, n_tokens, part_acc, part_ml, stream);
+  }
   if (L.n_splits > 1) {
     const dim3 grid(static_cast<unsigned>((a.head_dim_v + kReduceThreads - 1) / kReduceThreads),
                     static_cast<unsigned>(a.hq), static_cast<unsigned>(n_tokens));
-    mla_reduce_kernel<<<grid, kReduceThreads, 0, stream>>>(a, L.n_splits, part_acc, part_ml);
-    CUDA_CHECK_LAUNCH();
+    launch_overlapped(mla_reduce_kernel, grid, dim3(kReduceThreads), 0, stream, a, L.n_splits,
+                      part_acc, part_ml);
   }
 }
 

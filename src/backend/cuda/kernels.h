@@ -150,8 +150,9 @@ void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters
 // --- attention_mla.cu ---
 // Attention over a latent cache (DeepSeek MLA in the absorbed form) and any head dims above 256:
 // one block per (query token, KV split, tile of 16 query heads) loads each cache row once for
-// all its heads; decode and prefill alike (one block per query token). head_dim and head_dim_v
-// even, head_dim_v <= 1024; when V is a column view of the K rows it is read from them.
+// all its heads; decode and prefill alike (one block per query token); tensor cores for the
+// DeepSeek shapes, CUDA cores for the rest. head_dim and head_dim_v even, head_dim_v <= 1024;
+// when V is a column view of the K rows it is read from them.
 // V's first column inside the K rows when v_cache is a column view of k_cache (same blocks,
 // tokens, heads and strides; V within the row), else -1.
 int64_t attention_v_offset_in_k(const AttentionArgs& a);
