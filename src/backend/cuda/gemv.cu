@@ -6,14 +6,8 @@
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
 // warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch
 // of independent products of one shape (per-head projections) runs as one launch, an entry per
-// blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it pulls the start
-// of its weight rows into L2 while that kernel finishes: on sm_90 one bulk prefetch per row, sized
-// so the rows of all blocks that fit on the GPU at once take about kGemvPrefetchBudget of L2 (the
-// narrow projections then stream most of their weights during the latency-bound attention or
-// norm before them); elsewhere the first kGemvPrefetch elements of each row, a line per lane.
-#include <algorithm>
-#include <cstdlib>
-
+// blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it prefetches the
+// start of its weight rows while that kernel finishes.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -26,10 +20,6 @@ constexpr int kGemvRows = 2;    // output rows per warp
 constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
 constexpr int64_t kGemvPrefetch = 512;  // elements per row pulled into L2 before the wait (1 KB:
                                         // ~17 MB over all resident blocks, a few us of DRAM time)
-// Bytes of L2 the bulk prefetches of one launch's resident blocks may fill (sm_90: 50 MB of L2).
-// Enough for most of a 4096-row projection, little enough that the first rows are still there
-// when their warps read them. PAGELLM_GEMV_PREFETCH_MB overrides it (to measure what it gains).
-constexpr int64_t kGemvPrefetchBudget = 20 << 20;
 
 __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   if (bias == nullptr) return 0.0f;
@@ -45,7 +35,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
                 int64_t ldo, int64_t m_dim, int64_t k_dim, int64_t x_batch_stride,
-                int64_t w_batch_stride, int64_t out_batch_stride, int64_t prefetch) {
+                int64_t w_batch_stride, int64_t out_batch_stride) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   x += blockIdx.y * x_batch_stride;  // batch entry (0 for a single product)
   w += blockIdx.y * w_batch_stride;
@@ -60,24 +50,15 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bf16* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
-  // The weights do not depend on the kernel before this one: start pulling the first `prefetch`
-  // elements of each row (a multiple of 8: whole 16-byte granules) into L2 while it finishes
-  // (launch_overlapped), then wait for it before touching x.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
-    if (lane == r) {
-      const uint32_t bytes = static_cast<uint32_t>(min(k_dim, prefetch) * 2);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wr[r]), "r"(bytes) : "memory");
-    }
-  }
-#else
+    // The weights do not depend on the kernel before this one: start pulling the first
+    // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
+    // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
+    // the rows of the first blocks out of L2 before they are read.
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     const int64_t k = lane * 64;  // one 128-byte line per lane
     if (k < k_dim && k < kGemvPrefetch) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
   }
-#endif
   pdl_wait();
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
@@ -119,49 +100,22 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// Elements of each weight row to prefetch (see kGemvPrefetchBudget) for a launch of `rows` rows
-// (over every batch entry) of k elements, when `resident_blocks` blocks fit on the GPU at once.
-int64_t prefetch_elems(int64_t rows, int64_t k, int64_t resident_blocks) {
-  static const int64_t budget = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_PREFETCH_MB");
-    return v == nullptr ? kGemvPrefetchBudget : static_cast<int64_t>(std::atoll(v)) << 20;
-  }();
-  const int64_t resident_rows =
-      std::max<int64_t>(1, std::min(rows, resident_blocks * kGemvWarps * kGemvRows));
-  const int64_t elems = std::max<int64_t>(kGemvPrefetch, budget / (2 * resident_rows)) / 8 * 8;
-  return std::min(elems, k);
-}
-
-template <typename Kernel>
-int64_t resident_blocks(Kernel kernel) {
-  int dev = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0));
-  return static_cast<int64_t>(sms) * std::max(per_sm, 1);
-}
-
-template <int N, typename TOut>
-void launch_typed(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                  const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
-                  cudaStream_t stream) {
-  // Looked up once per instantiation: every GPU of a process is the same model.
-  static const int64_t resident = resident_blocks(gemv_kernel<N, TOut>);
-  const dim3 grid(ceil_div(w.n_rows, kGemvWarps * kGemvRows), static_cast<unsigned>(batch));
-  launch_overlapped(gemv_kernel<N, TOut>, grid, dim3(kGemvThreads), 0, stream,
-                    static_cast<const bf16*>(x.data), x.ld, static_cast<const bf16*>(w.data), w.ld,
-                    bias, bias_dtype, static_cast<TOut*>(out.data), out.ld, w.n_rows, x.cols, x_bs,
-                    w_bs, o_bs, prefetch_elems(w.n_rows * batch, x.cols, resident));
-}
-
 template <int N>
 void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
               const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
               cudaStream_t stream) {
-  if (out.dtype == DType::kF32)
-    launch_typed<N, float>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream);
-  else
-    launch_typed<N, bf16>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream);
+  const dim3 grid(ceil_div(w.n_rows, kGemvWarps * kGemvRows), static_cast<unsigned>(batch));
+  const auto* xp = static_cast<const bf16*>(x.data);
+  const auto* wp = static_cast<const bf16*>(w.data);
+  if (out.dtype == DType::kF32) {
+    launch_overlapped(gemv_kernel<N, float>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
+                      w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows,
+                      x.cols, x_bs, w_bs, o_bs);
+  } else {
+    launch_overlapped(gemv_kernel<N, bf16>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp, w.ld,
+                      bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols,
+                      x_bs, w_bs, o_bs);
+  }
 }
 
 }  // namespace
