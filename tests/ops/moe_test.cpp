@@ -317,6 +317,14 @@ TEST(MoeExperts, DeepSeekV2LiteShape) {
   for (int64_t n : {1, 7}) run_experts_case(cuda, cpu, ++seed, {64, 6, 2048, 1408, true}, n);
 }
 
+// More than 8 experts per token: the combine sums its expert rows in two passes of loads (V3
+// routes 8; the backend allows 16).
+TEST(MoeExperts, TenExpertsPerToken) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9350;
+  for (int64_t n : {1, 7, 64}) run_experts_case(cuda, cpu, ++seed, {16, 10, 256, 128, true}, n);
+}
+
 TEST(MoeExperts, ExpertsWithoutTokens) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9400;

@@ -419,14 +419,20 @@ int gemv_pass_tokens(int64_t max_tokens) {
 // --- combine ---
 
 constexpr int kCombineThreads = 256;
+constexpr int kCombineRows = 8;  // expert rows loaded at once per thread (vector path)
 
-// One block per token (grid-strided): its pairs ordered by expert (insertion sort of at most
-// kMoeMaxTopK, stable), then per column the weighted sum in that order in fp32, plus shared.
+// One block per token (grid-strided): its pairs fetched by one thread each and ordered by expert
+// (insertion sort of at most kMoeMaxTopK, stable), then per column the weighted sum in that order
+// in fp32, plus shared. At decode sizes the kernel is a chain of memory latencies, so the pairs
+// are read in parallel and, when rows allow it (vec: 8-element multiples, 16-byte aligned), each
+// thread takes 8 columns with one 16-byte load per expert row, all issued before the sums.
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                        int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
                        int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
-                       bf16* __restrict__ out, int64_t ld_out) {
+                       bf16* __restrict__ out, int64_t ld_out, bool vec) {
+  __shared__ int pair_e[kMoeMaxTopK], pair_s[kMoeMaxTopK];
+  __shared__ float pair_w[kMoeMaxTopK];
   __shared__ int order_slot[kMoeMaxTopK];
   __shared__ float order_w[kMoeMaxTopK];
   __shared__ int n_valid;
@@ -434,12 +440,18 @@ __global__ void __launch_bounds__(kCombineThreads)
   pdl_allow_next();
   const bf16* y = static_cast<const bf16*>(ws.xy);
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    if (threadIdx.x < top_k) {
+      const int64_t p = t * top_k + threadIdx.x;
+      pair_e[threadIdx.x] = ids[p];
+      pair_s[threadIdx.x] = ws.pair_slot[p];
+      pair_w[threadIdx.x] = weights[p];
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
       int e_sorted[kMoeMaxTopK];
       int m = 0;
       for (int k = 0; k < top_k; ++k) {
-        const int64_t p = t * top_k + k;
-        const int e = ids[p], s = ws.pair_slot[p];
+        const int e = pair_e[k], s = pair_s[k];
         if (e < 0 || e >= n_experts || s < 0) continue;
         int i = m++;
         for (; i > 0 && e_sorted[i - 1] > e; --i) {
@@ -449,20 +461,61 @@ __global__ void __launch_bounds__(kCombineThreads)
         }
         e_sorted[i] = e;
         order_slot[i] = s;
-        order_w[i] = weights[p];
+        order_w[i] = pair_w[k];
       }
       n_valid = m;
     }
     __syncthreads();
     const int m = n_valid;
-    for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
-      float acc = 0.0f;
-      for (int i = 0; i < m; ++i)
-        acc = fmaf(order_w[i], to_float(y[static_cast<int64_t>(order_slot[i]) * hidden + d]), acc);
-      if (shared != nullptr) acc += to_float(shared[t * ld_shared + d]);
-      out[t * ld_out + d] = from_float<bf16>(acc);
+    if (vec) {
+      for (int64_t d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i0 = 0; i0 < m; i0 += kCombineRows) {  // one pass at top_k <= 8
+          uint4 rows[kCombineRows];
+#pragma unroll
+          for (int i = 0; i < kCombineRows; ++i)
+            if (i0 + i < m)
+              rows[i] = *reinterpret_cast<const uint4*>(
+                  y + static_cast<int64_t>(order_slot[i0 + i]) * hidden + d);
+#pragma unroll
+          for (int i = 0; i < kCombineRows; ++i) {
+            if (i0 + i >= m) break;
+            const float w = order_w[i0 + i];
+            const __nv_bfloat162* r2 = reinterpret_cast<const __nv_bfloat162*>(&rows[i]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float2 v = __bfloat1622float2(r2[j]);
+              acc[2 * j] = fmaf(w, v.x, acc[2 * j]);
+              acc[2 * j + 1] = fmaf(w, v.y, acc[2 * j + 1]);
+            }
+          }
+        }
+        if (shared != nullptr) {
+          const uint4 sv = *reinterpret_cast<const uint4*>(shared + t * ld_shared + d);
+          const __nv_bfloat162* s2 = reinterpret_cast<const __nv_bfloat162*>(&sv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 v = __bfloat1622float2(s2[j]);
+            acc[2 * j] += v.x;
+            acc[2 * j + 1] += v.y;
+          }
+        }
+        uint4 ov;
+        __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&ov);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o2[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+        *reinterpret_cast<uint4*>(out + t * ld_out + d) = ov;
+      }
+    } else {
+      for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < m; ++i)
+          acc = fmaf(order_w[i], to_float(y[static_cast<int64_t>(order_slot[i]) * hidden + d]), acc);
+        if (shared != nullptr) acc += to_float(shared[t * ld_shared + d]);
+        out[t * ld_out + d] = from_float<bf16>(acc);
+      }
     }
-    __syncthreads();  // the next token's order overwrites the shared arrays
+    __syncthreads();  // the next token's pairs and order overwrite the shared arrays
   }
 }
 
@@ -566,9 +619,12 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
                         const RowView& shared, const RowView& out, cudaStream_t stream) {
   if (n_tokens == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_tokens, 65535));
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = hidden % 8 == 0 && aligned16(ws.xy) && aligned16(out.data) && out.ld % 8 == 0 &&
+                   (shared.data == nullptr || (aligned16(shared.data) && shared.ld % 8 == 0));
   launch_overlapped(moe_combine_kernel, dim3(grid), dim3(kCombineThreads), 0, stream, ids, weights,
                     n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
-                    shared.ld, static_cast<bf16*>(out.data), out.ld);
+                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec);
   CUDA_CHECK_LAUNCH();
 }
 
