@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: configure and build the cuda preset, run the CUDA op tests
-# (every op against the CPU reference), run compute-sanitizer memcheck on a reduced op filter,
+# (every op against the CPU reference), run compute-sanitizer memcheck on a reduced op filter
+# and racecheck on the tensor-core attention kernels,
 # run the CPU golden model tests, and print a summary table. Works offline from a fresh copy of
 # the repository: libraries the system lacks come from .carry/pkg/deps.tar.gz, made by
 # scripts/carry-deps.sh on a Debian 12 machine.
@@ -162,7 +163,8 @@ if [ $ops_built = 1 ]; then
     filter='Add.*:SiluMul.*:GatherRows.*:AddRmsNorm.*:Rope.*:RopeStoreKv.*:UploadWeight.DequantizesBlockFormatsToBf16'
     filter+=':Matmul.OddSizesBf16:Matmul.StridedAndUnalignedOutputs:Matmul.F16AndF32WeightsFallback'
     filter+=':AttentionDecode.HeadLayoutsAndDims:AttentionDecode.Gqa32x8SplitKv:AttentionPrefill.*'
-    filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens'
+    filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
+    filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
     limit=$(step_limit 180)
@@ -178,6 +180,24 @@ if [ $ops_built = 1 ]; then
     esac
   else
     record "memcheck (reduced ops)" "skipped: no compute-sanitizer"
+  fi
+  # Racecheck (shared-memory hazards between a block's threads) on the tensor-core attention
+  # kernels, whose warps hand scores and probabilities to each other through shared memory.
+  if [ -n "$sanitizer" ] && [ "$(step_limit 120)" -ge 30 ]; then
+    filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionPrefill.SlidingWindowAndSoftcap'
+    echo "== compute-sanitizer racecheck ($filter)"
+    t=$(now)
+    limit=$(step_limit 120)
+    timeout "$limit" "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 99 \
+      --print-limit 20 "$build/tests/test_ops" --gtest_filter="$filter" >"$logs/racecheck.log" 2>&1
+    rc=$?
+    grep -E "=========|FAILED" "$logs/racecheck.log" | head -30
+    case $rc in
+      0) record "racecheck (attention)" "ok ($(( $(now) - t ))s)" ;;
+      124) record "racecheck (attention)" "TIMEOUT after ${limit}s (see $logs/racecheck.log)" ;;
+      99) record "racecheck (attention)" "HAZARDS (see $logs/racecheck.log)" ;;
+      *) record "racecheck (attention)" "FAILED rc=$rc (see $logs/racecheck.log)" ;;
+    esac
   fi
 fi
 
