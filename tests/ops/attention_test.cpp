@@ -2,9 +2,7 @@
 // prefill with cached prefixes, mixed batches, GQA 32:8, MQA, MHA, head dims 64/80/128/256 and
 // the MLA split 192/128, sliding windows, soft-capping, block sizes 1/7/8/16/32, shuffled
 // (non-consecutive) block tables with padded rows, sequences that have no query in the step, and
-// long prompts (2K-3K tokens) on the tensor-core prefill kernel. Decode of head dims that are
-// multiples of 128 (and 16-byte aligned rows) runs on the tensor-core kernel of attention_mla.cu,
-// the rest (64, 80, 36, V of 64) on attention.cu's decode kernel: both are covered here.
+// long prompts (2K-3K tokens) on the tensor-core prefill kernel.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -37,8 +37,6 @@
 // Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
 // per step (8 words each) fall in distinct banks. The tensor-core kernel is described above it.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -71,8 +69,7 @@ struct MlaLayout {
   int v_words = 0;     // shared-memory V row stride (separate V rows only)
   int head_tiles = 1;  // ceil(G / kRows)
   int n_splits = 1;
-  bool mma = false;    // mla_mma_kernel (else mla_attention_kernel) ...
-  int stages = 2;      // ... with this many key tiles in flight
+  bool mma = false;    // mla_mma_kernel (else mla_attention_kernel)
   size_t smem = 0;
 };
 
@@ -366,11 +363,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// The tensor-core form of the kernel above (mla_mma_ok: the DeepSeek latent shapes, and decode
-// with separate V rows of 128-multiple dims, such as Llama's GQA): the same blocks, splits and
-// outputs, with both products on mma.sync m16n8k16 (bf16 operands, fp32 accumulators). The
-// block's 16 heads are exactly the M of one mma (a GQA group of 4 leaves 12 zero rows: the
-// tensor cores have time to spare, the cache rows are what the kernel waits for), so
+// The tensor-core form of the kernel above for the DeepSeek shapes (mla_mma_ok): the same blocks,
+// splits and outputs, with both products on mma.sync m16n8k16 (bf16 operands, fp32 accumulators).
+// The block's 16 heads are exactly the M of one mma, so
 //   S = Q K^T  warp w computes keys 8 (w % 4) .. + 7 of the tile over half of the head dim
 //              (w / 4); Q and K by ldmatrix from shared memory, the two halves summed in shared
 //              memory by the softmax
@@ -378,38 +373,29 @@ __global__ void __launch_bounds__(kThreads, 2)
 //              hi = bf16(p) and lo = bf16(p - hi), so P.V carries p to 2^-17 relative (two mmas
 //              per product instead of one, cheap beside the row loads) rather than bf16's 2^-9
 //   O += P V   warp w owns dv / 8 output dims (NT n8 tiles) of all 16 heads; V by ldmatrix.trans
-//              from the K rows it is a column view of, or from its own rows loaded beside them
-// STAGES key tiles are in flight (cp.async): 2 for the 576-wide latent rows (two blocks of
-// 99 KiB per SM), 3 where the rows are narrow enough for two blocks of three stages.
+//              from the K rows it is a column view of
 // Key rows past the split are zero-filled (their P is 0, and 0 x garbage could be NaN).
-// Shared rows (Q, K, V) are dims + 8 elements: an odd number of 16-byte chunks, so the 8 rows an
+// Shared rows (Q, K) are d + 8 elements: an odd number of 16-byte chunks, so the 8 rows an
 // ldmatrix phase reads fall in distinct banks.
 constexpr int kMmaRowPad = 8;        // bf16 elements after each shared Q / K row
 constexpr int kScoreStride = kTile + 8;  // f32 per shared score row
 constexpr int kPStride = kTile + 8;      // bf16 per shared P row (5 chunks)
 
-constexpr int kMmaMaxStages = 3;
-constexpr size_t kMmaTwoBlocksSmem = 113 * 1024;  // the most that lets two blocks share an SM
-
-// dv_rows: the width of separate V rows (0 when V is a column view of the K rows).
-size_t mma_smem_bytes(int d, int dv_rows, int stages) {
+size_t mma_smem_bytes(int d) {
   const size_t rs = static_cast<size_t>(d) + kMmaRowPad;
-  const size_t rsv = dv_rows > 0 ? static_cast<size_t>(dv_rows) + kMmaRowPad : 0;
-  return (kRows + static_cast<size_t>(stages) * kTile) * rs * 2 +  // Q, K tiles (bf16)
-         static_cast<size_t>(stages) * kTile * rsv * 2 +            // V tiles (separate rows)
+  return (kRows + static_cast<size_t>(kStages) * kTile) * rs * 2 +  // Q, K tiles (bf16)
          2 * kRows * kScoreStride * 4 +                              // score halves (f32)
          2 * kRows * kPStride * 2 +                                  // P hi, lo (bf16)
          3 * kRows * 4;                                              // rescale, (max, sum)
 }
 
 // NT: n8 tiles of output dims per warp (dv = 64 NT; even, ldmatrix.trans loads two at a time).
-template <int NT, int STAGES>
-__global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA rows: 3 blocks / SM
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2)
     mla_mma_kernel(AttentionArgs a, MlaLayout L, float* __restrict__ part_acc,
                    float* __restrict__ part_ml) {
   static_assert(kRows == 16 && kWarps == 8 && kTile == 32, "warp roles below");
   static_assert(NT % 2 == 0, "V fragments come two n8 tiles at a time");
-  static_assert(STAGES >= 2 && STAGES <= kMmaMaxStages, "cp.async stages");
   extern __shared__ float4 smem_raw[];
   pdl_wait();        // launched overlapped: q and the cache rows come from the kernels before
   pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
@@ -422,15 +408,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA ro
   const int G = a.hq / a.hkv;
   const int h0 = kvh * G + ht * kRows;            // first query head of the block
   const int n_rows = min(kRows, G - ht * kRows);  // heads past G are zero rows
-  const bool own_v = L.v_offset < 0;             // V rows of their own (else inside K's)
   const int rs = L.d + kMmaRowPad;                // bf16 per shared Q / K row
-  const int rsv = own_v ? L.dv + kMmaRowPad : 0;  // bf16 per shared V row
-  const int cpr = L.d / 8, cprv = L.dv / 8;       // 16-byte chunks per K / V row
+  const int cpr = L.d / 8;                        // 16-byte chunks per row
 
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);
   bf16* ks = qs + kRows * rs;
-  bf16* vs = ks + STAGES * kTile * rs;
-  float* sp = reinterpret_cast<float*>(vs + STAGES * kTile * rsv);  // [2][kRows][kScoreStride]
+  float* sp = reinterpret_cast<float*>(ks + kStages * kTile * rs);  // [2][kRows][kScoreStride]
   bf16* p_hi = reinterpret_cast<bf16*>(sp + 2 * kRows * kScoreStride);
   bf16* p_lo = p_hi + kRows * kPStride;
   float* corr = reinterpret_cast<float*>(p_lo + kRows * kPStride);
@@ -438,29 +421,20 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA ro
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(work.s) * a.block_table_ld;
   const bf16* kc = static_cast<const bf16*>(a.k_cache.data) + kvh * a.k_cache.stride_head;
-  const bf16* vc = static_cast<const bf16*>(a.v_cache.data) + kvh * a.v_cache.stride_head;
   const int bs = a.block_size;
   // Warp w copies rows w, w + kWarps, ... of tile kt; rows past the split are zeros.
   const auto load_tile = [&](int kt, int stage) {
-    bf16* kdst = ks + stage * kTile * rs;
-    bf16* vdst = vs + stage * kTile * rsv;
+    bf16* dst = ks + stage * kTile * rs;
     for (int r = warp; r < kTile; r += kWarps) {
       const int t = kt * kTile + r;
       const bool valid = t < work.n_keys;
-      const bf16* krow = kc;  // not read when !valid
-      const bf16* vrow = vc;
+      const bf16* row = kc;  // not read when !valid
       if (valid) {
         const int32_t p = work.begin + t;
-        const int64_t blk = table[p / bs], off = p % bs;
-        krow = kc + blk * a.k_cache.stride_block + off * a.k_cache.stride_tok;
-        vrow = vc + blk * a.v_cache.stride_block + off * a.v_cache.stride_tok;
+        row = kc + table[p / bs] * a.k_cache.stride_block + (p % bs) * a.k_cache.stride_tok;
       }
       for (int c = lane; c < cpr; c += 32)
-        cp_async_16(smem_u32(kdst + r * rs + c * 8), krow + c * 8, valid);
-      if (own_v) {
-        for (int c = lane; c < cprv; c += 32)
-          cp_async_16(smem_u32(vdst + r * rsv + c * 8), vrow + c * 8, valid);
-      }
+        cp_async_16(smem_u32(dst + r * rs + c * 8), row + c * 8, valid);
     }
   };
   // q rows of the block's heads (padding rows zero) with the first tile; an empty split (past a
@@ -473,13 +447,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA ro
       const bf16* src = valid ? qg + static_cast<int64_t>(h0 + r) * a.q_stride_head + c * 8 : qg;
       cp_async_16(smem_u32(qs + r * rs + c * 8), src, valid);
     }
+    load_tile(0, 0);
   }
-  // Tiles 0 .. STAGES - 2 in flight (one commit group each, possibly empty) before the loop.
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < n_kt) load_tile(st, st);
-    cp_async_commit();
-  }
+  cp_async_commit();
 
   const int g = lane >> 2, q4 = lane & 3;  // fragment row (and row + 8), column pair
   const int key8 = (warp & 3) * 8;         // S: this warp's 8 keys of the tile ...
@@ -498,11 +468,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA ro
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
   for (int kt = 0; kt < n_kt; ++kt) {
-    const int stage = kt % STAGES;
-    if (kt + STAGES - 1 < n_kt) load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+    const int stage = kt & 1;
+    if (kt + 1 < n_kt) load_tile(kt + 1, stage ^ 1);
     cp_async_commit();
-    cp_async_wait<STAGES - 1>();  // tile kt (and q) has landed for this thread's copies ...
-    __syncthreads();              // ... and for everyone's
+    cp_async_wait<1>();  // tile kt (and q) has landed for this thread's copies ...
+    __syncthreads();     // ... and for everyone's
     const bf16* kt_s = ks + stage * kTile * rs;
 
     // S: lanes 0-7 / 8-15 / 16-23 / 24-31 address the warp's 8 key rows at chunks 0 / 1 / 2 / 3
@@ -556,10 +526,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA ro
       acc[j][2] *= c_bot;
       acc[j][3] *= c_bot;
     }
-    const bf16* vt_s = own_v ? vs + stage * kTile * rsv : kt_s + L.v_offset;
-    const int v_stride = own_v ? rsv : rs;
-    const uint32_t v_addr =
-        smem_u32(vt_s + ((lane & 7) + (lane & 8)) * v_stride + dim0 + (lane >> 4) * 8);
+    const uint32_t v_addr = smem_u32(kt_s + ((lane & 7) + (lane & 8)) * rs + L.v_offset + dim0 +
+                                     (lane >> 4) * 8);
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       uint32_t ph[4], pl[4];
@@ -568,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2)  // 128-wide GQA ro
 #pragma unroll
       for (int j = 0; j < NT; j += 2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_addr + (kk * 16 * v_stride + j * 8) * 2);
+        ldmatrix_x4_trans(vb, v_addr + (kk * 16 * rs + j * 8) * 2);
         mma_bf16(acc[j], ph, vb[0], vb[1]);
         mma_bf16(acc[j], pl, vb[0], vb[1]);
         mma_bf16(acc[j + 1], ph, vb[2], vb[3]);
@@ -669,20 +637,17 @@ __global__ void __launch_bounds__(kReduceThreads)
   o[e] = from_float<bf16>(acc * inv_sum);
 }
 
-// Whether mla_mma_kernel can take the launch: dims in whole mma steps (d a multiple of 64: two
-// halves of even k-step counts; dv of 128: pairs of n8 tiles over 8 warps, at most 512), V a
-// column view of the K rows at a 16-byte column or rows of its own, every row 16-byte aligned.
+// Whether mla_mma_kernel takes the launch: V a column view of the K rows (the latent layout) at
+// a 16-byte column, dims in whole mma steps (d a multiple of 64: two halves of even k-step
+// counts; dv of 128: pairs of n8 tiles over 8 warps, at most 512), every row 16-byte aligned.
 bool mla_mma_ok(const AttentionArgs& a, int v_offset) {
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const auto rows_ok = [&](const CacheView& c) {
-    return aligned16(c.data) && c.stride_block % 8 == 0 && c.stride_tok % 8 == 0 &&
-           c.stride_head % 8 == 0;
-  };
-  return (v_offset >= 0 ? v_offset % 8 == 0 : rows_ok(a.v_cache)) && a.head_dim % 64 == 0 &&
-         a.head_dim_v % 128 == 0 && a.head_dim_v <= 512 && rows_ok(a.k_cache) && aligned16(a.q) &&
+  const CacheView& k = a.k_cache;
+  return v_offset >= 0 && v_offset % 8 == 0 && a.head_dim % 64 == 0 && a.head_dim_v % 128 == 0 &&
+         a.head_dim_v <= 512 && aligned16(k.data) && k.stride_block % 8 == 0 &&
+         k.stride_tok % 8 == 0 && k.stride_head % 8 == 0 && aligned16(a.q) &&
          a.q_stride_tok % 8 == 0 && a.q_stride_head % 8 == 0 &&
-         mma_smem_bytes(a.head_dim, v_offset >= 0 ? 0 : a.head_dim_v, 2) <=
-             static_cast<size_t>(kSmemHardLimit);
+         mma_smem_bytes(a.head_dim) <= static_cast<size_t>(kSmemHardLimit);
 }
 
 MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
@@ -703,13 +668,7 @@ MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   const int64_t most = std::min<int64_t>(kMaxSplits, (max_len + kTile - 1) / kTile);
   L.n_splits = static_cast<int>(std::clamp<int64_t>(want, 1, most));
   L.mma = mla_mma_ok(a, L.v_offset);
-  if (L.mma) {
-    const int dv_rows = L.v_offset >= 0 ? 0 : L.dv;
-    L.stages = mma_smem_bytes(L.d, dv_rows, kMmaMaxStages) <= kMmaTwoBlocksSmem ? kMmaMaxStages : 2;
-    L.smem = mma_smem_bytes(L.d, dv_rows, L.stages);
-  } else {
-    L.smem = smem_bytes(L);
-  }
+  L.smem = L.mma ? mma_smem_bytes(L.d) : smem_bytes(L);
   return L;
 }
 
@@ -720,7 +679,7 @@ void run_mla(void (*kernel)(AttentionArgs, MlaLayout, float*, float*), const Att
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(L.smem)));
   // Two blocks per SM need most of the shared memory on sm_90 (2 x 99 KiB at 576/512 on tensor
-  // cores, 2 x 113 KiB on CUDA cores; 3 x 64 KiB for 128-wide GQA rows).
+  // cores, 2 x 113 KiB on CUDA cores).
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(L.n_splits),
@@ -745,16 +704,6 @@ int64_t attention_v_offset_in_k(const AttentionArgs& a) {
 
 bool attention_mla_wanted(const AttentionArgs& a) {
   return a.head_dim > 256 || a.head_dim_v > 256 || attention_v_offset_in_k(a) >= 0;
-}
-
-bool attention_mma_decode_wanted(const AttentionArgs& a) {
-  // PAGELLM_DECODE_MMA=0 keeps decode on attention.cu's kernel (to measure what this gains).
-  static const bool enabled = [] {
-    const char* v = std::getenv("PAGELLM_DECODE_MMA");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return enabled && a.max_seqlen_q == 1 && a.hkv > 0 && a.hq % a.hkv == 0 &&
-         mla_mma_ok(a, static_cast<int>(attention_v_offset_in_k(a)));
 }
 
 int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
@@ -789,12 +738,11 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
   PAGELLM_CHECK_MSG(L.n_splits == 1 || n_tokens <= 65535,
                     "latent attention: too many tokens to merge splits");
   if (L.mma) {
-    using Kernel = void (*)(AttentionArgs, MlaLayout, float*, float*);
-    const bool three = L.stages == 3;
-    const Kernel kernel = L.dv / 64 == 2   ? (three ? mla_mma_kernel<2, 3> : mla_mma_kernel<2, 2>)
-                          : L.dv / 64 == 4 ? (three ? mla_mma_kernel<4, 3> : mla_mma_kernel<4, 2>)
-                                           : (three ? mla_mma_kernel<8, 3> : mla_mma_kernel<8, 2>);
-    run_mla(kernel, a, L, n_tokens, part_acc, part_ml, stream);
+    switch (L.dv / 64) {
+      case 2: run_mla(mla_mma_kernel<2>, a, L, n_tokens, part_acc, part_ml, stream); break;
+      case 4: run_mla(mla_mma_kernel<4>, a, L, n_tokens, part_acc, part_ml, stream); break;
+      default: run_mla(mla_mma_kernel<8>, a, L, n_tokens, part_acc, part_ml, stream); break;
+    }
   } else {
     const int pairs = a.head_dim_v / 2;
     if (pairs <= 64)

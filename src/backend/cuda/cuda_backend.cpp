@@ -556,9 +556,9 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.window = params.window;
   a.softcap = params.softcap;
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: Hq must be a multiple of Hkv");
-  if (attention_mla_wanted(a) || attention_mma_decode_wanted(a)) {
-    // A latent cache (V a column view of the K rows, MLA), head dims above 256, or a decode step
-    // the tensor-core kernel takes: attention_mla.cu, which writes bf16 pairs.
+  if (attention_mla_wanted(a)) {
+    // A latent cache (V a column view of the K rows, MLA) or head dims above 256: the kernel of
+    // attention_mla.cu, which writes bf16 pairs.
     PAGELLM_CHECK_MSG(even(out.stride[0]) && even(out.stride[1]) &&
                           reinterpret_cast<uintptr_t>(out.data) % 4 == 0,
                       "attention: out strides and base address must be even (bf16 pairs)");

@@ -158,9 +158,6 @@ void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters
 int64_t attention_v_offset_in_k(const AttentionArgs& a);
 // Whether launch_attention sends `a` here: head dims above 256, or V inside the K rows.
 bool attention_mla_wanted(const AttentionArgs& a);
-// Whether a decode step (one query per sequence) of any layout runs here on tensor cores: head
-// dims of 64 (K) and 128 (V) multiples, V at most 512, 16-byte aligned rows (Llama's GQA, ...).
-bool attention_mma_decode_wanted(const AttentionArgs& a);
 // Scratch of the split-KV partial results for n_tokens query tokens (0 when it does not split).
 int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, int n_sms);
 // Queues the kernel (and the merge of the splits). `workspace` must hold
