@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: configure and build the cuda preset, run the CUDA op tests
 # (every op against the CPU reference), run compute-sanitizer memcheck on a reduced op filter
-# and racecheck on the tensor-core attention kernels,
+# and racecheck on the attention kernels,
 # run the CPU golden model tests, and print a summary table. Works offline from a fresh copy of
 # the repository: libraries the system lacks come from .carry/pkg/deps.tar.gz, made by
 # scripts/carry-deps.sh on a Debian 12 machine.
@@ -181,8 +181,9 @@ if [ $ops_built = 1 ]; then
   else
     record "memcheck (reduced ops)" "skipped: no compute-sanitizer"
   fi
-  # Racecheck (shared-memory hazards between a block's threads) on the tensor-core attention
-  # kernels, whose warps hand scores and probabilities to each other through shared memory.
+  # Racecheck (shared-memory hazards between a block's threads) on the attention kernels, whose
+  # warps hand scores and probabilities to each other through shared memory (latent decode,
+  # GQA decode, tensor-core prefill).
   if [ -n "$sanitizer" ] && [ "$(step_limit 120)" -ge 30 ]; then
     filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionPrefill.SlidingWindowAndSoftcap'
     echo "== compute-sanitizer racecheck ($filter)"
