@@ -211,7 +211,7 @@ void run_rms_norm_case(Backend& cuda, Backend& cpu, uint64_t seed, const NormCas
 TEST(RmsNorm, MatchesReference) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 500;
-  for (int64_t d : {7, 19, 111, 128, 4096, 5120})
+  for (int64_t d : {7, 19, 111, 128, 512, 4096, 5120})
     for (int64_t n : kRowCounts)
       for (DType wt : {DType::kF32, DType::kBF16})
         run_rms_norm_case(cuda, cpu, ++seed, {n, d, wt, false, false});

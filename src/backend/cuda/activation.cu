@@ -41,19 +41,12 @@ __global__ void silu_mul_bf16x8_kernel(const bf16* gate, int64_t ldg, const bf16
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-    const uint4 gv = *reinterpret_cast<const uint4*>(gate + r * ldg + c);
-    const uint4 uv = *reinterpret_cast<const uint4*>(up + r * ldu + c);
-    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
-    uint4 ov;
-    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&ov);
+    float g[8], u[8];
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(gate + r * ldg + c), g);
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(up + r * ldu + c), u);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 g = __bfloat1622float2(g2[i]), u = __bfloat1622float2(u2[i]);
-      o2[i] =
-          __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
-    }
-    *reinterpret_cast<uint4*>(out + r * ldo + c) = ov;
+    for (int i = 0; i < 8; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    *reinterpret_cast<uint4*>(out + r * ldo + c) = pack_bf16x8(g);
   }
 }
 

@@ -116,16 +116,6 @@ __device__ __forceinline__ uint4 load_row8(const bf16* row, int e, int n) {
   }
 }
 
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(p[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-
 // Sums N values over each group of Off * 2 consecutive lanes ("transposed" reduction): at each of
 // the first log2(N) levels a lane keeps one half of its values and sends the other half to its
 // partner, so the N sums cost N - 1 + log2(group / N) shuffles instead of N * log2(group).
@@ -253,14 +243,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
       if (t0 + kStride < n_tok) load_group(a.k_cache, D, t0 + kStride, nxt);
       float kf[kDecodeLoads][8];
 #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) unpack8(cur[u], kf[u]);
+      for (int u = 0; u < kDecodeLoads; ++u) unpack_bf16x8(cur[u], kf[u]);
       const int u_mine = reduced_index<L, kDecodeLoads>(lane);
       const int t_mine = t0 + u_mine * KPW + kk;
       const bool writer = (lane & (L / kDecodeLoads - 1)) == 0 && t_mine < n_tok;
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float qf[8];
-        unpack8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
+        unpack_bf16x8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
         float dot[kDecodeLoads];
 #pragma unroll
         for (int u = 0; u < kDecodeLoads; ++u) {
@@ -321,7 +311,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
         const int t = t0 + u * KPW + kk;
         if (t < n_tok) {
           float vf[8];
-          unpack8(cur[u], vf);
+          unpack_bf16x8(cur[u], vf);
 #pragma unroll
           for (int gg = 0; gg < kTile; ++gg) {
             if (gg < gn) {

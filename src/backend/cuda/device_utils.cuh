@@ -64,6 +64,26 @@ __device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
   return v;
 }
 
+// 8 bf16 (one 16-byte load) as floats, and 8 floats rounded to bf16 as one 16-byte store. Take
+// the loaded value, not a dereferenced pointer: through a pointer nvcc may split the 16-byte load
+// into 2-byte ones.
+__device__ __forceinline__ void unpack_bf16x8(uint4 raw, float (&f)[8]) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(p[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&f)[8]) {
+  uint4 raw;
+  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return raw;
+}
+
 // The dot product of two packs of 8 bf16, in fp32.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);

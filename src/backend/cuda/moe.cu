@@ -481,30 +481,19 @@ __global__ void __launch_bounds__(kCombineThreads)
           for (int i = 0; i < kCombineRows; ++i) {
             if (i0 + i >= m) break;
             const float w = order_w[i0 + i];
-            const __nv_bfloat162* r2 = reinterpret_cast<const __nv_bfloat162*>(&rows[i]);
+            float v[8];
+            unpack_bf16x8(rows[i], v);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const float2 v = __bfloat1622float2(r2[j]);
-              acc[2 * j] = fmaf(w, v.x, acc[2 * j]);
-              acc[2 * j + 1] = fmaf(w, v.y, acc[2 * j + 1]);
-            }
+            for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, v[j], acc[j]);
           }
         }
         if (shared != nullptr) {
-          const uint4 sv = *reinterpret_cast<const uint4*>(shared + t * ld_shared + d);
-          const __nv_bfloat162* s2 = reinterpret_cast<const __nv_bfloat162*>(&sv);
+          float v[8];
+          unpack_bf16x8(*reinterpret_cast<const uint4*>(shared + t * ld_shared + d), v);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 v = __bfloat1622float2(s2[j]);
-            acc[2 * j] += v.x;
-            acc[2 * j + 1] += v.y;
-          }
+          for (int j = 0; j < 8; ++j) acc[j] += v[j];
         }
-        uint4 ov;
-        __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&ov);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) o2[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-        *reinterpret_cast<uint4*>(out + t * ld_out + d) = ov;
+        *reinterpret_cast<uint4*>(out + t * ld_out + d) = pack_bf16x8(acc);
       }
     } else {
       for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {

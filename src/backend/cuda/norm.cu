@@ -86,13 +86,15 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
     orow[c] = from_float<T>((to_float(rr[c]) * inv) * to_float(w[c]));
 }
 
-// The common case of the above, 16 bytes at a time: bf16 rows up to 8 * 1024 wide on 16-byte
-// boundaries, each thread holding 8 contiguous elements (one vector load of x and of the residual,
-// one store of each result) instead of 8 scattered 2-byte accesses.
-template <typename TW>
-__global__ void add_rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
-                                           const TW* __restrict__ w, float eps, bf16* out,
-                                           int64_t ldo, int64_t d) {
+// The common case of both kernels above, 16 bytes at a time: bf16 rows up to 8 * 1024 wide on
+// 16-byte boundaries, each thread holding 8 contiguous elements (one vector load of x and of the
+// residual, one store of each result) instead of 8 scattered 2-byte accesses, its weights loaded
+// before the block-wide reduction. kAdd: the fused residual add (res is ignored without it). out
+// may alias x: each thread reads its elements before anyone writes.
+template <typename TW, bool kAdd>
+__global__ void rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
+                                       const TW* __restrict__ w, float eps, bf16* out, int64_t ldo,
+                                       int64_t d) {
   __shared__ float scratch[32];
   pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // a GEMV reading this output may start fetching its weights
@@ -101,30 +103,29 @@ __global__ void add_rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res
   float v[8], wv[8];
   float ss = 0.0f;
   if (mine) {
-    const uint4 xv = *reinterpret_cast<const uint4*>(x + r * ldx + c);
-    const uint4 rv = *reinterpret_cast<const uint4*>(res + r * ldr + c);
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(x + r * ldx + c), v);
+    if constexpr (kAdd) {
+      float rv[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(res + r * ldr + c), rv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = rv[i] + v[i];
+      // The sum is rounded to the residual's type first and the norm is taken of the stored
+      // value, as in add_rms_norm_kernel.
+      const uint4 sv = pack_bf16x8(v);
+      *reinterpret_cast<uint4*>(res + r * ldr + c) = sv;
+      unpack_bf16x8(sv, v);
+    }
 #pragma unroll
     for (int i = 0; i < 8; ++i) wv[i] = to_float(w[c + i]);
-    const bf16* xh = reinterpret_cast<const bf16*>(&xv);
-    const bf16* rh = reinterpret_cast<const bf16*>(&rv);
-    uint4 sv;
-    bf16* sh = reinterpret_cast<bf16*>(&sv);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      sh[i] = from_float<bf16>(to_float(rh[i]) + to_float(xh[i]));  // rounded first, as above
-      v[i] = to_float(sh[i]);
-      ss += v[i] * v[i];
-    }
-    *reinterpret_cast<uint4*>(res + r * ldr + c) = sv;
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   }
   ss = block_sum(ss, scratch);
   const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
   if (mine) {
-    uint4 ov;
-    bf16* oh = reinterpret_cast<bf16*>(&ov);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) oh[i] = from_float<bf16>((v[i] * inv) * wv[i]);
-    *reinterpret_cast<uint4*>(out + r * ldo + c) = ov;
+    for (int i = 0; i < 8; ++i) v[i] = (v[i] * inv) * wv[i];
+    *reinterpret_cast<uint4*>(out + r * ldo + c) = pack_bf16x8(v);
   }
 }
 
@@ -149,9 +150,25 @@ int add_norm_threads(int64_t d) {
 
 }  // namespace
 
+// Threads of the 16-byte kernel for rows of d elements: 8 elements each, whole warps.
+int bf16x8_threads(int64_t d) {
+  return static_cast<int>((d / 8 + 31) / 32 * 32);
+}
+
 void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
                      cudaStream_t stream) {
   if (x.n_rows == 0) return;
+  if (bf16x8_rows(x) && bf16x8_rows(out)) {
+    dispatch_float_type(w_dtype, [&](auto tw) {
+      using TW = decltype(tw);
+      launch_overlapped(rms_norm_bf16x8_kernel<TW, false>, static_cast<unsigned>(x.n_rows),
+                        bf16x8_threads(x.cols), 0, stream, static_cast<const bf16*>(x.data), x.ld,
+                        static_cast<bf16*>(nullptr), int64_t{0}, static_cast<const TW*>(w), eps,
+                        static_cast<bf16*>(out.data), out.ld, x.cols);
+      CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
   dispatch_float_type(x.dtype, [&](auto tx) {
     using T = decltype(tx);
     dispatch_float_type(w_dtype, [&](auto tw) {
@@ -168,11 +185,10 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
                          float eps, const RowView& out, cudaStream_t stream) {
   if (x.n_rows == 0) return;
   if (bf16x8_rows(x) && bf16x8_rows(residual) && bf16x8_rows(out)) {
-    const int threads = static_cast<int>((x.cols / 8 + 31) / 32 * 32);
     dispatch_float_type(w_dtype, [&](auto tw) {
       using TW = decltype(tw);
-      launch_overlapped(add_rms_norm_bf16x8_kernel<TW>, static_cast<unsigned>(x.n_rows), threads, 0,
-                        stream, static_cast<const bf16*>(x.data), x.ld,
+      launch_overlapped(rms_norm_bf16x8_kernel<TW, true>, static_cast<unsigned>(x.n_rows),
+                        bf16x8_threads(x.cols), 0, stream, static_cast<const bf16*>(x.data), x.ld,
                         static_cast<bf16*>(residual.data), residual.ld, static_cast<const TW*>(w),
                         eps, static_cast<bf16*>(out.data), out.ld, x.cols);
       CUDA_CHECK_LAUNCH();
