@@ -63,7 +63,7 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
                                      const float* __restrict__ cos_sin, int64_t cs_ld,
                                      int64_t rotary_dim, bool interleaved,
                                      const int32_t* __restrict__ slot_mapping, CacheView kc,
-                                     CacheView vc, bool v_vec) {
+                                     CacheView vc, bool k_vec, bool v_vec) {
   pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
   const int64_t i = blockIdx.x;
@@ -92,8 +92,15 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
   bf16* krow = static_cast<bf16*>(k.data) + i * k.stride_tok + h * k.stride_head;
   rotate_heads(krow, k.stride_head, 1, cs, half, interleaved, kdst, kc.stride_head, lane, 32);
   if (!store) return;
-  // K dims past rotary_dim are copied unrotated (partial rotary: Phi, GLM, DeepSeek's nope part).
-  for (int64_t e = rotary_dim + lane; e < k.dim; e += 32) kdst[e] = krow[e];
+  // K dims past rotary_dim are copied unrotated (partial rotary: Phi, GLM, DeepSeek's latent
+  // c_kv), in 16-byte pieces where both rows allow: element by element, the 512 values of an MLA
+  // row were a chain of 16 dependent load-store round trips per lane.
+  if (k_vec) {
+    for (int64_t e = rotary_dim + 8 * lane; e < k.dim; e += 8 * 32)
+      *reinterpret_cast<uint4*>(kdst + e) = *reinterpret_cast<const uint4*>(krow + e);
+  } else {
+    for (int64_t e = rotary_dim + lane; e < k.dim; e += 32) kdst[e] = krow[e];
+  }
   const bf16* vrow = static_cast<const bf16*>(v.data) + i * v.stride_tok + h * v.stride_head;
   if (v_vec) {  // 16-byte pieces where both rows allow (every model's layout)
     for (int64_t e = 8 * lane; e < v.dim; e += 8 * 32)
@@ -122,13 +129,17 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
   const auto vec_ok = [](const void* p, int64_t a, int64_t b, int64_t c) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
   };
+  const bool k_vec =
+      k.dim % 8 == 0 && rotary_dim % 8 == 0 && vec_ok(k.data, k.stride_tok, k.stride_head, 0) &&
+      vec_ok(k_cache.data, k_cache.stride_block, k_cache.stride_tok, k_cache.stride_head);
   const bool v_vec =
       v.dim % 8 == 0 && vec_ok(v.data, v.stride_tok, v.stride_head, 0) &&
       vec_ok(v_cache.data, v_cache.stride_block, v_cache.stride_tok, v_cache.stride_head);
   const dim3 grid(static_cast<unsigned>(q.n),
                   static_cast<unsigned>((q.heads + k.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
   launch_overlapped(rope_store_kv_kernel, grid, dim3(kThreads), 0, stream, q, k, v, cos_sin,
-                    cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, v_vec);
+                    cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, k_vec,
+                    v_vec);
   CUDA_CHECK_LAUNCH();
 }
 
