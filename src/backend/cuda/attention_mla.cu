@@ -69,7 +69,7 @@ struct MlaLayout {
   int v_words = 0;     // shared-memory V row stride (separate V rows only)
   int head_tiles = 1;  // ceil(G / kRows)
   int n_splits = 1;
-  bool mma = false;    // mla_mma_kernel (else mla_attention_kernel)
+  bool mma = false;  // mla_mma_kernel (else mla_attention_kernel)
   size_t smem = 0;
 };
 
@@ -377,16 +377,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Key rows past the split are zero-filled (their P is 0, and 0 x garbage could be NaN).
 // Shared rows (Q, K) are d + 8 elements: an odd number of 16-byte chunks, so the 8 rows an
 // ldmatrix phase reads fall in distinct banks.
-constexpr int kMmaRowPad = 8;        // bf16 elements after each shared Q / K row
+constexpr int kMmaRowPad = 8;            // bf16 elements after each shared Q / K row
 constexpr int kScoreStride = kTile + 8;  // f32 per shared score row
 constexpr int kPStride = kTile + 8;      // bf16 per shared P row (5 chunks)
 
 size_t mma_smem_bytes(int d) {
   const size_t rs = static_cast<size_t>(d) + kMmaRowPad;
   return (kRows + static_cast<size_t>(kStages) * kTile) * rs * 2 +  // Q, K tiles (bf16)
-         2 * kRows * kScoreStride * 4 +                              // score halves (f32)
-         2 * kRows * kPStride * 2 +                                  // P hi, lo (bf16)
-         3 * kRows * 4;                                              // rescale, (max, sum)
+         2 * kRows * kScoreStride * 4 +                             // score halves (f32)
+         2 * kRows * kPStride * 2 +                                 // P hi, lo (bf16)
+         3 * kRows * 4;                                             // rescale, (max, sum)
 }
 
 // NT: n8 tiles of output dims per warp (dv = 64 NT; even, ldmatrix.trans loads two at a time).
@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int key8 = (warp & 3) * 8;         // S: this warp's 8 keys of the tile ...
   const int ks_half = L.d / 32;            // ... and k-steps of 16 over its half of the dim
   const int ks0 = (warp >> 2) * ks_half;
-  const int dim0 = warp * NT * 8;          // P.V: this warp's output dims
+  const int dim0 = warp * NT * 8;  // P.V: this warp's output dims
   const uint32_t q_addr = smem_u32(qs + (lane & 15) * rs + (lane >> 4) * 8);
   const uint32_t p_hi_addr = smem_u32(p_hi + (lane & 15) * kPStride + (lane >> 4) * 8);
   const uint32_t p_lo_addr = smem_u32(p_lo + (lane & 15) * kPStride + (lane >> 4) * 8);
@@ -498,7 +498,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = warp * 2 + i;
-      const float raw = (sp[r * kScoreStride + lane] + sp[(kRows + r) * kScoreStride + lane]) * a.scale;
+      const float raw =
+          (sp[r * kScoreStride + lane] + sp[(kRows + r) * kScoreStride + lane]) * a.scale;
       const float sv = t0 + lane < work.n_keys ? cap_score(raw, a.softcap) : -INFINITY;
       const float m_new = fmaxf(m_run[i], warp_max(sv));
       float p = 0.0f, c = 1.0f;
@@ -526,8 +527,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       acc[j][2] *= c_bot;
       acc[j][3] *= c_bot;
     }
-    const uint32_t v_addr = smem_u32(kt_s + ((lane & 7) + (lane & 8)) * rs + L.v_offset + dim0 +
-                                     (lane >> 4) * 8);
+    const uint32_t v_addr =
+        smem_u32(kt_s + ((lane & 7) + (lane & 8)) * rs + L.v_offset + dim0 + (lane >> 4) * 8);
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       uint32_t ph[4], pl[4];
@@ -575,7 +576,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (l > 0.0f) {
         float2* pa = reinterpret_cast<float2*>(part_acc + slot * L.dv + dim0 + 2 * q4);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) pa[4 * j] = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
+        for (int j = 0; j < NT; ++j)
+          pa[4 * j] = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
       }
       if (warp == 0 && q4 == 0) {
         part_ml[2 * slot] = m;
@@ -739,9 +741,15 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
                     "latent attention: too many tokens to merge splits");
   if (L.mma) {
     switch (L.dv / 64) {
-      case 2: run_mla(mla_mma_kernel<2>, a, L, n_tokens, part_acc, part_ml, stream); break;
-      case 4: run_mla(mla_mma_kernel<4>, a, L, n_tokens, part_acc, part_ml, stream); break;
-      default: run_mla(mla_mma_kernel<8>, a, L, n_tokens, part_acc, part_ml, stream); break;
+      case 2:
+        run_mla(mla_mma_kernel<2>, a, L, n_tokens, part_acc, part_ml, stream);
+        break;
+      case 4:
+        run_mla(mla_mma_kernel<4>, a, L, n_tokens, part_acc, part_ml, stream);
+        break;
+      default:
+        run_mla(mla_mma_kernel<8>, a, L, n_tokens, part_acc, part_ml, stream);
+        break;
     }
   } else {
     const int pairs = a.head_dim_v / 2;

@@ -499,7 +499,8 @@ __global__ void __launch_bounds__(kCombineThreads)
       for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
         float acc = 0.0f;
         for (int i = 0; i < m; ++i)
-          acc = fmaf(order_w[i], to_float(y[static_cast<int64_t>(order_slot[i]) * hidden + d]), acc);
+          acc =
+              fmaf(order_w[i], to_float(y[static_cast<int64_t>(order_slot[i]) * hidden + d]), acc);
         if (shared != nullptr) acc += to_float(shared[t * ld_shared + d]);
         out[t * ld_out + d] = from_float<bf16>(acc);
       }
