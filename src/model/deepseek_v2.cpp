@@ -238,8 +238,8 @@ class DeepseekModel final : public DecoderModel {
   void prepare(const StepBatch& b) override {
     reserve(b.n_tokens);
     upload_cos_sin(b);
-    const MlaSplit sp = mla_split(b);
-    if (sp.expanded()) upload_expanded_meta(b, sp);
+    split_ = mla_split(b);
+    if (split_.expanded()) upload_expanded_meta(b, split_);
   }
 
   void compute(const StepBatch& b, KvCache& cache) override {
@@ -262,7 +262,7 @@ class DeepseekModel final : public DecoderModel {
     Tensor q3 = q.reshape({n, H, P + N});            // [n, H, P+N]
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, P], uploaded by prepare()
     // Tokens [0, na) attend in the absorbed form, [na, n) (fresh prompts) in the expanded one.
-    const MlaSplit sp = mla_split(b);
+    const MlaSplit& sp = split_;  // planned by prepare() for this batch
     const int64_t na = sp.n_abs;
     const AttentionMeta meta_abs = sp.expanded() ? absorbed_meta(b, sp) : b.attn;
     const AttentionMeta meta_exp = sp.expanded() ? expanded_meta(b, sp) : AttentionMeta{};
@@ -527,6 +527,7 @@ class DeepseekModel final : public DecoderModel {
   std::unique_ptr<Buffer> eye_p_storage_;                      // [H, P, P]: I_P per head
   std::unique_ptr<Buffer> exp_meta_;                           // expanded_meta's device copy
   int64_t exp_meta_bytes_ = 0;
+  MlaSplit split_;  // the prepared step's split between the two forms (compute() reads it)
   Workspace ws_;
 };
 

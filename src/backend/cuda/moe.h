@@ -64,8 +64,8 @@ void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 // Scratch of one moe_experts call, carved from one device workspace.
 struct MoeWorkspace {
   int32_t* offsets = nullptr;     // [E + 1]: expert e's slots are [offsets[e], offsets[e+1])
-  int32_t* active =
-      nullptr;  // [E + 1]: experts with tokens, ascending, then -1; active[E] = how many
+  // [E + 1]: experts with tokens, ascending, then -1; active[E] = how many
+  int32_t* active = nullptr;
   int32_t* active_begin = nullptr;  // [E + 1]: active[j]'s first slot; past them, the slot count
   int32_t* slot_token = nullptr;  // [N]: the token of each slot
   int32_t* pair_slot = nullptr;   // [N]: the slot of pair t * K + k (-1: an id out of range)
