@@ -165,6 +165,7 @@ if [ $ops_built = 1 ]; then
     filter+=':AttentionDecode.HeadLayoutsAndDims:AttentionDecode.Gqa32x8SplitKv:AttentionPrefill.*'
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
+    filter+=':FusedProjection.GemvEveryBatchSize'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
     limit=$(step_limit 180)

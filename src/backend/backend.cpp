@@ -69,6 +69,40 @@ void Backend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   }
 }
 
+void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
+                         Tensor& out) {
+  PAGELLM_CHECK_MSG(scratch.rows() == out.rows() && scratch.cols() == out.cols(),
+                    "matmul_add: scratch is not the shape of out");
+  matmul(x, w, bias, scratch);
+  add(out, scratch, out);
+}
+
+void Backend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                              const Tensor& bias, Tensor& h, Tensor& out) {
+  PAGELLM_CHECK_MSG(h.rows() == x.rows() && h.cols() == x.cols(),
+                    "rms_norm_matmul: h is not the shape of x");
+  rms_norm(x, norm_w, eps, h);
+  matmul(h, w, bias, out);
+}
+
+void Backend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
+                            Tensor& gate_up, Tensor& out) {
+  const int64_t f = out.cols();
+  PAGELLM_CHECK_MSG(w.ndim == 2 && w.size(0) == 2 * f, "matmul_swiglu: w is not [2F, K]");
+  PAGELLM_CHECK_MSG(gate_up.rows() == x.rows() && gate_up.cols() == 2 * f,
+                    "matmul_swiglu: gate_up is not [n, 2F]");
+  matmul(x, w, bias, gate_up);
+  silu_mul(gate_up.slice_cols(0, f), gate_up.slice_cols(f, 2 * f), out);
+}
+
+void Backend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                              const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) {
+  PAGELLM_CHECK_MSG(h.rows() == x.rows() && h.cols() == x.cols(),
+                    "rms_norm_swiglu: h is not the shape of x");
+  rms_norm(x, norm_w, eps, h);
+  matmul_swiglu(h, w, bias, gate_up, out);
+}
+
 double measure_memory_bandwidth_gbs(Backend& backend) {
   if (backend.device() == Device::kCpu) return measure_read_bandwidth_gbs();
   // 1 GiB each way, well past any cache; best of several copies.

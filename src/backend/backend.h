@@ -179,6 +179,34 @@ class Backend {
   // out act [n, M] (rows may be strided: a slice of a wider buffer).
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) = 0;
 
+  // out += x @ w^T (+ bias): a projection whose output is added to the residual stream, one op
+  // so a backend can add in the product's epilogue instead of a pass of its own.
+  //   x act [n, K]; w [M, K]; bias [M] or undefined; out act [n, M] (not aliasing x)
+  //   scratch act [n, M]: for a backend that runs the product and the add apart (contents
+  //   afterwards unspecified).
+  virtual void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
+                          Tensor& out);
+
+  // A SwiGLU MLP's first half, one op so a backend can apply the activation in the product's
+  // epilogue:  y = x @ w^T (+ bias) with w = [gate; up] of 2F rows; out[:, i] = silu(y[:, i]) *
+  // y[:, F + i].   x act [n, K]; out act [n, F]; gate_up act [n, 2F]: scratch for a backend that
+  // runs the steps apart (contents afterwards unspecified).
+  virtual void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             Tensor& gate_up, Tensor& out);
+
+  // The pre-norm projections of a transformer block, one op each so a backend can normalize the
+  // rows inside the product (for decode-sized n the CUDA GEMV takes each row's sum of squares as
+  // it streams the weights, and needs no pass of its own):
+  //   rms_norm_matmul: out = rms_norm(x) * norm_w @ w^T (+ bias)          out act [n, M]
+  //   rms_norm_swiglu: y = rms_norm(x) * norm_w @ w^T (+ bias), w = [gate; up] of 2F rows;
+  //                    out[:, i] = silu(y[:, i]) * y[:, F + i]             out act [n, F]
+  // x act [n, K]; norm_w [K]; h act [n, K] and gate_up act [n, 2F]: scratch for a backend that
+  // runs the steps apart (contents afterwards unspecified). out aliases neither x nor scratch.
+  virtual void rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                               const Tensor& bias, Tensor& h, Tensor& out);
+  virtual void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                               const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out);
+
   // out[b] = x[b] @ w[b]^T for every b < B: independent matmuls of one shape, such as per-head
   // projections (MLA's absorbed query and value up-projection).
   //   x act [B, n, K]; w [B, M, K] f32/f16/bf16; out act [B, n, M]

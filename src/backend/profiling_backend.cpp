@@ -75,6 +75,23 @@ OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
                 2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
 }
 
+OpSample matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  OpSample s = matmul(x, w, bias, out);
+  s.op = "matmul_add";
+  s.bytes += bytes_of(out);  // out is read as well as written
+  return s;
+}
+
+OpSample rms_norm_matmul(const char* op, const Tensor& x, const Tensor& norm_w, const Tensor& w,
+                         const Tensor& bias, const Tensor& out) {
+  const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+  std::string shape = key("n=%lld k=%lld m=%lld %s%s", ll(n), ll(k), ll(m),
+                          std::string(dtype_name(w.dtype)).c_str(), bias.defined() ? " +bias" : "");
+  return make_sample(op, std::move(shape),
+                     bytes_of(w) + bytes_of(x) + bytes_of(norm_w) + bytes_of(out) + bytes_of(bias),
+                     2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
+}
+
 OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
   const int64_t b = x.size(0), n = x.size(1), k = x.size(2), m = w.size(1);
   // An operand repeated across the batch (stride 0) is read once.
@@ -266,6 +283,28 @@ void ProfilingBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Ten
 }
 void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   timed([&] { return op_cost::matmul(x, w, bias, out); }, [&] { inner_->matmul(x, w, bias, out); });
+}
+void ProfilingBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  Tensor& scratch, Tensor& out) {
+  timed([&] { return op_cost::matmul_add(x, w, bias, out); },
+        [&] { inner_->matmul_add(x, w, bias, scratch, out); });
+}
+void ProfilingBackend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     Tensor& gate_up, Tensor& out) {
+  timed([&] { return op_cost::rms_norm_matmul("matmul_swiglu", x, Tensor(), w, bias, out); },
+        [&] { inner_->matmul_swiglu(x, w, bias, gate_up, out); });
+}
+void ProfilingBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps,
+                                       const Tensor& w, const Tensor& bias, Tensor& h,
+                                       Tensor& out) {
+  timed([&] { return op_cost::rms_norm_matmul("rms_norm_matmul", x, norm_w, w, bias, out); },
+        [&] { inner_->rms_norm_matmul(x, norm_w, eps, w, bias, h, out); });
+}
+void ProfilingBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps,
+                                       const Tensor& w, const Tensor& bias, Tensor& h,
+                                       Tensor& gate_up, Tensor& out) {
+  timed([&] { return op_cost::rms_norm_matmul("rms_norm_swiglu", x, norm_w, w, bias, out); },
+        [&] { inner_->rms_norm_swiglu(x, norm_w, eps, w, bias, h, gate_up, out); });
 }
 void ProfilingBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   timed([&] { return op_cost::batched_matmul(x, w, out); }, [&] { inner_->batched_matmul(x, w, out); });

@@ -33,6 +33,13 @@ OpSample rms_norm(const Tensor& x, const Tensor& w, const Tensor& out);
 OpSample add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& out);
 // 2 n m k flops for x [n, k] @ w[m, k]^T; bytes: the weight, x, out and the bias.
 OpSample matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+// The fused projections count what their fused form moves: the weights, x, the norm weight and
+// out (matmul_add reads out too); a backend running them as separate passes moves more, which
+// shows as fewer GB/s. `op` names the Backend method (rms_norm_matmul or rms_norm_swiglu;
+// matmul_swiglu, with no norm weight).
+OpSample matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+OpSample rms_norm_matmul(const char* op, const Tensor& x, const Tensor& norm_w, const Tensor& w,
+                         const Tensor& bias, const Tensor& out);
 // 2 B n m k flops for B products x[b] [n, k] @ w[b] [m, k]^T; bytes: the weights, x and out (a
 // batch stride of 0 reads its operand once).
 OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
@@ -108,6 +115,14 @@ class ProfilingBackend final : public Backend {
   void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                     Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
+                  Tensor& out) override;
+  void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                     Tensor& out) override;
+  void rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                       const Tensor& bias, Tensor& h, Tensor& out) override;
+  void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                       const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;

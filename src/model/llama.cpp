@@ -127,17 +127,19 @@ class LlamaModel final : public DecoderModel {
     Tensor attn3 = attn.reshape({n, Hq, Dh});
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, rotary_dim], uploaded by prepare()
 
+    // The residual stream is complete at each op that reads it: the output projections add into
+    // it (matmul_add) and each block's pre-norm is part of the projection that follows it
+    // (rms_norm_matmul / rms_norm_swiglu), so a backend can fuse both into its GEMV. x and h are
+    // the scratch of a backend that runs those steps apart; h holds the normalized rows only
+    // where the weights are split (separate q/k/v or gate/up) and several products read them.
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
-      if (l == 0) {
-        backend_.rms_norm(residual, L.input_layernorm, eps, h);
-      } else {
-        backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MLP out
-      }
       if (fuse_qkv_) {
-        backend_.matmul(h, L.qkv_proj, L.qkv_bias, qkv.all);
+        backend_.rms_norm_matmul(residual, L.input_layernorm, eps, L.qkv_proj, L.qkv_bias, h,
+                                 qkv.all);
       } else {
+        backend_.rms_norm(residual, L.input_layernorm, eps, h);
         backend_.matmul(h, L.q_proj, L.q_bias, q);
         backend_.matmul(h, L.k_proj, L.k_bias, k);
         backend_.matmul(h, L.v_proj, L.v_bias, v);
@@ -150,18 +152,19 @@ class LlamaModel final : public DecoderModel {
       backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
                              cache.k[l], cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
-      backend_.matmul(attn, L.o_proj, L.o_bias, x);                      // [n, D]
-      backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
+      backend_.matmul_add(attn, L.o_proj, L.o_bias, x, residual);  // residual += o_proj(attn)
       if (fuse_mlp_) {
-        backend_.matmul(h, L.gate_up_proj, L.gate_up_bias, gu.all);
+        backend_.rms_norm_swiglu(residual, L.post_attention_layernorm, eps, L.gate_up_proj,
+                                 L.gate_up_bias, h, gu.all, act);
       } else {
+        backend_.rms_norm(residual, L.post_attention_layernorm, eps, h);
         backend_.matmul(h, L.gate_proj, L.gate_bias, gate);
         backend_.matmul(h, L.up_proj, L.up_bias, up);
+        backend_.silu_mul(gate, up, act);
       }
-      backend_.silu_mul(gate, up, act);
-      backend_.matmul(act, L.down_proj, L.down_bias, x);                 // [n, D]
+      backend_.matmul_add(act, L.down_proj, L.down_bias, x, residual);  // residual += down(act)
     }
-    backend_.add_rms_norm(x, residual, norm_, eps, h);
+    backend_.rms_norm(residual, norm_, eps, h);
     head_.run(h, b, lm_head_, nullptr);
   }
 

@@ -27,12 +27,12 @@ void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor&
   PAGELLM_CHECK(gate_up.cols() == 2 * F);
   Tensor gate = gate_up.slice_cols(0, F), up = gate_up.slice_cols(F, 2 * F);
   if (mlp.gate_up_proj.defined()) {
-    backend.matmul(h, mlp.gate_up_proj, Tensor(), gate_up);
+    backend.matmul_swiglu(h, mlp.gate_up_proj, Tensor(), gate_up, act);
   } else {
     backend.matmul(h, mlp.gate_proj, Tensor(), gate);
     backend.matmul(h, mlp.up_proj, Tensor(), up);
+    backend.silu_mul(gate, up, act);
   }
-  backend.silu_mul(gate, up, act);
   backend.matmul(act, mlp.down_proj, Tensor(), out);
 }
 

@@ -381,32 +381,91 @@ void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& 
   launch_add_rms_norm(rows_of(x), rows_of(residual), w.data, w.dtype, eps, rows_of(out), stream_);
 }
 
-void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const Tensor& w,
+                                                         const Tensor& bias, const Tensor& out,
+                                                         const char* op) const {
+  const std::string name(op);  // built into a message only when a check fails
   check_on_device(x, "x");
   check_on_device(w, "w");
   check_on_device(out, "out");
-  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "matmul: activations must be bf16");
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, (name + ": activations must be bf16").c_str());
   PAGELLM_CHECK_MSG(w.ndim == 2 && is_float_type(w.dtype),
-                    "matmul: weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
-                    "dequantized on upload)");
+                    (name + ": weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
+                            "dequantized on upload)").c_str());
   PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
-                    "matmul: out must be bf16 or f32");
-  PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0, "matmul: x and w disagree on K");
-  PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0), "matmul: out shape");
-  const void* bias_ptr = nullptr;
-  DType bias_dtype = DType::kF32;
+                    (name + ": out must be bf16 or f32").c_str());
+  PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0, (name + ": x and w disagree on K").c_str());
+  PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0), (name + ": out shape").c_str());
+  MatmulOperands m{rows_of(x), rows_of(w), rows_of(out)};
   if (bias.defined()) {
     check_on_device(bias, "bias");
     PAGELLM_CHECK(is_float_type(bias.dtype) && bias.numel() == w.size(0) && bias.is_contiguous());
-    bias_ptr = bias.data;
-    bias_dtype = bias.dtype;
+    m.bias = bias.data;
+    m.bias_dtype = bias.dtype;
   }
-  const RowView xv = rows_of(x), wv = rows_of(w), ov = rows_of(out);
+  return m;
+}
+
+void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  const MatmulOperands m = matmul_operands(x, w, bias, out, "matmul");
   if (w.dtype == DType::kBF16) {
-    gemm_->run(xv, wv, bias_ptr, bias_dtype, ov);
+    gemm_->run(m.x, m.w, m.bias, m.bias_dtype, m.out);
   } else {
-    launch_gemm_fallback(xv, wv, bias_ptr, bias_dtype, ov, stream_);
+    launch_gemm_fallback(m.x, m.w, m.bias, m.bias_dtype, m.out, stream_);
   }
+}
+
+void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
+                             Tensor& out) {
+  const MatmulOperands m = matmul_operands(x, w, bias, out, "matmul_add");
+  check_on_device(scratch, "scratch");
+  if (w.dtype == DType::kBF16) {
+    gemm_->run_add(m.x, m.w, m.bias, m.bias_dtype, m.out, rows_of(scratch));
+  } else {
+    launch_gemm_fallback(m.x, m.w, m.bias, m.bias_dtype, m.out, stream_, /*accumulate=*/true);
+  }
+}
+
+bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
+                             const Tensor& bias, const Tensor& product, GemvEpilogue epilogue,
+                             Tensor& out) {
+  const MatmulOperands m = matmul_operands(x, w, bias, product, "fused projection");
+  check_on_device(out, "out");
+  GemvFusion f;
+  f.eps = eps;
+  f.epilogue = epilogue;
+  if (norm_w != nullptr) {
+    check_on_device(*norm_w, "norm_w");
+    PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
+                      "rms_norm projection: norm_w is not [K]");
+    if (norm_w->dtype != DType::kF32) return false;
+    f.norm_w = static_cast<const float*>(norm_w->data);
+  }
+  const RowView ov = rows_of(out);
+  if (w.dtype != DType::kBF16 || !gemv_fusion_supported(m.x, m.w, ov, f) ||
+      !gemm_->uses_gemv(m.x, m.w, m.bias, m.bias_dtype, m.out))
+    return false;
+  launch_gemv(m.x, m.w, m.bias, m.bias_dtype, ov, stream_, f);
+  return true;
+}
+
+void CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                Tensor& gate_up, Tensor& out) {
+  if (fused_gemv(x, nullptr, 0.0f, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
+  Backend::matmul_swiglu(x, w, bias, gate_up, out);
+}
+
+void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps,
+                                  const Tensor& w, const Tensor& bias, Tensor& h, Tensor& out) {
+  if (fused_gemv(x, &norm_w, eps, w, bias, out, GemvEpilogue::kStore, out)) return;
+  Backend::rms_norm_matmul(x, norm_w, eps, w, bias, h, out);
+}
+
+void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps,
+                                  const Tensor& w, const Tensor& bias, Tensor& h, Tensor& gate_up,
+                                  Tensor& out) {
+  if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
+  Backend::rms_norm_swiglu(x, norm_w, eps, w, bias, h, gate_up, out);
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {

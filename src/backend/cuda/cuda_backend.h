@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/kernels.h"
 
 namespace pagellm::cuda {
 
@@ -56,6 +57,18 @@ class CudaBackend final : public Backend {
   void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                     Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  // The fused decode projections: where matmul() would run the GEMV (decode-sized n), one GEMV
+  // kernel adds into out, or normalizes x on the way in and (SwiGLU) writes the activation;
+  // otherwise cuBLASLt adds in its epilogue (beta = 1), and the norm and SwiGLU run as their
+  // own kernels around the product.
+  void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
+                  Tensor& out) override;
+  void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                     Tensor& out) override;
+  void rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                       const Tensor& bias, Tensor& h, Tensor& out) override;
+  void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                       const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
   // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
   // batch entry.
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
@@ -109,6 +122,21 @@ class CudaBackend final : public Backend {
   static constexpr int kSlots = 16;
   // Device staging for weight conversion on upload, in chunks of whole rows.
   static constexpr int64_t kUploadChunkBytes = 64 << 20;
+
+  // matmul()'s operands, checked: x, w and out as row views and the bias pointer and type.
+  struct MatmulOperands {
+    RowView x, w, out;
+    const void* bias = nullptr;
+    DType bias_dtype = DType::kF32;
+  };
+  MatmulOperands matmul_operands(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& out, const char* op) const;
+  // The fused GEMV of matmul_swiglu / rms_norm_matmul / rms_norm_swiglu when it applies
+  // (decode-sized n, bf16 weights the plain product would stream through the GEMV, an f32 norm
+  // weight or none); false when the caller must run the steps apart. `product` is the buffer
+  // matmul() would write.
+  bool fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
+                  const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
 
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);

@@ -53,7 +53,8 @@ template <typename TW, typename TOut, typename TB>
 __global__ void gemm_fallback_kernel(const bf16* __restrict__ x, int64_t ldx,
                                      const TW* __restrict__ w, int64_t ldw,
                                      const TB* __restrict__ bias, TOut* __restrict__ out,
-                                     int64_t ldo, int64_t n, int64_t m_dim, int64_t k_dim) {
+                                     int64_t ldo, int64_t n, int64_t m_dim, int64_t k_dim,
+                                     bool accumulate) {
   __shared__ float xs[kTile][kTile + 1];
   __shared__ float ws[kTile][kTile + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -71,6 +72,7 @@ __global__ void gemm_fallback_kernel(const bf16* __restrict__ x, int64_t ldx,
   }
   if (row < n && col < m_dim) {
     if (bias != nullptr) acc += to_float(bias[col]);
+    if (accumulate) acc += to_float(out[row * ldo + col]);
     out[row * ldo + col] = from_float<TOut>(acc);
   }
 }
@@ -78,7 +80,7 @@ __global__ void gemm_fallback_kernel(const bf16* __restrict__ x, int64_t ldx,
 }  // namespace
 
 void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                          const RowView& out, cudaStream_t stream) {
+                          const RowView& out, cudaStream_t stream, bool accumulate) {
   const int64_t n = x.n_rows, k_dim = x.cols, m_dim = w.n_rows;
   if (n == 0 || m_dim == 0) return;
   const dim3 grid(ceil_div(m_dim, kTile), ceil_div(n, kTile));
@@ -92,7 +94,8 @@ void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, 
         using TB = decltype(tb);
         gemm_fallback_kernel<TW, TOut, TB><<<grid, block, 0, stream>>>(
             static_cast<const bf16*>(x.data), x.ld, static_cast<const TW*>(w.data), w.ld,
-            static_cast<const TB*>(bias), static_cast<TOut*>(out.data), out.ld, n, m_dim, k_dim);
+            static_cast<const TB*>(bias), static_cast<TOut*>(out.data), out.ld, n, m_dim, k_dim,
+            accumulate);
         CUDA_CHECK_LAUNCH();
       });
     });
@@ -247,19 +250,22 @@ void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* 
 }
 
 void Gemm::run_plan(const Plan& p, const RowView& x, const RowView& w, const void* bias,
-                    DType bias_dtype, const RowView& out) {
+                    DType bias_dtype, const RowView& out, bool accumulate) {
   if (p.use_gemv) {
-    launch_gemv(x, w, bias, bias_dtype, out, stream_);
+    GemvFusion f;
+    if (accumulate) f.epilogue = GemvEpilogue::kAdd;
+    launch_gemv(x, w, bias, bias_dtype, out, stream_, f);
     return;
   }
   if (p.use_fallback) {
-    launch_gemm_fallback(x, w, bias, bias_dtype, out, stream_);
+    launch_gemm_fallback(x, w, bias, bias_dtype, out, stream_, accumulate);
     return;
   }
   if (p.bias_in_epilogue)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
-  const float alpha = 1.0f, beta = 0.0f;
+  // beta = 1 with C = D = out: out = x . w^T + out (+ bias in the epilogue).
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w.data, p.a, x.data, p.b, &beta, out.data,
                               p.d, out.data, p.d, &p.algo, workspace_, kWorkspaceBytes, stream_));
   if (bias != nullptr && !p.bias_in_epilogue) launch_add_bias(out, bias, bias_dtype, stream_);
@@ -311,9 +317,8 @@ void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& 
                               p.d, out.data, p.d, &p.algo, workspace_, kWorkspaceBytes, stream_));
 }
 
-void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-               const RowView& out) {
-  if (x.n_rows == 0 || w.n_rows == 0) return;
+Gemm::Plan& Gemm::chosen_plan(const RowView& x, const RowView& w, const void* bias,
+                              DType bias_dtype, const RowView& out, const RowView* timing_out) {
   const size_t n_plans_before = plans_.size();
   Plan& p = plan_for(x, w, bias, bias_dtype, out);
   if (plans_.size() != n_plans_before && gemv_supported(x, w, out)) {
@@ -323,11 +328,36 @@ void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_
     // (docs/PERF.md).
     if (x.n_rows <= 2) {
       p.use_gemv = true;
-    } else {
-      choose_gemv(p, x, w, bias, bias_dtype, out);
+    } else if (timing_out != nullptr) {
+      choose_gemv(p, x, w, bias, bias_dtype, *timing_out);
     }
   }
-  run_plan(p, x, w, bias, bias_dtype, out);
+  return p;
+}
+
+void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+               const RowView& out) {
+  if (x.n_rows == 0 || w.n_rows == 0) return;
+  run_plan(chosen_plan(x, w, bias, bias_dtype, out, &out), x, w, bias, bias_dtype, out);
+}
+
+void Gemm::run_add(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                   const RowView& out, const RowView& scratch) {
+  if (x.n_rows == 0 || w.n_rows == 0) return;
+  PAGELLM_CHECK_MSG(scratch.n_rows == out.n_rows && scratch.cols == out.cols &&
+                        scratch.dtype == out.dtype,
+                    "gemm: the add's scratch is not out's shape");
+  // The plan is made for out's strides and alignment, so the timing runs need a scratch that
+  // keeps them; one that does not leaves the shape on cuBLASLt (as during a recording).
+  const bool can_time = scratch.ld == out.ld && alignment_of(scratch.data) >= alignment_of(out.data);
+  run_plan(chosen_plan(x, w, bias, bias_dtype, out, can_time ? &scratch : nullptr), x, w, bias,
+           bias_dtype, out, /*accumulate=*/true);
+}
+
+bool Gemm::uses_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                     const RowView& out) {
+  if (x.n_rows == 0 || w.n_rows == 0) return false;
+  return chosen_plan(x, w, bias, bias_dtype, out, &out).use_gemv;
 }
 
 }  // namespace pagellm::cuda

@@ -37,6 +37,18 @@ class Gemm {
   void run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
            const RowView& out);
 
+  // out += x . w^T (+ bias): the same choice of kernel as run(), with the product added in its
+  // epilogue (cuBLASLt's beta = 1, the GEMV's add, the tiled kernel's). A shape's first call times
+  // its candidates into `scratch` (out's shape), which it may overwrite, never into out.
+  void run_add(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+               const RowView& out, const RowView& scratch);
+
+  // Whether run() on these operands streams them through the GEMV kernel (choosing on a shape's
+  // first call, as run() would, which may write out): the backend's fused decode projections
+  // (norm in, SwiGLU or add out) apply exactly where the plain product would be a GEMV.
+  bool uses_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                 const RowView& out);
+
   // out[b] = x[b] . w[b]^T for b < batch, in one strided-batched cuBLASLt call: entry b of each
   // operand starts b * its batch stride (in elements; 0 repeats the operand) after the row view,
   // which describes entry 0. w bf16; out bf16 or f32. One or two rows run the batched GEMV (as
@@ -71,7 +83,12 @@ class Gemm {
   void choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                    const RowView& out);
   void run_plan(const Plan& p, const RowView& x, const RowView& w, const void* bias,
-                DType bias_dtype, const RowView& out);
+                DType bias_dtype, const RowView& out, bool accumulate = false);
+  // plan_for(), with the GEMV-or-cuBLASLt choice made when the plan is new: by rule for one or
+  // two rows, otherwise timed into timing_out (a buffer with out's shape, strides and alignment
+  // the candidates may overwrite; null: no timing, cuBLASLt stays).
+  Plan& chosen_plan(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                    const RowView& out, const RowView* timing_out);
   Plan& plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out);
   bool try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,

@@ -30,30 +30,56 @@ __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   }
 }
 
-template <int N, typename TOut>
-__global__ void __launch_bounds__(kGemvThreads)
-    gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
-                const void* __restrict__ bias, DType bias_dtype, TOut* __restrict__ out,
-                int64_t ldo, int64_t m_dim, int64_t k_dim, int64_t x_batch_stride,
-                int64_t w_batch_stride, int64_t out_batch_stride) {
+// Everything a GEMV launch reads, as one argument (the template parameters pick the fusions).
+struct GemvParams {
+  const bf16* x;
+  int64_t ldx;
+  const bf16* w;
+  int64_t ldw;
+  const void* bias;
+  DType bias_dtype;
+  void* out;
+  int64_t ldo;
+  int64_t m_dim;  // output columns (F for the SwiGLU epilogue, whose w has 2F rows)
+  int64_t k_dim;
+  int64_t x_batch_stride, w_batch_stride, out_batch_stride;
+  const float* norm_w;  // kNorm: the RMSNorm weight [K]
+  float eps;
+};
+
+// kNorm: x is RMS-normalized on the way in: each lane multiplies its x pieces by norm_w and also
+// sums their squares; the warp's lanes cover all of K, so after the warp reduction every warp has
+// each row's full sum of squares and scales its dot products by the row's 1 / rms. No pass over x
+// of its own, and every warp gets the same scale, so the output does not depend on the launch.
+// kEpi: kStore writes x.w (+ bias); kAdd adds it to out; kSwiGlu gives each warp the rows m and
+// m + F ([gate; up]) and writes silu(gate) * up to column m.
+template <int N, typename TOut, bool kNorm, GemvEpilogue kEpi>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
+  constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  x += blockIdx.y * x_batch_stride;  // batch entry (0 for a single product)
-  w += blockIdx.y * w_batch_stride;
-  out += blockIdx.y * out_batch_stride;
-  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGemvRows;
-  if (m0 >= m_dim) return;
+  const bf16* x = p.x + blockIdx.y * p.x_batch_stride;  // batch entry (0 for a single product)
+  const bf16* w = p.w + blockIdx.y * p.w_batch_stride;
+  TOut* out = static_cast<TOut*>(p.out) + blockIdx.y * p.out_batch_stride;
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kOutPerWarp;
+  if (m0 >= p.m_dim) return;
+  const int64_t k_dim = p.k_dim;
   float acc[kGemvRows][N];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[r][j] = 0.0f;
+  // The weight row behind acc[r]: rows m0, m0 + 1 (the tail re-reads the last row), or for
+  // SwiGLU the gate row m0 and its up row m0 + F.
   const bf16* wr[kGemvRows];
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) wr[r] = w + min(m0 + r, m_dim - 1) * ldw;  // tail: re-read the last row
-    // The weights do not depend on the kernel before this one: start pulling the first
-    // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
-    // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
-    // the rows of the first blocks out of L2 before they are read.
+  for (int r = 0; r < kGemvRows; ++r) {
+    const int64_t row = kEpi == GemvEpilogue::kSwiGlu ? m0 + r * p.m_dim : min(m0 + r, p.m_dim - 1);
+    wr[r] = w + row * p.ldw;
+  }
+  // The weights do not depend on the kernel before this one: start pulling the first
+  // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
+  // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
+  // the rows of the first blocks out of L2 before they are read.
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     const int64_t k = lane * 64;  // one 128-byte line per lane
@@ -61,6 +87,9 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
   pdl_wait();
 
+  float ss[N];  // kNorm: this lane's part of each row's sum of squares
+#pragma unroll
+  for (int j = 0; j < N; ++j) ss[j] = 0.0f;
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   for (int64_t k0 = lane * 8; k0 < k_dim; k0 += kStep * kGemvUnroll) {
     uint4 wv[kGemvUnroll][kGemvRows];
@@ -75,47 +104,136 @@ __global__ void __launch_bounds__(kGemvThreads)
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
       if (k >= k_dim) break;
+      if constexpr (kNorm) {
+        float g[8], wf[kGemvRows][8];
+        const float4* gp = reinterpret_cast<const float4*>(p.norm_w + k);
+        const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
+        g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w;
+        g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + j * ldx + k));
+        for (int r = 0; r < kGemvRows; ++r) unpack_bf16x8(wv[u][r], wf[r]);
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+        for (int j = 0; j < N; ++j) {
+          float xf[8];
+          unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k)), xf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            ss[j] = fmaf(xf[e], xf[e], ss[j]);
+            xf[e] *= g[e];
+          }
+#pragma unroll
+          for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[r][e], xf[e], acc[r][j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k));
+#pragma unroll
+          for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+        }
       }
     }
+  }
+  float scale[N];  // 1 / rms of each x row (1 without the norm)
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    scale[j] = 1.0f;
+    if constexpr (kNorm)
+      scale[j] = rsqrtf(warp_sum(ss[j]) / static_cast<float>(k_dim) + p.eps);
   }
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc[r][j] = warp_sum(acc[r][j]);
+    for (int j = 0; j < N; ++j) acc[r][j] = warp_sum(acc[r][j]) * scale[j];
   }
-  if (lane == 0) {
+  if (lane != 0) return;
+  if constexpr (kEpi == GemvEpilogue::kSwiGlu) {
+    const float bg = bias_at(p.bias, p.bias_dtype, m0);
+    const float bu = bias_at(p.bias, p.bias_dtype, m0 + p.m_dim);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      // silu(g) = g / (1 + e^-g), as activation.cu computes it.
+      const float g = acc[0][j] + bg, u = acc[1][j] + bu;
+      out[j * p.ldo + m0] = from_float<TOut>(g / (1.0f + expf(-g)) * u);
+    }
+  } else {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
       const int64_t m = m0 + r;
-      if (m >= m_dim) break;
-      const float b = bias_at(bias, bias_dtype, m);
+      if (m >= p.m_dim) break;
+      const float b = bias_at(p.bias, p.bias_dtype, m);
 #pragma unroll
-      for (int j = 0; j < N; ++j) out[j * ldo + m] = from_float<TOut>(acc[r][j] + b);
+      for (int j = 0; j < N; ++j) {
+        TOut* o = out + j * p.ldo + m;
+        float v = acc[r][j] + b;
+        if constexpr (kEpi == GemvEpilogue::kAdd) v += to_float(*o);
+        *o = from_float<TOut>(v);
+      }
     }
   }
 }
 
+template <int N, typename TOut, bool kNorm, GemvEpilogue kEpi>
+void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
+  constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
+  const dim3 grid(ceil_div(p.m_dim, kGemvWarps * kOutPerWarp), static_cast<unsigned>(batch));
+  launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi>, grid, dim3(kGemvThreads), 0, stream, p);
+}
+
+// The kernel for x's row count (1..8) and the fusion: plain products write f32 or bf16; the fused
+// forms (the transformer block's projections) write bf16 activations.
+// The kernel for the fusion: plain products write f32 or bf16; the fused forms (the transformer
+// block's projections) write bf16 activations. Only the combinations the backend uses exist.
 template <int N>
-void launch_n(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-              const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
-              cudaStream_t stream) {
-  const dim3 grid(ceil_div(w.n_rows, kGemvWarps * kGemvRows), static_cast<unsigned>(batch));
-  const auto* xp = static_cast<const bf16*>(x.data);
-  const auto* wp = static_cast<const bf16*>(w.data);
-  if (out.dtype == DType::kF32) {
-    launch_overlapped(gemv_kernel<N, float>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp,
-                      w.ld, bias, bias_dtype, static_cast<float*>(out.data), out.ld, w.n_rows,
-                      x.cols, x_bs, w_bs, o_bs);
+void launch_fused(const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue epi, int64_t batch,
+                  cudaStream_t stream) {
+  if (out_dtype == DType::kF32) {
+    launch_n<N, float, false, GemvEpilogue::kStore>(p, batch, stream);
+  } else if (epi == GemvEpilogue::kSwiGlu) {
+    if (norm) {
+      launch_n<N, bf16, true, GemvEpilogue::kSwiGlu>(p, batch, stream);
+    } else {
+      launch_n<N, bf16, false, GemvEpilogue::kSwiGlu>(p, batch, stream);
+    }
+  } else if (norm) {
+    launch_n<N, bf16, true, GemvEpilogue::kStore>(p, batch, stream);
+  } else if (epi == GemvEpilogue::kAdd) {
+    launch_n<N, bf16, false, GemvEpilogue::kAdd>(p, batch, stream);
   } else {
-    launch_overlapped(gemv_kernel<N, bf16>, grid, dim3(kGemvThreads), 0, stream, xp, x.ld, wp, w.ld,
-                      bias, bias_dtype, static_cast<bf16*>(out.data), out.ld, w.n_rows, x.cols,
-                      x_bs, w_bs, o_bs);
+    launch_n<N, bf16, false, GemvEpilogue::kStore>(p, batch, stream);
   }
+}
+
+void launch_rows(int64_t n_rows, const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue epi,
+                 int64_t batch, cudaStream_t stream) {
+  switch (n_rows) {
+    case 1: launch_fused<1>(p, out_dtype, norm, epi, batch, stream); break;
+    case 2: launch_fused<2>(p, out_dtype, norm, epi, batch, stream); break;
+    case 3: launch_fused<3>(p, out_dtype, norm, epi, batch, stream); break;
+    case 4: launch_fused<4>(p, out_dtype, norm, epi, batch, stream); break;
+    case 5: launch_fused<5>(p, out_dtype, norm, epi, batch, stream); break;
+    case 6: launch_fused<6>(p, out_dtype, norm, epi, batch, stream); break;
+    case 7: launch_fused<7>(p, out_dtype, norm, epi, batch, stream); break;
+    default: launch_fused<8>(p, out_dtype, norm, epi, batch, stream); break;
+  }
+}
+
+GemvParams params_of(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                     const RowView& out, int64_t m_dim) {
+  GemvParams p{};
+  p.x = static_cast<const bf16*>(x.data);
+  p.ldx = x.ld;
+  p.w = static_cast<const bf16*>(w.data);
+  p.ldw = w.ld;
+  p.bias = bias;
+  p.bias_dtype = bias_dtype;
+  p.out = out.data;
+  p.ldo = out.ld;
+  p.m_dim = m_dim;
+  p.k_dim = x.cols;
+  return p;
 }
 
 }  // namespace
@@ -128,29 +246,28 @@ bool gemv_supported(const RowView& x, const RowView& w, const RowView& out) {
          aligned16(w.data) && w.n_rows > 0;
 }
 
-namespace {
-
-void launch_rows(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                 const RowView& out, int64_t batch, int64_t x_bs, int64_t w_bs, int64_t o_bs,
-                 cudaStream_t stream) {
-  switch (x.n_rows) {
-    case 1: launch_n<1>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    case 2: launch_n<2>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    case 3: launch_n<3>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    case 4: launch_n<4>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    case 5: launch_n<5>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    case 6: launch_n<6>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    case 7: launch_n<7>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-    default: launch_n<8>(x, w, bias, bias_dtype, out, batch, x_bs, w_bs, o_bs, stream); break;
-  }
+bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& out,
+                           const GemvFusion& f) {
+  if (!gemv_supported(x, w, out)) return false;
+  const bool swiglu = f.epilogue == GemvEpilogue::kSwiGlu;
+  if (out.n_rows != x.n_rows || out.cols != (swiglu ? w.n_rows / 2 : w.n_rows)) return false;
+  if (swiglu && w.n_rows % 2 != 0) return false;
+  if (f.norm_w == nullptr && f.epilogue == GemvEpilogue::kStore) return true;
+  // The fused forms: bf16 out; the norm (16-byte aligned, as the kernel reads it) with a store
+  // or SwiGLU epilogue; the add without it.
+  const bool norm_ok = f.norm_w == nullptr || reinterpret_cast<uintptr_t>(f.norm_w) % 16 == 0;
+  return out.dtype == DType::kBF16 && norm_ok &&
+         !(f.norm_w != nullptr && f.epilogue == GemvEpilogue::kAdd);
 }
 
-}  // namespace
-
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                 const RowView& out, cudaStream_t stream) {
-  PAGELLM_CHECK_MSG(gemv_supported(x, w, out), "gemv: unsupported shape, type or alignment");
-  launch_rows(x, w, bias, bias_dtype, out, 1, 0, 0, 0, stream);
+                 const RowView& out, cudaStream_t stream, const GemvFusion& fusion) {
+  PAGELLM_CHECK_MSG(gemv_fusion_supported(x, w, out, fusion),
+                    "gemv: unsupported shape, type, alignment or fusion");
+  GemvParams p = params_of(x, w, bias, bias_dtype, out, out.cols);
+  p.norm_w = fusion.norm_w;
+  p.eps = fusion.eps;
+  launch_rows(x.n_rows, p, out.dtype, fusion.norm_w != nullptr, fusion.epilogue, 1, stream);
 }
 
 bool gemv_batched_supported(const RowView& x, int64_t x_batch_stride, const RowView& w,
@@ -164,8 +281,11 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
                          int64_t batch, cudaStream_t stream) {
   PAGELLM_CHECK_MSG(gemv_batched_supported(x, x_batch_stride, w, w_batch_stride, out, batch),
                     "gemv: unsupported batched shape, type or alignment");
-  launch_rows(x, w, nullptr, DType::kF32, out, batch, x_batch_stride, w_batch_stride,
-              out_batch_stride, stream);
+  GemvParams p = params_of(x, w, nullptr, DType::kF32, out, w.n_rows);
+  p.x_batch_stride = x_batch_stride;
+  p.w_batch_stride = w_batch_stride;
+  p.out_batch_stride = out_batch_stride;
+  launch_rows(x.n_rows, p, out.dtype, false, GemvEpilogue::kStore, batch, stream);
 }
 
 }  // namespace pagellm::cuda

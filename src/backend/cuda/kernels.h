@@ -98,8 +98,9 @@ void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dt
 // --- gemm.cu (fallback) ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
 // cannot pair with bf16 activations (f32, f16). x bf16; out bf16 or f32; bias may be null.
+// accumulate: out += the product instead.
 void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                          const RowView& out, cudaStream_t stream);
+                          const RowView& out, cudaStream_t stream, bool accumulate = false);
 
 // --- gemv.cu ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) for decode-sized n (1..kGemvMaxRows), bf16 x and w,
@@ -107,8 +108,22 @@ void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, 
 // multiples of 8 elements and x, w 16-byte aligned (gemv_supported).
 constexpr int64_t kGemvMaxRows = 8;
 bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
+// The transformer block's fused forms (CudaBackend::matmul_add, rms_norm_matmul,
+// rms_norm_swiglu), each writing bf16: with norm_w (f32 [K], 16-byte aligned) x's rows are
+// RMS-normalized and scaled by it on the way in; kAdd adds the product to out; kSwiGlu takes w as
+// [gate; up] of 2F rows and writes silu(gate) * up to out [n, F]. Supported: plain (f32 or bf16
+// out), kAdd without the norm, kSwiGlu with or without it, the norm with kStore
+// (gemv_fusion_supported).
+enum class GemvEpilogue { kStore, kAdd, kSwiGlu };
+struct GemvFusion {
+  const float* norm_w = nullptr;
+  float eps = 0.0f;
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+};
+bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& out,
+                           const GemvFusion& fusion);
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-                 const RowView& out, cudaStream_t stream);
+                 const RowView& out, cudaStream_t stream, const GemvFusion& fusion = {});
 // `batch` products of one shape in one launch (Backend::batched_matmul at decode sizes): entry b
 // reads x and w `b * *_batch_stride` elements past the views and writes out likewise; no bias.
 // Needs gemv_supported() and batch strides of x and w that are multiples of 8 elements.
