@@ -86,6 +86,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     if (k < k_dim && k < kGemvPrefetch) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
   }
   pdl_wait();
+  // Once every block of this grid has started, the next kernel (often the next projection's GEMV,
+  // now that the norms and SwiGLU run inside the GEMVs) may launch and prefetch its weights
+  // while this grid's last blocks drain.
+  pdl_allow_next();
 
   float ss[N];  // kNorm: this lane's part of each row's sum of squares
 #pragma unroll
