@@ -116,19 +116,27 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
 #pragma unroll
         for (int r = 0; r < kGemvRows; ++r) unpack_bf16x8(wv[u][r], wf[r]);
+        // Each piece's sums start from zero and are added at the end, as dot8 does: chained
+        // through acc directly, every FMA of an iteration would wait for the one before it, and
+        // that latency adds to each trip's wait for its loads (7% slower streaming).
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           float xf[8];
           unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k)), xf);
+          float sq = 0.0f;
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            ss[j] = fmaf(xf[e], xf[e], ss[j]);
+            sq = fmaf(xf[e], xf[e], sq);
             xf[e] *= g[e];
           }
+          ss[j] += sq;
 #pragma unroll
-          for (int r = 0; r < kGemvRows; ++r)
+          for (int r = 0; r < kGemvRows; ++r) {
+            float d = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[r][e], xf[e], acc[r][j]);
+            for (int e = 0; e < 8; ++e) d = fmaf(wf[r][e], xf[e], d);
+            acc[r][j] += d;
+          }
         }
       } else {
 #pragma unroll
