@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -434,11 +435,17 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
   GemvFusion f;
   f.eps = eps;
   f.epilogue = epilogue;
+  // PAGELLM_FUSE_NORM=0 runs the norm as its own kernel before the (still fused) product, to
+  // measure what taking it inside the GEMV gains.
+  static const bool fuse_norm = [] {
+    const char* v = std::getenv("PAGELLM_FUSE_NORM");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
   if (norm_w != nullptr) {
     check_on_device(*norm_w, "norm_w");
     PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
                       "rms_norm projection: norm_w is not [K]");
-    if (norm_w->dtype != DType::kF32) return false;
+    if (norm_w->dtype != DType::kF32 || !fuse_norm) return false;
     f.norm_w = static_cast<const float*>(norm_w->data);
   }
   const RowView ov = rows_of(out);
