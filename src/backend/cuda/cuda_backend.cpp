@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -435,12 +436,15 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
   GemvFusion f;
   f.eps = eps;
   f.epilogue = epilogue;
-  // PAGELLM_FUSE_NORM=0 runs the norm as its own kernel before the (still fused) product, to
-  // measure what taking it inside the GEMV gains.
-  static const bool fuse_norm = [] {
-    const char* v = std::getenv("PAGELLM_FUSE_NORM");
-    return v == nullptr || std::string_view(v) != "0";
+  // PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu"; default both) says which steps the GEMV
+  // takes in; the others run as their own kernels, to measure what each fusion gains.
+  static const auto [fuse_norm, fuse_swiglu] = [] {
+    const char* v = std::getenv("PAGELLM_GEMV_FUSIONS");
+    const std::string_view list = v != nullptr ? v : "norm,swiglu";
+    return std::pair<bool, bool>{list.find("norm") != std::string_view::npos,
+                                 list.find("swiglu") != std::string_view::npos};
   }();
+  if (epilogue == GemvEpilogue::kSwiGlu && !fuse_swiglu) return false;
   if (norm_w != nullptr) {
     check_on_device(*norm_w, "norm_w");
     PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
