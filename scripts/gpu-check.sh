@@ -152,6 +152,16 @@ if [ $ops_built = 1 ]; then
     124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
     *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
   esac
+  # The GEMV's norm and SwiGLU fusions are off by default; their backend path is tested with
+  # them on (the kernels themselves are launched directly in the default run).
+  t=$(now)
+  if PAGELLM_GEMV_FUSIONS=norm,swiglu timeout "$(step_limit 60)" "$build/tests/test_ops" \
+    --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1; then
+    record "test_ops (GEMV fusions on)" "ok ($(( $(now) - t ))s)"
+  else
+    grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_fusions.log" | head -20
+    record "test_ops (GEMV fusions on)" "FAILED (see $logs/test_ops_fusions.log)"
+  fi
 
   # Memcheck on the small cases of each op family: sanitized kernels run 10-100x slower.
   sanitizer=$(command -v compute-sanitizer || true)

@@ -1,10 +1,10 @@
 // The transformer block's fused projections against the CPU reference (which runs their steps
 // apart): matmul_add (residual += x . w^T + bias), matmul_swiglu, rms_norm_matmul and
-// rms_norm_swiglu. On the GPU
-// decode-sized batches take the fused GEMV (the add in its epilogue, the norm taken as it streams
-// x, SwiGLU from each warp's gate and up rows) and larger ones cuBLASLt with beta = 1 or the norm
-// and SwiGLU kernels around the product; every GEMV fusion is also run directly for each batch
-// size 1..8 on odd shapes.
+// rms_norm_swiglu. On the GPU decode-sized batches take the GEMV with the add in its epilogue
+// and, when PAGELLM_GEMV_FUSIONS turns them on (scripts/gpu-check.sh runs this file both ways),
+// the norm taken as it streams x and SwiGLU from each warp's gate and up rows; larger ones
+// cuBLASLt with beta = 1 and the norm and SwiGLU kernels around the product. Every GEMV fusion is
+// also launched directly for each batch size 1..8 on odd shapes.
 //
 // Tolerance. The output is rounded to bf16 once (kBf16Tol). The GPU may also round the normalized
 // rows h (the unfused path) and the gate/up products (unfused SwiGLU) to bf16 where the reference

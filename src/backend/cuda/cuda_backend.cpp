@@ -436,11 +436,15 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
   GemvFusion f;
   f.eps = eps;
   f.epilogue = epilogue;
-  // PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu"; default both) says which steps the GEMV
-  // takes in; the others run as their own kernels, to measure what each fusion gains.
+  // PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu"; default none) says which steps the GEMV
+  // takes in; the others run as their own kernels. Off by default: on the H200 (docs/PERF.md,
+  // seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7 with SwiGLU
+  // and 200.8-202.0 with both (the norm-fused GEMV streams 7-13% slower, SwiGLU's gate and up
+  // rows 117 MB apart cost more than the SiLU kernel they save); DeepSeek-V2-Lite's small
+  // shared-expert matrices gained 0.8% from SwiGLU.
   static const auto [fuse_norm, fuse_swiglu] = [] {
     const char* v = std::getenv("PAGELLM_GEMV_FUSIONS");
-    const std::string_view list = v != nullptr ? v : "norm,swiglu";
+    const std::string_view list = v != nullptr ? v : "";
     return std::pair<bool, bool>{list.find("norm") != std::string_view::npos,
                                  list.find("swiglu") != std::string_view::npos};
   }();

@@ -57,10 +57,11 @@ class CudaBackend final : public Backend {
   void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                     Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
-  // The fused decode projections: where matmul() would run the GEMV (decode-sized n), one GEMV
-  // kernel adds into out, or normalizes x on the way in and (SwiGLU) writes the activation;
-  // otherwise cuBLASLt adds in its epilogue (beta = 1), and the norm and SwiGLU run as their
-  // own kernels around the product.
+  // The fused projections: matmul_add adds in the product's epilogue (the GEMV's at decode
+  // sizes, cuBLASLt's beta = 1 otherwise). Where matmul() would run the GEMV, the GEMV can also
+  // normalize x on the way in and apply SwiGLU (PAGELLM_GEMV_FUSIONS, off by default: measured
+  // slower on the Llama shapes, see fused_gemv); otherwise the norm and SwiGLU run as their own
+  // kernels around the product.
   void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
                   Tensor& out) override;
   void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
