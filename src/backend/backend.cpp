@@ -85,8 +85,8 @@ void Backend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, 
   matmul(h, w, bias, out);
 }
 
-void Backend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
-                            Tensor& gate_up, Tensor& out) {
+void Backend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                            Tensor& out) {
   const int64_t f = out.cols();
   PAGELLM_CHECK_MSG(w.ndim == 2 && w.size(0) == 2 * f, "matmul_swiglu: w is not [2F, K]");
   PAGELLM_CHECK_MSG(gate_up.rows() == x.rows() && gate_up.cols() == 2 * f,

@@ -191,8 +191,8 @@ class Backend {
   // epilogue:  y = x @ w^T (+ bias) with w = [gate; up] of 2F rows; out[:, i] = silu(y[:, i]) *
   // y[:, F + i].   x act [n, K]; out act [n, F]; gate_up act [n, 2F]: scratch for a backend that
   // runs the steps apart (contents afterwards unspecified).
-  virtual void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
-                             Tensor& gate_up, Tensor& out);
+  virtual void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                             Tensor& out);
 
   // The pre-norm projections of a transformer block, one op each so a backend can normalize the
   // rows inside the product (for decode-sized n the CUDA GEMV takes each row's sum of squares as

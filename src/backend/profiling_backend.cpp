@@ -87,9 +87,10 @@ OpSample rms_norm_matmul(const char* op, const Tensor& x, const Tensor& norm_w, 
   const int64_t n = x.rows(), k = x.cols(), m = w.rows();
   std::string shape = key("n=%lld k=%lld m=%lld %s%s", ll(n), ll(k), ll(m),
                           std::string(dtype_name(w.dtype)).c_str(), bias.defined() ? " +bias" : "");
-  return make_sample(op, std::move(shape),
-                     bytes_of(w) + bytes_of(x) + bytes_of(norm_w) + bytes_of(out) + bytes_of(bias),
-                     2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
+  return make_sample(
+      op, std::move(shape),
+      bytes_of(w) + bytes_of(x) + bytes_of(norm_w) + bytes_of(out) + bytes_of(bias),
+      2.0 * static_cast<double>(n) * static_cast<double>(m) * static_cast<double>(k));
 }
 
 OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {

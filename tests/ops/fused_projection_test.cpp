@@ -28,10 +28,14 @@ enum class Fused { kMatmulAdd, kMatmulSwiGlu, kNormMatmul, kNormSwiGlu };
 
 const char* name_of(Fused f) {
   switch (f) {
-    case Fused::kMatmulAdd: return "matmul_add";
-    case Fused::kMatmulSwiGlu: return "matmul_swiglu";
-    case Fused::kNormMatmul: return "rms_norm_matmul";
-    case Fused::kNormSwiGlu: return "rms_norm_swiglu";
+    case Fused::kMatmulAdd:
+      return "matmul_add";
+    case Fused::kMatmulSwiGlu:
+      return "matmul_swiglu";
+    case Fused::kNormMatmul:
+      return "rms_norm_matmul";
+    case Fused::kNormSwiGlu:
+      return "rms_norm_swiglu";
   }
   return "?";
 }
@@ -88,7 +92,7 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
     ASSERT_NE(cb, nullptr);
     cuda::GemvFusion f;
     if (norm) f.norm_w = static_cast<const float*>(g_dev->data), f.eps = 1e-5f;
-    f.epilogue = swiglu                    ? cuda::GemvEpilogue::kSwiGlu
+    f.epilogue = swiglu                      ? cuda::GemvEpilogue::kSwiGlu
                  : c.op == Fused::kMatmulAdd ? cuda::GemvEpilogue::kAdd
                                              : cuda::GemvEpilogue::kStore;
     ASSERT_TRUE(cuda::gemv_fusion_supported(view_of(x_t), view_of(*w_dev), view_of(out_t), f));
@@ -155,8 +159,8 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
       slack[i * c.m + col] = static_cast<float>(e);
     }
   }
-  const std::string what = Label(name_of(c.op), seed)("n", c.n)("k", c.k)("m", c.m)(
-      "bias", c.bias)("path", c.direct_gemv ? "gemv" : "backend");
+  const std::string what = Label(name_of(c.op), seed)("n", c.n)("k", c.k)("m", c.m)("bias", c.bias)(
+      "path", c.direct_gemv ? "gemv" : "backend");
   EXPECT_TRUE(guards_ok(what, *out));
   EXPECT_TRUE(compare(what, download_bf16(*out), want, kBf16Tol, &slack));
 }
@@ -169,7 +173,8 @@ TEST(FusedProjection, BackendOddAndLlamaShapes) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9000;
   int cases = 0;
-  for (Fused op : {Fused::kMatmulAdd, Fused::kMatmulSwiGlu, Fused::kNormMatmul, Fused::kNormSwiGlu}) {
+  for (Fused op :
+       {Fused::kMatmulAdd, Fused::kMatmulSwiGlu, Fused::kNormMatmul, Fused::kNormSwiGlu}) {
     for (int64_t n : {1, 2, 7, 19, 111}) {
       run_case(cuda, cpu, ++seed, {op, n, 264, 111, n % 2 == 1});
       run_case(cuda, cpu, ++seed, {op, n, 72, 1031, n % 2 == 0});
@@ -193,7 +198,8 @@ TEST(FusedProjection, GemvEveryBatchSize) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9500;
   int cases = 0;
-  for (Fused op : {Fused::kMatmulAdd, Fused::kMatmulSwiGlu, Fused::kNormMatmul, Fused::kNormSwiGlu}) {
+  for (Fused op :
+       {Fused::kMatmulAdd, Fused::kMatmulSwiGlu, Fused::kNormMatmul, Fused::kNormSwiGlu}) {
     for (int64_t n = 1; n <= 8; ++n) {
       for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}}) {
         run_case(cuda, cpu, ++seed, {op, n, k, m, (n + k) % 2 == 0, true});

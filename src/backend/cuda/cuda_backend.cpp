@@ -393,11 +393,14 @@ CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const 
   PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, (name + ": activations must be bf16").c_str());
   PAGELLM_CHECK_MSG(w.ndim == 2 && is_float_type(w.dtype),
                     (name + ": weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
-                            "dequantized on upload)").c_str());
+                            "dequantized on upload)")
+                        .c_str());
   PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
                     (name + ": out must be bf16 or f32").c_str());
-  PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0, (name + ": x and w disagree on K").c_str());
-  PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0), (name + ": out shape").c_str());
+  PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0,
+                    (name + ": x and w disagree on K").c_str());
+  PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0),
+                    (name + ": out shape").c_str());
   MatmulOperands m{rows_of(x), rows_of(w), rows_of(out)};
   if (bias.defined()) {
     check_on_device(bias, "bias");
@@ -470,15 +473,14 @@ void CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& 
   Backend::matmul_swiglu(x, w, bias, gate_up, out);
 }
 
-void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps,
-                                  const Tensor& w, const Tensor& bias, Tensor& h, Tensor& out) {
+void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                                  const Tensor& bias, Tensor& h, Tensor& out) {
   if (fused_gemv(x, &norm_w, eps, w, bias, out, GemvEpilogue::kStore, out)) return;
   Backend::rms_norm_matmul(x, norm_w, eps, w, bias, h, out);
 }
 
-void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps,
-                                  const Tensor& w, const Tensor& bias, Tensor& h, Tensor& gate_up,
-                                  Tensor& out) {
+void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                                  const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) {
   if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
   Backend::rms_norm_swiglu(x, norm_w, eps, w, bias, h, gate_up, out);
 }

@@ -344,12 +344,13 @@ void Gemm::run(const RowView& x, const RowView& w, const void* bias, DType bias_
 void Gemm::run_add(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                    const RowView& out, const RowView& scratch) {
   if (x.n_rows == 0 || w.n_rows == 0) return;
-  PAGELLM_CHECK_MSG(scratch.n_rows == out.n_rows && scratch.cols == out.cols &&
-                        scratch.dtype == out.dtype,
-                    "gemm: the add's scratch is not out's shape");
+  PAGELLM_CHECK_MSG(
+      scratch.n_rows == out.n_rows && scratch.cols == out.cols && scratch.dtype == out.dtype,
+      "gemm: the add's scratch is not out's shape");
   // The plan is made for out's strides and alignment, so the timing runs need a scratch that
   // keeps them; one that does not leaves the shape on cuBLASLt (as during a recording).
-  const bool can_time = scratch.ld == out.ld && alignment_of(scratch.data) >= alignment_of(out.data);
+  const bool can_time =
+      scratch.ld == out.ld && alignment_of(scratch.data) >= alignment_of(out.data);
   run_plan(chosen_plan(x, w, bias, bias_dtype, out, can_time ? &scratch : nullptr), x, w, bias,
            bias_dtype, out, /*accumulate=*/true);
 }

@@ -116,9 +116,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
 #pragma unroll
         for (int r = 0; r < kGemvRows; ++r) unpack_bf16x8(wv[u][r], wf[r]);
-        // Each piece's sums start from zero and are added at the end, as dot8 does: chained
-        // through acc directly, every FMA of an iteration would wait for the one before it, and
-        // that latency adds to each trip's wait for its loads (7% slower streaming).
+          // Each piece's sums start from zero and are added at the end, as dot8 does: chained
+          // through acc directly, every FMA of an iteration would wait for the one before it, and
+          // that latency adds to each trip's wait for its loads (7% slower streaming).
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           float xf[8];
@@ -152,8 +152,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     scale[j] = 1.0f;
-    if constexpr (kNorm)
-      scale[j] = rsqrtf(warp_sum(ss[j]) / static_cast<float>(k_dim) + p.eps);
+    if constexpr (kNorm) scale[j] = rsqrtf(warp_sum(ss[j]) / static_cast<float>(k_dim) + p.eps);
   }
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
@@ -221,14 +220,30 @@ void launch_fused(const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue 
 void launch_rows(int64_t n_rows, const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue epi,
                  int64_t batch, cudaStream_t stream) {
   switch (n_rows) {
-    case 1: launch_fused<1>(p, out_dtype, norm, epi, batch, stream); break;
-    case 2: launch_fused<2>(p, out_dtype, norm, epi, batch, stream); break;
-    case 3: launch_fused<3>(p, out_dtype, norm, epi, batch, stream); break;
-    case 4: launch_fused<4>(p, out_dtype, norm, epi, batch, stream); break;
-    case 5: launch_fused<5>(p, out_dtype, norm, epi, batch, stream); break;
-    case 6: launch_fused<6>(p, out_dtype, norm, epi, batch, stream); break;
-    case 7: launch_fused<7>(p, out_dtype, norm, epi, batch, stream); break;
-    default: launch_fused<8>(p, out_dtype, norm, epi, batch, stream); break;
+    case 1:
+      launch_fused<1>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    case 2:
+      launch_fused<2>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    case 3:
+      launch_fused<3>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    case 4:
+      launch_fused<4>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    case 5:
+      launch_fused<5>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    case 6:
+      launch_fused<6>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    case 7:
+      launch_fused<7>(p, out_dtype, norm, epi, batch, stream);
+      break;
+    default:
+      launch_fused<8>(p, out_dtype, norm, epi, batch, stream);
+      break;
   }
 }
 
