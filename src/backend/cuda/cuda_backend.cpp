@@ -386,21 +386,21 @@ void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& 
 CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const Tensor& w,
                                                          const Tensor& bias, const Tensor& out,
                                                          const char* op) const {
-  const std::string name(op);  // built into a message only when a check fails
+  // Each message names the op; it is built only when its check fails (PAGELLM_CHECK_MSG).
   check_on_device(x, "x");
   check_on_device(w, "w");
   check_on_device(out, "out");
-  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, (name + ": activations must be bf16").c_str());
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, (std::string(op) + ": activations must be bf16").c_str());
   PAGELLM_CHECK_MSG(w.ndim == 2 && is_float_type(w.dtype),
-                    (name + ": weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
+                    (std::string(op) + ": weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
                             "dequantized on upload)")
                         .c_str());
   PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
-                    (name + ": out must be bf16 or f32").c_str());
+                    (std::string(op) + ": out must be bf16 or f32").c_str());
   PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0,
-                    (name + ": x and w disagree on K").c_str());
+                    (std::string(op) + ": x and w disagree on K").c_str());
   PAGELLM_CHECK_MSG(out.rows() == x.rows() && out.cols() == w.size(0),
-                    (name + ": out shape").c_str());
+                    (std::string(op) + ": out shape").c_str());
   MatmulOperands m{rows_of(x), rows_of(w), rows_of(out)};
   if (bias.defined()) {
     check_on_device(bias, "bias");
@@ -434,11 +434,6 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
 bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
                              const Tensor& bias, const Tensor& product, GemvEpilogue epilogue,
                              Tensor& out) {
-  const MatmulOperands m = matmul_operands(x, w, bias, product, "fused projection");
-  check_on_device(out, "out");
-  GemvFusion f;
-  f.eps = eps;
-  f.epilogue = epilogue;
   // PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu"; default none) says which steps the GEMV
   // takes in; the others run as their own kernels. Off by default: on the H200 (docs/PERF.md,
   // seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7 with SwiGLU
@@ -451,12 +446,19 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
     return std::pair<bool, bool>{list.find("norm") != std::string_view::npos,
                                  list.find("swiglu") != std::string_view::npos};
   }();
-  if (epilogue == GemvEpilogue::kSwiGlu && !fuse_swiglu) return false;
+  // A fusion that is off: the caller runs the steps apart, whose ops check their operands.
+  if ((epilogue == GemvEpilogue::kSwiGlu && !fuse_swiglu) || (norm_w != nullptr && !fuse_norm))
+    return false;
+  const MatmulOperands m = matmul_operands(x, w, bias, product, "fused projection");
+  check_on_device(out, "out");
+  GemvFusion f;
+  f.eps = eps;
+  f.epilogue = epilogue;
   if (norm_w != nullptr) {
     check_on_device(*norm_w, "norm_w");
     PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
                       "rms_norm projection: norm_w is not [K]");
-    if (norm_w->dtype != DType::kF32 || !fuse_norm) return false;
+    if (norm_w->dtype != DType::kF32) return false;
     f.norm_w = static_cast<const float*>(norm_w->data);
   }
   const RowView ov = rows_of(out);
