@@ -193,13 +193,13 @@ void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
   launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi>, grid, dim3(kGemvThreads), 0, stream, p);
 }
 
-// The kernel for x's row count (1..8) and the fusion: plain products write f32 or bf16; the fused
-// forms (the transformer block's projections) write bf16 activations.
-// The kernel for the fusion: plain products write f32 or bf16; the fused forms (the transformer
-// block's projections) write bf16 activations. Only the combinations the backend uses exist.
+// The kernel for the fusion (p.norm_w set: the norm; epi): plain products write f32 or bf16; the
+// fused forms (the transformer block's projections) write bf16 activations. Only the
+// combinations the backend uses exist.
 template <int N>
-void launch_fused(const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue epi, int64_t batch,
+void launch_fused(const GemvParams& p, DType out_dtype, GemvEpilogue epi, int64_t batch,
                   cudaStream_t stream) {
+  const bool norm = p.norm_w != nullptr;
   if (out_dtype == DType::kF32) {
     launch_n<N, float, false, GemvEpilogue::kStore>(p, batch, stream);
   } else if (epi == GemvEpilogue::kSwiGlu) {
@@ -217,32 +217,33 @@ void launch_fused(const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue 
   }
 }
 
-void launch_rows(int64_t n_rows, const GemvParams& p, DType out_dtype, bool norm, GemvEpilogue epi,
+// The kernel for x's row count (1..8).
+void launch_rows(int64_t n_rows, const GemvParams& p, DType out_dtype, GemvEpilogue epi,
                  int64_t batch, cudaStream_t stream) {
   switch (n_rows) {
     case 1:
-      launch_fused<1>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<1>(p, out_dtype, epi, batch, stream);
       break;
     case 2:
-      launch_fused<2>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<2>(p, out_dtype, epi, batch, stream);
       break;
     case 3:
-      launch_fused<3>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<3>(p, out_dtype, epi, batch, stream);
       break;
     case 4:
-      launch_fused<4>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<4>(p, out_dtype, epi, batch, stream);
       break;
     case 5:
-      launch_fused<5>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<5>(p, out_dtype, epi, batch, stream);
       break;
     case 6:
-      launch_fused<6>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<6>(p, out_dtype, epi, batch, stream);
       break;
     case 7:
-      launch_fused<7>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<7>(p, out_dtype, epi, batch, stream);
       break;
     default:
-      launch_fused<8>(p, out_dtype, norm, epi, batch, stream);
+      launch_fused<8>(p, out_dtype, epi, batch, stream);
       break;
   }
 }
@@ -294,7 +295,7 @@ void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bia
   GemvParams p = params_of(x, w, bias, bias_dtype, out, out.cols);
   p.norm_w = fusion.norm_w;
   p.eps = fusion.eps;
-  launch_rows(x.n_rows, p, out.dtype, fusion.norm_w != nullptr, fusion.epilogue, 1, stream);
+  launch_rows(x.n_rows, p, out.dtype, fusion.epilogue, 1, stream);
 }
 
 bool gemv_batched_supported(const RowView& x, int64_t x_batch_stride, const RowView& w,
@@ -312,7 +313,7 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
   p.x_batch_stride = x_batch_stride;
   p.w_batch_stride = w_batch_stride;
   p.out_batch_stride = out_batch_stride;
-  launch_rows(x.n_rows, p, out.dtype, false, GemvEpilogue::kStore, batch, stream);
+  launch_rows(x.n_rows, p, out.dtype, GemvEpilogue::kStore, batch, stream);
 }
 
 }  // namespace pagellm::cuda
