@@ -194,9 +194,10 @@ if [ $ops_built = 1 ]; then
   fi
   # Racecheck (shared-memory hazards between a block's threads) on the attention kernels, whose
   # warps hand scores and probabilities to each other through shared memory (latent decode,
-  # GQA decode, tensor-core prefill).
+  # GQA decode, tensor-core prefill), and on the GEMV's split-K sums.
   if [ -n "$sanitizer" ] && [ "$(step_limit 120)" -ge 30 ]; then
     filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionPrefill.SlidingWindowAndSoftcap'
+    filter+=':FusedProjection.GemvKSplits'
     echo "== compute-sanitizer racecheck ($filter)"
     t=$(now)
     limit=$(step_limit 120)
@@ -381,11 +382,11 @@ PY
 fi
 
 # --- kernel micro-benchmarks (PAGELLM_CHECK_KERNEL_BENCH=1) ---
-# Decode and prefill attention and the routed experts per layer call (bench/micro/cuda_*_bench:
+# Decode and prefill attention, the routed experts and the decode GEMVs per layer call (bench/micro/cuda_*_bench:
 # Llama-3-8B heads, DeepSeek-V2-Lite MLA and MoE, Mixtral MoE): the loop for working on them.
 if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
   # PAGELLM_KERNEL_BENCHES narrows the list (space-separated names).
-  for b in ${PAGELLM_KERNEL_BENCHES:-cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench}; do
+  for b in ${PAGELLM_KERNEL_BENCHES:-cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench cuda_gemv_bench}; do
     build_target "$b" "$b" || continue
     t=$(now)
     echo "== $b"

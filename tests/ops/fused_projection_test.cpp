@@ -4,7 +4,8 @@
 // and, when PAGELLM_GEMV_FUSIONS turns them on (scripts/gpu-check.sh runs this file both ways),
 // the norm taken as it streams x and SwiGLU from each warp's gate and up rows; larger ones
 // cuBLASLt with beta = 1 and the norm and SwiGLU kernels around the product. Every GEMV fusion is
-// also launched directly for each batch size 1..8 on odd shapes.
+// also launched directly for each batch size 1..8 on odd shapes, and for each split of K among a
+// row group's warps.
 //
 // Tolerance. The output is rounded to bf16 once (kBf16Tol). The GPU may also round the normalized
 // rows h (the unfused path) and the gate/up products (unfused SwiGLU) to bf16 where the reference
@@ -45,6 +46,7 @@ struct FusedCase {
   int64_t n, k, m;  // m: out columns (SwiGLU: F, with 2F weight rows)
   bool bias = false;
   bool direct_gemv = false;  // launch the GEMV kernel itself, whatever the backend would choose
+  int k_split = 0;           // direct_gemv: warps per row group (0: gemv.cu's rule)
 };
 
 cuda::RowView view_of(const Tensor& t) {
@@ -95,6 +97,7 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
     f.epilogue = swiglu                      ? cuda::GemvEpilogue::kSwiGlu
                  : c.op == Fused::kMatmulAdd ? cuda::GemvEpilogue::kAdd
                                              : cuda::GemvEpilogue::kStore;
+    f.k_split = c.k_split;
     ASSERT_TRUE(cuda::gemv_fusion_supported(view_of(x_t), view_of(*w_dev), view_of(out_t), f));
     cuda::launch_gemv(view_of(x_t), view_of(*w_dev), b_dev.data, DType::kF32, view_of(out_t),
                       cb->stream(), f);
@@ -160,7 +163,7 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
     }
   }
   const std::string what = Label(name_of(c.op), seed)("n", c.n)("k", c.k)("m", c.m)("bias", c.bias)(
-      "path", c.direct_gemv ? "gemv" : "backend");
+      "path", c.direct_gemv ? "gemv" : "backend")("k_split", c.k_split);
   EXPECT_TRUE(guards_ok(what, *out));
   EXPECT_TRUE(compare(what, download_bf16(*out), want, kBf16Tol, &slack));
 }
@@ -208,6 +211,27 @@ TEST(FusedProjection, GemvEveryBatchSize) {
     }
   }
   EXPECT_EQ(cases, 96);
+}
+
+// Every way of splitting K among a row group's warps, each fusion: K shorter than one piece per
+// warp, K ending mid-piece, and 1025 rows, whose last block holds groups past the last row (they
+// still meet the others at the barrier where the partial sums are added).
+TEST(FusedProjection, GemvKSplits) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9800;
+  int cases = 0;
+  for (Fused op :
+       {Fused::kMatmulAdd, Fused::kMatmulSwiGlu, Fused::kNormMatmul, Fused::kNormSwiGlu}) {
+    for (int split : {1, 2, 4, 8}) {
+      for (int64_t n : {1, 5}) {
+        for (auto [k, m] : {std::pair<int64_t, int64_t>{264, 111}, {4104, 1025}}) {
+          run_case(cuda, cpu, ++seed, {op, n, k, m, n == 5, true, split});
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 64);
 }
 
 }  // namespace

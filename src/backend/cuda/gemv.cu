@@ -8,6 +8,13 @@
 // of independent products of one shape (per-head projections) runs as one launch, an entry per
 // blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it prefetches the
 // start of its weight rows while that kernel finishes.
+//
+// Matrices with few rows (Llama's o_proj and down: 4096 rows, a warp for every two) leave the SMs
+// half empty and each warp with a long serial stream. There the warps of a block split K: the
+// k_split warps of a row group take interleaved 512-byte pieces of its rows, and the group's
+// partial sums meet in shared memory in a fixed order (the result does not depend on timing).
+#include <algorithm>
+
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -45,6 +52,7 @@ struct GemvParams {
   int64_t x_batch_stride, w_batch_stride, out_batch_stride;
   const float* norm_w;  // kNorm: the RMSNorm weight [K]
   float eps;
+  int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
 };
 
 // kNorm: x is RMS-normalized on the way in: each lane multiplies its x pieces by norm_w and also
@@ -57,17 +65,26 @@ template <int N, typename TOut, bool kNorm, GemvEpilogue kEpi>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
   constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int split = p.k_split;
+  const int part = warp & (split - 1);  // which of the group's interleaved K pieces
   const bf16* x = p.x + blockIdx.y * p.x_batch_stride;  // batch entry (0 for a single product)
   const bf16* w = p.w + blockIdx.y * p.w_batch_stride;
   TOut* out = static_cast<TOut*>(p.out) + blockIdx.y * p.out_batch_stride;
-  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kOutPerWarp;
-  if (m0 >= p.m_dim) return;
+  const int64_t m0 =
+      (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * kOutPerWarp;
+  // A group past the last row has nothing to read; with a split its warps still meet the others
+  // at the barrier below.
+  const bool active = m0 < p.m_dim;
+  if (!active && split == 1) return;
   const int64_t k_dim = p.k_dim;
   float acc[kGemvRows][N];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[r][j] = 0.0f;
+  float ss[N];  // kNorm: this lane's part of each row's sum of squares
+#pragma unroll
+  for (int j = 0; j < N; ++j) ss[j] = 0.0f;
   // The weight row behind acc[r]: rows m0, m0 + 1 (the tail re-reads the last row), or for
   // SwiGLU the gate row m0 and its up row m0 + F.
   const bf16* wr[kGemvRows];
@@ -80,10 +97,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
   // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
   // the rows of the first blocks out of L2 before they are read.
+  if (active && part == 0) {
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
-    const int64_t k = lane * 64;  // one 128-byte line per lane
-    if (k < k_dim && k < kGemvPrefetch) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
+    for (int r = 0; r < kGemvRows; ++r) {
+      const int64_t k = lane * 64;  // one 128-byte line per lane
+      if (k < k_dim && k < kGemvPrefetch) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
+    }
   }
   pdl_wait();
   // Once every block of this grid has started, the next kernel (often the next projection's GEMV,
@@ -91,22 +110,21 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   // while this grid's last blocks drain.
   pdl_allow_next();
 
-  float ss[N];  // kNorm: this lane's part of each row's sum of squares
-#pragma unroll
-  for (int j = 0; j < N; ++j) ss[j] = 0.0f;
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
-  for (int64_t k0 = lane * 8; k0 < k_dim; k0 += kStep * kGemvUnroll) {
+  const int64_t piece_step = kStep * split;  // from one of this warp's pieces to its next
+  for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim;
+       k0 += piece_step * kGemvUnroll) {
     uint4 wv[kGemvUnroll][kGemvRows];
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t k = k0 + u * kStep;
+      const int64_t k = k0 + u * piece_step;
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r)
         wv[u][r] = k < k_dim ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t k = k0 + u * kStep;
+      const int64_t k = k0 + u * piece_step;
       if (k >= k_dim) break;
       if constexpr (kNorm) {
         float g[8], wf[kGemvRows][8];
@@ -148,18 +166,46 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
       }
     }
   }
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if constexpr (kNorm) ss[j] = warp_sum(ss[j]);
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) acc[r][j] = warp_sum(acc[r][j]);
+  }
+  if (split > 1) {
+    // The group's first warp adds the others' sums to its own, in part order.
+    __shared__ float partial[kGemvWarps][kGemvRows + 1][N];  // [.][kGemvRows]: the squares
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) partial[warp][r][j] = acc[r][j];
+        partial[warp][kGemvRows][j] = ss[j];
+      }
+    }
+    __syncthreads();
+    if (part != 0 || !active) return;
+    for (int q = 1; q < split; ++q) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) acc[r][j] += partial[warp + q][r][j];
+        ss[j] += partial[warp + q][kGemvRows][j];
+      }
+    }
+  }
+  if (lane != 0) return;
   float scale[N];  // 1 / rms of each x row (1 without the norm)
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     scale[j] = 1.0f;
-    if constexpr (kNorm) scale[j] = rsqrtf(warp_sum(ss[j]) / static_cast<float>(k_dim) + p.eps);
+    if constexpr (kNorm) scale[j] = rsqrtf(ss[j] / static_cast<float>(k_dim) + p.eps);
   }
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc[r][j] = warp_sum(acc[r][j]) * scale[j];
+    for (int j = 0; j < N; ++j) acc[r][j] *= scale[j];
   }
-  if (lane != 0) return;
   if constexpr (kEpi == GemvEpilogue::kSwiGlu) {
     const float bg = bias_at(p.bias, p.bias_dtype, m0);
     const float bu = bias_at(p.bias, p.bias_dtype, m0 + p.m_dim);
@@ -186,11 +232,47 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   }
 }
 
+// Warps per row group for `groups` row groups (over all batch entries) of k_dim, when a wave of
+// the kernel is `wave` blocks: the split (1, 2 or 4) whose grid fills its last wave best, the
+// smaller on a tie; no split for grids of four waves or more, where the last wave's idle SMs are
+// a small part of the time. On the H200 this picks the fastest of the three for 7 of 10 Llama-3-8B
+// and DeepSeek-V2-Lite decode projections (bench/micro/cuda_gemv_bench, docs/PERF.md), and one
+// within 9% of it for the others. A rule of the shape, not a timing, so that every process rounds
+// the same way.
+int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
+  const auto blocks = [&](int split) { return (groups * split + kGemvWarps - 1) / kGemvWarps; };
+  if (blocks(1) >= 4 * wave) return 1;
+  const auto fill = [&](int split) {
+    const int64_t b = blocks(split);
+    return static_cast<double>(b) / static_cast<double>((b + wave - 1) / wave * wave);
+  };
+  constexpr int64_t kStep = 32 * 8;  // elements of one warp-wide load: the least a warp can take
+  int best = 1;
+  for (int split = 2; split <= 4 && k_dim >= kStep * split; split *= 2)
+    if (fill(split) > fill(best) + 0.01) best = split;
+  return best;
+}
+
 template <int N, typename TOut, bool kNorm, GemvEpilogue kEpi>
-void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
+void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
-  const dim3 grid(ceil_div(p.m_dim, kGemvWarps * kOutPerWarp), static_cast<unsigned>(batch));
-  launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi>, grid, dim3(kGemvThreads), 0, stream, p);
+  const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
+  if (p.k_split == 0) {
+    // One wave: the blocks every SM holds at once, from this kernel's registers.
+    static const int per_sm = [&] {
+      int n = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kGemvThreads, 0));
+      return std::max(n, 1);
+    }();
+    int device = 0, n_sms = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+    p.k_split = k_split_for(ceil_div(p.m_dim, kOutPerWarp) * batch, p.k_dim,
+                            static_cast<int64_t>(per_sm) * n_sms);
+  }
+  const int64_t rows_per_block = kGemvWarps / p.k_split * kOutPerWarp;
+  const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
+  launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, p);
 }
 
 // The kernel for the fusion (p.norm_w set: the norm; epi): plain products write f32 or bf16; the
@@ -280,6 +362,8 @@ bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& ou
   const bool swiglu = f.epilogue == GemvEpilogue::kSwiGlu;
   if (out.n_rows != x.n_rows || out.cols != (swiglu ? w.n_rows / 2 : w.n_rows)) return false;
   if (swiglu && w.n_rows % 2 != 0) return false;
+  if (f.k_split != 0 && f.k_split != 1 && f.k_split != 2 && f.k_split != 4 && f.k_split != 8)
+    return false;
   if (f.norm_w == nullptr && f.epilogue == GemvEpilogue::kStore) return true;
   // The fused forms: bf16 out; the norm (16-byte aligned, as the kernel reads it) with a store
   // or SwiGLU epilogue; the add without it.
@@ -295,6 +379,7 @@ void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bia
   GemvParams p = params_of(x, w, bias, bias_dtype, out, out.cols);
   p.norm_w = fusion.norm_w;
   p.eps = fusion.eps;
+  p.k_split = fusion.k_split;  // 0: launch_n's rule
   launch_rows(x.n_rows, p, out.dtype, fusion.epilogue, 1, stream);
 }
 

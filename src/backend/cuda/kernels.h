@@ -119,6 +119,9 @@ struct GemvFusion {
   const float* norm_w = nullptr;
   float eps = 0.0f;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
+  // Not a fusion but how the launch splits the work: the warps sharing each row's K (1, 2, 4 or
+  // 8), or 0 for gemv.cu's rule. Micro-benchmarks and tests set it; the backend keeps the rule.
+  int k_split = 0;
 };
 bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& out,
                            const GemvFusion& fusion);
