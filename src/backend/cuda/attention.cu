@@ -151,60 +151,6 @@ __device__ __forceinline__ int reduced_index(int lane) {
   return idx;
 }
 
-// The step's rope inside decode attention (rope_attention), run by every thread of a decode block
-// once q, unrotated, is in qs (G rows of DMAX). The cosines and sines and, in the `owner` block
-// (the one whose split holds the query's position), the new key and value rows come to `scratch`
-// (shared memory of at least 4 DMAX floats, free until pass 2) in the same round of loads as q;
-// after a barrier each thread rotates whole pairs of qs in place, and the owner writes the rotated
-// key and the new value to the query's cache slot (skipped when negative or past the cache, as
-// rope_store_kv does). The caller's barrier after this orders those writes before the block's
-// cache reads; no other block reads that row in this launch.
-template <int DMAX>
-__device__ void rope_in_prologue(const AttentionArgs& a, int q_tok, bool owner, int kvh, int G,
-                                 bf16* qs, float* scratch) {
-  const int tid = threadIdx.x;
-  const int rd = a.rotary_dim, half = rd / 2, D = a.head_dim;
-  float* cs = scratch;                                       // [rd]: cosines, then sines
-  bf16* knew = reinterpret_cast<bf16*>(scratch + DMAX);      // [D]: the new key, unrotated
-  bf16* vnew = reinterpret_cast<bf16*>(scratch + 3 * DMAX / 2);  // [Dv]: the new value
-  const float* cs_row = a.cos_sin + q_tok * a.cos_sin_ld;
-  for (int j = tid; j < rd; j += kDecodeThreads) cs[j] = cs_row[j];
-  const CacheView &kc = a.k_cache, &vc = a.v_cache;
-  int32_t slot = -1;
-  if (owner) {
-    slot = a.slot_mapping[q_tok];
-    const bf16* krow = static_cast<const bf16*>(a.k_new) + q_tok * a.k_new_stride_tok +
-                       kvh * a.k_new_stride_head;
-    const bf16* vrow = static_cast<const bf16*>(a.v_new) + q_tok * a.v_new_stride_tok +
-                       kvh * a.v_new_stride_head;
-    for (int e = tid; e < D; e += kDecodeThreads) knew[e] = krow[e];
-    for (int e = tid; e < a.head_dim_v; e += kDecodeThreads) vnew[e] = vrow[e];
-  }
-  __syncthreads();
-  for (int t = tid; t < G * half; t += kDecodeThreads) {
-    bf16* qh = qs + (t / half) * DMAX;
-    const int j = t % half;
-    const RopePair p = rope_pair(j, half, a.interleaved);
-    const float x0 = to_float(qh[p.a]), x1 = to_float(qh[p.b]), c = cs[j], sn = cs[half + j];
-    qh[p.a] = from_float<bf16>(rope_first(x0, x1, c, sn));
-    qh[p.b] = from_float<bf16>(rope_second(x0, x1, c, sn));
-  }
-  if (slot < 0 || slot >= kc.n_blocks * kc.block_size) return;  // not the owner, or padding
-  const int64_t b = slot / kc.block_size, off = slot % kc.block_size;
-  bf16* kdst = static_cast<bf16*>(kc.data) + b * kc.stride_block + off * kc.stride_tok +
-               kvh * kc.stride_head;
-  bf16* vdst = static_cast<bf16*>(vc.data) + b * vc.stride_block + off * vc.stride_tok +
-               kvh * vc.stride_head;
-  for (int e = tid; e < a.head_dim_v; e += kDecodeThreads) vdst[e] = vnew[e];
-  for (int j = tid; j < half; j += kDecodeThreads) {
-    const RopePair p = rope_pair(j, half, a.interleaved);
-    const float x0 = to_float(knew[p.a]), x1 = to_float(knew[p.b]), c = cs[j], sn = cs[half + j];
-    kdst[p.a] = from_float<bf16>(rope_first(x0, x1, c, sn));
-    kdst[p.b] = from_float<bf16>(rope_second(x0, x1, c, sn));
-  }
-  for (int e = rd + tid; e < D; e += kDecodeThreads) kdst[e] = knew[e];
-}
-
 // One block per (sequence, KV head, split), kDecodeWarps warps. Lanes split a cache row in
 // 16-byte pieces (L lanes per row, so a warp covers 32 / L rows per load) and each lane issues
 // the next group of kDecodeLoads loads before using the current one: decode attention is bound by
@@ -230,10 +176,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   pdl_allow_next();  // the output projection's GEMV may start fetching its weights
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // The three step loads go out together (the context length is read before the early return,
-  // which would otherwise hold it back a round trip).
   const int q_tok = a.cu_seqlens_q[s];
-  const int32_t seq_len = a.seq_lens_kv[s];
   if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
   constexpr int kTile = kG > 0 ? kG : kDecodeHeadTile;  // accumulator rows per pass over V
   const int G = kG > 0 ? kG : a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
@@ -244,7 +187,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int scores_cap = max(chunk, n_splits);  // as the plan sized it
   float* ml = scores + static_cast<size_t>(G) * scores_cap;
   int32_t* blk = reinterpret_cast<int32_t*>(ml + 2 * G);
-  const int32_t pos = seq_len - 1;
+  const int32_t pos = a.seq_lens_kv[s] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
   // bound, which sizes shared memory) because the plan covers the longest span.
@@ -262,16 +205,38 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   for (int i = tid; i < n_blk; i += kDecodeThreads) blk[i] = table[first_blk + i];
   // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
+  // With the step's rope in this kernel (rope_attention), q's rotary dims are rotated on the way.
+  const bool rope = a.cos_sin != nullptr;
+  const float* cs = rope ? a.cos_sin + q_tok * a.cos_sin_ld : nullptr;
+  const int rd = rope ? a.rotary_dim : 0, half = rd / 2;
   const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
   for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
     const int g = idx / DMAX, e = idx % DMAX;
-    qs[idx] = e < D ? q[(h0 + g) * a.q_stride_head + e] : from_float<bf16>(0.0f);
+    const bf16* qh = q + (h0 + g) * a.q_stride_head;
+    qs[idx] = e >= D   ? from_float<bf16>(0.0f)
+              : e < rd ? from_float<bf16>(rope_element(qh, e, cs, half, a.interleaved))
+                       : qh[e];
   }
-  if (a.cos_sin != nullptr) {
-    // The step's rope (rope_attention); the block whose chunk holds the query's own position
-    // also stores the new key and value.
-    const bool owner = span > 0 && split == (pos - lo) / my_chunk;
-    rope_in_prologue<DMAX>(a, q_tok, owner, kvh, G, qs, red);
+  // The block whose chunk holds the query's own position rotates the new key and writes it and
+  // the new value to the cache (as rope_store_kv would), before the barrier below: its own loads
+  // of that row come after it, and no other block reads the row in this launch.
+  if (rope && span > 0 && split == (pos - lo) / my_chunk) {
+    const int32_t slot = a.slot_mapping[q_tok];
+    const CacheView& kc = a.k_cache;
+    if (slot >= 0 && slot < kc.n_blocks * kc.block_size) {
+      const int64_t b = slot / kc.block_size, off = slot % kc.block_size;
+      bf16* kdst = static_cast<bf16*>(kc.data) + b * kc.stride_block + off * kc.stride_tok +
+                   kvh * kc.stride_head;
+      bf16* vdst = static_cast<bf16*>(a.v_cache.data) + b * a.v_cache.stride_block +
+                   off * a.v_cache.stride_tok + kvh * a.v_cache.stride_head;
+      const bf16* knew = static_cast<const bf16*>(a.k_new) + q_tok * a.k_new_stride_tok +
+                         kvh * a.k_new_stride_head;
+      const bf16* vnew = static_cast<const bf16*>(a.v_new) + q_tok * a.v_new_stride_tok +
+                         kvh * a.v_new_stride_head;
+      for (int e = tid; e < D; e += kDecodeThreads)
+        kdst[e] = e < rd ? from_float<bf16>(rope_element(knew, e, cs, half, a.interleaved)) : knew[e];
+      for (int e = tid; e < Dv; e += kDecodeThreads) vdst[e] = vnew[e];
+    }
   }
   __syncthreads();
 

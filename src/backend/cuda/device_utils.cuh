@@ -94,13 +94,16 @@ __device__ __forceinline__ float rope_first(float x0, float x1, float c, float s
 __device__ __forceinline__ float rope_second(float x0, float x1, float c, float s) {
   return __fmaf_rn(x1, c, __fmul_rn(x0, s));
 }
-// The dims of rope pair j of a head: (2j, 2j + 1) when interleaved (GPT-J / DeepSeek), else
-// (j, j + half) (NeoX / HF Llama), half being rotary_dim / 2.
-struct RopePair {
-  int64_t a, b;
-};
-__device__ __forceinline__ RopePair rope_pair(int64_t j, int64_t half, bool interleaved) {
-  return interleaved ? RopePair{2 * j, 2 * j + 1} : RopePair{j, j + half};
+// Element e (< rotary_dim = 2 half) of a rotated bf16 head row: the pair is (2j, 2j + 1) when
+// interleaved (GPT-J / DeepSeek), else (j, j + half) (NeoX / HF Llama); cs holds the half cosines,
+// then the half sines.
+__device__ __forceinline__ float rope_element(const __nv_bfloat16* row, int e, const float* cs,
+                                              int half, bool interleaved) {
+  const int j = interleaved ? e >> 1 : (e < half ? e : e - half);
+  const bool first = interleaved ? (e & 1) == 0 : e < half;
+  const int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
+  const float x0 = __bfloat162float(row[a]), x1 = __bfloat162float(row[b]);
+  return first ? rope_first(x0, x1, cs[j], cs[half + j]) : rope_second(x0, x1, cs[j], cs[half + j]);
 }
 
 // The dot product of two packs of 8 bf16, in fp32.

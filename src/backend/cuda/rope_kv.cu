@@ -12,6 +12,13 @@ namespace {
 
 constexpr int kThreads = 128;
 
+struct Pair {
+  int64_t a, b;
+};
+__device__ __forceinline__ Pair pair_of(int64_t j, int64_t half, bool interleaved) {
+  return interleaved ? Pair{2 * j, 2 * j + 1} : Pair{j, j + half};
+}
+
 // Rotates every pair of every head of token `i` in place; when `cache` is non-null, the rotated
 // values are also written to the cache row of that head.
 // Thread `me` of `count` takes pairs me, me + count, ...
@@ -21,7 +28,7 @@ __device__ __forceinline__ void rotate_heads(bf16* x, int64_t stride_head, int64
                                              int count) {
   for (int64_t t = me; t < heads * half; t += count) {
     const int64_t h = t / half, j = t % half;
-    const RopePair p = rope_pair(j, half, interleaved);
+    const Pair p = pair_of(j, half, interleaved);
     bf16* v = x + h * stride_head;
     const float c = cs[j], s = cs[half + j];
     const float x0 = to_float(v[p.a]), x1 = to_float(v[p.b]);
