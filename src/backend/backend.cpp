@@ -77,14 +77,6 @@ void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, T
   add(out, scratch, out);
 }
 
-void Backend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                             bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                             Tensor& v_cache, const AttentionMeta& meta,
-                             const AttentionParams& params, Tensor& out) {
-  rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache);
-  attention(q, k_cache, v_cache, meta, params, out);
-}
-
 void Backend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                               const Tensor& bias, Tensor& h, Tensor& out) {
   PAGELLM_CHECK_MSG(h.rows() == x.rows() && h.cols() == x.cols(),

@@ -226,15 +226,6 @@ class Backend {
                              bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
                              Tensor& v_cache) = 0;
 
-  // rope_store_kv, then attention of the rotated q over the cache, as one op a device may fuse
-  // (CUDA: a decode step's attention kernel rotates q and stores the new k and v itself). q and k
-  // are scratch afterwards: rotated in place or left as they were. Arguments as in rope_store_kv
-  // and attention; the default runs the two.
-  virtual void rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                              bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                              Tensor& v_cache, const AttentionMeta& meta,
-                              const AttentionParams& params, Tensor& out);
-
   // Rotary embedding alone, in place.   x act [n, H, D]; cos_sin f32 [n, rotary_dim]
   virtual void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) = 0;
 

@@ -147,15 +147,6 @@ OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
                 bytes_of(q) + bytes_of(out) + kv_bytes, flops);
 }
 
-OpSample rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache,
-                        const AttentionMeta& meta, const Tensor& out) {
-  OpSample s = attention(q, k_cache, v_cache, meta, out);
-  s.op = "rope_attention";
-  s.bytes += rope_store_kv(q, k, v, cos_sin, slot_mapping, k_cache, v_cache).bytes;
-  return s;
-}
-
 OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
   return make_sample("silu_mul", key("n=%lld f=%lld", ll(gate.rows()), ll(gate.cols())),
                 bytes_of(gate) + bytes_of(up) + bytes_of(out));
@@ -323,18 +314,6 @@ void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, cons
                                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
   timed([&] { return op_cost::rope_store_kv(q, k, v, cos_sin, slot_mapping, k_cache, v_cache); },
         [&] { inner_->rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache); });
-}
-void ProfilingBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                                      bool interleaved, const Tensor& slot_mapping,
-                                      Tensor& k_cache, Tensor& v_cache, const AttentionMeta& meta,
-                                      const AttentionParams& params, Tensor& out) {
-  timed([&] {
-    return op_cost::rope_attention(q, k, v, cos_sin, slot_mapping, k_cache, v_cache, meta, out);
-  },
-        [&] {
-          inner_->rope_attention(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache,
-                                 meta, params, out);
-        });
 }
 void ProfilingBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
   timed([&] { return op_cost::rope(x, cos_sin); }, [&] { inner_->rope(x, cos_sin, interleaved); });

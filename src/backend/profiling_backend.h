@@ -51,10 +51,6 @@ OpSample rope(const Tensor& x, const Tensor& cos_sin);
 // view of the K cache's rows (MLA's latent cache) is not counted twice.
 OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                    const AttentionMeta& meta, const Tensor& out);
-// The traffic of rope_store_kv and attention together (a fused run moves less, shown as more GB/s).
-OpSample rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache,
-                        const AttentionMeta& meta, const Tensor& out);
 OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 OpSample add(const Tensor& a, const Tensor& b, const Tensor& out);
 OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
@@ -130,10 +126,6 @@ class ProfilingBackend final : public Backend {
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
-  void rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                      bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                      Tensor& v_cache, const AttentionMeta& meta, const AttentionParams& params,
-                      Tensor& out) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;

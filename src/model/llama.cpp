@@ -149,8 +149,9 @@ class LlamaModel final : public DecoderModel {
         backend_.rms_norm(qh, L.q_norm, eps, qh);
         backend_.rms_norm(kh, L.k_norm, eps, kh);
       }
-      backend_.rope_attention(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
-                              cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
+      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
+                             cache.k[l], cache.v[l]);
+      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul_add(attn, L.o_proj, L.o_bias, x, residual);  // residual += o_proj(attn)
       if (fuse_mlp_) {
         backend_.rms_norm_swiglu(residual, L.post_attention_layernorm, eps, L.gate_up_proj,

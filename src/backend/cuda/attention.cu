@@ -20,10 +20,6 @@
 // sliding-window masks and an online softmax (running max and sum, rescaled accumulators), on
 // CUDA cores with fp32 dot products from shared memory.
 //
-// A decode step may also bring its rope and cache write (rope_attention): every block rotates its
-// copy of q as it loads it, and the block whose split holds the query's position rotates the new
-// key and stores it and the new value before it reads the cache, which saves a launch per layer.
-//
 // Both kernels here are launched overlapped with the kernel before (device_utils.cuh) and wait for
 // it in pdl_wait() before touching memory: q and the cache rows come from the kernels before, the
 // split counters from the previous decode launch's reset.
@@ -205,38 +201,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   for (int i = tid; i < n_blk; i += kDecodeThreads) blk[i] = table[first_blk + i];
   // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
-  // With the step's rope in this kernel (rope_attention), q's rotary dims are rotated on the way.
-  const bool rope = a.cos_sin != nullptr;
-  const float* cs = rope ? a.cos_sin + q_tok * a.cos_sin_ld : nullptr;
-  const int rd = rope ? a.rotary_dim : 0, half = rd / 2;
   const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
   for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
     const int g = idx / DMAX, e = idx % DMAX;
-    const bf16* qh = q + (h0 + g) * a.q_stride_head;
-    qs[idx] = e >= D   ? from_float<bf16>(0.0f)
-              : e < rd ? from_float<bf16>(rope_element(qh, e, cs, half, a.interleaved))
-                       : qh[e];
-  }
-  // The block whose chunk holds the query's own position rotates the new key and writes it and
-  // the new value to the cache (as rope_store_kv would), before the barrier below: its own loads
-  // of that row come after it, and no other block reads the row in this launch.
-  if (rope && span > 0 && split == (pos - lo) / my_chunk) {
-    const int32_t slot = a.slot_mapping[q_tok];
-    const CacheView& kc = a.k_cache;
-    if (slot >= 0 && slot < kc.n_blocks * kc.block_size) {
-      const int64_t b = slot / kc.block_size, off = slot % kc.block_size;
-      bf16* kdst = static_cast<bf16*>(kc.data) + b * kc.stride_block + off * kc.stride_tok +
-                   kvh * kc.stride_head;
-      bf16* vdst = static_cast<bf16*>(a.v_cache.data) + b * a.v_cache.stride_block +
-                   off * a.v_cache.stride_tok + kvh * a.v_cache.stride_head;
-      const bf16* knew = static_cast<const bf16*>(a.k_new) + q_tok * a.k_new_stride_tok +
-                         kvh * a.k_new_stride_head;
-      const bf16* vnew = static_cast<const bf16*>(a.v_new) + q_tok * a.v_new_stride_tok +
-                         kvh * a.v_new_stride_head;
-      for (int e = tid; e < D; e += kDecodeThreads)
-        kdst[e] = e < rd ? from_float<bf16>(rope_element(knew, e, cs, half, a.interleaved)) : knew[e];
-      for (int e = tid; e < Dv; e += kDecodeThreads) vdst[e] = vnew[e];
-    }
+    qs[idx] = e < D ? q[(h0 + g) * a.q_stride_head + e] : from_float<bf16>(0.0f);
   }
   __syncthreads();
 
@@ -626,17 +594,9 @@ int64_t attention_counters(const AttentionArgs& a, int n_sms) {
   return plan_decode(a, n_sms).n_splits == 1 ? 0 : static_cast<int64_t>(a.n_seqs) * a.hkv;
 }
 
-bool rope_decode_supported(const AttentionArgs& a) {
-  return a.max_seqlen_q == 1 && std::max(a.head_dim, a.head_dim_v) <= 256 &&
-         decode_rows_aligned(a) && a.rotary_dim % 2 == 0 && a.rotary_dim > 0 &&
-         a.rotary_dim <= a.head_dim;
-}
-
 void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters, int n_sms,
                       cudaStream_t stream) {
   if (a.n_seqs == 0 || a.max_seqlen_q == 0) return;
-  PAGELLM_CHECK_MSG(a.cos_sin == nullptr || rope_decode_supported(a),
-                    "attention: rope inside attention is for aligned decode steps only");
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: query heads not a multiple of KV heads");
   PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
   PAGELLM_CHECK_MSG(a.n_seqs <= 65535 && a.hq <= 65535, "attention: grid too large");

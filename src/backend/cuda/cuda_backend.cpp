@@ -536,9 +536,9 @@ void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
   launch_rope(heads_of(x), cos_sin.ptr<float>(), cos_sin.row_stride(), rd, interleaved, stream_);
 }
 
-CudaBackend::RopeKvOperands CudaBackend::rope_kv_operands(
-    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
-    const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache) const {
+void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                                bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
+                                Tensor& v_cache) {
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k, "k"},
                                 {&v, "v"},
@@ -555,34 +555,24 @@ CudaBackend::RopeKvOperands CudaBackend::rope_kv_operands(
   PAGELLM_CHECK(k.size(0) == n && v.size(0) == n && slot_mapping.numel() == n);
   PAGELLM_CHECK(slot_mapping.dtype == DType::kI32 && slot_mapping.is_contiguous());
   PAGELLM_CHECK(cos_sin.dtype == DType::kF32 && cos_sin.ndim == 2 && cos_sin.size(0) == n);
-  RopeKvOperands o;
-  o.rotary_dim = cos_sin.cols();
+  const int64_t rd = cos_sin.cols();
   // q and k may differ in width (DeepSeek: q is q_pe | q_nope, k the latent row k_pe | c_kv); the
   // rotation touches the leading rotary_dim dims of each.
-  PAGELLM_CHECK_MSG(o.rotary_dim % 2 == 0 && o.rotary_dim <= q.size(2) && o.rotary_dim <= k.size(2),
+  PAGELLM_CHECK_MSG(rd % 2 == 0 && rd <= q.size(2) && rd <= k.size(2),
                     "rope_store_kv: rotary_dim must be even and <= the head_dim of q and of k");
-  o.k_cache = cache_of(k_cache);
-  o.v_cache = cache_of(v_cache);
-  const CacheView &kc = o.k_cache, &vc = o.v_cache;
+  const CacheView kc = cache_of(k_cache), vc = cache_of(v_cache);
   PAGELLM_CHECK_MSG(kc.heads == k.size(1) && kc.dim == k.size(2), "rope_store_kv: k_cache shape");
   PAGELLM_CHECK_MSG(vc.heads == v.size(1) && vc.dim == v.size(2), "rope_store_kv: v_cache shape");
   PAGELLM_CHECK_MSG(vc.n_blocks == kc.n_blocks && vc.block_size == kc.block_size,
                     "rope_store_kv: k and v caches disagree on blocks");
-  return o;
-}
-
-void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                                bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                                Tensor& v_cache) {
-  const RopeKvOperands o = rope_kv_operands(q, k, v, cos_sin, slot_mapping, k_cache, v_cache);
   launch_rope_store_kv(heads_of(q), heads_of(k), heads_of(v), cos_sin.ptr<float>(),
-                       cos_sin.row_stride(), o.rotary_dim, interleaved,
-                       slot_mapping.ptr<int32_t>(), o.k_cache, o.v_cache, stream_);
+                       cos_sin.row_stride(), rd, interleaved, slot_mapping.ptr<int32_t>(), kc, vc,
+                       stream_);
 }
 
-AttentionArgs CudaBackend::attention_args(const Tensor& q, const Tensor& k_cache,
-                                          const Tensor& v_cache, const AttentionMeta& meta,
-                                          const AttentionParams& params, const Tensor& out) const {
+void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
+  if (meta.n_seqs == 0) return;
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k_cache, "k_cache"},
                                 {&v_cache, "v_cache"},
@@ -644,17 +634,13 @@ AttentionArgs CudaBackend::attention_args(const Tensor& q, const Tensor& k_cache
   a.window = params.window;
   a.softcap = params.softcap;
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: Hq must be a multiple of Hkv");
-  return a;
-}
-
-void CudaBackend::run_attention(const AttentionArgs& a, const Tensor& out, int64_t n_tokens) {
-  const auto even = [](int64_t v) { return v % 2 == 0; };
   if (attention_mla_wanted(a)) {
     // A latent cache (V a column view of the K rows, MLA) or head dims above 256: the kernel of
     // attention_mla.cu, which writes bf16 pairs.
     PAGELLM_CHECK_MSG(even(out.stride[0]) && even(out.stride[1]) &&
                           reinterpret_cast<uintptr_t>(out.data) % 4 == 0,
                       "attention: out strides and base address must be even (bf16 pairs)");
+    const int64_t n_tokens = q.size(0);
     const int64_t mla_ws_bytes = attention_mla_workspace_bytes(a, n_tokens, n_sms_);
     void* mla_ws = mla_ws_bytes > 0 ? ensure_attention_workspace(mla_ws_bytes) : nullptr;
     launch_attention_mla(a, n_tokens, mla_ws, n_sms_, stream_);
@@ -666,42 +652,6 @@ void CudaBackend::run_attention(const AttentionArgs& a, const Tensor& out, int64
   const int64_t n_counters = attention_counters(a, n_sms_);
   int32_t* counters = n_counters > 0 ? ensure_attention_counters(n_counters) : nullptr;
   launch_attention(a, ws, counters, n_sms_, stream_);
-}
-
-void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                            const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
-  if (meta.n_seqs == 0) return;
-  run_attention(attention_args(q, k_cache, v_cache, meta, params, out), out, q.size(0));
-}
-
-void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                                 bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                                 Tensor& v_cache, const AttentionMeta& meta,
-                                 const AttentionParams& params, Tensor& out) {
-  if (meta.n_seqs == 0 || meta.max_seqlen_q != 1) {
-    Backend::rope_attention(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache, meta,
-                            params, out);
-    return;
-  }
-  const RopeKvOperands o = rope_kv_operands(q, k, v, cos_sin, slot_mapping, k_cache, v_cache);
-  AttentionArgs a = attention_args(q, k_cache, v_cache, meta, params, out);
-  a.k_new = k.data;
-  a.k_new_stride_tok = k.stride[0];
-  a.k_new_stride_head = k.stride[1];
-  a.v_new = v.data;
-  a.v_new_stride_tok = v.stride[0];
-  a.v_new_stride_head = v.stride[1];
-  a.cos_sin = cos_sin.ptr<float>();
-  a.cos_sin_ld = cos_sin.row_stride();
-  a.rotary_dim = static_cast<int32_t>(o.rotary_dim);
-  a.interleaved = interleaved;
-  a.slot_mapping = slot_mapping.ptr<int32_t>();
-  if (attention_mla_wanted(a) || !rope_decode_supported(a)) {
-    Backend::rope_attention(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache, meta,
-                            params, out);
-    return;
-  }
-  run_attention(a, out, q.size(0));
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {

@@ -78,12 +78,6 @@ class CudaBackend final : public Backend {
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
-  // Decode steps on attention.cu's kernel rotate q and store the new k and v inside it (one
-  // launch instead of two); prefill, MLA and unaligned layouts run the two ops.
-  void rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                      bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                      Tensor& v_cache, const AttentionMeta& meta, const AttentionParams& params,
-                      Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
@@ -144,21 +138,6 @@ class CudaBackend final : public Backend {
   // matmul() would write.
   bool fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
                   const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
-
-  // rope_store_kv()'s operands, checked: the caches as views, and the rotary dims.
-  struct RopeKvOperands {
-    CacheView k_cache, v_cache;
-    int64_t rotary_dim = 0;
-  };
-  RopeKvOperands rope_kv_operands(const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& cos_sin, const Tensor& slot_mapping,
-                                  const Tensor& k_cache, const Tensor& v_cache) const;
-  // attention()'s operands, checked, as the kernels' arguments; and their launch (the latent
-  // kernel or attention.cu's, with the workspaces they need).
-  AttentionArgs attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               const AttentionMeta& meta, const AttentionParams& params,
-                               const Tensor& out) const;
-  void run_attention(const AttentionArgs& a, const Tensor& out, int64_t n_tokens);
 
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);

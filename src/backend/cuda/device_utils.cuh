@@ -84,28 +84,6 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&f)[8]) {
   return raw;
 }
 
-// Rotary embedding of one pair (x0, x1) by the angle whose cosine and sine are c and s: x0 becomes
-// x0 c - x1 s, x1 becomes x1 c + x0 s. Written with explicit roundings so that every kernel that
-// rotates (rope_kv.cu's, and decode attention rotating q and the new key itself) gets the same
-// bits, whatever the compiler would contract.
-__device__ __forceinline__ float rope_first(float x0, float x1, float c, float s) {
-  return __fmaf_rn(x0, c, -__fmul_rn(x1, s));
-}
-__device__ __forceinline__ float rope_second(float x0, float x1, float c, float s) {
-  return __fmaf_rn(x1, c, __fmul_rn(x0, s));
-}
-// Element e (< rotary_dim = 2 half) of a rotated bf16 head row: the pair is (2j, 2j + 1) when
-// interleaved (GPT-J / DeepSeek), else (j, j + half) (NeoX / HF Llama); cs holds the half cosines,
-// then the half sines.
-__device__ __forceinline__ float rope_element(const __nv_bfloat16* row, int e, const float* cs,
-                                              int half, bool interleaved) {
-  const int j = interleaved ? e >> 1 : (e < half ? e : e - half);
-  const bool first = interleaved ? (e & 1) == 0 : e < half;
-  const int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
-  const float x0 = __bfloat162float(row[a]), x1 = __bfloat162float(row[b]);
-  return first ? rope_first(x0, x1, cs[j], cs[half + j]) : rope_second(x0, x1, cs[j], cs[half + j]);
-}
-
 // The dot product of two packs of 8 bf16, in fp32.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);

@@ -153,20 +153,6 @@ struct AttentionArgs {
   float scale = 1.0f;
   int32_t window = -1;  // <= 0: none
   float softcap = 0.0f;
-  // Decode with the step's rope and cache write inside the kernel (rope_attention), when cos_sin
-  // is set: q is unrotated; k_new / v_new hold each query token's new k and v rows (bf16
-  // [n_tokens, hkv, head_dim / head_dim_v]), which the block whose split holds the token's position
-  // rotates and writes to cache slot slot_mapping[token] (negative: not stored) before reading
-  // the cache. rope_decode_supported says where the kernel takes it.
-  const void* k_new = nullptr;
-  int64_t k_new_stride_tok = 0, k_new_stride_head = 0;
-  const void* v_new = nullptr;
-  int64_t v_new_stride_tok = 0, v_new_stride_head = 0;
-  const float* cos_sin = nullptr;  // f32 [n_tokens, rotary_dim], row stride cos_sin_ld
-  int64_t cos_sin_ld = 0;
-  int32_t rotary_dim = 0;
-  bool interleaved = false;
-  const int32_t* slot_mapping = nullptr;
 };
 // Bytes of scratch the decode path needs for split-KV partial results (0 when it does not split).
 int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms);
@@ -178,9 +164,6 @@ int64_t attention_counters(const AttentionArgs& a, int n_sms);
 // `counters` attention_counters(a, n_sms) zeros.
 void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters, int n_sms,
                       cudaStream_t stream);
-// Whether launch_attention takes a's rope fields (decode on attention.cu's kernel with 16-byte
-// aligned rows); elsewhere the caller runs launch_rope_store_kv first.
-bool rope_decode_supported(const AttentionArgs& a);
 
 // --- attention_mla.cu ---
 // Attention over a latent cache (DeepSeek MLA in the absorbed form) and any head dims above 256:

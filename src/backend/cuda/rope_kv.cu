@@ -32,8 +32,8 @@ __device__ __forceinline__ void rotate_heads(bf16* x, int64_t stride_head, int64
     bf16* v = x + h * stride_head;
     const float c = cs[j], s = cs[half + j];
     const float x0 = to_float(v[p.a]), x1 = to_float(v[p.b]);
-    const bf16 r0 = from_float<bf16>(rope_first(x0, x1, c, s));
-    const bf16 r1 = from_float<bf16>(rope_second(x0, x1, c, s));
+    const bf16 r0 = from_float<bf16>(x0 * c - x1 * s);
+    const bf16 r1 = from_float<bf16>(x1 * c + x0 * s);
     v[p.a] = r0;
     v[p.b] = r1;
     if (cache != nullptr) {

@@ -99,9 +99,8 @@ TEST_P(ProfiledModel, LogitsAreBitIdenticalAndOpsAreRecorded) {
   EXPECT_TRUE(bit_equal(want_d2, got_d2)) << "recorded decode logits differ";
 
   // What was recorded: every op has a time and a cost; each forward call embeds once and runs
-  // rope_store_kv and attention once per layer (as one rope_attention op in the Llama family);
-  // attention keys carry the chunk's query and KV token counts from StepBatchBuilder's host-side
-  // totals.
+  // rope_store_kv and attention once per layer; attention keys carry the chunk's query and KV
+  // token counts from StepBatchBuilder's host-side totals.
   const int64_t n_layers = plain.model->kv_spec().n_layers;
   auto check = [&](const std::vector<OpSample>& ops, const std::vector<std::string>& want_attention_keys) {
     ASSERT_FALSE(ops.empty());
@@ -111,16 +110,15 @@ TEST_P(ProfiledModel, LogitsAreBitIdenticalAndOpsAreRecorded) {
       ++calls[s.op];
       EXPECT_GE(s.ms, 0.0) << s.op;
       EXPECT_GT(s.bytes, 0.0) << s.op << " " << s.shape;
-      const bool attention = s.op == "attention" || s.op == "rope_attention";
-      if (s.op == "matmul" || attention) {
+      if (s.op == "matmul" || s.op == "attention") {
         EXPECT_GT(s.flops, 0.0) << s.op << " " << s.shape;
       }
-      if (attention) ++attention_keys[s.shape.substr(0, s.shape.find(" hq="))];
+      if (s.op == "attention") ++attention_keys[s.shape.substr(0, s.shape.find(" hq="))];
     }
     const int64_t n_calls = static_cast<int64_t>(want_attention_keys.size());
     EXPECT_EQ(calls["embedding"], n_calls);
-    EXPECT_EQ(calls["attention"] + calls["rope_attention"], n_calls * n_layers);
-    EXPECT_EQ(calls["rope_store_kv"] + calls["rope_attention"], n_calls * n_layers);
+    EXPECT_EQ(calls["attention"], n_calls * n_layers);
+    EXPECT_EQ(calls["rope_store_kv"], n_calls * n_layers);
     EXPECT_GE(calls["copy_from_host"], n_calls) << "each step uploads its metadata";
     EXPECT_GE(calls["matmul"], 4 * n_layers * n_calls);
     for (const std::string& k : want_attention_keys) EXPECT_EQ(attention_keys[k], n_layers) << k;
@@ -158,7 +156,7 @@ TEST(ProfiledModelCosts, AttentionFlopsFollowCausalPairs) {
   const auto ops = prof.stop();
   int64_t n = 0;
   for (const OpSample& s : ops)
-    if (s.op == "attention" || s.op == "rope_attention") {
+    if (s.op == "attention") {
       ++n;
       // 20 tokens from position 0: 1 + 2 + ... + 20 = 210 pairs; QK and PV of head dim d each.
       EXPECT_DOUBLE_EQ(s.flops, 2.0 * 210 * hq * (d + d)) << s.shape;
