@@ -53,7 +53,6 @@ struct DeepseekLayer {
   Tensor q_a_layernorm;             // [Rq]
   Tensor q_b_proj;                  // [H*(P+N), Rq], rows ordered as q_proj
   Tensor kv_a, kv_a_bias;           // kv_a_proj_with_mqa, rows reordered to k_pe | c_kv: [P+R, D]
-  Tensor q_in_proj;                 // fused (devices): q_proj (or q_a_proj) and kv_a stacked by rows
   Tensor kv_a_layernorm;            // [R]
   Tensor kv_b_proj;                 // [H*(N+V), R]
   Tensor q_absorb;                  // act [H, P+R, P+N]: per head [[I_P | 0], [0 | W_UK_h^T]]
@@ -69,10 +68,7 @@ struct DeepseekLayer {
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  // q_in: the products of h that open the attention block, [cap, Qa + P+R]: q (or, with
-  // q_lora_rank, qa) then the latent row k_pe | c_kv, one GEMM's output when fused (proj_views).
-  // q: the queries when they come from qa.
-  Tensor x, residual, h, q_in, q, qfull, attn_lat, attn_v, gate_up, act, shared;
+  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate_up, act, shared;
   Tensor kv_exp;  // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
   Tensor cos_sin;                  // f32 [cap, P]
 };
@@ -136,7 +132,6 @@ class DeepseekModel final : public DecoderModel {
     const int64_t P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank, Vd = cfg_.v_head_dim;
     const int64_t E = cfg_.n_routed_experts, Fm = cfg_.moe_intermediate_size;
     WeightLoader ld(backend_, w, opt);
-    fuse_q_in_ = backend_.device() != Device::kCpu && !cfg_.attention_bias;
     auto vec = [&](const std::string& name, int64_t n, float dummy, Tensor& out) -> Status {
       PAGELLM_ASSIGN_OR_RETURN(out, ld.vector(name, n, dummy));
       return {};
@@ -165,32 +160,23 @@ class DeepseekModel final : public DecoderModel {
       PAGELLM_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", D, 1.0f, L.input_layernorm));
       PAGELLM_RETURN_IF_ERROR(
           vec(p + "post_attention_layernorm.weight", D, 1.0f, L.post_attention_layernorm));
-      // The products of h: q_proj or q_a_proj, then kv_a_proj_with_mqa, whose checkpoint rows
-      // are c_kv (R) then k_pe (P) while the cache row is k_pe | c_kv. On devices they are
-      // stacked into one weight (one GEMV at decode); biases keep them apart.
-      if (cfg_.q_lora_rank) {
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_a_proj.weight", {*cfg_.q_lora_rank, D}, L.q_a_proj));
-      } else {
-        PAGELLM_ASSIGN_OR_RETURN(
-            L.q_proj, ld.reordered_matrix(a + "q_proj.weight", {H * (N + P), D}, pe_first_heads));
-      }
-      const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
-      PAGELLM_ASSIGN_OR_RETURN(
-          L.kv_a, ld.reordered_matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, pe_first));
-      if (fuse_q_in_) {
-        PAGELLM_ASSIGN_OR_RETURN(
-            L.q_in_proj, ld.stack_last({cfg_.q_lora_rank ? L.q_a_proj : L.q_proj, L.kv_a}, D));
-        L.q_a_proj = L.q_proj = L.kv_a = Tensor();  // freed: their rows live in q_in_proj
-      }
       if (cfg_.q_lora_rank) {
         const int64_t Rq = *cfg_.q_lora_rank;
+        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_a_proj.weight", {Rq, D}, L.q_a_proj));
         if (cfg_.attention_bias)
           PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_proj.bias", Rq, 0.0f, L.q_a_bias));
         PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_layernorm.weight", Rq, 1.0f, L.q_a_layernorm));
         PAGELLM_ASSIGN_OR_RETURN(
             L.q_b_proj,
             ld.reordered_matrix(a + "q_b_proj.weight", {H * (N + P), Rq}, pe_first_heads));
+      } else {
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.q_proj, ld.reordered_matrix(a + "q_proj.weight", {H * (N + P), D}, pe_first_heads));
       }
+      // The checkpoint's rows are c_kv (R) then k_pe (P); the cache row is k_pe | c_kv.
+      const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
+      PAGELLM_ASSIGN_OR_RETURN(
+          L.kv_a, ld.reordered_matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, pe_first));
       if (cfg_.attention_bias) {
         PAGELLM_ASSIGN_OR_RETURN(
             L.kv_a_bias, ld.reordered_vector(a + "kv_a_proj_with_mqa.bias", R + P, 0.0f, pe_first));
@@ -267,17 +253,13 @@ class DeepseekModel final : public DecoderModel {
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
     Tensor h = ws.h.slice_rows(0, n);                // [n, D]
-    const int64_t Qa = cfg_.q_lora_rank.value_or(H * (P + N));
-    ProjViews q_in = proj_views(ws.q_in, n, {Qa, P + R}, fuse_q_in_);
-    Tensor qa = q_in.part[0];  // [n, Rq] with q_lora_rank
-    // [n, H*(P+N)]: per head q_pe | q_nope
-    Tensor q = cfg_.q_lora_rank ? ws.q.slice_rows(0, n) : q_in.part[0];
-    Tensor lat = q_in.part[1];  // [n, P+R]: k_pe | c_kv
+    Tensor q = ws.q.slice_rows(0, n);                // [n, H*(P+N)]: per head q_pe | q_nope
+    Tensor lat = ws.lat.slice_rows(0, n);            // [n, P+R]: k_pe | c_kv
     Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
     Tensor lat_c = lat.slice_cols(P, P + R);         // [n, R]
-    Tensor lat3 = lat.split_heads(1, P + R);         // [n, 1, P+R]
+    Tensor lat3 = lat.reshape({n, 1, P + R});        // [n, 1, P+R]
     Tensor lat3_c = lat3.slice_cols(P, P + R);       // [n, 1, R]
-    Tensor q3 = q.split_heads(H, P + N);             // [n, H, P+N]
+    Tensor q3 = q.reshape({n, H, P + N});            // [n, H, P+N]
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, P], uploaded by prepare()
     // Tokens [0, na) attend in the absorbed form, [na, n) (fresh prompts) in the expanded one.
     const MlaSplit& sp = split_;  // planned by prepare() for this batch
@@ -299,20 +281,15 @@ class DeepseekModel final : public DecoderModel {
         backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MLP out
       }
       // --- MLA ---
-      if (fuse_q_in_) {
-        backend_.matmul(h, L.q_in_proj, Tensor(), q_in.all);  // q (or qa) | k_pe | c_kv
-      } else {
-        if (cfg_.q_lora_rank) {
-          backend_.matmul(h, L.q_a_proj, L.q_a_bias, qa);
-        } else {
-          backend_.matmul(h, L.q_proj, Tensor(), q);
-        }
-        backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);
-      }
       if (cfg_.q_lora_rank) {
+        Tensor qa = ws.qa.slice_rows(0, n);  // [n, Rq]
+        backend_.matmul(h, L.q_a_proj, L.q_a_bias, qa);
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
         backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
+      } else {
+        backend_.matmul(h, L.q_proj, Tensor(), q);  // [n, H*(P+N)]
       }
+      backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.
@@ -511,7 +488,7 @@ class DeepseekModel final : public DecoderModel {
     const int64_t D = cfg_.hidden_size, H = cfg_.num_attention_heads;
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank;
     const int64_t Vd = cfg_.v_head_dim;
-    const int64_t Qa = cfg_.q_lora_rank.value_or(H * (N + P));
+    const int64_t Rq = cfg_.q_lora_rank.value_or(1);
     const int64_t F = std::max(cfg_.intermediate_size,
                                cfg_.moe_intermediate_size * std::max<int64_t>(cfg_.n_shared_experts, 1));
     if (n > ws.capacity_tokens) {
@@ -520,8 +497,9 @@ class DeepseekModel final : public DecoderModel {
                                 {{&ws.x, dt, D},
                                  {&ws.residual, dt, D},
                                  {&ws.h, dt, D},
-                                 {&ws.q_in, dt, Qa + P + R},
-                                 {&ws.q, dt, cfg_.q_lora_rank ? H * (N + P) : 1},
+                                 {&ws.qa, dt, Rq},
+                                 {&ws.q, dt, H * (N + P)},
+                                 {&ws.lat, dt, P + R},
                                  {&ws.qfull, dt, H * (P + R)},
                                  {&ws.attn_lat, dt, H * R},
                                  {&ws.attn_v, dt, H * Vd},
@@ -550,7 +528,6 @@ class DeepseekModel final : public DecoderModel {
   std::unique_ptr<Buffer> exp_meta_;                           // expanded_meta's device copy
   int64_t exp_meta_bytes_ = 0;
   MlaSplit split_;  // the prepared step's split between the two forms (compute() reads it)
-  bool fuse_q_in_ = false;  // q (or qa) and the latent row from one GEMM (q_in_proj)
   Workspace ws_;
 };
 

@@ -119,16 +119,6 @@ Result<Tensor> WeightLoader::reordered_vector(const std::string& name, int64_t n
   return reorder_loaded(t, 1, ranges);
 }
 
-Result<Tensor> WeightLoader::stack_last(const std::vector<Tensor>& parts, int64_t cols) {
-  PAGELLM_CHECK_MSG(parts.size() <= storage_.size(), "stack_last: more parts than weights made");
-  const size_t first = storage_.size() - parts.size();
-  for (size_t i = 0; i < parts.size(); ++i)
-    // An empty slot is a weight the backend uses in place (the CPU's host tensors).
-    PAGELLM_CHECK_MSG(!storage_[first + i] || storage_[first + i]->data() == parts[i].data,
-                      "stack_last: the parts are not the loader's last weights, in order");
-  return stack_loaded(parts, cols, parts.size());
-}
-
 Status WeightLoader::matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out) {
   PAGELLM_ASSIGN_OR_RETURN(out, matrix(name, std::move(shape)));
   return {};

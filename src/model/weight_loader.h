@@ -48,10 +48,6 @@ class WeightLoader {
                                   const RowRanges& ranges);
   Result<Tensor> reordered_vector(const std::string& name, int64_t n, float dummy_value,
                                   const RowRanges& ranges);
-  // The last weights this loader made (in the order made, `cols` columns each) stacked by rows
-  // into one, as stacked_matrix does for weights taken whole: for parts that are themselves
-  // reordered on load (DeepSeek's q and kv_a projections). The parts are freed.
-  Result<Tensor> stack_last(const std::vector<Tensor>& parts, int64_t cols);
 
   // The same, storing into `out`: for the long load sequences of the architecture files.
   Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
