@@ -53,7 +53,8 @@ void BM_Gemv(benchmark::State& state) {
   int l2_bytes = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
   const size_t w_bytes = static_cast<size_t>(s.m * s.k) * 2;
-  const int copies = static_cast<int>(std::max<size_t>(2, 3 * static_cast<size_t>(l2_bytes) / w_bytes + 1));
+  const int copies =
+      static_cast<int>(std::max<size_t>(2, 3 * static_cast<size_t>(l2_bytes) / w_bytes + 1));
   void* w = nullptr;
   void* x = nullptr;
   void* out = nullptr;

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split;
-  const int part = warp & (split - 1);  // which of the group's interleaved K pieces
+  const int part = warp & (split - 1);                  // which of the group's interleaved K pieces
   const bf16* x = p.x + blockIdx.y * p.x_batch_stride;  // batch entry (0 for a single product)
   const bf16* w = p.w + blockIdx.y * p.w_batch_stride;
   TOut* out = static_cast<TOut*>(p.out) + blockIdx.y * p.out_batch_stride;
@@ -112,8 +112,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   const int64_t piece_step = kStep * split;  // from one of this warp's pieces to its next
-  for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim;
-       k0 += piece_step * kGemvUnroll) {
+  for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
     uint4 wv[kGemvUnroll][kGemvRows];
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
