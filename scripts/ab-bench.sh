@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Same-machine A/B of decode and prefill speed between revisions. GPU machines differ by a few
+# percent from one to the next, more than most single changes move a figure, so a change is judged
+# by building its revision and the one before side by side on one machine and alternating their
+# benchmarks there.
+#
+#   scripts/ab-bench.sh pack REV...   # here: one archive per revision, .carry/ab/<n>-<rev>.tar.gz
+#   scripts/ab-bench.sh run           # on the GPU machine, from a copy of the repository that has
+#                                     # .carry/pkg and .carry/ab: builds every archive (with
+#                                     # scripts/gpu-check.sh, tests off) and alternates
+#                                     # `pagellm bench latency` over them, printing a table last
+# Environment for run: PAGELLM_AB_MODELS (bench/model-configs names; default "llama-3-8b
+# llama-2-7b deepseek-v2-lite"), PAGELLM_AB_ROUNDS (default 2), PAGELLM_AB_OUTPUT_LEN (256; MoE
+# shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+pack() {
+  [ $# -ge 1 ] || { echo "usage: $0 pack REV..." >&2; exit 2; }
+  rm -rf .carry/ab
+  mkdir -p .carry/ab
+  local i=0
+  for rev in "$@"; do
+    local sha
+    sha=$(git rev-parse --short "$rev^{commit}")
+    i=$((i + 1))
+    git archive --format=tar.gz -o ".carry/ab/$i-$sha.tar.gz" "$sha"
+    echo ".carry/ab/$i-$sha.tar.gz"
+  done
+}
+
+run() {
+  local dir=${PAGELLM_AB_DIR:-/tmp/pagellm-ab}
+  local models=${PAGELLM_AB_MODELS:-llama-3-8b llama-2-7b deepseek-v2-lite}
+  local rounds=${PAGELLM_AB_ROUNDS:-2} out_len=${PAGELLM_AB_OUTPUT_LEN:-256}
+  [ -f .carry/pkg/deps.tar.gz ] || { echo "missing .carry/pkg/deps.tar.gz (scripts/carry-deps.sh)" >&2; exit 2; }
+  local -a names=()
+  for a in .carry/ab/*.tar.gz; do
+    [ -f "$a" ] || { echo "no archives in .carry/ab ($0 pack REV...)" >&2; exit 2; }
+    names+=("$(basename "$a" .tar.gz)")
+  done
+  # Builds side by side; the machine's cores are shared between them.
+  local jobs=$(( $(nproc) / ${#names[@]} ))
+  [ "$jobs" -ge 1 ] || jobs=1
+  local -a pids=()
+  for n in "${names[@]}"; do
+    rm -rf "${dir:?}/$n"
+    mkdir -p "$dir/$n/.carry"
+    tar -xzf ".carry/ab/$n.tar.gz" -C "$dir/$n"
+    cp -r .carry/pkg "$dir/$n/.carry/"
+    (cd "$dir/$n" && JOBS=$jobs PAGELLM_CHECK_TESTS=0 PAGELLM_BENCH_ONLY=none \
+       scripts/gpu-check.sh >"$dir/$n.build.log" 2>&1) &
+    pids+=($!)
+  done
+  local failed=0
+  for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}" || [ ! -x "$dir/${names[$i]}/build/cuda/tools/pagellm" ]; then
+      echo "build of ${names[$i]} failed:" >&2
+      tail -20 "$dir/${names[$i]}.build.log" >&2
+      failed=1
+    fi
+  done
+  [ "$failed" = 0 ] || exit 1
+  # Rounds alternate the revisions, so a drift of the machine's speed reaches each alike.
+  local results=$dir/results.txt
+  : >"$results"
+  for r in $(seq 1 "$rounds"); do
+    for m in $models; do
+      local len=$out_len
+      case $m in deepseek*|mixtral*) len=$((out_len / 2)) ;; esac
+      for n in "${names[@]}"; do
+        local bin=$dir/$n/build/cuda/tools/pagellm
+        local log=$dir/$n.$m.$r.log
+        if "$bin" bench latency --model "$dir/$n/bench/model-configs/$m.json" --load-format dummy \
+             --device cuda --input-len 512 --output-len "$len" >"$log" 2>&1; then
+          local dec pre
+          dec=$(awk '/^decode/ {print $(NF-1)}' "$log")
+          pre=$(awk '/^prefill/ {print $(NF-1)}' "$log")
+          echo "$m $n $r $dec $pre" | tee -a "$results"
+        else
+          echo "$m $n $r FAILED (see $log)" | tee -a "$results"
+        fi
+      done
+    done
+  done
+  printf '\n== decode tok/s (prefill tok/s), one column per round\n'
+  for m in $models; do
+    for n in "${names[@]}"; do
+      printf '  %-18s %-16s' "$m" "$n"
+      awk -v m="$m" -v n="$n" '$1 == m && $2 == n {
+        if ($4 == "FAILED") printf "  FAILED"; else printf "  %s (%s)", $4, $5 } END { print "" }' "$results"
+    done
+  done
+}
+
+case ${1:-} in
+  pack) shift; pack "$@" ;;
+  run) run ;;
+  *) echo "usage: $0 pack REV... | $0 run" >&2; exit 2 ;;
+esac
