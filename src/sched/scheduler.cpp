@@ -218,19 +218,7 @@ bool Scheduler::abort(RequestId id, FinishedRequest* info) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
   Request* r = it->second.get();
-  if (r->state == RequestState::kRunning) {
-    drop_entries(r);
-    remove_running(r);
-  } else {
-    auto w = std::find(waiting_.begin(), waiting_.end(), r);
-    PAGELLM_CHECK(w != waiting_.end());
-    waiting_.erase(w);
-  }
-  release_all(r);
-  r->state = RequestState::kAborted;
-  for (Sequence& s : r->seqs) {
-    if (!s.finished()) s.finish = FinishReason::kAbort;
-  }
+  end_aborted(r);
   if (info) *info = summarize(*r);
   forget(r);
   maybe_check();
@@ -306,9 +294,7 @@ void Scheduler::preempt(Request* r) {
   if (plan_) plan_->preempted.push_back(r->id);
 }
 
-void Scheduler::fail(Request* r, std::string reason) {
-  PAGELLM_LOG_WARN("sched: request %llu failed: %s", static_cast<unsigned long long>(r->id),
-                   reason.c_str());
+void Scheduler::end_aborted(Request* r) {
   if (r->state == RequestState::kRunning) {
     drop_entries(r);
     remove_running(r);
@@ -319,10 +305,16 @@ void Scheduler::fail(Request* r, std::string reason) {
   }
   release_all(r);
   r->state = RequestState::kAborted;
-  r->error = std::move(reason);
   for (Sequence& s : r->seqs) {
     if (!s.finished()) s.finish = FinishReason::kAbort;
   }
+}
+
+void Scheduler::fail(Request* r, std::string reason) {
+  PAGELLM_LOG_WARN("sched: request %llu failed: %s", static_cast<unsigned long long>(r->id),
+                   reason.c_str());
+  end_aborted(r);
+  r->error = std::move(reason);
   if (plan_) plan_->failed.push_back(summarize(*r));
   forget(r);
 }

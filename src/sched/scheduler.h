@@ -196,6 +196,9 @@ class Scheduler {
   void emit(Request* r, Sequence& s, int32_t n_tokens, bool is_prefill);
   void preempt(Request* r);
   void fail(Request* r, std::string reason);
+  // What abort() and fail() share: r leaves the running or waiting queue with its blocks freed,
+  // and it and every unfinished sequence of it end as aborted (the caller reports and forgets it).
+  void end_aborted(Request* r);
   void drop_entries(const Request* r);
   void maybe_form_batch(double now_ms);
   void maybe_unpark(Request* r, int32_t leader_committed);
