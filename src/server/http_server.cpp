@@ -652,34 +652,28 @@ void HttpServer::unregister_session(Session*) {
   // Expired entries are dropped lazily by register_session's compaction.
 }
 
-void HttpServer::begin_drain() {
-  if (draining_.exchange(true)) return;
+std::vector<std::shared_ptr<Session>> HttpServer::stop_accepting() {
   net::post(ioc_, [this] {
     error_code ignored;
     acceptor_.close(ignored);
   });
   std::vector<std::shared_ptr<Session>> live;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
-    for (auto& w : sessions_)
-      if (auto s = w.lock()) live.push_back(std::move(s));
-  }
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  for (auto& w : sessions_)
+    if (auto s = w.lock()) live.push_back(std::move(s));
+  return live;
+}
+
+void HttpServer::begin_drain() {
+  if (draining_.exchange(true)) return;
+  std::vector<std::shared_ptr<Session>> live = stop_accepting();
   for (auto& s : live) s->drain();
 }
 
 void HttpServer::stop() {
   if (stopped_.exchange(true)) return;
   draining_ = true;
-  net::post(ioc_, [this] {
-    error_code ignored;
-    acceptor_.close(ignored);
-  });
-  std::vector<std::shared_ptr<Session>> live;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
-    for (auto& w : sessions_)
-      if (auto s = w.lock()) live.push_back(std::move(s));
-  }
+  std::vector<std::shared_ptr<Session>> live = stop_accepting();
   for (auto& s : live) s->close();
   live.clear();
   // Let the closes run, then stop the threads.

@@ -144,6 +144,9 @@ class HttpServer {
   void do_accept();
   void register_session(const std::shared_ptr<Session>& s);
   void unregister_session(Session* s);
+  // begin_drain's and stop's first step: the acceptor closes (on the I/O threads) and the live
+  // sessions are returned, to be drained or closed.
+  std::vector<std::shared_ptr<Session>> stop_accepting();
 
   // Declared before ioc_: sessions destroyed while the io_context is torn down still use them.
   HttpServerConfig config_;
