@@ -52,17 +52,7 @@ std::string fmt_double(double v) {
   return buf;
 }
 
-// Short printable rendering of a string value for messages.
-std::string quote_name(const std::string& s) {
-  constexpr size_t kMax = 100;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-  }
-  if (s.size() > kMax) out += "...";
-  return out + "'";
-}
+using io_detail::quote_name;
 
 // Typed access to the members of one JSON object, with messages that name the file and the field
 // by its dotted path ("rope_scaling.factor"). A member that is absent or null counts as unset, as

@@ -21,6 +21,18 @@ inline Result<std::string> read_text_file(const std::string& path, int64_t max_b
   return std::string(reinterpret_cast<const char*>(f.data()), static_cast<size_t>(f.size()));
 }
 
+// A name or value quoted for a message, control characters replaced and cut after max_chars: a
+// fuzzed or corrupt file can hold anything.
+inline std::string quote_name(const std::string& s, size_t max_chars = 200) {
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < max_chars; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  }
+  if (s.size() > max_chars) out += "...";
+  return out + "'";
+}
+
 // "a/b" from "a" and "b" (no doubled slash).
 inline std::string join_path(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;

@@ -60,17 +60,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Names in messages are quoted and cut short: a fuzzed or corrupt header can hold anything.
-std::string quote_name(const std::string& s) {
-  constexpr size_t kMax = 200;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-  }
-  if (s.size() > kMax) out += "...";
-  return out + "'";
-}
+using io_detail::quote_name;
 
 // Byte range [begin, end) of one tensor in the data region, kept while validating overlaps.
 struct Span {
