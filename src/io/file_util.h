@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "io/mapped_file.h"
@@ -23,7 +24,7 @@ inline Result<std::string> read_text_file(const std::string& path, int64_t max_b
 
 // A name or value quoted for a message, control characters replaced and cut after max_chars: a
 // fuzzed or corrupt file can hold anything.
-inline std::string quote_name(const std::string& s, size_t max_chars = 200) {
+inline std::string quote_name(std::string_view s, size_t max_chars = 200) {
   std::string out = "'";
   for (size_t i = 0; i < s.size() && i < max_chars; ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);

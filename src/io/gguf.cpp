@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "io/file_util.h"
 
 namespace pagellm {
 
@@ -226,22 +227,7 @@ bool mul_ok(int64_t a, int64_t b, int64_t& out) {
   return !__builtin_mul_overflow(a, b, &out);
 }
 
-std::string quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      out += '?';  // keep messages on one line
-    } else {
-      out += c;
-    }
-    if (out.size() > 200) {
-      out += "...";
-      break;
-    }
-  }
-  out += "'";
-  return out;
-}
+using io_detail::quote_name;
 
 }  // namespace
 
@@ -347,7 +333,7 @@ Status GgufFile::parse_header() {
     if (!r.read_string(kv.key))
       return data_loss(p + ": metadata key #" + std::to_string(i) + " runs past the end of the file");
     if (kv.key.empty()) return data_loss(p + ": metadata key #" + std::to_string(i) + " is empty");
-    const std::string where = p + ": metadata key " + quote(kv.key);
+    const std::string where = p + ": metadata key " + quote_name(kv.key);
     uint32_t type;
     if (!r.read(type)) return data_loss(where + ": value type runs past the end of the file");
     if (type >= kGgufTypeCount)
@@ -370,7 +356,7 @@ Status GgufFile::parse_header() {
     }
     std::string err = skip_value(r, kv.type, 0);
     if (!err.empty()) return data_loss(where + ": " + err);
-    if (kv_index_.count(kv.key)) return data_loss(p + ": duplicate metadata key " + quote(kv.key));
+    if (kv_index_.count(kv.key)) return data_loss(p + ": duplicate metadata key " + quote_name(kv.key));
     kv_index_.emplace(kv.key, kvs_.size());
     kvs_.push_back(std::move(kv));
   }
@@ -392,7 +378,7 @@ Status GgufFile::parse_header() {
     if (!r.read_string(t.name))
       return data_loss(p + ": tensor info #" + std::to_string(i) + " name runs past the end of the file");
     if (t.name.empty()) return data_loss(p + ": tensor info #" + std::to_string(i) + " has an empty name");
-    const std::string where = p + ": tensor " + quote(t.name);
+    const std::string where = p + ": tensor " + quote_name(t.name);
     uint32_t n_dims;
     if (!r.read(n_dims)) return data_loss(where + ": n_dims runs past the end of the file");
     if (n_dims == 0 || n_dims > kMaxDims)
@@ -421,7 +407,7 @@ Status GgufFile::parse_header() {
     // numel / block_elems blocks; the division is exact because dims[0] is a block multiple.
     if (!mul_ok(numel / traits->block_elems, traits->block_bytes, t.nbytes))
       return data_loss(where + ": byte size overflows");
-    if (tensor_index_.count(t.name)) return data_loss(p + ": duplicate tensor name " + quote(t.name));
+    if (tensor_index_.count(t.name)) return data_loss(p + ": duplicate tensor name " + quote_name(t.name));
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
   }
@@ -432,7 +418,7 @@ Status GgufFile::parse_header() {
   data_offset_ = pos + (alignment_ - pos % alignment_) % alignment_;
   const int64_t data_bytes = size_ >= data_offset_ ? size_ - data_offset_ : 0;
   for (GgufTensor& t : tensors_) {
-    const std::string where = p + ": tensor " + quote(t.name);
+    const std::string where = p + ": tensor " + quote_name(t.name);
     if (t.offset % alignment_ != 0)
       return data_loss(where + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
                        std::to_string(alignment_));
@@ -453,7 +439,7 @@ Status GgufFile::parse_header() {
     const GgufTensor& t = tensors_[i];
     if (t.nbytes == 0) continue;
     if (prev && t.offset < prev->offset + prev->nbytes)
-      return data_loss(p + ": tensors " + quote(prev->name) + " and " + quote(t.name) + " overlap");
+      return data_loss(p + ": tensors " + quote_name(prev->name) + " and " + quote_name(t.name) + " overlap");
     prev = &t;
   }
   return Status::ok_status();
@@ -474,14 +460,14 @@ const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
 
 Result<const GgufKv*> GgufFile::lookup(const std::string& key) const {
   const GgufKv* kv = find_kv(key);
-  if (!kv) return not_found(path_ + ": metadata key " + quote(key) + " not found");
+  if (!kv) return not_found(path_ + ": metadata key " + quote_name(key) + " not found");
   return kv;
 }
 
 Status GgufFile::type_error(const GgufKv& kv, const char* expected) const {
   std::string actual(gguf_type_name(kv.type));
   if (kv.type == GgufType::kArray) actual += " of " + std::string(gguf_type_name(kv.elem_type));
-  return invalid_argument(path_ + ": metadata key " + quote(kv.key) + " has type " + actual +
+  return invalid_argument(path_ + ": metadata key " + quote_name(kv.key) + " has type " + actual +
                           ", expected " + expected);
 }
 
@@ -498,7 +484,7 @@ Result<int64_t> GgufFile::get_i64(const std::string& key) const {
   bool too_big;
   const int64_t v = load_integer(kv->type, data_ + kv->value_offset, too_big);
   if (too_big)
-    return out_of_range(path_ + ": metadata key " + quote(key) + " = " +
+    return out_of_range(path_ + ": metadata key " + quote_name(key) + " = " +
                         std::to_string(load<uint64_t>(data_ + kv->value_offset)) + " does not fit i64");
   return v;
 }
@@ -509,7 +495,7 @@ Result<uint32_t> GgufFile::get_u32(const std::string& key) const {
     return out_of_range(v.status().message() + " (expected u32)");
   if (!v.ok()) return v.status();
   if (*v < 0 || *v > std::numeric_limits<uint32_t>::max())
-    return out_of_range(path_ + ": metadata key " + quote(key) + " = " + std::to_string(*v) +
+    return out_of_range(path_ + ": metadata key " + quote_name(key) + " = " + std::to_string(*v) +
                         " does not fit u32");
   return static_cast<uint32_t>(*v);
 }
@@ -563,7 +549,7 @@ Result<std::vector<int32_t>> GgufFile::get_i32_array(const std::string& key) con
     bool too_big;
     const int64_t v = load_integer(kv->elem_type, data_ + kv->value_offset + i * esize, too_big);
     if (too_big || v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
-      return out_of_range(path_ + ": metadata key " + quote(key) + " element " + std::to_string(i) +
+      return out_of_range(path_ + ": metadata key " + quote_name(key) + " element " + std::to_string(i) +
                           " does not fit i32");
     out[i] = static_cast<int32_t>(v);
   }
@@ -590,7 +576,7 @@ void render_value(std::string& out, GgufType t, const uint8_t*& q, size_t max_el
     case GgufType::kString: {
       const uint64_t n = load<uint64_t>(q);
       std::string_view s(reinterpret_cast<const char*>(q + 8), n);
-      out += quote(s.substr(0, 120));
+      out += quote_name(s.substr(0, 120));
       if (n > 120) out.insert(out.size() - 1, "...");
       q += 8 + n;
       return;
@@ -711,7 +697,7 @@ Result<std::unique_ptr<GgufWeightSource>> GgufWeightSource::create(
   for (const GgufTensor& t : f.tensors()) {
     // llama3 rope factors are folded into ModelConfig::rope by gguf_model_config.
     if (t.name == "rope_freqs.weight") continue;
-    const std::string where = f.path() + ": tensor " + quote(t.name);
+    const std::string where = f.path() + ": tensor " + quote_name(t.name);
     std::optional<std::string> hf = gguf_to_hf_name(t.name);
     if (!hf) return unimplemented(where + " has no Hugging Face counterpart (not a Llama/Qwen2/Qwen3 tensor)");
     std::optional<DType> dt = dtype_from_ggml(t.ggml_type);
