@@ -356,7 +356,8 @@ Status GgufFile::parse_header() {
     }
     std::string err = skip_value(r, kv.type, 0);
     if (!err.empty()) return data_loss(where + ": " + err);
-    if (kv_index_.count(kv.key)) return data_loss(p + ": duplicate metadata key " + quote_name(kv.key));
+    if (kv_index_.count(kv.key))
+      return data_loss(p + ": duplicate metadata key " + quote_name(kv.key));
     kv_index_.emplace(kv.key, kvs_.size());
     kvs_.push_back(std::move(kv));
   }
@@ -407,7 +408,8 @@ Status GgufFile::parse_header() {
     // numel / block_elems blocks; the division is exact because dims[0] is a block multiple.
     if (!mul_ok(numel / traits->block_elems, traits->block_bytes, t.nbytes))
       return data_loss(where + ": byte size overflows");
-    if (tensor_index_.count(t.name)) return data_loss(p + ": duplicate tensor name " + quote_name(t.name));
+    if (tensor_index_.count(t.name))
+      return data_loss(p + ": duplicate tensor name " + quote_name(t.name));
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
   }
@@ -439,7 +441,8 @@ Status GgufFile::parse_header() {
     const GgufTensor& t = tensors_[i];
     if (t.nbytes == 0) continue;
     if (prev && t.offset < prev->offset + prev->nbytes)
-      return data_loss(p + ": tensors " + quote_name(prev->name) + " and " + quote_name(t.name) + " overlap");
+      return data_loss(p + ": tensors " + quote_name(prev->name) + " and " + quote_name(t.name) +
+                       " overlap");
     prev = &t;
   }
   return Status::ok_status();
@@ -485,7 +488,8 @@ Result<int64_t> GgufFile::get_i64(const std::string& key) const {
   const int64_t v = load_integer(kv->type, data_ + kv->value_offset, too_big);
   if (too_big)
     return out_of_range(path_ + ": metadata key " + quote_name(key) + " = " +
-                        std::to_string(load<uint64_t>(data_ + kv->value_offset)) + " does not fit i64");
+                        std::to_string(load<uint64_t>(data_ + kv->value_offset)) +
+                        " does not fit i64");
   return v;
 }
 
@@ -549,8 +553,8 @@ Result<std::vector<int32_t>> GgufFile::get_i32_array(const std::string& key) con
     bool too_big;
     const int64_t v = load_integer(kv->elem_type, data_ + kv->value_offset + i * esize, too_big);
     if (too_big || v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
-      return out_of_range(path_ + ": metadata key " + quote_name(key) + " element " + std::to_string(i) +
-                          " does not fit i32");
+      return out_of_range(path_ + ": metadata key " + quote_name(key) + " element " +
+                          std::to_string(i) + " does not fit i32");
     out[i] = static_cast<int32_t>(v);
   }
   return out;
