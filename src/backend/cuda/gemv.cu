@@ -257,17 +257,17 @@ void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
   const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
   if (p.k_split == 0) {
-    // One wave: the blocks every SM holds at once, from this kernel's registers.
-    static const int per_sm = [&] {
-      int n = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kGemvThreads, 0));
-      return std::max(n, 1);
+    // One wave: the blocks every SM holds at once (from this kernel's registers) times the SMs,
+    // asked of the runtime once per kernel rather than at every launch (a process's GPUs are
+    // taken to be of one kind).
+    static const int64_t wave = [&] {
+      int device = 0, n_sms = 0, per_sm = 0;
+      CUDA_CHECK(cudaGetDevice(&device));
+      CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0));
+      return static_cast<int64_t>(std::max(per_sm, 1)) * n_sms;
     }();
-    int device = 0, n_sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
-    p.k_split = k_split_for(ceil_div(p.m_dim, kOutPerWarp) * batch, p.k_dim,
-                            static_cast<int64_t>(per_sm) * n_sms);
+    p.k_split = k_split_for(ceil_div(p.m_dim, kOutPerWarp) * batch, p.k_dim, wave);
   }
   const int64_t rows_per_block = kGemvWarps / p.k_split * kOutPerWarp;
   const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
