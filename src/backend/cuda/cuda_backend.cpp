@@ -390,11 +390,13 @@ CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const 
   check_on_device(x, "x");
   check_on_device(w, "w");
   check_on_device(out, "out");
-  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, (std::string(op) + ": activations must be bf16").c_str());
-  PAGELLM_CHECK_MSG(w.ndim == 2 && is_float_type(w.dtype),
-                    (std::string(op) + ": weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
-                            "dequantized on upload)")
-                        .c_str());
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16,
+                    (std::string(op) + ": activations must be bf16").c_str());
+  PAGELLM_CHECK_MSG(
+      w.ndim == 2 && is_float_type(w.dtype),
+      (std::string(op) + ": weight must be a 2-D f32/f16/bf16 tensor (quantized weights are "
+                         "dequantized on upload)")
+          .c_str());
   PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
                     (std::string(op) + ": out must be bf16 or f32").c_str());
   PAGELLM_CHECK_MSG(w.size(1) == x.cols() && x.cols() > 0,
