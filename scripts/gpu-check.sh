@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: configure and build the cuda preset, run the CUDA op tests
 # (every op against the CPU reference), run compute-sanitizer memcheck on a reduced op filter
-# and racecheck on the attention kernels,
+# and racecheck on the attention kernels and the GEMV,
 # run the CPU golden model tests, and print a summary table. Works offline from a fresh copy of
 # the repository: libraries the system lacks come from .carry/pkg/deps.tar.gz, made by
 # scripts/carry-deps.sh on a Debian 12 machine.
@@ -206,10 +206,10 @@ if [ $ops_built = 1 ]; then
     rc=$?
     grep -E "=========|FAILED" "$logs/racecheck.log" | head -30
     case $rc in
-      0) record "racecheck (attention)" "ok ($(( $(now) - t ))s)" ;;
-      124) record "racecheck (attention)" "TIMEOUT after ${limit}s (see $logs/racecheck.log)" ;;
-      99) record "racecheck (attention)" "HAZARDS (see $logs/racecheck.log)" ;;
-      *) record "racecheck (attention)" "FAILED rc=$rc (see $logs/racecheck.log)" ;;
+      0) record "racecheck (attention, GEMV)" "ok ($(( $(now) - t ))s)" ;;
+      124) record "racecheck (attention, GEMV)" "TIMEOUT after ${limit}s (see $logs/racecheck.log)" ;;
+      99) record "racecheck (attention, GEMV)" "HAZARDS (see $logs/racecheck.log)" ;;
+      *) record "racecheck (attention, GEMV)" "FAILED rc=$rc (see $logs/racecheck.log)" ;;
     esac
   fi
 fi
