@@ -11,7 +11,9 @@
 #                                     # `pagellm bench latency` over them, printing a table last
 # Environment for run: PAGELLM_AB_MODELS (bench/model-configs names; default "llama-3-8b
 # llama-2-7b deepseek-v2-lite"), PAGELLM_AB_ROUNDS (default 2), PAGELLM_AB_OUTPUT_LEN (256; MoE
-# shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab).
+# shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab),
+# PAGELLM_AB_THROUGHPUT=1 (each round also runs issue 6's offline Llama-3-8B run, 1000 x (512 in,
+# 256 out), reported in total tok/s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -83,9 +85,25 @@ run() {
         fi
       done
     done
+    [ "${PAGELLM_AB_THROUGHPUT:-0}" = 1 ] || continue
+    for n in "${names[@]}"; do
+      local log=$dir/$n.offline.$r.log
+      if "$dir/$n/build/cuda/tools/pagellm" bench throughput \
+           --model "$dir/$n/bench/model-configs/llama-3-8b.json" --load-format dummy --device cuda \
+           --num-prompts 1000 --input-len 512 --output-len 256 --max-num-seqs 512 \
+           --max-num-batched-tokens 16384 >"$log" 2>&1; then
+        local tps
+        tps=$(awk '/^throughput/ {for (i = 1; i < NF; ++i) if ($(i + 1) == "total") print $i}' "$log")
+        echo "offline $n $r $tps -" | tee -a "$results"
+      else
+        echo "offline $n $r FAILED (see $log)" | tee -a "$results"
+      fi
+    done
   done
-  printf '\n== decode tok/s (prefill tok/s), one column per round\n'
-  for m in $models; do
+  printf '\n== decode tok/s (prefill tok/s), one column per round; offline: total tok/s\n'
+  local shown=$models
+  [ "${PAGELLM_AB_THROUGHPUT:-0}" = 1 ] && shown="$models offline"
+  for m in $shown; do
     for n in "${names[@]}"; do
       printf '  %-18s %-16s' "$m" "$n"
       awk -v m="$m" -v n="$n" '$1 == m && $2 == n {

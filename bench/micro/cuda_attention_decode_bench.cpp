@@ -74,8 +74,8 @@ void BM_DecodeAttentionMla(benchmark::State& state) {
 }
 
 // seqs, ctx, plan: batch 1 eager and as recorded for an 8192-token max_model_len; long contexts;
-// the decode batches of the offline runs (Llama-3-8B: 256 sequences of ~640 tokens; V2-Lite:
-// 200 of ~1050).
+// the decode batches of the offline runs (Llama-3-8B: up to 512 sequences of ~640 tokens;
+// V2-Lite: 200 of ~1050).
 #define DECODE_CASES(bm)                  \
   BENCHMARK(bm)                           \
       ->ArgNames({"seqs", "ctx", "plan"}) \
@@ -85,6 +85,7 @@ void BM_DecodeAttentionMla(benchmark::State& state) {
       ->Args({1, 32768, 32768})           \
       ->Args({64, 1024, 1024})            \
       ->Args({256, 640, 768})             \
+      ->Args({512, 640, 768})             \
       ->Args({200, 1050, 1100})           \
       ->UseManualTime()                   \
       ->MinTime(0.1)                      \

@@ -1,4 +1,5 @@
-// Paged attention against the CPU reference: decode batches (split-KV and its reduction), ragged
+// Paged attention against the CPU reference: decode batches (split-KV and its reduction, the
+// balanced division of large batches, graph batches with padding planned for a bound), ragged
 // prefill with cached prefixes, mixed batches, GQA 32:8, MQA, MHA, head dims 64/80/128/256 and
 // the MLA split 192/128, sliding windows, soft-capping, block sizes 1/7/8/16/32, shuffled
 // (non-consecutive) block tables with padded rows, sequences that have no query in the step, and
@@ -23,7 +24,10 @@ struct AttnCase {
   std::vector<Seq> seqs;
   int32_t window = -1;
   float softcap = 0.0f;
-  float q_amp = 1.0f;  // larger makes the softmax peakier
+  float q_amp = 1.0f;      // larger makes the softmax peakier
+  int32_t n_padding = 0;   // graph-batch padding sequences after the real ones: 1 query, no context
+  bool via_graph = false;  // also record the call in a CUDA graph and replay it
+  int32_t kv_bound = 0;    // > 0: meta.max_seqlen_kv (a graph's bound, past every context)
 };
 
 // Prefill runs P.V on tensor cores with the softmax weights P rounded to bf16 (fp32
@@ -83,20 +87,22 @@ std::vector<float> p_rounding_slack(const AttnCase& c, const std::vector<float>&
 
 void run_attention_case(Backend& cuda, Backend& cpu, uint64_t seed, const AttnCase& c) {
   Rng rng(seed);
-  const int32_t n_seqs = static_cast<int32_t>(c.seqs.size());
+  const int32_t n_real = static_cast<int32_t>(c.seqs.size());
+  const int32_t n_seqs = n_real + c.n_padding;
   const int32_t bs = c.block_size;
-  std::vector<int32_t> cu(n_seqs + 1, 0), lens(n_seqs);
-  int32_t max_q = 0, max_kv = 0, max_blocks = 0, total_blocks = 0;
+  std::vector<int32_t> cu(n_seqs + 1, 0), lens(n_seqs, 0);
+  int32_t max_q = 0, max_kv = 0, max_blocks = 1, total_blocks = 0;
   for (int32_t s = 0; s < n_seqs; ++s) {
-    cu[s + 1] = cu[s] + c.seqs[s].n_q;
-    lens[s] = c.seqs[s].kv_len;
-    max_q = std::max(max_q, c.seqs[s].n_q);
-    max_kv = std::max(max_kv, c.seqs[s].kv_len);
-    const int32_t nb = (c.seqs[s].kv_len + bs - 1) / bs;
+    const Seq sq = s < n_real ? c.seqs[s] : Seq{1, 0};
+    cu[s + 1] = cu[s] + sq.n_q;
+    lens[s] = sq.kv_len;
+    max_q = std::max(max_q, sq.n_q);
+    max_kv = std::max(max_kv, sq.kv_len);
+    const int32_t nb = (sq.kv_len + bs - 1) / bs;
     max_blocks = std::max(max_blocks, nb);
     total_blocks += nb;
   }
-  const int64_t n = cu[n_seqs];
+  const int64_t n = cu[n_seqs], n_real_tokens = cu[n_real];
   // A pool with spare blocks, handed out in shuffled order so no sequence's blocks are consecutive.
   const int64_t pool = total_blocks + 5;
   std::vector<int32_t> perm(pool);
@@ -123,40 +129,64 @@ void run_attention_case(Backend& cuda, Backend& cpu, uint64_t seed, const AttnCa
   meta.block_tables = table_dev->view(DType::kI32, {n_seqs, table_ld});
   meta.block_size = bs;
   meta.max_seqlen_q = max_q;
-  meta.max_seqlen_kv = max_kv;
+  meta.max_seqlen_kv = std::max({max_kv, max_q, c.kv_bound});
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   params.window = c.window;
   params.softcap = c.softcap;
   Tensor out_t = out.view(DType::kBF16, {n, c.hq, c.dv});
-  cuda.attention(q_dev->view(DType::kBF16, {n, c.hq, c.d}),
-                 kc_dev->view(DType::kBF16, {pool, bs, c.hkv, c.d}),
-                 vc_dev->view(DType::kBF16, {pool, bs, c.hkv, c.dv}), meta, params, out_t);
+  const Tensor q_t = q_dev->view(DType::kBF16, {n, c.hq, c.d});
+  const Tensor k_t = kc_dev->view(DType::kBF16, {pool, bs, c.hkv, c.d});
+  const Tensor v_t = vc_dev->view(DType::kBF16, {pool, bs, c.hkv, c.dv});
+  cuda.attention(q_t, k_t, v_t, meta, params, out_t);
 
+  // The reference over the real sequences only (it rejects a query without context).
   AttentionMeta hmeta = meta;
-  hmeta.cu_seqlens_q = Tensor(cu.data(), DType::kI32, {n_seqs + 1});
-  hmeta.seq_lens_kv = Tensor(lens.data(), DType::kI32, {n_seqs});
-  hmeta.block_tables = Tensor(table.data(), DType::kI32, {n_seqs, table_ld});
-  std::vector<float> want(n * c.hq * c.dv);
-  Tensor want_t = host_f32(want, {n, c.hq, c.dv});
-  cpu.attention(host_f32(q, {n, c.hq, c.d}), host_f32(kc, {pool, bs, c.hkv, c.d}),
+  hmeta.n_seqs = n_real;
+  hmeta.cu_seqlens_q = Tensor(cu.data(), DType::kI32, {n_real + 1});
+  hmeta.seq_lens_kv = Tensor(lens.data(), DType::kI32, {n_real});
+  hmeta.block_tables = Tensor(table.data(), DType::kI32, {n_real, table_ld});
+  std::vector<float> want(n_real_tokens * c.hq * c.dv);
+  Tensor want_t = host_f32(want, {n_real_tokens, c.hq, c.dv});
+  std::vector<float> q_real(q.begin(), q.begin() + n_real_tokens * c.hq * c.d);
+  cpu.attention(host_f32(q_real, {n_real_tokens, c.hq, c.d}), host_f32(kc, {pool, bs, c.hkv, c.d}),
                 host_f32(vc, {pool, bs, c.hkv, c.dv}), hmeta, params, want_t);
 
   std::ostringstream seqs;
   for (const Seq& s : c.seqs) seqs << s.n_q << "/" << s.kv_len << ",";
   const std::string what = Label("attention", seed)("hq", c.hq)("hkv", c.hkv)("d", c.d)("dv", c.dv)(
       "block_size", bs)("window", c.window)("softcap", c.softcap)("q_amp", c.q_amp)(
-      "path", max_q == 1 ? "decode" : "prefill")("seqs(n_q/kv)", seqs.str());
+      "padding", c.n_padding)("kv_bound", c.kv_bound)("path", max_q == 1 ? "decode" : "prefill")("seqs(n_q/kv)", seqs.str());
   std::vector<float> got = download_bf16(out);
-  got.resize(want.size());
+  got.resize(n * c.hq * c.dv);
+  std::vector<float> got_real(got.begin(), got.begin() + want.size());
   if (max_q > 1) {
     const std::vector<float> slack =
         p_rounding_slack(c, q, kc, vc, cu, lens, table, table_ld, params.scale);
-    EXPECT_TRUE(compare(what, got, want, kBf16Tol, &slack));
+    EXPECT_TRUE(compare(what, got_real, want, kBf16Tol, &slack));
   } else {
-    EXPECT_TRUE(compare(what, got, want, kBf16Tol));
+    EXPECT_TRUE(compare(what, got_real, want, kBf16Tol));
+  }
+  // Padding tokens have no context: their output is 0, not NaN.
+  std::vector<float> got_pad(got.begin() + want.size(), got.end());
+  if (!got_pad.empty()) {
+    EXPECT_TRUE(compare(what + " padding tokens", got_pad, std::vector<float>(got_pad.size(), 0.0f),
+                        kExact));
   }
   EXPECT_TRUE(guards_ok(what, out));
+
+  if (c.via_graph) {
+    // Recorded after the direct run above (which sized the workspace), replayed into a cleared
+    // output: the same values, bit for bit.
+    std::unique_ptr<OpGraph> graph = cuda.capture([&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); });
+    ASSERT_NE(graph, nullptr) << what << ": the attention could not be recorded";
+    const std::vector<uint16_t> zeros(n * c.hq * c.dv, 0);
+    out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+    graph->replay();
+    std::vector<float> replayed = download_bf16(out);
+    replayed.resize(got.size());
+    EXPECT_TRUE(compare(what + " graph replay", replayed, got, kExact));
+  }
 }
 
 std::vector<Seq> decode_seqs(std::initializer_list<int32_t> kv_lens) {
@@ -209,6 +239,53 @@ TEST(AttentionDecode, SlidingWindowAndSoftcap) {
   run_attention_case(cuda, cpu, ++seed, {32, 8, 128, 128, 16, seqs, 4096});
   run_attention_case(cuda, cpu, ++seed, {8, 4, 256, 256, 16, seqs, -1, 30.0f, 8.0f});
   run_attention_case(cuda, cpu, ++seed, {8, 4, 128, 128, 16, seqs, 100, 5.0f, 8.0f});
+}
+
+// Batches of at least as many (sequence, KV head) items as SMs take the balanced division: the
+// keys of all items cut into equal pieces, items merged across piece boundaries.
+TEST(AttentionDecode, BalancedLargeBatches) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 4700;
+  Rng rng(seed);
+  auto random_seqs = [&](int count, int32_t max_len, bool some_without_query) {
+    std::vector<Seq> seqs;
+    for (int i = 0; i < count; ++i) {
+      const int32_t n_q = some_without_query && i % 7 == 3 ? 0 : 1;
+      seqs.push_back({n_q, static_cast<int32_t>(1 + rng.below(max_len))});
+    }
+    return seqs;
+  };
+  run_attention_case(cuda, cpu, ++seed, {32, 8, 128, 128, 16, random_seqs(200, 1500, true)});
+  run_attention_case(cuda, cpu, ++seed,
+                     {32, 8, 128, 128, 16, random_seqs(150, 800, false), 100, 5.0f, 4.0f});
+  run_attention_case(cuda, cpu, ++seed, {8, 8, 256, 256, 16, random_seqs(20, 3000, true)});
+  run_attention_case(cuda, cpu, ++seed, {16, 2, 128, 128, 7, random_seqs(70, 900, false)});
+  run_attention_case(cuda, cpu, ++seed, {8, 2, 36, 36, 1, random_seqs(80, 300, true)});
+  run_attention_case(cuda, cpu, ++seed, {12, 4, 80, 80, 16, random_seqs(40, 2000, false)});
+  // Equal lengths: every item cut at the same offsets.
+  run_attention_case(cuda, cpu, ++seed,
+                     {32, 8, 128, 128, 16, std::vector<Seq>(256, Seq{1, 640})});
+}
+
+TEST(AttentionDecode, GraphBatchesAndPadding) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 4800;
+  // A batch of 3 padded to 8 (padding: one query, no context), planned for its longest context
+  // and for a graph's bound far past it; then a large batch, balanced, the same ways.
+  for (const int32_t bound : {0, 8192}) {
+    AttnCase small{32, 8, 128, 128, 16, decode_seqs({1, 77, 300})};
+    small.n_padding = 5;
+    small.via_graph = true;
+    small.kv_bound = bound;
+    run_attention_case(cuda, cpu, ++seed, small);
+    std::vector<Seq> seqs;
+    for (int i = 0; i < 150; ++i) seqs.push_back({1, 1 + (i * 37) % 700});
+    AttnCase large{32, 8, 128, 128, 16, seqs};
+    large.n_padding = 10;
+    large.via_graph = true;
+    large.kv_bound = bound;
+    run_attention_case(cuda, cpu, ++seed, large);
+  }
 }
 
 TEST(AttentionPrefill, RaggedWithCachedPrefixes) {

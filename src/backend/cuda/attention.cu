@@ -24,6 +24,9 @@
 // it in pdl_wait() before touching memory: q and the cache rows come from the kernels before, the
 // split counters from the previous decode launch's reset.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
@@ -58,21 +61,60 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
 }
 
+// How a decode launch divides its work. An item is one (sequence, KV head): the attention of its
+// query heads over the sequence's span of keys. Two ways:
+//  - per-item splits (n_splits > 0), for batches of fewer items than SMs: n_splits blocks an item,
+//    each sequence cutting its own span into n_splits chunks of whole 32-key pieces (so a launch
+//    planned for a bound also serves every shorter context);
+//  - balanced (n_splits == 0), for larger batches: the keys of all items, laid end to end, are cut
+//    into equal pieces, one a block, and the number of pieces is a whole number of waves (the
+//    blocks all SMs hold at once). Each block then streams the same bytes, whatever the mix of
+//    lengths, and no wave runs part-empty; with one block an item (the old grid) a batch of 256
+//    sequences took 3.1 waves, its last a tenth full. A block walks the items its piece covers;
+//    an item cut by a piece boundary is merged from its parts.
 struct DecodePlan {
-  int chunk = 0, n_splits = 1, group = 1, dmax = 0;
+  int chunk = 0;       // keys of one block's piece, at most: sizes the scores in shared memory
+  int n_splits = 0;    // blocks an item; 0: balanced
+  int wave = 0;        // balanced: blocks the SMs hold at once
+  int max_parts = 1;   // parts an item is merged from, at most
+  int64_t n_blocks = 0;
+  int64_t slots = 0;   // partial results the workspace holds (0: nothing is merged)
+  int group = 1, dmax = 0;
   size_t smem = 0;
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-// Shared memory of one decode block for a chunk of `chunk` keys (layout above decode_kernel).
-// The scores region also holds the merge weights of the last split ([G][n_splits]), so it is
-// sized for max(chunk, n_splits) (scores_cap).
-int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int block_size) {
-  const int64_t tile = std::min(group, kDecodeHeadTile);
+// Shared memory of one decode block whose scores region holds `scores` keys a head (a piece's
+// keys, or the merge weights of an item's parts) for pieces of `chunk` keys, with `n_seqs`
+// sequences' prefix table when balanced (layout above decode_kernel).
+__host__ __device__ int64_t decode_smem_bytes(int group, int dmax, int64_t scores, int64_t chunk,
+                                              int block_size, int64_t n_seqs) {
+  const int64_t tile = group < kDecodeHeadTile ? group : kDecodeHeadTile;
   return static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
-         static_cast<int64_t>(group) * chunk * 4 + 2 * group * 4 + (chunk / block_size + 2) * 4;
+         static_cast<int64_t>(group) * scores * 4 + 2 * group * 4 + (chunk / block_size + 2) * 4 +
+         (n_seqs > 0 ? 3 * (n_seqs + 1) * 4 : 0);
 }
+
+// Blocks of `kernel` (kDecodeThreads threads, `smem` bytes of shared memory) one SM holds at
+// once, asked of the runtime once per kernel and size.
+int decode_blocks_per_sm(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({kernel, smem}, 0);
+  if (fresh) {
+    if (smem > 48 * 1024)
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, kDecodeThreads,
+                                                             smem));
+    it->second = std::max(it->second, 1);
+  }
+  return it->second;
+}
+
+const void* decode_kernel_for(const AttentionArgs& a, int group, int dmax);
 
 DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   DecodePlan p;
@@ -81,20 +123,41 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   int64_t max_len = std::max(a.max_seqlen_kv, 1);
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
   const int bs = std::max(a.block_size, 1);
-  // The longest chunk whose scores fit the soft budget (scores and block ids grow with it).
-  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, bs);
+  const int64_t items = static_cast<int64_t>(a.n_seqs) * a.hkv;
+  const bool balanced = items >= n_sms;
+  // The longest piece whose scores fit the soft budget (scores and block ids grow with it).
+  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs, balanced ? a.n_seqs : 0);
   int64_t cap = (kSmemSoftBudget - fixed) / (static_cast<int64_t>(p.group) * 4 + 4) / 32 * 32;
   cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
-  // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
-  const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.hkv;
-  const int64_t want_splits = std::max<int64_t>(1, (2 * n_sms + blocks - 1) / blocks);
-  int64_t chunk = (max_len + want_splits - 1) / want_splits;
-  chunk = (chunk + 31) / 32 * 32;
-  chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
-  p.chunk = static_cast<int>(chunk);
-  p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
-  p.smem = static_cast<size_t>(
-      decode_smem_bytes(p.group, p.dmax, std::max<int64_t>(chunk, p.n_splits), bs));
+  if (!balanced) {
+    // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
+    const int64_t want_splits = std::max<int64_t>(1, (2 * n_sms + items - 1) / items);
+    int64_t chunk = (max_len + want_splits - 1) / want_splits;
+    chunk = (chunk + 31) / 32 * 32;
+    chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
+    p.chunk = static_cast<int>(chunk);
+    p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
+    p.max_parts = p.n_splits;
+    p.n_blocks = items * p.n_splits;
+    p.slots = p.n_splits > 1 ? p.n_blocks : 0;
+    p.smem = static_cast<size_t>(
+        decode_smem_bytes(p.group, p.dmax, std::max(chunk, int64_t{p.n_splits}), chunk, bs, 0));
+    return p;
+  }
+  // Balanced: pieces of at most `cap` keys (at least min(kMinChunk, cap), so an item of max_len
+  // keys has at most max_parts parts), as many as whole waves need for the bound on the keys.
+  const int64_t total = items * max_len;
+  PAGELLM_CHECK_MSG(static_cast<int64_t>(a.n_seqs) * max_len < (int64_t{1} << 31),
+                    "attention: too many keys in one decode batch");
+  p.chunk = static_cast<int>(cap);
+  p.max_parts = static_cast<int>((max_len + std::min<int64_t>(kMinChunk, cap) - 1) /
+                                     std::min<int64_t>(kMinChunk, cap) +
+                                 1);
+  p.smem = static_cast<size_t>(decode_smem_bytes(
+      p.group, p.dmax, std::max<int64_t>(cap, p.max_parts), cap, bs, a.n_seqs));
+  p.wave = decode_blocks_per_sm(decode_kernel_for(a, p.group, p.dmax), p.smem) * n_sms;
+  p.n_blocks = p.wave * ((total + p.wave * cap - 1) / (p.wave * cap));
+  p.slots = 2 * p.n_blocks;
   return p;
 }
 
@@ -147,57 +210,73 @@ __device__ __forceinline__ int reduced_index(int lane) {
   return idx;
 }
 
-// One block per (sequence, KV head, split), kDecodeWarps warps. Lanes split a cache row in
-// 16-byte pieces (L lanes per row, so a warp covers 32 / L rows per load) and each lane issues
-// the next group of kDecodeLoads loads before using the current one: decode attention is bound by
-// how many bytes are in flight, not by arithmetic. Pass 1 scores the chunk's keys for every head of
-// the GQA group (each K row is loaded once for all of them; the per-row dot products are summed
-// over the L lanes by transpose_reduce), then an exact softmax per head over the chunk, then pass 2
-// streams the V rows the same way, each lane accumulating its 8 dims for a tile of heads.
+// The parts an item is merged from: part i's partial result sits in workspace slot
+// base + i * step, plus first_extra for part 0 (balanced: a block keeps two slots, 0 for the
+// item its piece starts in, 1 for the one it ends in when that is another).
+struct Parts {
+  int64_t base;
+  int step, first_extra, n;
+  __device__ __forceinline__ int64_t slot(int i) const {
+    return base + static_cast<int64_t>(i) * step + (i == 0 ? first_extra : 0);
+  }
+};
+
+// Zeros the outputs of n_heads query heads from h0 of query token q_tok: a padding sequence of a
+// graph batch (a query, no context) gets 0, not NaN or stale values.
+__device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, int h0, int n_heads) {
+  const int Dv = a.head_dim_v;
+  for (int idx = threadIdx.x; idx < n_heads * Dv; idx += kDecodeThreads) {
+    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + (h0 + idx / Dv) * a.o_stride_head;
+    o[idx % Dv] = from_float<bf16>(0.0f);
+  }
+}
+
+// One block's piece of one item: keys [begin, begin + n_tok) of sequence s for KV head kvh, part
+// `part` of `parts`. kDecodeWarps warps. Lanes split a cache row in 16-byte pieces (L lanes per
+// row, so a warp covers 32 / L rows per load) and each lane issues the next group of
+// kDecodeLoads loads before using the current one: decode attention is bound by how many bytes
+// are in flight, not by arithmetic. Pass 1 scores the piece's keys for every head of the GQA
+// group (each K row is loaded once for all of them; the per-row dot products are summed over the
+// L lanes by transpose_reduce), then an exact softmax per head over the piece, then pass 2
+// streams the V rows the same way, each lane accumulating its 8 dims for a tile of heads. A
+// whole item (one part) writes the output; otherwise the part writes its unnormalized sum with
+// its max and sum of exponentials, and the last part of the item to finish, counted by an
+// atomic, merges them all (log-sum-exp rescaling).
 //
 // Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
-//                scores f32 [G][chunk] | m, l f32 [G][2] | the chunk's block ids i32.
+//                scores f32 [G][max(chunk, max_parts)] | m, l f32 [G][2] | the piece's block
+//                ids i32 [chunk / block_size + 2] | (balanced) the sequences' table.
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
 // P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
 template <int DMAX, bool kAligned, int kG>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
-    decode_kernel(AttentionArgs a, int chunk, int n_splits, float* __restrict__ part_acc,
-                  float* __restrict__ part_ml, int32_t* __restrict__ counters) {
+__device__ __forceinline__ void attend_piece(const AttentionArgs& a, const DecodePlan& p,
+                                             unsigned char* smem, int s, int kvh, int q_tok,
+                                             int32_t begin, int32_t n_tok, int part,
+                                             const Parts& parts, float* __restrict__ part_acc,
+                                             float* __restrict__ part_ml,
+                                             int32_t* __restrict__ counters) {
   constexpr int L = DMAX / 8;             // lanes per cache row
   constexpr int KPW = 32 / L;             // rows per warp-wide load
   constexpr int KW = KPW * kDecodeLoads;  // rows per warp per group
   static_assert(L >= kDecodeLoads, "transpose_reduce needs a lane per loaded row");
-  extern __shared__ __align__(16) unsigned char decode_smem[];
-  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();  // the output projection's GEMV may start fetching its weights
-  const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int q_tok = a.cu_seqlens_q[s];
-  if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
   constexpr int kTile = kG > 0 ? kG : kDecodeHeadTile;  // accumulator rows per pass over V
   const int G = kG > 0 ? kG : a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
   const int tile = min(G, kTile);
-  bf16* qs = reinterpret_cast<bf16*>(decode_smem);
+  const int chunk = p.chunk;  // the scores' row stride
+  bf16* qs = reinterpret_cast<bf16*>(smem);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
-  const int scores_cap = max(chunk, n_splits);  // as the plan sized it
-  float* ml = scores + static_cast<size_t>(G) * scores_cap;
+  float* ml = scores + static_cast<size_t>(G) * max(chunk, p.max_parts);
   int32_t* blk = reinterpret_cast<int32_t*>(ml + 2 * G);
-  const int32_t pos = a.seq_lens_kv[s] - 1;
-  const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
-  // bound, which sizes shared memory) because the plan covers the longest span.
-  const int32_t span = pos + 1 - lo;
-  const int32_t my_chunk = min(chunk, (span + n_splits - 1) / n_splits + 31 & ~31);
-  const int32_t begin = lo + split * my_chunk;
-  const int32_t n_tok = max(0, min(begin + my_chunk, pos + 1) - begin);
   const int h0 = kvh * G;
   const int bs = a.block_size;
   const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;  // block_size a power of two
-  const int32_t first_blk = n_tok > 0 ? begin / bs : 0;
-  const int n_blk = n_tok > 0 ? (begin + n_tok - 1) / bs - first_blk + 1 : 0;
+  const int32_t first_blk = begin / bs;
+  const int n_blk = (begin + n_tok - 1) / bs - first_blk + 1;
 
-  // The chunk's block ids go to shared memory once, so no row load waits on a table load.
+  __syncthreads();  // the previous piece of this block is done with shared memory
+  // The piece's block ids go to shared memory once, so no row load waits on a table load.
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   for (int i = tid; i < n_blk; i += kDecodeThreads) blk[i] = table[first_blk + i];
   // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
@@ -209,15 +288,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   __syncthreads();
 
   auto row = [&](const CacheView& c, int32_t t) {
-    const int32_t p = begin + t;
-    const int32_t b = shift >= 0 ? p >> shift : p / bs;
+    const int32_t pp = begin + t;
+    const int32_t b = shift >= 0 ? pp >> shift : pp / bs;
     return static_cast<const bf16*>(c.data) + blk[b - first_blk] * c.stride_block +
-           (p - b * bs) * c.stride_tok + kvh * c.stride_head;
+           (pp - b * bs) * c.stride_tok + kvh * c.stride_head;
   };
   const int sub = lane % L, kk = lane / L, e0 = sub * 8;
 
   // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
-  // chunk. A warp's groups are kStride rows apart.
+  // piece. A warp's groups are kStride rows apart.
   auto load_group = [&](const CacheView& c, int n, int t0, uint4(&raw)[kDecodeLoads]) {
 #pragma unroll
     for (int u = 0; u < kDecodeLoads; ++u) {
@@ -228,7 +307,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   constexpr int kStride = kDecodeWarps * KW;
 
   // The first group of V rows is requested with the first K rows: V does not depend on the scores,
-  // and a short chunk (a split of a batch-1 step) then costs one memory round, not two.
+  // and a short piece (a split of a batch-1 step) then costs one memory round, not two.
   uint4 v_first[kDecodeLoads];
   load_group(a.v_cache, Dv, warp * KW, v_first);
 
@@ -268,7 +347,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   }
   __syncthreads();
 
-  // Exact softmax over the chunk, per head: scores become exp(s - m), and (m, l) are kept.
+  // Exact softmax over the piece, per head: scores become exp(s - m), and (m, l) are kept.
   for (int g = warp; g < G; g += kDecodeWarps) {
     float m = -INFINITY;
     for (int t = lane; t < n_tok; t += 32) m = fmaxf(m, scores[g * chunk + t]);
@@ -288,6 +367,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   __syncthreads();
 
   // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
+  const int64_t my_slot = parts.slot(part);
   for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
     float acc[kTile][8];
@@ -315,9 +395,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
 #pragma unroll
           for (int gg = 0; gg < kTile; ++gg) {
             if (gg < gn) {
-              const float p = scores[(g0 + gg) * chunk + t];
+              const float pr = scores[(g0 + gg) * chunk + t];
 #pragma unroll
-              for (int i = 0; i < 8; ++i) acc[gg][i] = fmaf(p, vf[i], acc[gg][i]);
+              for (int i = 0; i < 8; ++i) acc[gg][i] = fmaf(pr, vf[i], acc[gg][i]);
             }
           }
         }
@@ -346,14 +426,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
       float v = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) v += red[(w * tile + gg) * DMAX + e];
-      if (n_splits == 1) {
-        // l >= 1 when the query's own key is in the chunk; 0 only for a padding sequence with no
-        // context (graph batches), whose output is then 0 rather than NaN.
+      if (parts.n == 1) {
+        // l >= 1: the piece holds at least one key.
         const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
         o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
       } else {
-        const int64_t slot = (static_cast<int64_t>(s) * a.hq + h) * n_splits + split;
+        const int64_t slot = my_slot * G + g;
         part_acc[slot * Dv + e] = v;
         if (e == 0) {
           part_ml[2 * slot] = ml[2 * g];
@@ -363,60 +442,63 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     }
     __syncthreads();  // red is reused by the next head tile
   }
-  if (n_splits == 1) return;
+  if (parts.n == 1) return;
 
   // Arrival: every thread's partials are made visible device-wide before the block counts itself;
-  // the block that brings the count to n_splits merges, and sees every other block's partials.
+  // the block that brings the count to parts.n merges, and sees every other block's partials.
   __shared__ bool merge_here;
   __threadfence();
   __syncthreads();
   int32_t* counter = counters + static_cast<int64_t>(s) * a.hkv + kvh;
-  if (tid == 0) merge_here = atomicAdd(counter, 1) == n_splits - 1;
+  if (tid == 0) merge_here = atomicAdd(counter, 1) == parts.n - 1;
   __syncthreads();
   if (!merge_here) return;
   __threadfence();
 
-  // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the splits of each head. Only the
-  // splits holding keys of this sequence take part: each takes my_chunk keys in order, so they are
-  // a prefix (none for a padding sequence with no context). The weights go where the scores were.
-  const int n_live = my_chunk > 0 ? min(n_splits, (span + my_chunk - 1) / my_chunk) : 0;
+  // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the parts of each head. The
+  // weights go where the scores were.
+  const int n_live = min(parts.n, p.max_parts);  // equal, unless a context passed the plan's bound
   float* wgt = scores;  // [G][n_live]
   for (int g = warp; g < G; g += kDecodeWarps) {
-    const float* ml_g = part_ml + 2 * ((static_cast<int64_t>(s) * a.hq + h0 + g) * n_splits);
     float m_all = -INFINITY;
-    for (int i = lane; i < n_live; i += 32)
-      if (__ldcg(ml_g + 2 * i + 1) > 0.0f) m_all = fmaxf(m_all, __ldcg(ml_g + 2 * i));
+    for (int i = lane; i < n_live; i += 32) {
+      const float* ml_i = part_ml + 2 * (parts.slot(i) * G + g);
+      if (__ldcg(ml_i + 1) > 0.0f) m_all = fmaxf(m_all, __ldcg(ml_i));
+    }
     m_all = warp_max(m_all);
     float l_all = 0.0f;
     for (int i = lane; i < n_live; i += 32) {
-      const float l = __ldcg(ml_g + 2 * i + 1);
-      const float w = l > 0.0f ? expf(__ldcg(ml_g + 2 * i) - m_all) : 0.0f;
+      const float* ml_i = part_ml + 2 * (parts.slot(i) * G + g);
+      const float l = __ldcg(ml_i + 1);
+      const float w = l > 0.0f ? expf(__ldcg(ml_i) - m_all) : 0.0f;
       wgt[g * n_live + i] = w;
       l_all += w * l;
     }
     l_all = warp_sum(l_all);
-    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;  // 0: no context, output 0, not NaN
+    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
     for (int i = lane; i < n_live; i += 32) wgt[g * n_live + i] *= inv;
   }
   __syncthreads();
-  // kOut outputs per thread, so the loads of each split go out together.
+  // kOut outputs per thread, so the loads of each part go out together.
   constexpr int kOut = 4;
   for (int idx0 = tid; idx0 < G * Dv; idx0 += kDecodeThreads * kOut) {
     float v[kOut];
-    const float* src[kOut];
+    int off[kOut];
     const float* w[kOut];
 #pragma unroll
     for (int j = 0; j < kOut; ++j) {
       const int idx = min(idx0 + j * kDecodeThreads, G * Dv - 1);  // past the end: a valid repeat
       const int g = idx / Dv, e = idx % Dv;
-      src[j] = part_acc + (static_cast<int64_t>(s) * a.hq + h0 + g) * n_splits * Dv + e;
+      off[j] = g * Dv + e;
       w[j] = wgt + g * n_live;
       v[j] = 0.0f;
     }
 #pragma unroll 2
-    for (int i = 0; i < n_live; ++i)
+    for (int i = 0; i < n_live; ++i) {
+      const float* src = part_acc + parts.slot(i) * G * Dv;
 #pragma unroll
-      for (int j = 0; j < kOut; ++j) v[j] = fmaf(w[j][i], __ldcg(src[j] + i * Dv), v[j]);
+      for (int j = 0; j < kOut; ++j) v[j] = fmaf(w[j][i], __ldcg(src + off[j]), v[j]);
+    }
 #pragma unroll
     for (int j = 0; j < kOut; ++j) {
       const int idx = idx0 + j * kDecodeThreads;
@@ -427,6 +509,137 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     }
   }
   if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
+}
+
+// Inclusive prefix sum of one int a thread over the block (kDecodeThreads threads).
+__device__ __forceinline__ int block_inclusive_scan(int v, int* warp_totals) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int n = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += n;
+  }
+  if (lane == 31) warp_totals[warp] = v;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) v += warp_totals[w];
+  return v;
+}
+
+// A decode launch (see DecodePlan): finds the block's pieces and attends over each.
+template <int DMAX, bool kAligned, int kG>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
+    decode_kernel(AttentionArgs a, DecodePlan p, float* __restrict__ part_acc,
+                  float* __restrict__ part_ml, int32_t* __restrict__ counters) {
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();  // the output projection's GEMV may start fetching its weights
+  const int G = kG > 0 ? kG : a.hq / a.hkv;
+  const int tid = threadIdx.x, n = a.n_seqs, hkv = a.hkv;
+  // The piece to attend over next: sequence s, KV head kvh, keys [lo_s + g - item_begin,
+  // lo_s + piece_end - item_begin) of the item whose keys start at item_begin.
+  int s = 0, kvh = 0, q_tok = 0, part = 0;
+  int32_t lo_s = 0, span = 0;
+  int64_t g = 0, g_end = 0, item_begin = 0, piece_end = 0;
+  Parts parts{0, 1, 0, 1};
+  // Balanced: the sequences' table. start[i], the keys of the sequences before i (one KV head's
+  // worth; a query-less sequence counts none), start[n] their sum; lo[i], the first key of i's
+  // span; qt[i], its query token.
+  int32_t* start = reinterpret_cast<int32_t*>(
+      decode_smem + decode_smem_bytes(G, DMAX, max(p.chunk, p.max_parts), p.chunk, a.block_size, 0));
+  int32_t* lo = start + n + 1;
+  int32_t* qt = lo + n + 1;
+  int64_t per = 0;
+  if (p.n_splits > 0) {
+    const int64_t item = blockIdx.x / p.n_splits;
+    const int split = static_cast<int>(blockIdx.x % p.n_splits);
+    s = static_cast<int>(item / hkv);
+    kvh = static_cast<int>(item % hkv);
+    q_tok = a.cu_seqlens_q[s];
+    if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
+    const int32_t len = a.seq_lens_kv[s];
+    lo_s = a.window > 0 ? max(0, len - a.window) : 0;
+    span = len - lo_s;
+    if (span <= 0) {  // a padding sequence: a query, no context
+      if (split == 0) zero_heads(a, q_tok, kvh * G, G);
+      return;
+    }
+    // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
+    // bound, which sizes shared memory) because the plan covers the longest span.
+    const int32_t my_chunk = min(p.chunk, (span + p.n_splits - 1) / p.n_splits + 31 & ~31);
+    g = static_cast<int64_t>(split) * my_chunk;
+    if (g >= span) return;
+    g_end = piece_end = min(static_cast<int64_t>(span), g + my_chunk);
+    part = split;
+    parts = Parts{item * p.n_splits, 1, 0, min(p.n_splits, (span + my_chunk - 1) / my_chunk)};
+  } else {
+    __shared__ int warp_totals[kDecodeWarps];
+    for (int i = tid; i <= n; i += kDecodeThreads) qt[i] = a.cu_seqlens_q[i];
+    for (int i = tid; i < n; i += kDecodeThreads) {
+      const int32_t len = a.seq_lens_kv[i];
+      lo[i] = a.window > 0 ? max(0, len - a.window) : 0;
+      start[i] = len - lo[i];
+    }
+    __syncthreads();
+    // Each thread sums a run of consecutive sequences; the block scans the runs.
+    const int run = (n + kDecodeThreads - 1) / kDecodeThreads;
+    const int r0 = min(n, tid * run), r1 = min(n, r0 + run);
+    int mine = 0;
+    for (int i = r0; i < r1; ++i) mine += qt[i + 1] > qt[i] ? start[i] : 0;
+    const int incl = block_inclusive_scan(mine, warp_totals);
+    __syncthreads();  // every run is read before any is overwritten
+    int acc = incl - mine;
+    for (int i = r0; i < r1; ++i) {
+      const int32_t v = qt[i + 1] > qt[i] ? start[i] : 0;
+      start[i] = acc;
+      acc += v;
+    }
+    if (tid == kDecodeThreads - 1) start[n] = incl;
+    __syncthreads();
+
+    // Padding sequences (a query, no context) are zeroed by block i % grid.
+    for (int i = blockIdx.x; i < n; i += gridDim.x)
+      if (qt[i + 1] > qt[i] && start[i + 1] == start[i]) zero_heads(a, qt[i], 0, a.hq);
+
+    // Pieces of `per` keys, as many as the waves the actual keys need (the plan's grid holds
+    // those of the bound; blocks past the keys leave).
+    const int64_t total = static_cast<int64_t>(start[n]) * hkv;
+    const int64_t wave_keys = static_cast<int64_t>(p.wave) * p.chunk;
+    const int64_t blocks = (total + wave_keys - 1) / wave_keys * p.wave;
+    per = min(static_cast<int64_t>(p.chunk),
+              max(static_cast<int64_t>(min(kMinChunk, p.chunk)), (total + blocks - 1) / max(blocks, int64_t{1})));
+    g = static_cast<int64_t>(blockIdx.x) * per;
+    g_end = min(total, g + per);
+    if (g >= total) return;
+    // The sequence holding key g: the last s with start[s] * hkv <= g (start[n] * hkv > g).
+    const int64_t key = g / hkv;
+    for (int hi = n; hi - s > 1;) {
+      const int mid = (s + hi) / 2;
+      if (start[mid] <= key) s = mid; else hi = mid;
+    }
+    span = start[s + 1] - start[s];
+    kvh = static_cast<int>((g - static_cast<int64_t>(start[s]) * hkv) / span);
+  }
+  while (g < g_end) {
+    if (p.n_splits == 0) {
+      item_begin = static_cast<int64_t>(start[s]) * hkv + static_cast<int64_t>(kvh) * span;
+      const int64_t first = item_begin / per, last = (item_begin + span - 1) / per;
+      parts = Parts{2 * first, 2, first * per < item_begin ? 1 : 0, static_cast<int>(last - first + 1)};
+      part = static_cast<int>(blockIdx.x - first);
+      piece_end = min(g_end, item_begin + span);
+      q_tok = qt[s];
+      lo_s = lo[s];
+    }
+    attend_piece<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok,
+                                     lo_s + static_cast<int32_t>(g - item_begin),
+                                     static_cast<int32_t>(piece_end - g), part, parts, part_acc,
+                                     part_ml, counters);
+    g = piece_end;
+    if (p.n_splits == 0 && ++kvh == hkv) {
+      kvh = 0;
+      do ++s; while (s < n && start[s + 1] == start[s]);
+      if (s < n) span = start[s + 1] - start[s];
+    }
+  }
 }
 
 template <int DMAX>
@@ -535,41 +748,46 @@ bool decode_rows_aligned(const AttentionArgs& a) {
   return a.head_dim % 8 == 0 && a.head_dim_v % 8 == 0 && ok(a.k_cache) && ok(a.v_cache);
 }
 
-template <int DMAX, bool kAligned, int kG>
+using DecodeKernel = void (*)(AttentionArgs, DecodePlan, float*, float*, int32_t*);
+
+template <int DMAX>
+DecodeKernel decode_kernel_of(bool aligned, int group) {
+  if (!aligned) return decode_kernel<DMAX, false, 0>;
+  switch (group) {
+    case 1: return decode_kernel<DMAX, true, 1>;
+    case 2: return decode_kernel<DMAX, true, 2>;
+    case 4: return decode_kernel<DMAX, true, 4>;
+    case 8: return decode_kernel<DMAX, true, 8>;
+    default: return decode_kernel<DMAX, true, 0>;
+  }
+}
+
+DecodeKernel decode_kernel_of(const AttentionArgs& a, int group, int dmax) {
+  const bool aligned = decode_rows_aligned(a);
+  return dmax == 64    ? decode_kernel_of<64>(aligned, group)
+         : dmax == 128 ? decode_kernel_of<128>(aligned, group)
+                       : decode_kernel_of<256>(aligned, group);
+}
+
+const void* decode_kernel_for(const AttentionArgs& a, int group, int dmax) {
+  return reinterpret_cast<const void*>(decode_kernel_of(a, group, dmax));
+}
+
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, int32_t* counters,
                 cudaStream_t stream) {
   float* part_acc = static_cast<float*>(workspace);
-  float* part_ml = part_acc == nullptr
-                       ? nullptr
-                       : part_acc + static_cast<int64_t>(a.n_seqs) * a.hq * p.n_splits * a.head_dim_v;
+  float* part_ml =
+      part_acc == nullptr ? nullptr : part_acc + p.slots * p.group * static_cast<int64_t>(a.head_dim_v);
   PAGELLM_CHECK_MSG(p.smem <= static_cast<size_t>(kSmemHardLimit),
                     "attention: GQA group too large for the decode kernel's shared memory");
+  PAGELLM_CHECK_MSG(p.n_blocks < (int64_t{1} << 31), "attention: decode grid too large");
+  const DecodeKernel kernel = decode_kernel_of(a, p.group, p.dmax);
   if (p.smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<DMAX, kAligned, kG>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
-  const dim3 grid(p.n_splits, a.hkv, a.n_seqs);
-  launch_overlapped(decode_kernel<DMAX, kAligned, kG>, grid, dim3(kDecodeThreads), p.smem, stream,
-                    a, p.chunk, p.n_splits, part_acc, part_ml, counters);
+  launch_overlapped(kernel, dim3(static_cast<unsigned>(p.n_blocks)), dim3(kDecodeThreads), p.smem,
+                    stream, a, p, part_acc, part_ml, counters);
   CUDA_CHECK_LAUNCH();
-}
-
-template <int DMAX>
-void run_decode(const AttentionArgs& a, const DecodePlan& p, void* ws, int32_t* counters,
-                cudaStream_t stream) {
-  if (!decode_rows_aligned(a)) return run_decode<DMAX, false, 0>(a, p, ws, counters, stream);
-  switch (p.group) {
-    case 1:
-      return run_decode<DMAX, true, 1>(a, p, ws, counters, stream);
-    case 2:
-      return run_decode<DMAX, true, 2>(a, p, ws, counters, stream);
-    case 4:
-      return run_decode<DMAX, true, 4>(a, p, ws, counters, stream);
-    case 8:
-      return run_decode<DMAX, true, 8>(a, p, ws, counters, stream);
-    default:
-      return run_decode<DMAX, true, 0>(a, p, ws, counters, stream);
-  }
 }
 
 template <int DMAX>
@@ -584,14 +802,12 @@ void run_prefill(const AttentionArgs& a, cudaStream_t stream) {
 int64_t attention_workspace_bytes(const AttentionArgs& a, int n_sms) {
   if (a.max_seqlen_q != 1 || a.n_seqs == 0) return 0;
   const DecodePlan p = plan_decode(a, n_sms);
-  if (p.n_splits == 1) return 0;
-  return static_cast<int64_t>(a.n_seqs) * a.hq * p.n_splits * (a.head_dim_v + 2) *
-         static_cast<int64_t>(sizeof(float));
+  return p.slots * p.group * (a.head_dim_v + 2) * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t attention_counters(const AttentionArgs& a, int n_sms) {
   if (a.max_seqlen_q != 1 || a.n_seqs == 0) return 0;
-  return plan_decode(a, n_sms).n_splits == 1 ? 0 : static_cast<int64_t>(a.n_seqs) * a.hkv;
+  return plan_decode(a, n_sms).slots == 0 ? 0 : static_cast<int64_t>(a.n_seqs) * a.hkv;
 }
 
 void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters, int n_sms,
@@ -603,14 +819,9 @@ void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters
   const int dmax = dmax_for(std::max(a.head_dim, a.head_dim_v));
   if (a.max_seqlen_q == 1) {
     const DecodePlan p = plan_decode(a, n_sms);
-    PAGELLM_CHECK_MSG(p.n_splits == 1 || (workspace != nullptr && counters != nullptr),
+    PAGELLM_CHECK_MSG(p.slots == 0 || (workspace != nullptr && counters != nullptr),
                       "attention: missing workspace or counters");
-    if (dmax == 64)
-      run_decode<64>(a, p, workspace, counters, stream);
-    else if (dmax == 128)
-      run_decode<128>(a, p, workspace, counters, stream);
-    else
-      run_decode<256>(a, p, workspace, counters, stream);
+    run_decode(a, p, workspace, counters, stream);
   } else if (prefill_mma_supported(a)) {
     launch_prefill_mma(a, stream);
   } else {
