@@ -288,6 +288,20 @@ TEST(AttentionDecode, GraphBatchesAndPadding) {
   }
 }
 
+// The smallest balanced batches (an H200 has 132 SMs: 17 sequences of 8 KV heads), short
+// contexts, padding, a graph: small enough for the sanitizers of scripts/gpu-check.sh.
+TEST(AttentionDecode, BalancedSmall) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 4900;
+  AttnCase c{32, 8, 128, 128, 16, decode_seqs({1, 5, 300, 64, 17, 33, 250, 2, 129, 16, 90, 7, 200,
+                                               31, 1, 65, 100, 3, 48, 160})};
+  c.n_padding = 2;
+  c.via_graph = true;
+  run_attention_case(cuda, cpu, ++seed, c);
+  c.kv_bound = 4096;
+  run_attention_case(cuda, cpu, ++seed, c);
+}
+
 TEST(AttentionPrefill, RaggedWithCachedPrefixes) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4400;
