@@ -31,7 +31,6 @@
 #include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mma.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -39,12 +38,11 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
-constexpr int kDecodeMinBlocks = 4;    // resident decode blocks per SM the registers must allow
-constexpr int kDecodeLoads = 4;        // 16-byte row pieces per lane per group
-constexpr int kDecodeStages = 4;       // groups in a thread's ring (kDecodeStages - 1 in flight)
+constexpr int kDecodeMinBlocks = 5;    // resident decode blocks per SM the registers must allow
+constexpr int kDecodeLoads = 4;  // 16-byte row loads per lane per group (two groups in flight)
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
-constexpr int kSmemSoftBudget = 56 * 1024;  // four blocks an SM (228 KiB, 1 KiB reserved each)
+constexpr int kSmemSoftBudget = 64 * 1024;
 constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
 
 constexpr int kPrefillThreads = 128;
@@ -93,7 +91,7 @@ int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 __host__ __device__ int64_t decode_smem_bytes(int group, int dmax, int64_t scores, int64_t chunk,
                                               int block_size, int64_t n_seqs) {
   const int64_t tile = group < kDecodeHeadTile ? group : kDecodeHeadTile;
-  return int64_t{kDecodeStages} * kDecodeLoads * kDecodeThreads * 16 + static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
+  return static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
          static_cast<int64_t>(group) * scores * 4 + 2 * group * 4 + (chunk / block_size + 2) * 4 +
          (n_seqs > 0 ? 3 * (n_seqs + 1) * 4 : 0);
 }
@@ -235,9 +233,9 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
 
 // One block's piece of one item: keys [begin, begin + n_tok) of sequence s for KV head kvh, part
 // `part` of `parts`. kDecodeWarps warps. Lanes split a cache row in 16-byte pieces (L lanes per
-// row, so a warp covers 32 / L rows per load) and each lane keeps kDecodeStages - 1 groups of
-// kDecodeLoads pieces in flight ahead of the one it uses: decode attention is bound by how many
-// bytes are in flight, not by arithmetic. Pass 1 scores the piece's keys for every head of the GQA
+// row, so a warp covers 32 / L rows per load) and each lane issues the next group of
+// kDecodeLoads loads before using the current one: decode attention is bound by how many bytes
+// are in flight, not by arithmetic. Pass 1 scores the piece's keys for every head of the GQA
 // group (each K row is loaded once for all of them; the per-row dot products are summed over the
 // L lanes by transpose_reduce), then an exact softmax per head over the piece, then pass 2
 // streams the V rows the same way, each lane accumulating its 8 dims for a tile of heads. A
@@ -245,8 +243,7 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
 // its max and sum of exponentials, and the last part of the item to finish, counted by an
 // atomic, merges them all (log-sum-exp rescaling).
 //
-// Shared memory: the threads' rings of row groups uint4 [kDecodeStages][kDecodeLoads][threads] |
-//                q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
+// Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
 //                scores f32 [G][max(chunk, max_parts)] | m, l f32 [G][2] | the piece's block
 //                ids i32 [chunk / block_size + 2] | (balanced) the sequences' table.
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
@@ -267,8 +264,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   const int G = kG > 0 ? kG : a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
   const int tile = min(G, kTile);
   const int chunk = p.chunk;  // the scores' row stride
-  uint4* ring = reinterpret_cast<uint4*>(smem);  // [kDecodeStages][kDecodeLoads][kDecodeThreads]
-  bf16* qs = reinterpret_cast<bf16*>(ring + kDecodeStages * kDecodeLoads * kDecodeThreads);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
   float* ml = scores + static_cast<size_t>(G) * max(chunk, p.max_parts);
@@ -299,73 +295,54 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   };
   const int sub = lane % L, kk = lane / L, e0 = sub * 8;
 
-  // The warp's stream of row groups: its K groups, then its V groups once per head tile. A group
-  // is the lane's 16-byte piece of rows t0 + u * KPW + kk (u < kDecodeLoads), zeros past the
-  // piece; a warp's groups are kStride rows apart. Each thread copies its pieces into its own
-  // slots of a ring of kDecodeStages groups (cp.async: the bytes in flight take no registers)
-  // kDecodeStages - 1 groups ahead of the one it uses, and reads back only what it copied
-  // itself, so the ring needs no barrier. The first V groups go out while K is still scored: a
-  // short piece (a split of a batch-1 step) costs one memory round, not two.
-  constexpr int kStride = kDecodeWarps * KW;
-  const int n_groups = n_tok > warp * KW ? (n_tok - warp * KW + kStride - 1) / kStride : 0;
-  const int n_steps = n_groups * (1 + (G + tile - 1) / tile);
-  auto issue = [&](int j) {
-    if (j < n_steps) {
-      const bool is_k = j < n_groups;
-      const CacheView& c = is_k ? a.k_cache : a.v_cache;
-      const int n = is_k ? D : Dv;
-      const int t0 = warp * KW + (is_k ? j : (j - n_groups) % n_groups) * kStride;
-      uint4* slot = ring + (j % kDecodeStages) * kDecodeLoads * kDecodeThreads + tid;
+  // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
+  // piece. A warp's groups are kStride rows apart.
+  auto load_group = [&](const CacheView& c, int n, int t0, uint4(&raw)[kDecodeLoads]) {
 #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) {
-        const int t = t0 + u * KPW + kk;
-        if constexpr (kAligned) {
-          const bool ok = t < n_tok && e0 < n;  // rows and head dims are whole 8-value pieces
-          cp_async_16(smem_u32(slot + u * kDecodeThreads), ok ? row(c, t) + e0 : c.data, ok);
-        } else {
-          slot[u * kDecodeThreads] =
-              t < n_tok ? load_row8<false>(row(c, t), e0, n) : make_uint4(0, 0, 0, 0);
-        }
-      }
+    for (int u = 0; u < kDecodeLoads; ++u) {
+      const int t = t0 + u * KPW + kk;
+      raw[u] = t < n_tok ? load_row8<kAligned>(row(c, t), e0, n) : make_uint4(0, 0, 0, 0);
     }
-    cp_async_commit();  // an empty group past the stream's end keeps the count below uniform
   };
-  // Group j of the stream, once it has landed; group j + kDecodeStages - 1 goes out first.
-  auto take = [&](int j, uint4(&raw)[kDecodeLoads]) {
-    issue(j + kDecodeStages - 1);
-    cp_async_wait<kDecodeStages - 1>();
-    const uint4* slot = ring + (j % kDecodeStages) * kDecodeLoads * kDecodeThreads + tid;
-#pragma unroll
-    for (int u = 0; u < kDecodeLoads; ++u) raw[u] = slot[u * kDecodeThreads];
-  };
-#pragma unroll
-  for (int j = 0; j < kDecodeStages - 1; ++j) issue(j);
+  constexpr int kStride = kDecodeWarps * KW;
 
-  // Pass 1: scores.
-  for (int i = 0; i < n_groups; ++i) {
-    const int t0 = warp * KW + i * kStride;
-    uint4 cur[kDecodeLoads];
-    take(i, cur);
-    float kf[kDecodeLoads][8];
+  // The first group of V rows is requested with the first K rows: V does not depend on the scores,
+  // and a short piece (a split of a batch-1 step) then costs one memory round, not two.
+  uint4 v_first[kDecodeLoads];
+  load_group(a.v_cache, Dv, warp * KW, v_first);
+
+  // Pass 1: scores. Software-pipelined: the next group's loads are issued before this group's
+  // math, so each warp always has a group in flight.
+  {
+    uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
-    for (int u = 0; u < kDecodeLoads; ++u) unpack_bf16x8(cur[u], kf[u]);
-    const int u_mine = reduced_index<L, kDecodeLoads>(lane);
-    const int t_mine = t0 + u_mine * KPW + kk;
-    const bool writer = (lane & (L / kDecodeLoads - 1)) == 0 && t_mine < n_tok;
+    for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
+    load_group(a.k_cache, D, warp * KW, cur);
+    for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
+      if (t0 + kStride < n_tok) load_group(a.k_cache, D, t0 + kStride, nxt);
+      float kf[kDecodeLoads][8];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float qf[8];
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
-      float dot[kDecodeLoads];
+      for (int u = 0; u < kDecodeLoads; ++u) unpack_bf16x8(cur[u], kf[u]);
+      const int u_mine = reduced_index<L, kDecodeLoads>(lane);
+      const int t_mine = t0 + u_mine * KPW + kk;
+      const bool writer = (lane & (L / kDecodeLoads - 1)) == 0 && t_mine < n_tok;
 #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) {
-        float d = 0.0f;
+      for (int g = 0; g < G; ++g) {
+        float qf[8];
+        unpack_bf16x8(*reinterpret_cast<const uint4*>(qs + g * DMAX + e0), qf);
+        float dot[kDecodeLoads];
 #pragma unroll
-        for (int i2 = 0; i2 < 8; ++i2) d = fmaf(qf[i2], kf[u][i2], d);
-        dot[u] = d;
+        for (int u = 0; u < kDecodeLoads; ++u) {
+          float d = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) d = fmaf(qf[i], kf[u][i], d);
+          dot[u] = d;
+        }
+        transpose_reduce<L / 2, kDecodeLoads>(dot, lane);
+        if (writer) scores[g * chunk + t_mine] = cap_score(dot[0] * a.scale, a.softcap);
       }
-      transpose_reduce<L / 2, kDecodeLoads>(dot, lane);
-      if (writer) scores[g * chunk + t_mine] = cap_score(dot[0] * a.scale, a.softcap);
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = nxt[u];
     }
   }
   __syncthreads();
@@ -391,17 +368,24 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
 
   // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
   const int64_t my_slot = parts.slot(part);
-  for (int g0 = 0, step = n_groups; g0 < G; g0 += tile) {
+  for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
     float acc[kTile][8];
 #pragma unroll
     for (int gg = 0; gg < kTile; ++gg)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[gg][i] = 0.0f;
-    for (int i = 0; i < n_groups; ++i, ++step) {
-      const int t0 = warp * KW + i * kStride;
-      uint4 cur[kDecodeLoads];
-      take(step, cur);
+    uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
+#pragma unroll
+    for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
+    if (g0 == 0) {
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = v_first[u];
+    } else {
+      load_group(a.v_cache, Dv, warp * KW, cur);
+    }
+    for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
+      if (t0 + kStride < n_tok) load_group(a.v_cache, Dv, t0 + kStride, nxt);
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) {
         const int t = t0 + u * KPW + kk;
@@ -413,11 +397,13 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
             if (gg < gn) {
               const float pr = scores[(g0 + gg) * chunk + t];
 #pragma unroll
-              for (int i2 = 0; i2 < 8; ++i2) acc[gg][i2] = fmaf(pr, vf[i2], acc[gg][i2]);
+              for (int i = 0; i < 8; ++i) acc[gg][i] = fmaf(pr, vf[i], acc[gg][i]);
             }
           }
         }
       }
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = nxt[u];
     }
     // Sum the rows a warp held side by side (lanes kk * L + sub), then the warps.
 #pragma unroll
