@@ -53,15 +53,15 @@ void run_case(benchmark::State& state, const Layout& L) {
   Tensor k_cache = k_buf->view(DType::kBF16, {batch.n_blocks, kBlock, L.hkv, k_row});
   Tensor v_cache = L.latent ? k_cache.slice_cols(L.d - L.dv, L.d)
                             : v_buf->view(DType::kBF16, {batch.n_blocks, kBlock, L.hkv, v_row});
-  if (L.head_major) {
+  cuda.fill_random(q, 1, -1.0f, 1.0f);
+  cuda.fill_random(k_cache, 2, -1.0f, 1.0f);
+  if (!L.latent) cuda.fill_random(v_cache, 3, -1.0f, 1.0f);
+  if (L.head_major) {  // the same bytes, strided as [block][head][token][dim] (filled contiguous)
     for (Tensor* t : {&k_cache, &v_cache}) {
       t->stride[1] = t->shape[3];
       t->stride[2] = kBlock * t->shape[3];
     }
   }
-  cuda.fill_random(q, 1, -1.0f, 1.0f);
-  cuda.fill_random(k_cache, 2, -1.0f, 1.0f);
-  if (!L.latent) cuda.fill_random(v_cache, 3, -1.0f, 1.0f);
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(L.latent ? 192 : L.d));
 

@@ -31,6 +31,7 @@
 #include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -38,7 +39,7 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 8;     // query heads accumulated per pass over V
-constexpr int kDecodeMinBlocks = 5;    // resident decode blocks per SM the registers must allow
+constexpr int kDecodeMinBlocks = 4;    // resident decode blocks per SM the registers must allow
 constexpr int kDecodeLoads = 4;  // 16-byte row loads per lane per group (two groups in flight)
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
@@ -294,6 +295,9 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
            (pp - b * bs) * c.stride_tok + kvh * c.stride_head;
   };
   const int sub = lane % L, kk = lane / L, e0 = sub * 8;
+  // Scores on tensor cores: 16-byte rows, a GQA group that fits one 8-column tile, and head dims
+  // up to 128 (a lane holds two steps of 2 x DMAX / 32 pieces of K rows).
+  constexpr bool kMmaScores = kAligned && kG >= 1 && kG <= 8 && DMAX <= 128;
 
   // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
   // piece. A warp's groups are kStride rows apart.
@@ -311,9 +315,68 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   uint4 v_first[kDecodeLoads];
   load_group(a.v_cache, Dv, warp * KW, v_first);
 
-  // Pass 1: scores. Software-pipelined: the next group's loads are issued before this group's
-  // math, so each warp always has a group in flight.
-  {
+  // Pass 1: scores.
+  if constexpr (kMmaScores) {
+    // On tensor cores: S^T = K . Q^T, one m16n8k16 product per 16 keys and 16 dims, the keys as
+    // rows (A, straight from the cache rows in registers) and the heads as columns (B, q in
+    // registers for the whole piece). The dot product does not care in which order it takes the
+    // dims, so each lane's 16-byte piece of a key feeds its A registers as loaded: lane (r, c)
+    // (r = lane / 4, c = lane % 4) loads dims 32j + 8c .. + 7 of keys r and r + 8 of the step,
+    // and k-step 2j + h takes the words 2h, 2h + 1 of piece j as its logical dims (2c, 2c + 1)
+    // and (2c + 8, 2c + 9); q's columns follow the same order. A warp takes 16 keys a step, the
+    // warps interleaved; the next step's rows are loaded before this step's products.
+    constexpr int J = DMAX / 32;  // 16-byte pieces of one key a lane loads
+    const int r = lane >> 2, c = lane & 3;
+    uint32_t qb[J][2][2];  // [j][h][b0, b1]: head r's dims 32j + 8c + 4h + {0,1} / {2,3}
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const uint4 w = r < G ? *reinterpret_cast<const uint4*>(qs + r * DMAX + 32 * j + 8 * c)
+                            : make_uint4(0, 0, 0, 0);
+      qb[j][0][0] = w.x;
+      qb[j][0][1] = w.y;
+      qb[j][1][0] = w.z;
+      qb[j][1][1] = w.w;
+    }
+    auto load_keys = [&](int t0, uint4(&raw)[2][J]) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = t0 + r + 8 * half;
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+          raw[half][j] = t < n_tok ? load_row8<true>(row(a.k_cache, t), 32 * j + 8 * c, D)
+                                   : make_uint4(0, 0, 0, 0);
+      }
+    };
+    constexpr int kKeyStride = kDecodeWarps * 16;
+    uint4 cur[2][J], nxt[2][J] = {};
+    load_keys(warp * 16, cur);
+    for (int t0 = warp * 16; t0 < n_tok; t0 += kKeyStride) {
+      if (t0 + kKeyStride < n_tok) load_keys(t0 + kKeyStride, nxt);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const uint32_t lo[4] = {cur[0][j].x, cur[0][j].y, cur[0][j].z, cur[0][j].w};
+        const uint32_t hi[4] = {cur[1][j].x, cur[1][j].y, cur[1][j].z, cur[1][j].w};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t af[4] = {lo[2 * h], hi[2 * h], lo[2 * h + 1], hi[2 * h + 1]};
+          mma_bf16(acc, af, qb[j][h][0], qb[j][h][1]);
+        }
+      }
+      // acc: keys t0 + r (0, 1) and t0 + r + 8 (2, 3), heads 2c (0, 2) and 2c + 1 (1, 3).
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int g = 2 * c + (i & 1), t = t0 + r + 8 * (i >> 1);
+        if (g < G && t < n_tok) scores[g * chunk + t] = cap_score(acc[i] * a.scale, a.softcap);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < J; ++j) cur[half][j] = nxt[half][j];
+    }
+  } else {
+    // On CUDA cores. Software-pipelined: the next group's loads are issued before this group's
+    // math, so each warp always has a group in flight.
     uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
     for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
