@@ -298,8 +298,6 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   // Scores on tensor cores: 16-byte rows, a GQA group that fits one 8-column tile, and head dims
   // up to 128 (a lane holds two steps of 2 x DMAX / 32 pieces of K rows).
   constexpr bool kMmaScores = kAligned && kG >= 1 && kG <= 8 && DMAX <= 128;
-  // P . V on tensor cores too where a lane's two 8-dim pieces of a row cover it (DMAX 128).
-  constexpr bool kMmaValues = kMmaScores && DMAX == 128;
 
   // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
   // piece. A warp's groups are kStride rows apart.
@@ -315,17 +313,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   // The first group of V rows is requested with the first K rows: V does not depend on the scores,
   // and a short piece (a split of a batch-1 step) then costs one memory round, not two.
   uint4 v_first[kDecodeLoads];
-  if constexpr (kMmaValues) {
-    // Here the rows go to L2 only: registers are short while K is scored.
-    const int t = warp * 16 + 2 * (lane & 3) + ((lane >> 2) & 1) + 8 * (lane >> 3 & 1);
-    if (t < n_tok) {
-      const bf16* v_row = row(a.v_cache, t);
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(v_row));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(v_row + 64));
-    }
-  } else {
-    load_group(a.v_cache, Dv, warp * KW, v_first);
-  }
+  load_group(a.v_cache, Dv, warp * KW, v_first);
 
   // Pass 1: scores.
   if constexpr (kMmaScores) {
@@ -445,107 +433,53 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   const int64_t my_slot = parts.slot(part);
   for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
-    if constexpr (kMmaValues) {
-      // O^T = V^T . P^T, one m16n8k16 product per 16 dims and 16 keys: the dims as rows (A, V
-      // rows paired across keys), the heads as columns (B, the weights rounded to bf16, as the
-      // tensor-core prefill does). Lane (r, c) loads dims 8r .. 8r + 7 and 64 + 8r .. 64 + 8r + 7
-      // of keys t0 + 2c, 2c + 1, 2c + 8, 2c + 9; byte permutes pair the two keys of a dim, and
-      // tile m's rows r and r + 8 are dims 8r + m and 64 + 8r + m. Keys as in pass 1.
-      const int r = lane >> 2, c = lane & 3;
-      auto load_vals = [&](int t0, uint4(&raw)[4][2]) {  // [key 2c, 2c+1, 2c+8, 2c+9][half]
+    float acc[kTile][8];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int t = t0 + 2 * c + (q & 1) + 8 * (q >> 1);
+    for (int gg = 0; gg < kTile; ++gg)
 #pragma unroll
-          for (int half = 0; half < 2; ++half)
-            raw[q][half] = t < n_tok ? load_row8<true>(row(a.v_cache, t), 64 * half + 8 * r, Dv)
-                                     : make_uint4(0, 0, 0, 0);
-        }
-      };
-      auto weight = [&](int t) { return r < G && t < n_tok ? scores[r * chunk + t] : 0.0f; };
-      constexpr int kKeyStride = kDecodeWarps * 16;
-      float acc[8][4] = {};
-      uint4 cur[4][2], nxt[4][2] = {};
-      load_vals(warp * 16, cur);
-      for (int t0 = warp * 16; t0 < n_tok; t0 += kKeyStride) {
-        if (t0 + kKeyStride < n_tok) load_vals(t0 + kKeyStride, nxt);
-        const int tk = t0 + 2 * c;
-        const uint32_t b0 = pack_bf16(weight(tk), weight(tk + 1));
-        const uint32_t b1 = pack_bf16(weight(tk + 8), weight(tk + 9));
+      for (int i = 0; i < 8; ++i) acc[gg][i] = 0.0f;
+    uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          // Element m of each piece: word m / 2, low or high half; paired key 2c with 2c + 1.
-          auto pair = [&](const uint4& x, const uint4& y) {
-            const uint32_t xw = m / 2 == 0 ? x.x : m / 2 == 1 ? x.y : m / 2 == 2 ? x.z : x.w;
-            const uint32_t yw = m / 2 == 0 ? y.x : m / 2 == 1 ? y.y : m / 2 == 2 ? y.z : y.w;
-            return __byte_perm(xw, yw, m % 2 == 0 ? 0x5410 : 0x7632);
-          };
-          const uint32_t af[4] = {pair(cur[0][0], cur[1][0]), pair(cur[0][1], cur[1][1]),
-                                  pair(cur[2][0], cur[3][0]), pair(cur[2][1], cur[3][1])};
-          mma_bf16(acc[m], af, b0, b1);
-        }
+    for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
+    if (g0 == 0) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) cur[q][half] = nxt[q][half];
-      }
-      // acc[m]: dims 8r + m (0, 1) and 64 + 8r + m (2, 3), heads 2c (0, 2) and 2c + 1 (1, 3).
-#pragma unroll
-      for (int m = 0; m < 8; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int g = 2 * c + (i & 1);
-          if (g < G) red[(warp * tile + g) * DMAX + 64 * (i >> 1) + 8 * r + m] = acc[m][i];
-        }
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = v_first[u];
     } else {
-      float acc[kTile][8];
-  #pragma unroll
-      for (int gg = 0; gg < kTile; ++gg)
-  #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[gg][i] = 0.0f;
-      uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
-  #pragma unroll
-      for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
-      if (g0 == 0) {
-  #pragma unroll
-        for (int u = 0; u < kDecodeLoads; ++u) cur[u] = v_first[u];
-      } else {
-        load_group(a.v_cache, Dv, warp * KW, cur);
-      }
-      for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
-        if (t0 + kStride < n_tok) load_group(a.v_cache, Dv, t0 + kStride, nxt);
-  #pragma unroll
-        for (int u = 0; u < kDecodeLoads; ++u) {
-          const int t = t0 + u * KPW + kk;
-          if (t < n_tok) {
-            float vf[8];
-            unpack_bf16x8(cur[u], vf);
-  #pragma unroll
-            for (int gg = 0; gg < kTile; ++gg) {
-              if (gg < gn) {
-                const float pr = scores[(g0 + gg) * chunk + t];
-  #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[gg][i] = fmaf(pr, vf[i], acc[gg][i]);
-              }
+      load_group(a.v_cache, Dv, warp * KW, cur);
+    }
+    for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
+      if (t0 + kStride < n_tok) load_group(a.v_cache, Dv, t0 + kStride, nxt);
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) {
+        const int t = t0 + u * KPW + kk;
+        if (t < n_tok) {
+          float vf[8];
+          unpack_bf16x8(cur[u], vf);
+#pragma unroll
+          for (int gg = 0; gg < kTile; ++gg) {
+            if (gg < gn) {
+              const float pr = scores[(g0 + gg) * chunk + t];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[gg][i] = fmaf(pr, vf[i], acc[gg][i]);
             }
           }
         }
-  #pragma unroll
-        for (int u = 0; u < kDecodeLoads; ++u) cur[u] = nxt[u];
       }
-      // Sum the rows a warp held side by side (lanes kk * L + sub), then the warps.
-  #pragma unroll
-      for (int gg = 0; gg < kTile; ++gg) {
-        if (gg < gn) {
-  #pragma unroll
-          for (int i = 0; i < 8; ++i)
-  #pragma unroll
-            for (int off = L; off < 32; off *= 2)
-              acc[gg][i] += __shfl_xor_sync(0xffffffffu, acc[gg][i], off);
-          if (kk == 0) {
-  #pragma unroll
-            for (int i = 0; i < 8; ++i) red[(warp * tile + gg) * DMAX + e0 + i] = acc[gg][i];
-          }
+#pragma unroll
+      for (int u = 0; u < kDecodeLoads; ++u) cur[u] = nxt[u];
+    }
+    // Sum the rows a warp held side by side (lanes kk * L + sub), then the warps.
+#pragma unroll
+    for (int gg = 0; gg < kTile; ++gg) {
+      if (gg < gn) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int off = L; off < 32; off *= 2)
+            acc[gg][i] += __shfl_xor_sync(0xffffffffu, acc[gg][i], off);
+        if (kk == 0) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) red[(warp * tile + gg) * DMAX + e0 + i] = acc[gg][i];
         }
       }
     }
