@@ -27,12 +27,9 @@ constexpr int kReps = 20;
 struct Layout {
   const char* name;
   int64_t hq, hkv, d, dv, layers;
-  bool latent;       // V is a column view of the K rows (MLA)
-  bool head_major = false;  // a block's tokens of one head contiguous ([block][head][token][dim])
+  bool latent;  // V is a column view of the K rows (MLA)
 };
 constexpr Layout kLlama{"llama-3-8b 32q/8kv x 128", 32, 8, 128, 128, 32, false};
-constexpr Layout kLlamaHeadMajor{"llama-3-8b 32q/8kv x 128, head-major blocks", 32, 8, 128, 128, 32,
-                                 false, true};
 constexpr Layout kMla{"deepseek-v2-lite MLA 16q x 576/512", 16, 1, 576, 512, 27, true};
 
 void run_case(benchmark::State& state, const Layout& L) {
@@ -56,12 +53,6 @@ void run_case(benchmark::State& state, const Layout& L) {
   cuda.fill_random(q, 1, -1.0f, 1.0f);
   cuda.fill_random(k_cache, 2, -1.0f, 1.0f);
   if (!L.latent) cuda.fill_random(v_cache, 3, -1.0f, 1.0f);
-  if (L.head_major) {  // the same bytes, strided as [block][head][token][dim] (filled contiguous)
-    for (Tensor* t : {&k_cache, &v_cache}) {
-      t->stride[1] = t->shape[3];
-      t->stride[2] = kBlock * t->shape[3];
-    }
-  }
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(L.latent ? 192 : L.d));
 
@@ -77,9 +68,6 @@ void run_case(benchmark::State& state, const Layout& L) {
 
 void BM_DecodeAttentionLlama(benchmark::State& state) {
   run_case(state, kLlama);
-}
-void BM_DecodeAttentionLlamaHeadMajor(benchmark::State& state) {
-  run_case(state, kLlamaHeadMajor);
 }
 void BM_DecodeAttentionMla(benchmark::State& state) {
   run_case(state, kMla);
@@ -104,7 +92,6 @@ void BM_DecodeAttentionMla(benchmark::State& state) {
       ->Unit(benchmark::kMicrosecond)
 
 DECODE_CASES(BM_DecodeAttentionLlama);
-DECODE_CASES(BM_DecodeAttentionLlamaHeadMajor);
 DECODE_CASES(BM_DecodeAttentionMla);
 
 }  // namespace
