@@ -156,6 +156,7 @@ BENCHMARK(BM_EngineHostStep)
     ->Arg(1)
     ->Arg(64)
     ->Arg(256)
+    ->Arg(512)  // the offline runs' max-num-seqs
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
