@@ -156,7 +156,8 @@ void run_attention_case(Backend& cuda, Backend& cpu, uint64_t seed, const AttnCa
   for (const Seq& s : c.seqs) seqs << s.n_q << "/" << s.kv_len << ",";
   const std::string what = Label("attention", seed)("hq", c.hq)("hkv", c.hkv)("d", c.d)("dv", c.dv)(
       "block_size", bs)("window", c.window)("softcap", c.softcap)("q_amp", c.q_amp)(
-      "padding", c.n_padding)("kv_bound", c.kv_bound)("path", max_q == 1 ? "decode" : "prefill")("seqs(n_q/kv)", seqs.str());
+      "padding", c.n_padding)("kv_bound", c.kv_bound)("path", max_q == 1 ? "decode" : "prefill")(
+      "seqs(n_q/kv)", seqs.str());
   std::vector<float> got = download_bf16(out);
   got.resize(n * c.hq * c.dv);
   std::vector<float> got_real(got.begin(), got.begin() + want.size());
@@ -178,7 +179,8 @@ void run_attention_case(Backend& cuda, Backend& cpu, uint64_t seed, const AttnCa
   if (c.via_graph) {
     // Recorded after the direct run above (which sized the workspace), replayed into a cleared
     // output: the same values, bit for bit.
-    std::unique_ptr<OpGraph> graph = cuda.capture([&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); });
+    std::unique_ptr<OpGraph> graph =
+        cuda.capture([&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); });
     ASSERT_NE(graph, nullptr) << what << ": the attention could not be recorded";
     const std::vector<uint16_t> zeros(n * c.hq * c.dv, 0);
     out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
@@ -263,8 +265,7 @@ TEST(AttentionDecode, BalancedLargeBatches) {
   run_attention_case(cuda, cpu, ++seed, {8, 2, 36, 36, 1, random_seqs(80, 300, true)});
   run_attention_case(cuda, cpu, ++seed, {12, 4, 80, 80, 16, random_seqs(40, 2000, false)});
   // Equal lengths: every item cut at the same offsets.
-  run_attention_case(cuda, cpu, ++seed,
-                     {32, 8, 128, 128, 16, std::vector<Seq>(256, Seq{1, 640})});
+  run_attention_case(cuda, cpu, ++seed, {32, 8, 128, 128, 16, std::vector<Seq>(256, Seq{1, 640})});
 }
 
 TEST(AttentionDecode, GraphBatchesAndPadding) {
@@ -293,8 +294,13 @@ TEST(AttentionDecode, GraphBatchesAndPadding) {
 TEST(AttentionDecode, BalancedSmall) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4900;
-  AttnCase c{32, 8, 128, 128, 16, decode_seqs({1, 5, 300, 64, 17, 33, 250, 2, 129, 16, 90, 7, 200,
-                                               31, 1, 65, 100, 3, 48, 160})};
+  AttnCase c{32,
+             8,
+             128,
+             128,
+             16,
+             decode_seqs({1,  5, 300, 64, 17, 33, 250, 2, 129, 16,
+                          90, 7, 200, 31, 1,  65, 100, 3, 48,  160})};
   c.n_padding = 2;
   c.via_graph = true;
   run_attention_case(cuda, cpu, ++seed, c);

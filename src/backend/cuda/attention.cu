@@ -1,17 +1,17 @@
 // Paged attention over the KV cache, for decode (one query per sequence) and ragged prefill.
 // All softmax math is fp32; K/V are read from the cache in bf16.
 //
-// Decode (max_seqlen_q == 1): one thread block per (sequence, KV head, KV split), so the G query
-// heads of a GQA group share every K/V load, read in 16-byte pieces with many loads in flight per
-// lane. A block scores its chunk of the context exactly (the
-// scores fit in shared memory), then writes either the final output (one split) or its
-// unnormalized partial sum with the chunk's max and sum of exponentials; the last split of a
-// (sequence, KV head) to finish, counted by an atomic, merges them all (log-sum-exp rescaling)
-// in the same launch. Splitting long contexts keeps all SMs busy at small batch.
-// The number of splits is planned on the host from max_seqlen_kv; each sequence then cuts its own
-// context into that many chunks of whole warps-worth of keys, read on the device. So a launch
-// planned for a bound (a CUDA graph recorded for max_model_len) serves every shorter context, and
-// short sequences beside long ones still spread over all splits.
+// Decode (max_seqlen_q == 1): a thread block attends over a piece of one (sequence, KV head)'s
+// keys, so the G query heads of a GQA group share every K/V load, read in 16-byte pieces with
+// many loads in flight per lane; scores go through tensor cores where the shapes allow. A block
+// scores its piece exactly (the scores fit in shared memory), then writes either the final
+// output (a whole context) or its unnormalized partial sum with the piece's max and sum of
+// exponentials; the last piece of a (sequence, KV head) to finish, counted by an atomic, merges
+// them all (log-sum-exp rescaling) in the same launch. Small batches split each context into a
+// planned number of chunks, so all SMs stay busy; large ones cut the keys of the whole batch
+// into equal pieces (DecodePlan). Both are planned on the host from max_seqlen_kv and cut on the
+// device from the actual lengths, so a launch planned for a bound (a CUDA graph recorded for
+// max_model_len) serves every shorter context.
 //
 // Prefill: the tensor-core kernel of attention_prefill.cu wherever its shape and alignment
 // conditions hold (head dims that are multiples of 8, 16-byte aligned rows: every model's layout).
@@ -69,17 +69,18 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
 //    planned for a bound also serves every shorter context);
 //  - balanced (n_splits == 0), for larger batches: the keys of all items, laid end to end, are cut
 //    into equal pieces, one a block, and the number of pieces is a whole number of waves (the
-//    blocks all SMs hold at once). Each block then streams the same bytes, whatever the mix of
-//    lengths, and no wave runs part-empty; with one block an item (the old grid) a batch of 256
-//    sequences took 3.1 waves, its last a tenth full. A block walks the items its piece covers;
-//    an item cut by a piece boundary is merged from its parts.
+//    blocks all SMs hold at once). Each block then streams the same bytes whatever the mix of
+//    lengths, and the grid does not depend on it (at equal lengths this measured the same as one
+//    block an item: the kernel is bound by its instructions, docs/PERF.md "Ninth round"). A
+//    block walks the items its piece covers; an item cut by a piece boundary is merged from its
+//    parts.
 struct DecodePlan {
-  int chunk = 0;       // keys of one block's piece, at most: sizes the scores in shared memory
-  int n_splits = 0;    // blocks an item; 0: balanced
-  int wave = 0;        // balanced: blocks the SMs hold at once
-  int max_parts = 1;   // parts an item is merged from, at most
+  int chunk = 0;      // keys of one block's piece, at most: sizes the scores in shared memory
+  int n_splits = 0;   // blocks an item; 0: balanced
+  int wave = 0;       // balanced: blocks the SMs hold at once
+  int max_parts = 1;  // parts an item is merged from, at most
   int64_t n_blocks = 0;
-  int64_t slots = 0;   // partial results the workspace holds (0: nothing is merged)
+  int64_t slots = 0;  // partial results the workspace holds (0: nothing is merged)
   int group = 1, dmax = 0;
   size_t smem = 0;
 };
@@ -108,8 +109,8 @@ int decode_blocks_per_sm(const void* kernel, size_t smem) {
     if (smem > 48 * 1024)
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, kDecodeThreads,
-                                                             smem));
+    CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, kDecodeThreads, smem));
     it->second = std::max(it->second, 1);
   }
   return it->second;
@@ -150,12 +151,11 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   const int64_t total = items * max_len;
   PAGELLM_CHECK_MSG(static_cast<int64_t>(a.n_seqs) * max_len < (int64_t{1} << 31),
                     "attention: too many keys in one decode batch");
+  const int64_t min_piece = std::min<int64_t>(kMinChunk, cap);
   p.chunk = static_cast<int>(cap);
-  p.max_parts = static_cast<int>((max_len + std::min<int64_t>(kMinChunk, cap) - 1) /
-                                     std::min<int64_t>(kMinChunk, cap) +
-                                 1);
-  p.smem = static_cast<size_t>(decode_smem_bytes(
-      p.group, p.dmax, std::max<int64_t>(cap, p.max_parts), cap, bs, a.n_seqs));
+  p.max_parts = static_cast<int>((max_len + min_piece - 1) / min_piece + 1);
+  p.smem = static_cast<size_t>(
+      decode_smem_bytes(p.group, p.dmax, std::max<int64_t>(cap, p.max_parts), cap, bs, a.n_seqs));
   p.wave = decode_blocks_per_sm(decode_kernel_for(a, p.group, p.dmax), p.smem) * n_sms;
   p.n_blocks = p.wave * ((total + p.wave * cap - 1) / (p.wave * cap));
   p.slots = 2 * p.n_blocks;
@@ -227,7 +227,8 @@ struct Parts {
 __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, int h0, int n_heads) {
   const int Dv = a.head_dim_v;
   for (int idx = threadIdx.x; idx < n_heads * Dv; idx += kDecodeThreads) {
-    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + (h0 + idx / Dv) * a.o_stride_head;
+    bf16* o =
+        static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + (h0 + idx / Dv) * a.o_stride_head;
     o[idx % Dv] = from_float<bf16>(0.0f);
   }
 }
@@ -607,8 +608,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   // Balanced: the sequences' table. start[i], the keys of the sequences before i (one KV head's
   // worth; a query-less sequence counts none), start[n] their sum; lo[i], the first key of i's
   // span; qt[i], its query token.
-  int32_t* start = reinterpret_cast<int32_t*>(
-      decode_smem + decode_smem_bytes(G, DMAX, max(p.chunk, p.max_parts), p.chunk, a.block_size, 0));
+  int32_t* start =
+      reinterpret_cast<int32_t*>(decode_smem + decode_smem_bytes(G, DMAX, max(p.chunk, p.max_parts),
+                                                                 p.chunk, a.block_size, 0));
   int32_t* lo = start + n + 1;
   int32_t* qt = lo + n + 1;
   int64_t per = 0;
@@ -668,8 +670,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     const int64_t total = static_cast<int64_t>(start[n]) * hkv;
     const int64_t wave_keys = static_cast<int64_t>(p.wave) * p.chunk;
     const int64_t blocks = (total + wave_keys - 1) / wave_keys * p.wave;
-    per = min(static_cast<int64_t>(p.chunk),
-              max(static_cast<int64_t>(min(kMinChunk, p.chunk)), (total + blocks - 1) / max(blocks, int64_t{1})));
+    per = min(static_cast<int64_t>(p.chunk), max(static_cast<int64_t>(min(kMinChunk, p.chunk)),
+                                                 (total + blocks - 1) / max(blocks, int64_t{1})));
     g = static_cast<int64_t>(blockIdx.x) * per;
     g_end = min(total, g + per);
     if (g >= total) return;
@@ -677,7 +679,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     const int64_t key = g / hkv;
     for (int hi = n; hi - s > 1;) {
       const int mid = (s + hi) / 2;
-      if (start[mid] <= key) s = mid; else hi = mid;
+      if (start[mid] <= key)
+        s = mid;
+      else
+        hi = mid;
     }
     span = start[s + 1] - start[s];
     kvh = static_cast<int>((g - static_cast<int64_t>(start[s]) * hkv) / span);
@@ -686,20 +691,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     if (p.n_splits == 0) {
       item_begin = static_cast<int64_t>(start[s]) * hkv + static_cast<int64_t>(kvh) * span;
       const int64_t first = item_begin / per, last = (item_begin + span - 1) / per;
-      parts = Parts{2 * first, 2, first * per < item_begin ? 1 : 0, static_cast<int>(last - first + 1)};
+      parts =
+          Parts{2 * first, 2, first * per < item_begin ? 1 : 0, static_cast<int>(last - first + 1)};
       part = static_cast<int>(blockIdx.x - first);
       piece_end = min(g_end, item_begin + span);
       q_tok = qt[s];
       lo_s = lo[s];
     }
-    attend_piece<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok,
-                                     lo_s + static_cast<int32_t>(g - item_begin),
-                                     static_cast<int32_t>(piece_end - g), part, parts, part_acc,
-                                     part_ml, counters);
+    attend_piece<DMAX, kAligned, kG>(
+        a, p, decode_smem, s, kvh, q_tok, lo_s + static_cast<int32_t>(g - item_begin),
+        static_cast<int32_t>(piece_end - g), part, parts, part_acc, part_ml, counters);
     g = piece_end;
     if (p.n_splits == 0 && ++kvh == hkv) {
       kvh = 0;
-      do ++s; while (s < n && start[s + 1] == start[s]);
+      do ++s;
+      while (s < n && start[s + 1] == start[s]);
       if (s < n) span = start[s + 1] - start[s];
     }
   }
@@ -817,11 +823,16 @@ template <int DMAX>
 DecodeKernel decode_kernel_of(bool aligned, int group) {
   if (!aligned) return decode_kernel<DMAX, false, 0>;
   switch (group) {
-    case 1: return decode_kernel<DMAX, true, 1>;
-    case 2: return decode_kernel<DMAX, true, 2>;
-    case 4: return decode_kernel<DMAX, true, 4>;
-    case 8: return decode_kernel<DMAX, true, 8>;
-    default: return decode_kernel<DMAX, true, 0>;
+    case 1:
+      return decode_kernel<DMAX, true, 1>;
+    case 2:
+      return decode_kernel<DMAX, true, 2>;
+    case 4:
+      return decode_kernel<DMAX, true, 4>;
+    case 8:
+      return decode_kernel<DMAX, true, 8>;
+    default:
+      return decode_kernel<DMAX, true, 0>;
   }
 }
 
@@ -839,8 +850,9 @@ const void* decode_kernel_for(const AttentionArgs& a, int group, int dmax) {
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, int32_t* counters,
                 cudaStream_t stream) {
   float* part_acc = static_cast<float*>(workspace);
-  float* part_ml =
-      part_acc == nullptr ? nullptr : part_acc + p.slots * p.group * static_cast<int64_t>(a.head_dim_v);
+  float* part_ml = part_acc == nullptr
+                       ? nullptr
+                       : part_acc + p.slots * p.group * static_cast<int64_t>(a.head_dim_v);
   PAGELLM_CHECK_MSG(p.smem <= static_cast<size_t>(kSmemHardLimit),
                     "attention: GQA group too large for the decode kernel's shared memory");
   PAGELLM_CHECK_MSG(p.n_blocks < (int64_t{1} << 31), "attention: decode grid too large");
