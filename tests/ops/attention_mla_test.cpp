@@ -20,14 +20,10 @@
 #include <numeric>
 
 #include "op_test_util.h"
+#include "paged_batch.h"
 
 namespace pagellm::optest {
 namespace {
-
-struct Seq {
-  int32_t n_q;     // queries in this step (the last n_q of the sequence's tokens)
-  int32_t kv_len;  // tokens in the cache, the new ones included
-};
 
 struct MlaCase {
   int64_t hq, hkv;
@@ -45,40 +41,13 @@ struct MlaCase {
 
 constexpr int64_t kV2LiteDim = 576, kV2LiteDimV = 512, kRopeDim = 64;
 
-std::vector<Seq> decode_seqs(std::initializer_list<int32_t> kv_lens) {
-  std::vector<Seq> s;
-  for (int32_t l : kv_lens) s.push_back({1, l});
-  return s;
-}
-
 void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) {
   Rng rng(seed);
-  const int32_t n_real = static_cast<int32_t>(c.seqs.size());
-  const int32_t n_seqs = n_real + c.n_padding;
   const int32_t bs = c.block_size;
-  std::vector<int32_t> cu(n_seqs + 1, 0), lens(n_seqs, 0);
-  int32_t max_q = 0, max_kv = 0, max_blocks = 1, total_blocks = 0;
-  for (int32_t s = 0; s < n_seqs; ++s) {
-    const Seq sq = s < n_real ? c.seqs[s] : Seq{1, 0};
-    cu[s + 1] = cu[s] + sq.n_q;
-    lens[s] = sq.kv_len;
-    max_q = std::max(max_q, sq.n_q);
-    max_kv = std::max(max_kv, sq.kv_len);
-    const int32_t nb = (sq.kv_len + bs - 1) / bs;
-    max_blocks = std::max(max_blocks, nb);
-    total_blocks += nb;
-  }
-  const int64_t n = cu[n_seqs], n_real_tokens = cu[n_real];
-  // A pool with spare blocks, handed out in shuffled order so no sequence's blocks are consecutive.
-  const int64_t pool = total_blocks + 5;
-  std::vector<int32_t> perm(pool);
-  std::iota(perm.begin(), perm.end(), 0);
-  for (int64_t i = pool - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
-  const int64_t table_ld = max_blocks + 3;  // padded rows: entries past a sequence's blocks are -1
-  std::vector<int32_t> table(n_seqs * table_ld, -1);
-  int64_t next = 0;
-  for (int32_t s = 0; s < n_seqs; ++s)
-    for (int32_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) table[s * table_ld + b] = perm[next++];
+  PagedBatch pb = paged_batch(rng, c.seqs, c.n_padding, bs);
+  const int32_t n_seqs = pb.n_seqs, max_q = pb.max_q, max_kv = pb.max_kv;
+  const int64_t n = pb.n, n_real_tokens = pb.n_real_tokens, pool = pb.pool, table_ld = pb.table_ld;
+  const std::vector<int32_t>&cu = pb.cu, &lens = pb.lens, &table = pb.table;
 
   const bool latent = c.v_offset >= 0;
   std::vector<float> q = random_bf16_values(rng, n * c.hq * c.d, c.q_amp);
@@ -110,12 +79,8 @@ void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) 
   Tensor out_t = out.view(DType::kBF16, {n, c.hq, c.dv});
   cuda.attention(q_t, k_t, v_t, meta, params, out_t);
 
-  // The reference over the real sequences only (it rejects a query without context).
-  AttentionMeta hmeta = meta;
-  hmeta.n_seqs = n_real;
-  hmeta.cu_seqlens_q = Tensor(cu.data(), DType::kI32, {n_real + 1});
-  hmeta.seq_lens_kv = Tensor(lens.data(), DType::kI32, {n_real});
-  hmeta.block_tables = Tensor(table.data(), DType::kI32, {n_real, table_ld});
+  // The reference over the real sequences only.
+  const AttentionMeta hmeta = real_host_meta(pb, meta);
   std::vector<float> want(n_real_tokens * c.hq * c.dv);
   Tensor want_t = host_f32(want, {n_real_tokens, c.hq, c.dv});
   Tensor hk = host_f32(kc, {pool, bs, c.hkv, c.d});
@@ -134,27 +99,12 @@ void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) 
   got.resize(n * c.hq * c.dv);
   std::vector<float> got_real(got.begin(), got.begin() + n_real_tokens * c.hq * c.dv);
   EXPECT_TRUE(compare(what, got_real, want, kBf16Tol));
-  // Padding tokens have no context: their output is 0, not NaN.
-  std::vector<float> got_pad(got.begin() + n_real_tokens * c.hq * c.dv, got.end());
-  if (!got_pad.empty()) {
-    EXPECT_TRUE(compare(what + " padding tokens", got_pad, std::vector<float>(got_pad.size(), 0.0f),
-                        kExact));
-  }
+  EXPECT_TRUE(padding_outputs_zero(what, got, n_real_tokens * c.hq * c.dv));
   EXPECT_TRUE(guards_ok(what, out));
-
-  if (c.via_graph) {
-    // Recorded after the direct run above (which sized the workspace), replayed into a cleared
-    // output: the same values, bit for bit.
-    std::unique_ptr<OpGraph> graph =
-        cuda.capture([&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); });
-    ASSERT_NE(graph, nullptr) << what << ": the latent attention could not be recorded";
-    const std::vector<uint16_t> zeros(n * c.hq * c.dv, 0);
-    out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
-    graph->replay();
-    std::vector<float> replayed = download_bf16(out);
-    replayed.resize(got.size());
-    EXPECT_TRUE(compare(what + " graph replay", replayed, got, kExact));
-  }
+  // Recorded after the direct run above (which sized the workspace), replayed: the same values.
+  if (c.via_graph)
+    expect_graph_replay_matches(
+        cuda, what, [&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); }, out, got);
 }
 
 TEST(AttentionMla, DecodeV2Lite) {

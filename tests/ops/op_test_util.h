@@ -219,6 +219,31 @@ inline ::testing::AssertionResult guards_ok(const std::string& what, const DevBu
   return ::testing::AssertionFailure() << what << ": write outside the output buffer:" << dmg;
 }
 
+// A graph batch's padding tokens (a query, no context): their outputs, the values of `got` from
+// `n_real` on, are 0, not NaN or stale values.
+inline ::testing::AssertionResult padding_outputs_zero(const std::string& what,
+                                                       const std::vector<float>& got,
+                                                       size_t n_real) {
+  if (got.size() <= n_real) return ::testing::AssertionSuccess();
+  const std::vector<float> pad(got.begin() + static_cast<std::ptrdiff_t>(n_real), got.end());
+  return compare(what + " padding tokens", pad, std::vector<float>(pad.size(), 0.0f), kExact);
+}
+
+// Records `call` in a CUDA graph (after a direct run of it, which sized its scratch), replays it
+// into its cleared bf16 output `out`, and expects the direct run's values `got`, bit for bit.
+template <typename F>
+void expect_graph_replay_matches(Backend& cuda, const std::string& what, F&& call, DevBuf& out,
+                                 const std::vector<float>& got) {
+  std::unique_ptr<OpGraph> graph = cuda.capture(call);
+  ASSERT_NE(graph, nullptr) << what << ": the call could not be recorded";
+  const std::vector<uint16_t> zeros(static_cast<size_t>(out.nbytes() / 2), 0);
+  out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+  graph->replay();
+  std::vector<float> replayed = download_bf16(out);
+  replayed.resize(got.size());
+  EXPECT_TRUE(compare(what + " graph replay", replayed, got, kExact));
+}
+
 // "name seed=S n=.. k=.." labels for messages.
 class Label {
  public:
