@@ -106,26 +106,42 @@ std::vector<float> RotaryEmbedding::inv_freq(int64_t seq_len) const {
   return default_inv_freq(base, rotary_dim_);
 }
 
+void RotaryEmbedding::compute_row(float pos, const std::vector<float>& freqs, float* row) const {
+  const int64_t half = rotary_dim_ / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const float angle = pos * freqs[j];  // f32 product, as torch's f32 matmul
+    row[j] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
+    row[half + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
+  }
+}
+
+const float* RotaryEmbedding::base_row(int32_t pos) const {
+  const int64_t have = static_cast<int64_t>(base_rows_.size()) / rotary_dim_;
+  if (pos >= have) {
+    // Geometric growth: a context that lengthens one token a step recomputes nothing.
+    const int64_t want = std::max<int64_t>({int64_t{pos} + 1, 2 * have, 1024});
+    base_rows_.resize(want * rotary_dim_);
+    for (int64_t p = have; p < want; ++p)
+      compute_row(static_cast<float>(p), base_inv_freq_, base_rows_.data() + p * rotary_dim_);
+  }
+  return base_rows_.data() + int64_t{pos} * rotary_dim_;
+}
+
 void RotaryEmbedding::fill_cos_sin(const int32_t* positions, const int32_t* seq_len, int64_t n,
                                    float* out) const {
-  const int64_t half = rotary_dim_ / 2;
   std::vector<float> dyn;
   int64_t dyn_len = -1;
   for (int64_t i = 0; i < n; ++i) {
-    const std::vector<float>* freqs = &base_inv_freq_;
+    float* row = out + i * rotary_dim_;
     if (rope_.type == RopeType::kDynamic && seq_len && seq_len[i] > max_position_) {
       if (seq_len[i] != dyn_len) {
         dyn = inv_freq(seq_len[i]);
         dyn_len = seq_len[i];
       }
-      freqs = &dyn;
-    }
-    float* row = out + i * rotary_dim_;
-    const float pos = static_cast<float>(positions[i]);
-    for (int64_t j = 0; j < half; ++j) {
-      const float angle = pos * (*freqs)[j];  // f32 product, as torch's f32 matmul
-      row[j] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
-      row[half + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
+      compute_row(static_cast<float>(positions[i]), dyn, row);
+    } else {
+      PAGELLM_CHECK(positions[i] >= 0);
+      std::copy_n(base_row(positions[i]), rotary_dim_, row);
     }
   }
 }

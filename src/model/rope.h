@@ -27,6 +27,7 @@ class RotaryEmbedding {
 
   // Fills out[i * rotary_dim ..] for token i at positions[i]. `seq_len[i]` is the length the
   // dynamic-NTK variant scales for (HF: max position in the forward call + 1); ignored otherwise.
+  // Not thread-safe: rows of the base frequencies are computed once and kept (base_row).
   void fill_cos_sin(const int32_t* positions, const int32_t* seq_len, int64_t n, float* out) const;
 
   // Inverse frequencies for a sequence length (dynamic NTK depends on it), [rotary_dim / 2].
@@ -46,6 +47,15 @@ class RotaryEmbedding {
   int64_t max_position_ = 0;
   float attention_scaling_ = 1.0f;
   std::vector<float> base_inv_freq_;  // for every variant but dynamic beyond max_position
+  // cos | sin of position `pos` under `freqs`, times attention_scaling_, into row[rotary_dim].
+  void compute_row(float pos, const std::vector<float>& freqs, float* row) const;
+  // The row of position pos under the base frequencies, from base_rows_ (grown to cover it).
+  const float* base_row(int32_t pos) const;
+
+  // Rows of positions [0, size / rotary_dim) under the base frequencies, computed once: a step's
+  // table is then copied, not recomputed (the sines and cosines of 512 decoding sequences were
+  // two thirds of the engine's host time per step).
+  mutable std::vector<float> base_rows_;
   mutable std::vector<float> host_table_;  // upload_step_table's staging
   mutable std::vector<int32_t> seq_len_;
 };
