@@ -172,7 +172,7 @@ if [ $ops_built = 1 ]; then
   elif [ -n "$sanitizer" ]; then
     filter='Add.*:SiluMul.*:GatherRows.*:AddRmsNorm.*:Rope.*:RopeStoreKv.*:UploadWeight.DequantizesBlockFormatsToBf16'
     filter+=':Matmul.OddSizesBf16:Matmul.StridedAndUnalignedOutputs:Matmul.F16AndF32WeightsFallback'
-    filter+=':AttentionDecode.HeadLayoutsAndDims:AttentionDecode.Gqa32x8SplitKv:AttentionDecode.BalancedSmall'
+    filter+=':AttentionDecode.HeadLayoutsAndDims:AttentionDecode.Gqa32x8SplitKv:AttentionDecode.MergedSplitsWithPadding'
     filter+=':AttentionPrefill.*'
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
@@ -197,7 +197,7 @@ if [ $ops_built = 1 ]; then
   # warps hand scores and probabilities to each other through shared memory (latent decode,
   # GQA decode, tensor-core prefill), and on the GEMV's split-K sums.
   if [ -n "$sanitizer" ] && [ "$(step_limit 120)" -ge 30 ]; then
-    filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionDecode.BalancedSmall'
+    filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionDecode.MergedSplitsWithPadding'
     filter+=':AttentionPrefill.SlidingWindowAndSoftcap'
     filter+=':FusedProjection.GemvKSplits'
     echo "== compute-sanitizer racecheck ($filter)"

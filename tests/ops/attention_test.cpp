@@ -1,5 +1,5 @@
-// Paged attention against the CPU reference: decode batches (split-KV and its reduction, the
-// balanced division of large batches, graph batches with padding planned for a bound), ragged
+// Paged attention against the CPU reference: decode batches (split-KV and its reduction, large
+// batches of mixed lengths, graph batches with padding planned for a bound), ragged
 // prefill with cached prefixes, mixed batches, GQA 32:8, MQA, MHA, head dims 64/80/128/256 and
 // the MLA split 192/128, sliding windows, soft-capping, block sizes 1/7/8/16/32, shuffled
 // (non-consecutive) block tables with padded rows, sequences that have no query in the step, and
@@ -193,9 +193,8 @@ TEST(AttentionDecode, SlidingWindowAndSoftcap) {
   run_attention_case(cuda, cpu, ++seed, {8, 4, 128, 128, 16, seqs, 100, 5.0f, 8.0f});
 }
 
-// Batches of at least as many (sequence, KV head) items as SMs take the balanced division: the
-// keys of all items cut into equal pieces, items merged across piece boundaries.
-TEST(AttentionDecode, BalancedLargeBatches) {
+// Batches of more (sequence, KV head) pairs than SMs, mixed lengths, sequences without a query.
+TEST(AttentionDecode, LargeBatches) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4700;
   Rng rng(seed);
@@ -222,7 +221,7 @@ TEST(AttentionDecode, GraphBatchesAndPadding) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4800;
   // A batch of 3 padded to 8 (padding: one query, no context), planned for its longest context
-  // and for a graph's bound far past it; then a large batch, balanced, the same ways.
+  // and for a graph's bound far past it; then a large batch the same ways.
   for (const int32_t bound : {0, 8192}) {
     AttnCase small{32, 8, 128, 128, 16, decode_seqs({1, 77, 300})};
     small.n_padding = 5;
@@ -239,9 +238,9 @@ TEST(AttentionDecode, GraphBatchesAndPadding) {
   }
 }
 
-// The smallest balanced batches (an H200 has 132 SMs: 17 sequences of 8 KV heads), short
-// contexts, padding, a graph: small enough for the sanitizers of scripts/gpu-check.sh.
-TEST(AttentionDecode, BalancedSmall) {
+// Merged splits, padding and a graph over 20 sequences of short contexts: small enough for the
+// sanitizers of scripts/gpu-check.sh.
+TEST(AttentionDecode, MergedSplitsWithPadding) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4900;
   AttnCase c{32,

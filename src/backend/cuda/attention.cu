@@ -1,17 +1,17 @@
 // Paged attention over the KV cache, for decode (one query per sequence) and ragged prefill.
 // All softmax math is fp32; K/V are read from the cache in bf16.
 //
-// Decode (max_seqlen_q == 1): a thread block attends over a piece of one (sequence, KV head)'s
-// keys, so the G query heads of a GQA group share every K/V load, read in 16-byte pieces with
-// many loads in flight per lane; scores go through tensor cores where the shapes allow. A block
-// scores its piece exactly (the scores fit in shared memory), then writes either the final
-// output (a whole context) or its unnormalized partial sum with the piece's max and sum of
-// exponentials; the last piece of a (sequence, KV head) to finish, counted by an atomic, merges
-// them all (log-sum-exp rescaling) in the same launch. Small batches split each context into a
-// planned number of chunks, so all SMs stay busy; large ones cut the keys of the whole batch
-// into equal pieces (DecodePlan). Both are planned on the host from max_seqlen_kv and cut on the
-// device from the actual lengths, so a launch planned for a bound (a CUDA graph recorded for
-// max_model_len) serves every shorter context.
+// Decode (max_seqlen_q == 1): one thread block per (sequence, KV head, KV split), so the G query
+// heads of a GQA group share every K/V load, read in 16-byte pieces with many loads in flight per
+// lane; the scores go through tensor cores where the shapes allow. A block scores its split of
+// the context exactly (the scores fit in shared memory), then writes either the final output
+// (one split) or its unnormalized partial sum with the split's max and sum of exponentials; the
+// last split of a (sequence, KV head) to finish, counted by an atomic, merges them all
+// (log-sum-exp rescaling) in the same launch. Splitting long contexts keeps all SMs busy at
+// small batch. The number of splits is planned on the host from max_seqlen_kv; each sequence then
+// cuts its own context into that many chunks of whole warps-worth of keys, read on the device.
+// So a launch planned for a bound (a CUDA graph recorded for max_model_len) serves every shorter
+// context, and short sequences beside long ones still spread over all splits.
 //
 // Prefill: the tensor-core kernel of attention_prefill.cu wherever its shape and alignment
 // conditions hold (head dims that are multiples of 8, 16-byte aligned rows: every model's layout).
@@ -24,9 +24,6 @@
 // it in pdl_wait() before touching memory: q and the cache rows come from the kernels before, the
 // split counters from the previous decode launch's reset.
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
@@ -62,61 +59,28 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
 }
 
-// How a decode launch divides its work. An item is one (sequence, KV head): the attention of its
-// query heads over the sequence's span of keys. Two ways:
-//  - per-item splits (n_splits > 0), for batches of fewer items than SMs: n_splits blocks an item,
-//    each sequence cutting its own span into n_splits chunks of whole 32-key pieces (so a launch
-//    planned for a bound also serves every shorter context);
-//  - balanced (n_splits == 0), for larger batches: the keys of all items, laid end to end, are cut
-//    into equal pieces, one a block, and the number of pieces is a whole number of waves (the
-//    blocks all SMs hold at once). Each block then streams the same bytes whatever the mix of
-//    lengths, and the grid does not depend on it (at equal lengths this measured the same as one
-//    block an item: the kernel is bound by its instructions, docs/PERF.md "Ninth round"). A
-//    block walks the items its piece covers; an item cut by a piece boundary is merged from its
-//    parts.
+// How a decode launch divides its work: n_splits blocks for each (sequence, KV head), each
+// sequence cutting its own span into n_splits chunks of whole 32-key pieces, so a launch planned
+// for a bound also serves every shorter context. (Cutting the keys of the whole batch into equal
+// pieces instead, a whole number of waves, measured the same at equal lengths and made the grid
+// and scratch grow with a graph's planned bound: docs/PERF.md "Ninth round".)
 struct DecodePlan {
-  int chunk = 0;      // keys of one block's piece, at most: sizes the scores in shared memory
-  int n_splits = 0;   // blocks an item; 0: balanced
-  int wave = 0;       // balanced: blocks the SMs hold at once
-  int max_parts = 1;  // parts an item is merged from, at most
-  int64_t n_blocks = 0;
-  int64_t slots = 0;  // partial results the workspace holds (0: nothing is merged)
-  int group = 1, dmax = 0;
+  int chunk = 0, n_splits = 1, group = 1, dmax = 0;
+  int64_t slots = 0;  // partial results the workspace holds (0: one split, nothing is merged)
   size_t smem = 0;
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-// Shared memory of one decode block whose scores region holds `scores` keys a head (a piece's
-// keys, or the merge weights of an item's parts) for pieces of `chunk` keys, with `n_seqs`
-// sequences' prefix table when balanced (layout above decode_kernel).
-__host__ __device__ int64_t decode_smem_bytes(int group, int dmax, int64_t scores, int64_t chunk,
-                                              int block_size, int64_t n_seqs) {
-  const int64_t tile = group < kDecodeHeadTile ? group : kDecodeHeadTile;
+// Shared memory of one decode block for a chunk of `chunk` keys (layout above attend_split).
+// The scores region also holds the merge weights of the last split ([G][n_splits]), so it is
+// sized for max(chunk, n_splits) (scores_cap).
+int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int64_t scores_cap, int block_size) {
+  const int64_t tile = std::min(group, kDecodeHeadTile);
   return static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
-         static_cast<int64_t>(group) * scores * 4 + 2 * group * 4 + (chunk / block_size + 2) * 4 +
-         (n_seqs > 0 ? 3 * (n_seqs + 1) * 4 : 0);
+         static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4 +
+         (chunk / block_size + 2) * 4;
 }
-
-// Blocks of `kernel` (kDecodeThreads threads, `smem` bytes of shared memory) one SM holds at
-// once, asked of the runtime once per kernel and size.
-int decode_blocks_per_sm(const void* kernel, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = known.try_emplace({kernel, smem}, 0);
-  if (fresh) {
-    if (smem > 48 * 1024)
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
-    CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, kDecodeThreads, smem));
-    it->second = std::max(it->second, 1);
-  }
-  return it->second;
-}
-
-const void* decode_kernel_for(const AttentionArgs& a, int group, int dmax);
 
 DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   DecodePlan p;
@@ -125,40 +89,21 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   int64_t max_len = std::max(a.max_seqlen_kv, 1);
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
   const int bs = std::max(a.block_size, 1);
-  const int64_t items = static_cast<int64_t>(a.n_seqs) * a.hkv;
-  const bool balanced = items >= n_sms;
-  // The longest piece whose scores fit the soft budget (scores and block ids grow with it).
-  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs, balanced ? a.n_seqs : 0);
+  // The longest chunk whose scores fit the soft budget (scores and block ids grow with it).
+  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs);
   int64_t cap = (kSmemSoftBudget - fixed) / (static_cast<int64_t>(p.group) * 4 + 4) / 32 * 32;
   cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
-  if (!balanced) {
-    // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
-    const int64_t want_splits = std::max<int64_t>(1, (2 * n_sms + items - 1) / items);
-    int64_t chunk = (max_len + want_splits - 1) / want_splits;
-    chunk = (chunk + 31) / 32 * 32;
-    chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
-    p.chunk = static_cast<int>(chunk);
-    p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
-    p.max_parts = p.n_splits;
-    p.n_blocks = items * p.n_splits;
-    p.slots = p.n_splits > 1 ? p.n_blocks : 0;
-    p.smem = static_cast<size_t>(
-        decode_smem_bytes(p.group, p.dmax, std::max(chunk, int64_t{p.n_splits}), chunk, bs, 0));
-    return p;
-  }
-  // Balanced: pieces of at most `cap` keys (at least min(kMinChunk, cap), so an item of max_len
-  // keys has at most max_parts parts), as many as whole waves need for the bound on the keys.
-  const int64_t total = items * max_len;
-  PAGELLM_CHECK_MSG(static_cast<int64_t>(a.n_seqs) * max_len < (int64_t{1} << 31),
-                    "attention: too many keys in one decode batch");
-  const int64_t min_piece = std::min<int64_t>(kMinChunk, cap);
-  p.chunk = static_cast<int>(cap);
-  p.max_parts = static_cast<int>((max_len + min_piece - 1) / min_piece + 1);
+  // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
+  const int64_t items = static_cast<int64_t>(a.n_seqs) * a.hkv;
+  const int64_t want_splits = std::max<int64_t>(1, (2 * n_sms + items - 1) / items);
+  int64_t chunk = (max_len + want_splits - 1) / want_splits;
+  chunk = (chunk + 31) / 32 * 32;
+  chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
+  p.chunk = static_cast<int>(chunk);
+  p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
+  p.slots = p.n_splits > 1 ? items * p.n_splits : 0;
   p.smem = static_cast<size_t>(
-      decode_smem_bytes(p.group, p.dmax, std::max<int64_t>(cap, p.max_parts), cap, bs, a.n_seqs));
-  p.wave = decode_blocks_per_sm(decode_kernel_for(a, p.group, p.dmax), p.smem) * n_sms;
-  p.n_blocks = p.wave * ((total + p.wave * cap - 1) / (p.wave * cap));
-  p.slots = 2 * p.n_blocks;
+      decode_smem_bytes(p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs));
   return p;
 }
 
@@ -211,15 +156,12 @@ __device__ __forceinline__ int reduced_index(int lane) {
   return idx;
 }
 
-// The parts an item is merged from: part i's partial result sits in workspace slot
-// base + i * step, plus first_extra for part 0 (balanced: a block keeps two slots, 0 for the
-// item its piece starts in, 1 for the one it ends in when that is another).
+// The splits a (sequence, KV head) is merged from: split i's partial result sits in workspace
+// slot base + i.
 struct Parts {
   int64_t base;
-  int step, first_extra, n;
-  __device__ __forceinline__ int64_t slot(int i) const {
-    return base + static_cast<int64_t>(i) * step + (i == 0 ? first_extra : 0);
-  }
+  int n;
+  __device__ __forceinline__ int64_t slot(int i) const { return base + i; }
 };
 
 // Zeros the outputs of n_heads query heads from h0 of query token q_tok: a padding sequence of a
@@ -233,25 +175,24 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
   }
 }
 
-// One block's piece of one item: keys [begin, begin + n_tok) of sequence s for KV head kvh, part
-// `part` of `parts`. kDecodeWarps warps. Lanes split a cache row in 16-byte pieces (L lanes per
-// row, so a warp covers 32 / L rows per load) and each lane issues the next group of
-// kDecodeLoads loads before using the current one: decode attention is bound by how many bytes
-// are in flight, not by arithmetic. Pass 1 scores the piece's keys for every head of the GQA
-// group (each K row is loaded once for all of them; the per-row dot products are summed over the
-// L lanes by transpose_reduce), then an exact softmax per head over the piece, then pass 2
-// streams the V rows the same way, each lane accumulating its 8 dims for a tile of heads. A
-// whole item (one part) writes the output; otherwise the part writes its unnormalized sum with
-// its max and sum of exponentials, and the last part of the item to finish, counted by an
-// atomic, merges them all (log-sum-exp rescaling).
+// One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, part `part` of
+// `parts`. kDecodeWarps warps; each lane keeps the next rows' loads in flight while it uses the
+// current ones. Pass 1 scores the split's keys for every head of the GQA group, each K row loaded
+// once for all of them: on tensor cores where the shapes allow (the kernel is bound by its
+// instructions more than by memory: docs/PERF.md "Ninth round"), else on CUDA cores with the
+// per-row dot products summed over a row's lanes by transpose_reduce. Then an exact softmax per
+// head over the split, then pass 2 streams the V rows, each lane accumulating its 8 dims for a
+// tile of heads. A whole context (one part) writes the output; otherwise the part writes its
+// unnormalized sum with its max and sum of exponentials, and the last part to finish, counted
+// by an atomic, merges them all (log-sum-exp rescaling).
 //
 // Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
-//                scores f32 [G][max(chunk, max_parts)] | m, l f32 [G][2] | the piece's block
-//                ids i32 [chunk / block_size + 2] | (balanced) the sequences' table.
+//                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2] | the split's block
+//                ids i32 [chunk / block_size + 2].
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
 // P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
 template <int DMAX, bool kAligned, int kG>
-__device__ __forceinline__ void attend_piece(const AttentionArgs& a, const DecodePlan& p,
+__device__ __forceinline__ void attend_split(const AttentionArgs& a, const DecodePlan& p,
                                              unsigned char* smem, int s, int kvh, int q_tok,
                                              int32_t begin, int32_t n_tok, int part,
                                              const Parts& parts, float* __restrict__ part_acc,
@@ -269,7 +210,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   bf16* qs = reinterpret_cast<bf16*>(smem);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
-  float* ml = scores + static_cast<size_t>(G) * max(chunk, p.max_parts);
+  float* ml = scores + static_cast<size_t>(G) * max(chunk, p.n_splits);
   int32_t* blk = reinterpret_cast<int32_t*>(ml + 2 * G);
   const int h0 = kvh * G;
   const int bs = a.block_size;
@@ -277,8 +218,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   const int32_t first_blk = begin / bs;
   const int n_blk = (begin + n_tok - 1) / bs - first_blk + 1;
 
-  __syncthreads();  // the previous piece of this block is done with shared memory
-  // The piece's block ids go to shared memory once, so no row load waits on a table load.
+  // The split's block ids go to shared memory once, so no row load waits on a table load.
   const int32_t* table = a.block_tables + s * a.block_table_ld;
   for (int i = tid; i < n_blk; i += kDecodeThreads) blk[i] = table[first_blk + i];
   // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
@@ -301,7 +241,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   constexpr bool kMmaScores = kAligned && kG >= 1 && kG <= 8 && DMAX <= 128;
 
   // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
-  // piece. A warp's groups are kStride rows apart.
+  // split. A warp's groups are kStride rows apart.
   auto load_group = [&](const CacheView& c, int n, int t0, uint4(&raw)[kDecodeLoads]) {
 #pragma unroll
     for (int u = 0; u < kDecodeLoads; ++u) {
@@ -312,7 +252,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   constexpr int kStride = kDecodeWarps * KW;
 
   // The first group of V rows is requested with the first K rows: V does not depend on the scores,
-  // and a short piece (a split of a batch-1 step) then costs one memory round, not two.
+  // and a short split (of a batch-1 step) then costs one memory round, not two.
   uint4 v_first[kDecodeLoads];
   load_group(a.v_cache, Dv, warp * KW, v_first);
 
@@ -320,7 +260,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   if constexpr (kMmaScores) {
     // On tensor cores: S^T = K . Q^T, one m16n8k16 product per 16 keys and 16 dims, the keys as
     // rows (A, straight from the cache rows in registers) and the heads as columns (B, q in
-    // registers for the whole piece). The dot product does not care in which order it takes the
+    // registers for the whole split). The dot product does not care in which order it takes the
     // dims, so each lane's 16-byte piece of a key feeds its A registers as loaded: lane (r, c)
     // (r = lane / 4, c = lane % 4) loads dims 32j + 8c .. + 7 of keys r and r + 8 of the step,
     // and k-step 2j + h takes the words 2h, 2h + 1 of piece j as its logical dims (2c, 2c + 1)
@@ -411,7 +351,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   }
   __syncthreads();
 
-  // Exact softmax over the piece, per head: scores become exp(s - m), and (m, l) are kept.
+  // Exact softmax over the split, per head: scores become exp(s - m), and (m, l) are kept.
   for (int g = warp; g < G; g += kDecodeWarps) {
     float m = -INFINITY;
     for (int t = lane; t < n_tok; t += 32) m = fmaxf(m, scores[g * chunk + t]);
@@ -491,7 +431,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) v += red[(w * tile + gg) * DMAX + e];
       if (parts.n == 1) {
-        // l >= 1: the piece holds at least one key.
+        // l >= 1: the split holds at least one key.
         const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
         o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
@@ -521,7 +461,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
 
   // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the parts of each head. The
   // weights go where the scores were.
-  const int n_live = min(parts.n, p.max_parts);  // equal, unless a context passed the plan's bound
+  const int n_live = parts.n;
   float* wgt = scores;  // [G][n_live]
   for (int g = warp; g < G; g += kDecodeWarps) {
     float m_all = -INFINITY;
@@ -575,21 +515,7 @@ __device__ __forceinline__ void attend_piece(const AttentionArgs& a, const Decod
   if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
 }
 
-// Inclusive prefix sum of one int a thread over the block (kDecodeThreads threads).
-__device__ __forceinline__ int block_inclusive_scan(int v, int* warp_totals) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const int n = __shfl_up_sync(0xffffffffu, v, off);
-    if (lane >= off) v += n;
-  }
-  if (lane == 31) warp_totals[warp] = v;
-  __syncthreads();
-  for (int w = 0; w < warp; ++w) v += warp_totals[w];
-  return v;
-}
-
-// A decode launch (see DecodePlan): finds the block's pieces and attends over each.
+// A decode launch (see DecodePlan): block (split, KV head, sequence) attends over its split.
 template <int DMAX, bool kAligned, int kG>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, DecodePlan p, float* __restrict__ part_acc,
@@ -598,117 +524,26 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // the output projection's GEMV may start fetching its weights
   const int G = kG > 0 ? kG : a.hq / a.hkv;
-  const int tid = threadIdx.x, n = a.n_seqs, hkv = a.hkv;
-  // The piece to attend over next: sequence s, KV head kvh, keys [lo_s + g - item_begin,
-  // lo_s + piece_end - item_begin) of the item whose keys start at item_begin.
-  int s = 0, kvh = 0, q_tok = 0, part = 0;
-  int32_t lo_s = 0, span = 0;
-  int64_t g = 0, g_end = 0, item_begin = 0, piece_end = 0;
-  Parts parts{0, 1, 0, 1};
-  // Balanced: the sequences' table. start[i], the keys of the sequences before i (one KV head's
-  // worth; a query-less sequence counts none), start[n] their sum; lo[i], the first key of i's
-  // span; qt[i], its query token.
-  int32_t* start =
-      reinterpret_cast<int32_t*>(decode_smem + decode_smem_bytes(G, DMAX, max(p.chunk, p.max_parts),
-                                                                 p.chunk, a.block_size, 0));
-  int32_t* lo = start + n + 1;
-  int32_t* qt = lo + n + 1;
-  int64_t per = 0;
-  if (p.n_splits > 0) {
-    const int64_t item = blockIdx.x / p.n_splits;
-    const int split = static_cast<int>(blockIdx.x % p.n_splits);
-    s = static_cast<int>(item / hkv);
-    kvh = static_cast<int>(item % hkv);
-    q_tok = a.cu_seqlens_q[s];
-    if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
-    const int32_t len = a.seq_lens_kv[s];
-    lo_s = a.window > 0 ? max(0, len - a.window) : 0;
-    span = len - lo_s;
-    if (span <= 0) {  // a padding sequence: a query, no context
-      if (split == 0) zero_heads(a, q_tok, kvh * G, G);
-      return;
-    }
-    // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
-    // bound, which sizes shared memory) because the plan covers the longest span.
-    const int32_t my_chunk = min(p.chunk, (span + p.n_splits - 1) / p.n_splits + 31 & ~31);
-    g = static_cast<int64_t>(split) * my_chunk;
-    if (g >= span) return;
-    g_end = piece_end = min(static_cast<int64_t>(span), g + my_chunk);
-    part = split;
-    parts = Parts{item * p.n_splits, 1, 0, min(p.n_splits, (span + my_chunk - 1) / my_chunk)};
-  } else {
-    __shared__ int warp_totals[kDecodeWarps];
-    for (int i = tid; i <= n; i += kDecodeThreads) qt[i] = a.cu_seqlens_q[i];
-    for (int i = tid; i < n; i += kDecodeThreads) {
-      const int32_t len = a.seq_lens_kv[i];
-      lo[i] = a.window > 0 ? max(0, len - a.window) : 0;
-      start[i] = len - lo[i];
-    }
-    __syncthreads();
-    // Each thread sums a run of consecutive sequences; the block scans the runs.
-    const int run = (n + kDecodeThreads - 1) / kDecodeThreads;
-    const int r0 = min(n, tid * run), r1 = min(n, r0 + run);
-    int mine = 0;
-    for (int i = r0; i < r1; ++i) mine += qt[i + 1] > qt[i] ? start[i] : 0;
-    const int incl = block_inclusive_scan(mine, warp_totals);
-    __syncthreads();  // every run is read before any is overwritten
-    int acc = incl - mine;
-    for (int i = r0; i < r1; ++i) {
-      const int32_t v = qt[i + 1] > qt[i] ? start[i] : 0;
-      start[i] = acc;
-      acc += v;
-    }
-    if (tid == kDecodeThreads - 1) start[n] = incl;
-    __syncthreads();
-
-    // Padding sequences (a query, no context) are zeroed by block i % grid.
-    for (int i = blockIdx.x; i < n; i += gridDim.x)
-      if (qt[i + 1] > qt[i] && start[i + 1] == start[i]) zero_heads(a, qt[i], 0, a.hq);
-
-    // Pieces of `per` keys, as many as the waves the actual keys need (the plan's grid holds
-    // those of the bound; blocks past the keys leave).
-    const int64_t total = static_cast<int64_t>(start[n]) * hkv;
-    const int64_t wave_keys = static_cast<int64_t>(p.wave) * p.chunk;
-    const int64_t blocks = (total + wave_keys - 1) / wave_keys * p.wave;
-    per = min(static_cast<int64_t>(p.chunk), max(static_cast<int64_t>(min(kMinChunk, p.chunk)),
-                                                 (total + blocks - 1) / max(blocks, int64_t{1})));
-    g = static_cast<int64_t>(blockIdx.x) * per;
-    g_end = min(total, g + per);
-    if (g >= total) return;
-    // The sequence holding key g: the last s with start[s] * hkv <= g (start[n] * hkv > g).
-    const int64_t key = g / hkv;
-    for (int hi = n; hi - s > 1;) {
-      const int mid = (s + hi) / 2;
-      if (start[mid] <= key)
-        s = mid;
-      else
-        hi = mid;
-    }
-    span = start[s + 1] - start[s];
-    kvh = static_cast<int>((g - static_cast<int64_t>(start[s]) * hkv) / span);
+  const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
+  const int q_tok = a.cu_seqlens_q[s];
+  if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
+  const int32_t len = a.seq_lens_kv[s];
+  const int32_t lo = a.window > 0 ? max(0, len - a.window) : 0;
+  const int32_t span = len - lo;
+  if (span <= 0) {  // a padding sequence of a graph batch: a query, no context
+    if (split == 0) zero_heads(a, q_tok, kvh * G, G);
+    return;
   }
-  while (g < g_end) {
-    if (p.n_splits == 0) {
-      item_begin = static_cast<int64_t>(start[s]) * hkv + static_cast<int64_t>(kvh) * span;
-      const int64_t first = item_begin / per, last = (item_begin + span - 1) / per;
-      parts =
-          Parts{2 * first, 2, first * per < item_begin ? 1 : 0, static_cast<int>(last - first + 1)};
-      part = static_cast<int>(blockIdx.x - first);
-      piece_end = min(g_end, item_begin + span);
-      q_tok = qt[s];
-      lo_s = lo[s];
-    }
-    attend_piece<DMAX, kAligned, kG>(
-        a, p, decode_smem, s, kvh, q_tok, lo_s + static_cast<int32_t>(g - item_begin),
-        static_cast<int32_t>(piece_end - g), part, parts, part_acc, part_ml, counters);
-    g = piece_end;
-    if (p.n_splits == 0 && ++kvh == hkv) {
-      kvh = 0;
-      do ++s;
-      while (s < n && start[s + 1] == start[s]);
-      if (s < n) span = start[s + 1] - start[s];
-    }
-  }
+  // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
+  // bound, which sizes shared memory) because the plan covers the longest span.
+  const int32_t my_chunk = min(p.chunk, (span + p.n_splits - 1) / p.n_splits + 31 & ~31);
+  const int32_t off = split * my_chunk;
+  if (off >= span) return;  // only the splits holding keys take part (and count in the merge)
+  const int64_t item = static_cast<int64_t>(s) * a.hkv + kvh;
+  const Parts parts{item * p.n_splits, min(p.n_splits, (span + my_chunk - 1) / my_chunk)};
+  attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off,
+                                   min(my_chunk, span - off), split, parts, part_acc, part_ml,
+                                   counters);
 }
 
 template <int DMAX>
@@ -843,10 +678,6 @@ DecodeKernel decode_kernel_of(const AttentionArgs& a, int group, int dmax) {
                        : decode_kernel_of<256>(aligned, group);
 }
 
-const void* decode_kernel_for(const AttentionArgs& a, int group, int dmax) {
-  return reinterpret_cast<const void*>(decode_kernel_of(a, group, dmax));
-}
-
 void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, int32_t* counters,
                 cudaStream_t stream) {
   float* part_acc = static_cast<float*>(workspace);
@@ -855,13 +686,12 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, in
                        : part_acc + p.slots * p.group * static_cast<int64_t>(a.head_dim_v);
   PAGELLM_CHECK_MSG(p.smem <= static_cast<size_t>(kSmemHardLimit),
                     "attention: GQA group too large for the decode kernel's shared memory");
-  PAGELLM_CHECK_MSG(p.n_blocks < (int64_t{1} << 31), "attention: decode grid too large");
   const DecodeKernel kernel = decode_kernel_of(a, p.group, p.dmax);
   if (p.smem > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
-  launch_overlapped(kernel, dim3(static_cast<unsigned>(p.n_blocks)), dim3(kDecodeThreads), p.smem,
-                    stream, a, p, part_acc, part_ml, counters);
+  launch_overlapped(kernel, dim3(p.n_splits, a.hkv, a.n_seqs), dim3(kDecodeThreads), p.smem, stream,
+                    a, p, part_acc, part_ml, counters);
   CUDA_CHECK_LAUNCH();
 }
 
