@@ -10,10 +10,12 @@
 #                                     # scripts/gpu-check.sh, tests off) and alternates
 #                                     # `pagellm bench latency` over them, printing a table last
 # Environment for run: PAGELLM_AB_MODELS (bench/model-configs names; default "llama-3-8b
-# llama-2-7b deepseek-v2-lite"), PAGELLM_AB_ROUNDS (default 2), PAGELLM_AB_OUTPUT_LEN (256; MoE
+# llama-2-7b deepseek-v2-lite"; "none" for none), PAGELLM_AB_ROUNDS (default 2), PAGELLM_AB_OUTPUT_LEN (256; MoE
 # shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab),
 # PAGELLM_AB_THROUGHPUT=1 (each round also runs issue 6's offline Llama-3-8B run, 1000 x (512 in,
-# 256 out), reported in total tok/s).
+# 256 out), reported in total tok/s), PAGELLM_AB_KERNEL_BENCH=NAME (each round also runs that
+# bench/micro benchmark of every revision, e.g. cuda_attention_decode_bench, narrowed by
+# PAGELLM_AB_KERNEL_FILTER, a --benchmark_filter regex; its lines are printed last).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -35,6 +37,7 @@ pack() {
 run() {
   local dir=${PAGELLM_AB_DIR:-/tmp/pagellm-ab}
   local models=${PAGELLM_AB_MODELS:-llama-3-8b llama-2-7b deepseek-v2-lite}
+  [ "$models" = none ] && models=""
   local rounds=${PAGELLM_AB_ROUNDS:-2} out_len=${PAGELLM_AB_OUTPUT_LEN:-256}
   [ -f .carry/pkg/deps.tar.gz ] || { echo "missing .carry/pkg/deps.tar.gz (scripts/carry-deps.sh)" >&2; exit 2; }
   local -a names=()
@@ -51,8 +54,10 @@ run() {
     mkdir -p "$dir/$n/.carry"
     tar -xzf ".carry/ab/$n.tar.gz" -C "$dir/$n"
     cp -r .carry/pkg "$dir/$n/.carry/"
+    local kb=${PAGELLM_AB_KERNEL_BENCH:-}
     (cd "$dir/$n" && JOBS=$jobs PAGELLM_CHECK_TESTS=0 PAGELLM_BENCH_ONLY=none \
-       scripts/gpu-check.sh >"$dir/$n.build.log" 2>&1) &
+       PAGELLM_CHECK_KERNEL_BENCH=$([ -n "$kb" ] && echo 1 || echo 0) PAGELLM_KERNEL_BENCHES="$kb" \
+       PAGELLM_KERNEL_BENCH_RUN=0 scripts/gpu-check.sh >"$dir/$n.build.log" 2>&1) &
     pids+=($!)
   done
   local failed=0
@@ -67,6 +72,7 @@ run() {
   # Rounds alternate the revisions, so a drift of the machine's speed reaches each alike.
   local results=$dir/results.txt
   : >"$results"
+  : >"$dir/kernel-results.txt"
   for r in $(seq 1 "$rounds"); do
     for m in $models; do
       local len=$out_len
@@ -85,6 +91,13 @@ run() {
         fi
       done
     done
+    if [ -n "${PAGELLM_AB_KERNEL_BENCH:-}" ]; then
+      for n in "${names[@]}"; do
+        "$dir/$n/build/cuda/bench/$PAGELLM_AB_KERNEL_BENCH" \
+          --benchmark_filter="${PAGELLM_AB_KERNEL_FILTER:-.}" 2>&1 | grep -E "^BM_" |
+          sed "s/^/$n round $r: /" >>"$dir/kernel-results.txt" || true
+      done
+    fi
     [ "${PAGELLM_AB_THROUGHPUT:-0}" = 1 ] || continue
     for n in "${names[@]}"; do
       local log=$dir/$n.offline.$r.log
@@ -110,6 +123,10 @@ run() {
         if ($4 == "FAILED") printf "  FAILED"; else printf "  %s (%s)", $4, $5 } END { print "" }' "$results"
     done
   done
+  if [ -s "$dir/kernel-results.txt" ]; then
+    printf '\n== %s, alternating revisions\n' "$PAGELLM_AB_KERNEL_BENCH"
+    sed 's/^/  /' "$dir/kernel-results.txt"
+  fi
 }
 
 case ${1:-} in

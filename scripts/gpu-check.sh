@@ -23,7 +23,7 @@
 # PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (512) and
 # max-num-batched-tokens (16384); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
 # and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried;
-# PAGELLM_KERNEL_BENCHES names a subset).
+# PAGELLM_KERNEL_BENCHES names a subset; PAGELLM_KERNEL_BENCH_RUN=0 builds them without running).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -390,6 +390,7 @@ if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
   # PAGELLM_KERNEL_BENCHES narrows the list (space-separated names).
   for b in ${PAGELLM_KERNEL_BENCHES:-cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench cuda_gemv_bench}; do
     build_target "$b" "$b" || continue
+    [ "${PAGELLM_KERNEL_BENCH_RUN:-1}" = 1 ] || continue  # 0: build only (scripts/ab-bench.sh)
     t=$(now)
     echo "== $b"
     timeout "$(step_limit 150)" "$build/bench/$b" >"$logs/$b.log" 2>&1
