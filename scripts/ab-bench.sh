@@ -10,8 +10,8 @@
 #                                     # scripts/gpu-check.sh, tests off) and alternates
 #                                     # `pagellm bench latency` over them, printing a table last
 # Environment for run: PAGELLM_AB_MODELS (bench/model-configs names; default "llama-3-8b
-# llama-2-7b deepseek-v2-lite"; "none" for none), PAGELLM_AB_ROUNDS (default 2), PAGELLM_AB_OUTPUT_LEN (256; MoE
-# shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab),
+# llama-2-7b deepseek-v2-lite"; "none" for none), PAGELLM_AB_ROUNDS (default 2),
+# PAGELLM_AB_OUTPUT_LEN (256; MoE shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab),
 # PAGELLM_AB_THROUGHPUT=1 (each round also runs issue 6's offline Llama-3-8B run, 1000 x (512 in,
 # 256 out), reported in total tok/s), PAGELLM_AB_KERNEL_BENCH=NAME (each round also runs that
 # bench/micro benchmark of every revision, e.g. cuda_attention_decode_bench, narrowed by

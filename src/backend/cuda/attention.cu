@@ -156,14 +156,6 @@ __device__ __forceinline__ int reduced_index(int lane) {
   return idx;
 }
 
-// The splits a (sequence, KV head) is merged from: split i's partial result sits in workspace
-// slot base + i.
-struct Parts {
-  int64_t base;
-  int n;
-  __device__ __forceinline__ int64_t slot(int i) const { return base + i; }
-};
-
 // Zeros the outputs of n_heads query heads from h0 of query token q_tok: a padding sequence of a
 // graph batch (a query, no context) gets 0, not NaN or stale values.
 __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, int h0, int n_heads) {
@@ -175,8 +167,9 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
   }
 }
 
-// One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, part `part` of
-// `parts`. kDecodeWarps warps; each lane keeps the next rows' loads in flight while it uses the
+// One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, split `split` of
+// the n_parts that hold keys, whose partial results sit in workspace slots slot0 + i. kDecodeWarps
+// warps; each lane keeps the next rows' loads in flight while it uses the
 // current ones. Pass 1 scores the split's keys for every head of the GQA group, each K row loaded
 // once for all of them: on tensor cores where the shapes allow (the kernel is bound by its
 // instructions more than by memory: docs/PERF.md "Ninth round"), else on CUDA cores with the
@@ -194,8 +187,8 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
 template <int DMAX, bool kAligned, int kG>
 __device__ __forceinline__ void attend_split(const AttentionArgs& a, const DecodePlan& p,
                                              unsigned char* smem, int s, int kvh, int q_tok,
-                                             int32_t begin, int32_t n_tok, int part,
-                                             const Parts& parts, float* __restrict__ part_acc,
+                                             int32_t begin, int32_t n_tok, int split, int64_t slot0,
+                                             int n_parts, float* __restrict__ part_acc,
                                              float* __restrict__ part_ml,
                                              int32_t* __restrict__ counters) {
   constexpr int L = DMAX / 8;             // lanes per cache row
@@ -371,7 +364,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   __syncthreads();
 
   // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
-  const int64_t my_slot = parts.slot(part);
+  const int64_t my_slot = slot0 + split;
   for (int g0 = 0; g0 < G; g0 += tile) {
     const int gn = min(tile, G - g0);
     float acc[kTile][8];
@@ -430,7 +423,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
       float v = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) v += red[(w * tile + gg) * DMAX + e];
-      if (parts.n == 1) {
+      if (n_parts == 1) {
         // l >= 1: the split holds at least one key.
         const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
@@ -446,33 +439,33 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
     __syncthreads();  // red is reused by the next head tile
   }
-  if (parts.n == 1) return;
+  if (n_parts == 1) return;
 
   // Arrival: every thread's partials are made visible device-wide before the block counts itself;
-  // the block that brings the count to parts.n merges, and sees every other block's partials.
+  // the block that brings the count to n_parts merges, and sees every other block's partials.
   __shared__ bool merge_here;
   __threadfence();
   __syncthreads();
   int32_t* counter = counters + static_cast<int64_t>(s) * a.hkv + kvh;
-  if (tid == 0) merge_here = atomicAdd(counter, 1) == parts.n - 1;
+  if (tid == 0) merge_here = atomicAdd(counter, 1) == n_parts - 1;
   __syncthreads();
   if (!merge_here) return;
   __threadfence();
 
   // out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the parts of each head. The
   // weights go where the scores were.
-  const int n_live = parts.n;
+  const int n_live = n_parts;
   float* wgt = scores;  // [G][n_live]
   for (int g = warp; g < G; g += kDecodeWarps) {
     float m_all = -INFINITY;
     for (int i = lane; i < n_live; i += 32) {
-      const float* ml_i = part_ml + 2 * (parts.slot(i) * G + g);
+      const float* ml_i = part_ml + 2 * ((slot0 + i) * G + g);
       if (__ldcg(ml_i + 1) > 0.0f) m_all = fmaxf(m_all, __ldcg(ml_i));
     }
     m_all = warp_max(m_all);
     float l_all = 0.0f;
     for (int i = lane; i < n_live; i += 32) {
-      const float* ml_i = part_ml + 2 * (parts.slot(i) * G + g);
+      const float* ml_i = part_ml + 2 * ((slot0 + i) * G + g);
       const float l = __ldcg(ml_i + 1);
       const float w = l > 0.0f ? expf(__ldcg(ml_i) - m_all) : 0.0f;
       wgt[g * n_live + i] = w;
@@ -499,7 +492,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
 #pragma unroll 2
     for (int i = 0; i < n_live; ++i) {
-      const float* src = part_acc + parts.slot(i) * G * Dv;
+      const float* src = part_acc + (slot0 + i) * G * Dv;
 #pragma unroll
       for (int j = 0; j < kOut; ++j) v[j] = fmaf(w[j][i], __ldcg(src + off[j]), v[j]);
     }
@@ -539,11 +532,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int32_t my_chunk = min(p.chunk, (span + p.n_splits - 1) / p.n_splits + 31 & ~31);
   const int32_t off = split * my_chunk;
   if (off >= span) return;  // only the splits holding keys take part (and count in the merge)
-  const int64_t item = static_cast<int64_t>(s) * a.hkv + kvh;
-  const Parts parts{item * p.n_splits, min(p.n_splits, (span + my_chunk - 1) / my_chunk)};
-  attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off,
-                                   min(my_chunk, span - off), split, parts, part_acc, part_ml,
-                                   counters);
+  const int64_t slot0 = (static_cast<int64_t>(s) * a.hkv + kvh) * p.n_splits;
+  attend_split<DMAX, kAligned, kG>(
+      a, p, decode_smem, s, kvh, q_tok, lo + off, min(my_chunk, span - off), split, slot0,
+      min(p.n_splits, (span + my_chunk - 1) / my_chunk), part_acc, part_ml, counters);
 }
 
 template <int DMAX>
