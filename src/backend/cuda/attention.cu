@@ -40,6 +40,7 @@ constexpr int kDecodeMinBlocks = 4;    // resident decode blocks per SM the regi
 constexpr int kDecodeLoads = 4;  // 16-byte row loads per lane per group (two groups in flight)
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
+constexpr int kMaxDecodeBlockSize = 16384;  // DecodePlan::blk_magic's range
 constexpr int kSmemSoftBudget = 64 * 1024;
 constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
 
@@ -66,6 +67,11 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
 // and scratch grow with a graph's planned bound: docs/PERF.md "Ninth round".)
 struct DecodePlan {
   int chunk = 0, n_splits = 1, group = 1, dmax = 0;
+  int blk_cap = 0;  // cache blocks a split's keys can touch: chunk / block_size + 2
+  // ceil(2^32 / (2 * block_size)): __umulhi(2q + 1, blk_magic) == q / block_size for the in-split
+  // positions q (< block_size + chunk; exact while (2q + 1) * 2 * block_size < 2^32, so block
+  // sizes up to kMaxDecodeBlockSize), one multiply instead of a division or a branch per row.
+  uint32_t blk_magic = 0;
   int64_t slots = 0;  // partial results the workspace holds (0: one split, nothing is merged)
   size_t smem = 0;
 };
@@ -77,9 +83,9 @@ int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 // sized for max(chunk, n_splits) (scores_cap).
 int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int64_t scores_cap, int block_size) {
   const int64_t tile = std::min(group, kDecodeHeadTile);
-  return static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
-         static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4 +
-         (chunk / block_size + 2) * 4;
+  return (chunk / block_size + 2) * 2 * static_cast<int64_t>(sizeof(void*)) +
+         static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
+         static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4;
 }
 
 DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
@@ -91,7 +97,8 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   const int bs = std::max(a.block_size, 1);
   // The longest chunk whose scores fit the soft budget (scores and block ids grow with it).
   const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs);
-  int64_t cap = (kSmemSoftBudget - fixed) / (static_cast<int64_t>(p.group) * 4 + 4) / 32 * 32;
+  const int64_t per_key = static_cast<int64_t>(p.group) * 4 + (2 * sizeof(void*) + bs - 1) / bs;
+  int64_t cap = (kSmemSoftBudget - fixed) / per_key / 32 * 32;
   cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
   // Enough blocks for two waves over the SMs, but no chunk shorter than kMinChunk.
   const int64_t items = static_cast<int64_t>(a.n_seqs) * a.hkv;
@@ -100,6 +107,8 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = (chunk + 31) / 32 * 32;
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
+  p.blk_cap = static_cast<int>(chunk / bs + 2);
+  p.blk_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + 2 * bs - 1) / (2 * bs));
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
   p.slots = p.n_splits > 1 ? items * p.n_splits : 0;
   p.smem = static_cast<size_t>(
@@ -107,13 +116,16 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   return p;
 }
 
-// 8 bf16 (16 bytes) of a cache row starting at element e of a row of n elements: zeros past the
-// row's end. kAligned: rows and strides are multiples of 8 elements on 16-byte boundaries, so one
-// vector load serves; otherwise element loads (odd head dims or strides).
+// 8 bf16 (16 bytes) of a cache row starting at element e of a row of n elements, for the
+// decode kernel's lanes that cover dims up to DMAX >= n. kAligned: rows and strides are multiples
+// of 8 elements on 16-byte boundaries, so one vector load serves; a lane past the row's end loads
+// the row's last 8 elements again rather than predicating the load (its dims meet q's zero
+// padding in the scores, and its P.V sums are never written out). Otherwise element loads (odd
+// head dims or strides), zeros past the end.
 template <bool kAligned>
 __device__ __forceinline__ uint4 load_row8(const bf16* row, int e, int n) {
   if constexpr (kAligned) {
-    return e < n ? *reinterpret_cast<const uint4*>(row + e) : make_uint4(0, 0, 0, 0);
+    return *reinterpret_cast<const uint4*>(row + min(e, n - 8));
   } else {
     union {
       uint4 v;
@@ -179,9 +191,9 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
 // unnormalized sum with its max and sum of exponentials, and the last part to finish, counted
 // by an atomic, merges them all (log-sum-exp rescaling).
 //
-// Shared memory: q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
-//                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2] | the split's block
-//                ids i32 [chunk / block_size + 2].
+// Shared memory: K and V row bases of the split's cache blocks, bf16 pointers [2][blk_cap] |
+//                q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
+//                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2].
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
 // P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
 template <int DMAX, bool kAligned, int kG>
@@ -200,20 +212,29 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   const int G = kG > 0 ? kG : a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
   const int tile = min(G, kTile);
   const int chunk = p.chunk;  // the scores' row stride
-  bf16* qs = reinterpret_cast<bf16*>(smem);
+  const bf16** kbase = reinterpret_cast<const bf16**>(smem);
+  const bf16** vbase = kbase + p.blk_cap;
+  bf16* qs = reinterpret_cast<bf16*>(vbase + p.blk_cap);
   float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
   float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
   float* ml = scores + static_cast<size_t>(G) * max(chunk, p.n_splits);
-  int32_t* blk = reinterpret_cast<int32_t*>(ml + 2 * G);
   const int h0 = kvh * G;
   const int bs = a.block_size;
-  const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;  // block_size a power of two
   const int32_t first_blk = begin / bs;
-  const int n_blk = (begin + n_tok - 1) / bs - first_blk + 1;
+  const int begin_in = begin - first_blk * bs;  // the split's first key within its first block
+  const int n_blk = (begin_in + n_tok - 1) / bs + 1;
 
-  // The split's block ids go to shared memory once, so no row load waits on a table load.
+  // Where head kvh's rows of each of the split's blocks start, K and V: computed once, so a row
+  // load needs no table load and no 64-bit stride products (the per-row address had been ~30
+  // instructions a 16-byte load: docs/PERF.md "Tenth round").
   const int32_t* table = a.block_tables + s * a.block_table_ld;
-  for (int i = tid; i < n_blk; i += kDecodeThreads) blk[i] = table[first_blk + i];
+  for (int i = tid; i < n_blk; i += kDecodeThreads) {
+    const int64_t b = table[first_blk + i];
+    kbase[i] = static_cast<const bf16*>(a.k_cache.data) + b * a.k_cache.stride_block +
+               kvh * a.k_cache.stride_head;
+    vbase[i] = static_cast<const bf16*>(a.v_cache.data) + b * a.v_cache.stride_block +
+               kvh * a.v_cache.stride_head;
+  }
   // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
   const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
   for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
@@ -222,32 +243,37 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   }
   __syncthreads();
 
-  auto row = [&](const CacheView& c, int32_t t) {
-    const int32_t pp = begin + t;
-    const int32_t b = shift >= 0 ? pp >> shift : pp / bs;
-    return static_cast<const bf16*>(c.data) + blk[b - first_blk] * c.stride_block +
-           (pp - b * bs) * c.stride_tok + kvh * c.stride_head;
+  // Row t of the split, clamped to its last row: a load past the split reads a real row whose
+  // scores and weights are never used, so no branch guards the loads. (32-bit token strides:
+  // launch_attention checks.)
+  const int k_tok = static_cast<int>(a.k_cache.stride_tok);
+  const int v_tok = static_cast<int>(a.v_cache.stride_tok);
+  auto row = [&](const bf16* const* base, int stride_tok, int t) {
+    const uint32_t q = static_cast<uint32_t>(min(t, n_tok - 1) + begin_in);
+    const uint32_t b = __umulhi(2u * q + 1u, p.blk_magic);  // q / bs
+    const bf16* r = base[b] + static_cast<int64_t>(static_cast<int>(q - b * bs)) * stride_tok;
+    __builtin_assume(__isGlobal(r));  // global loads, not generic ones (the base came from smem)
+    return r;
   };
   const int sub = lane % L, kk = lane / L, e0 = sub * 8;
   // Scores on tensor cores: 16-byte rows, a GQA group that fits one 8-column tile, and head dims
   // up to 128 (a lane holds two steps of 2 x DMAX / 32 pieces of K rows).
   constexpr bool kMmaScores = kAligned && kG >= 1 && kG <= 8 && DMAX <= 128;
 
-  // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads, zeros past the
-  // split. A warp's groups are kStride rows apart.
-  auto load_group = [&](const CacheView& c, int n, int t0, uint4(&raw)[kDecodeLoads]) {
+  // Lane's share of one group of rows: rows t0 + u * KPW + kk for u < kDecodeLoads (past the
+  // split: the last row again). A warp's groups are kStride rows apart.
+  auto load_group = [&](const bf16* const* base, int stride_tok, int n, int t0,
+                        uint4(&raw)[kDecodeLoads]) {
 #pragma unroll
-    for (int u = 0; u < kDecodeLoads; ++u) {
-      const int t = t0 + u * KPW + kk;
-      raw[u] = t < n_tok ? load_row8<kAligned>(row(c, t), e0, n) : make_uint4(0, 0, 0, 0);
-    }
+    for (int u = 0; u < kDecodeLoads; ++u)
+      raw[u] = load_row8<kAligned>(row(base, stride_tok, t0 + u * KPW + kk), e0, n);
   };
   constexpr int kStride = kDecodeWarps * KW;
 
   // The first group of V rows is requested with the first K rows: V does not depend on the scores,
   // and a short split (of a batch-1 step) then costs one memory round, not two.
   uint4 v_first[kDecodeLoads];
-  load_group(a.v_cache, Dv, warp * KW, v_first);
+  load_group(vbase, v_tok, Dv, warp * KW, v_first);
 
   // Pass 1: scores.
   if constexpr (kMmaScores) {
@@ -274,11 +300,9 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     auto load_keys = [&](int t0, uint4(&raw)[2][J]) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = t0 + r + 8 * half;
+        const bf16* key = row(kbase, k_tok, t0 + r + 8 * half);
 #pragma unroll
-        for (int j = 0; j < J; ++j)
-          raw[half][j] = t < n_tok ? load_row8<true>(row(a.k_cache, t), 32 * j + 8 * c, D)
-                                   : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < J; ++j) raw[half][j] = load_row8<true>(key, 32 * j + 8 * c, D);
       }
     };
     constexpr int kKeyStride = kDecodeWarps * 16;
@@ -314,9 +338,9 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     uint4 cur[kDecodeLoads], nxt[kDecodeLoads];
 #pragma unroll
     for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = make_uint4(0, 0, 0, 0);
-    load_group(a.k_cache, D, warp * KW, cur);
+    load_group(kbase, k_tok, D, warp * KW, cur);
     for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
-      if (t0 + kStride < n_tok) load_group(a.k_cache, D, t0 + kStride, nxt);
+      if (t0 + kStride < n_tok) load_group(kbase, k_tok, D, t0 + kStride, nxt);
       float kf[kDecodeLoads][8];
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) unpack_bf16x8(cur[u], kf[u]);
@@ -379,10 +403,10 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) cur[u] = v_first[u];
     } else {
-      load_group(a.v_cache, Dv, warp * KW, cur);
+      load_group(vbase, v_tok, Dv, warp * KW, cur);
     }
     for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
-      if (t0 + kStride < n_tok) load_group(a.v_cache, Dv, t0 + kStride, nxt);
+      if (t0 + kStride < n_tok) load_group(vbase, v_tok, Dv, t0 + kStride, nxt);
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) {
         const int t = t0 + u * KPW + kk;
@@ -713,6 +737,10 @@ void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: query heads not a multiple of KV heads");
   PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
   PAGELLM_CHECK_MSG(a.n_seqs <= 65535 && a.hq <= 65535, "attention: grid too large");
+  PAGELLM_CHECK_MSG(a.max_seqlen_q != 1 ||
+                        (a.block_size <= kMaxDecodeBlockSize &&
+                         std::max(a.k_cache.stride_tok, a.v_cache.stride_tok) <= INT32_MAX),
+                    "attention: cache block size or token stride beyond the decode kernel's range");
   const int dmax = dmax_for(std::max(a.head_dim, a.head_dim_v));
   if (a.max_seqlen_q == 1) {
     const DecodePlan p = plan_decode(a, n_sms);
