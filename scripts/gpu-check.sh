@@ -384,11 +384,12 @@ PY
 fi
 
 # --- kernel micro-benchmarks (PAGELLM_CHECK_KERNEL_BENCH=1) ---
-# Decode and prefill attention, the routed experts and the decode GEMVs per layer call (bench/micro/cuda_*_bench:
-# Llama-3-8B heads, DeepSeek-V2-Lite MLA and MoE, Mixtral MoE): the loop for working on them.
+# Decode and prefill attention, the routed experts and the decode GEMVs per layer call, and
+# cuBLASLt's candidates for the prefill-sized products (bench/micro/cuda_*_bench: Llama-3-8B heads
+# and projections, DeepSeek-V2-Lite MLA and MoE, Mixtral MoE): the loop for working on them.
 if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
   # PAGELLM_KERNEL_BENCHES narrows the list (space-separated names).
-  for b in ${PAGELLM_KERNEL_BENCHES:-cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench cuda_gemv_bench}; do
+  for b in ${PAGELLM_KERNEL_BENCHES:-cuda_attention_decode_bench cuda_moe_bench cuda_attention_prefill_bench cuda_gemv_bench cuda_gemm_bench}; do
     build_target "$b" "$b" || continue
     [ "${PAGELLM_KERNEL_BENCH_RUN:-1}" = 1 ] || continue  # 0: build only (scripts/ab-bench.sh)
     t=$(now)
