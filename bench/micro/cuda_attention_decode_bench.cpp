@@ -75,7 +75,8 @@ void BM_DecodeAttentionMla(benchmark::State& state) {
 
 // seqs, ctx, plan: batch 1 eager and as recorded for an 8192-token max_model_len; long contexts;
 // the decode batches of the offline runs (Llama-3-8B: up to 512 sequences of ~640 tokens;
-// V2-Lite: 200 of ~1050).
+// V2-Lite: 200 of ~1050), also as a server's graphs plan them (for Llama-3's 8,192-token and
+// Llama-3.1's 131,072-token max_model_len).
 #define DECODE_CASES(bm)                  \
   BENCHMARK(bm)                           \
       ->ArgNames({"seqs", "ctx", "plan"}) \
@@ -87,6 +88,10 @@ void BM_DecodeAttentionMla(benchmark::State& state) {
       ->Args({256, 640, 768})             \
       ->Args({512, 640, 768})             \
       ->Args({200, 1050, 1100})           \
+      ->Args({256, 640, 8192})            \
+      ->Args({512, 640, 8192})            \
+      ->Args({64, 1024, 131072})          \
+      ->Args({512, 640, 131072})          \
       ->UseManualTime()                   \
       ->MinTime(0.1)                      \
       ->Unit(benchmark::kMicrosecond)
