@@ -67,6 +67,10 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
 // and scratch grow with a graph's planned bound: docs/PERF.md "Ninth round".)
 struct DecodePlan {
   int chunk = 0, n_splits = 1, group = 1, dmax = 0;
+  // Splits that fill the GPU at this batch size: no sequence is cut into more pieces than this,
+  // even when the plan's bound (a graph's max_model_len) allows more splits: at 512 sequences
+  // planned for 8192 tokens, a 640-token context is one piece, not 7 merged pieces of 96 keys.
+  int fill_splits = 1;
   int blk_cap = 0;  // cache blocks a split's keys can touch: chunk / block_size + 2
   // ceil(2^32 / (2 * block_size)): __umulhi(2q + 1, blk_magic) == q / block_size for the in-split
   // positions q (< block_size + chunk; exact while (2q + 1) * 2 * block_size < 2^32, so block
@@ -107,6 +111,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = (chunk + 31) / 32 * 32;
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
+  p.fill_splits = static_cast<int>(std::min<int64_t>(want_splits, INT32_MAX));
   p.blk_cap = static_cast<int>(chunk / bs + 2);
   p.blk_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + 2 * bs - 1) / (2 * bs));
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
@@ -551,9 +556,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     if (split == 0) zero_heads(a, q_tok, kvh * G, G);
     return;
   }
-  // This sequence's chunk: its span over n_splits, rounded up to 32 keys; <= chunk (the plan's
-  // bound, which sizes shared memory) because the plan covers the longest span.
-  const int32_t my_chunk = min(p.chunk, (span + p.n_splits - 1) / p.n_splits + 31 & ~31);
+  // This sequence's chunk: its span over the splits it may take (the grid's, at most as many as
+  // fill the GPU), rounded up to 32 keys, and at most the plan's chunk (which sizes shared memory).
+  const int splits = min(p.n_splits, p.fill_splits);
+  const int32_t my_chunk = min(p.chunk, (span + splits - 1) / splits + 31 & ~31);
   const int32_t off = split * my_chunk;
   if (off >= span) return;  // only the splits holding keys take part (and count in the merge)
   const int64_t slot0 = (static_cast<int64_t>(s) * a.hkv + kvh) * p.n_splits;
