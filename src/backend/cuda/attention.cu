@@ -743,10 +743,10 @@ void launch_attention(const AttentionArgs& a, void* workspace, int32_t* counters
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: query heads not a multiple of KV heads");
   PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
   PAGELLM_CHECK_MSG(a.n_seqs <= 65535 && a.hq <= 65535, "attention: grid too large");
-  PAGELLM_CHECK_MSG(a.max_seqlen_q != 1 ||
-                        (a.block_size <= kMaxDecodeBlockSize &&
-                         std::max(a.k_cache.stride_tok, a.v_cache.stride_tok) <= INT32_MAX),
-                    "attention: cache block size or token stride beyond the decode kernel's range");
+  PAGELLM_CHECK_MSG(
+      a.max_seqlen_q != 1 || (a.block_size <= kMaxDecodeBlockSize &&
+                              std::max(a.k_cache.stride_tok, a.v_cache.stride_tok) <= INT32_MAX),
+      "attention: cache block size or token stride beyond the decode kernel's range");
   const int dmax = dmax_for(std::max(a.head_dim, a.head_dim_v));
   if (a.max_seqlen_q == 1) {
     const DecodePlan p = plan_decode(a, n_sms);
