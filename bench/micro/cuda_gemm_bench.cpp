@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "cuda_bench_util.h"
 
 namespace pagellm {
 namespace {
@@ -100,12 +101,7 @@ void BM_GemmCandidate(benchmark::State& state) {
   const Shape& s = kShapes[state.range(0)];
   const int64_t n = state.range(1);
   const int cand = static_cast<int>(state.range(2));
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    cudaGetLastError();
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (bench::cuda_or_skip(state) == nullptr) return;  // no device: skipped, with the reason
   Problem p(n, s.m, s.k);
   if (cand >= static_cast<int>(p.candidates.size())) {
     state.SkipWithError("the heuristic has fewer candidates");

@@ -8,10 +8,12 @@
 // (one split) or its unnormalized partial sum with the split's max and sum of exponentials; the
 // last split of a (sequence, KV head) to finish, counted by an atomic, merges them all
 // (log-sum-exp rescaling) in the same launch. Splitting long contexts keeps all SMs busy at
-// small batch. The number of splits is planned on the host from max_seqlen_kv; each sequence then
-// cuts its own context into that many chunks of whole warps-worth of keys, read on the device.
-// So a launch planned for a bound (a CUDA graph recorded for max_model_len) serves every shorter
-// context, and short sequences beside long ones still spread over all splits.
+// small batch. The number of splits is planned on the host from max_seqlen_kv and the batch size;
+// each sequence then cuts its own context, on the device, into chunks of whole warps-worth of
+// keys: as many as fill the GPU at that batch size, or more where its context needs them (a chunk
+// holds at most the plan's chunk of keys). So a launch planned for a bound (a CUDA graph recorded
+// for max_model_len) serves every shorter context without cutting it finer than a launch planned
+// for that context would.
 //
 // Prefill: the tensor-core kernel of attention_prefill.cu wherever its shape and alignment
 // conditions hold (head dims that are multiples of 8, 16-byte aligned rows: every model's layout).
@@ -61,10 +63,11 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
 }
 
 // How a decode launch divides its work: n_splits blocks for each (sequence, KV head), each
-// sequence cutting its own span into n_splits chunks of whole 32-key pieces, so a launch planned
-// for a bound also serves every shorter context. (Cutting the keys of the whole batch into equal
-// pieces instead, a whole number of waves, measured the same at equal lengths and made the grid
-// and scratch grow with a graph's planned bound: docs/PERF.md "Ninth round".)
+// sequence cutting its own span into at most that many chunks of whole 32-key pieces (see
+// fill_splits), so a launch planned for a bound also serves every shorter context. (Cutting the
+// keys of the whole batch into equal pieces instead, a whole number of waves, measured the same at
+// equal lengths and made the grid and scratch grow with a graph's planned bound: docs/PERF.md
+// "Ninth round".)
 struct DecodePlan {
   int chunk = 0, n_splits = 1, group = 1, dmax = 0;
   // Splits that fill the GPU at this batch size: no sequence is cut into more pieces than this,
@@ -99,7 +102,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   int64_t max_len = std::max(a.max_seqlen_kv, 1);
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
   const int bs = std::max(a.block_size, 1);
-  // The longest chunk whose scores fit the soft budget (scores and block ids grow with it).
+  // The longest chunk whose scores fit the soft budget (scores and block bases grow with it).
   const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs);
   const int64_t per_key = static_cast<int64_t>(p.group) * 4 + (2 * sizeof(void*) + bs - 1) / bs;
   int64_t cap = (kSmemSoftBudget - fixed) / per_key / 32 * 32;
@@ -111,7 +114,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = (chunk + 31) / 32 * 32;
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
   p.chunk = static_cast<int>(chunk);
-  p.fill_splits = static_cast<int>(std::min<int64_t>(want_splits, INT32_MAX));
+  p.fill_splits = static_cast<int>(want_splits);  // <= 2 * n_sms
   p.blk_cap = static_cast<int>(chunk / bs + 2);
   p.blk_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + 2 * bs - 1) / (2 * bs));
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
