@@ -2,9 +2,9 @@
 // how far the heuristic's first choice (what src/backend/cuda/gemm.cu runs) is from the fastest
 // algorithm cuBLASLt offers for the shape, to tell whether timing the candidates would pay.
 // One case is (projection, tokens, candidate): out[n, M] = x[n, K] . w[M, K]^T, bf16 in and out,
-// fp32 accumulation, laid out as gemm.cu lays it out; candidate i is the heuristic's i-th answer
-// (up to kCandidates). Reported: time per call (CUDA events around kReps calls) and TFLOP/s
-// (the ceiling: 798 TFLOP/s bf16 dense on an H200, measured).
+// fp32 accumulation, run by Gemm itself; candidate i is the heuristic's i-th answer for Gemm's
+// descriptors (Gemm::candidates, up to kCandidates). Reported: time per call (CUDA events around
+// kReps calls) and TFLOP/s (the ceiling: 798 TFLOP/s bf16 dense on an H200, measured).
 //   cuda_gemm_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <cublasLt.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
 #include "cuda_bench_util.h"
 
 namespace pagellm {
@@ -24,7 +25,6 @@ namespace {
 
 constexpr int kCandidates = 12;
 constexpr int kReps = 10;
-constexpr size_t kWorkspaceBytes = 32u << 20;  // as gemm.cu
 
 struct Shape {
   const char* name;
@@ -38,63 +38,34 @@ constexpr Shape kShapes[] = {
 };
 constexpr int64_t kTokens[] = {512, 2048, 16384};
 
-// One problem's cuBLASLt objects and buffers, with its heuristic candidates.
+// One problem's buffers, and the candidates Gemm (src/backend/cuda/gemm.h) has for it.
 struct Problem {
-  cublasLtHandle_t handle = nullptr;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  void *w = nullptr, *x = nullptr, *out = nullptr, *workspace = nullptr;
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  void *w = nullptr, *x = nullptr, *out = nullptr;
+  cuda::RowView xv, wv, ov;
+  cuda::Gemm gemm;
+  std::vector<cublasLtMatmulAlgo_t> candidates;
 
-  Problem(int64_t n, int64_t m, int64_t k) {
-    CUBLAS_CHECK(cublasLtCreate(&handle));
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, m, k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d, CUDA_R_16BF, m, n, m));
+  Problem(int64_t n, int64_t m, int64_t k, cudaStream_t stream) : gemm(stream) {
     CUDA_CHECK(cudaMalloc(&w, m * k * 2));
     CUDA_CHECK(cudaMalloc(&x, n * k * 2));
     CUDA_CHECK(cudaMalloc(&out, n * m * 2));
-    CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
     // 0x3c3c is bf16 0.0115: finite values; what they are does not change the time.
     CUDA_CHECK(cudaMemset(w, 0x3c, m * k * 2));
     CUDA_CHECK(cudaMemset(x, 0x3c, n * k * 2));
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = kWorkspaceBytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    candidates.resize(kCandidates);
-    int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, kCandidates,
-                                                candidates.data(), &found));
-    candidates.resize(found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    xv = cuda::RowView{x, DType::kBF16, n, k, k};
+    wv = cuda::RowView{w, DType::kBF16, m, k, k};
+    ov = cuda::RowView{out, DType::kBF16, n, m, m};
+    candidates = gemm.candidates(xv, wv, ov, kCandidates);
   }
   ~Problem() {
     cudaFree(w);
     cudaFree(x);
     cudaFree(out);
-    cudaFree(workspace);
-    cublasLtMatrixLayoutDestroy(a);
-    cublasLtMatrixLayoutDestroy(b);
-    cublasLtMatrixLayoutDestroy(d);
-    cublasLtMatmulDescDestroy(desc);
-    cublasLtDestroy(handle);
   }
   Problem(const Problem&) = delete;
   Problem& operator=(const Problem&) = delete;
 
-  void run(int i, cudaStream_t stream) {
-    const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(handle, desc, &alpha, w, a, x, b, &beta, out, d, out, d,
-                                &candidates[i].algo, workspace, kWorkspaceBytes, stream));
-  }
+  void run(int i) { gemm.run_candidate(xv, wv, ov, candidates[i]); }
 };
 
 void BM_GemmCandidate(benchmark::State& state) {
@@ -102,33 +73,36 @@ void BM_GemmCandidate(benchmark::State& state) {
   const int64_t n = state.range(1);
   const int cand = static_cast<int>(state.range(2));
   if (bench::cuda_or_skip(state) == nullptr) return;  // no device: skipped, with the reason
-  Problem p(n, s.m, s.k);
-  if (cand >= static_cast<int>(p.candidates.size())) {
-    state.SkipWithError("the heuristic has fewer candidates");
-    return;
-  }
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t ev[2];
-  for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
-  p.run(cand, stream);  // warm-up
-  double total_s = 0.0;
-  for (auto _ : state) {
-    CUDA_CHECK(cudaEventRecord(ev[0], stream));
-    for (int r = 0; r < kReps; ++r) p.run(cand, stream);
-    CUDA_CHECK(cudaEventRecord(ev[1], stream));
-    CUDA_CHECK(cudaEventSynchronize(ev[1]));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    state.SetIterationTime(ms / 1e3 / kReps);
-    total_s += ms / 1e3 / kReps;
-  }
-  const double per_call = total_s / static_cast<double>(std::max<int64_t>(state.iterations(), 1));
-  state.counters["TFLOP/s"] = 2.0 * static_cast<double>(n * s.m * s.k) / per_call * 1e-12;
-  state.SetLabel(std::string(s.name) + " " + std::to_string(n) + " x " + std::to_string(s.m) +
-                 " x " + std::to_string(s.k) + ", candidate " + std::to_string(cand) + " of " +
-                 std::to_string(p.candidates.size()));
-  for (auto& e : ev) cudaEventDestroy(e);
+  {
+    Problem p(n, s.m, s.k, stream);
+    if (cand >= static_cast<int>(p.candidates.size())) {
+      state.SkipWithError("the heuristic has fewer candidates");
+      cudaStreamDestroy(stream);
+      return;
+    }
+    cudaEvent_t ev[2];
+    for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    p.run(cand);  // warm-up
+    double total_s = 0.0;
+    for (auto _ : state) {
+      CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      for (int r = 0; r < kReps; ++r) p.run(cand);
+      CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      state.SetIterationTime(ms / 1e3 / kReps);
+      total_s += ms / 1e3 / kReps;
+    }
+    const double per_call = total_s / static_cast<double>(std::max<int64_t>(state.iterations(), 1));
+    state.counters["TFLOP/s"] = 2.0 * static_cast<double>(n * s.m * s.k) / per_call * 1e-12;
+    state.SetLabel(std::string(s.name) + " " + std::to_string(n) + " x " + std::to_string(s.m) +
+                   " x " + std::to_string(s.k) + ", candidate " + std::to_string(cand) + " of " +
+                   std::to_string(p.candidates.size()));
+    for (auto& e : ev) cudaEventDestroy(e);
+  }  // the Problem's buffers and cuBLASLt handle go before its stream
   cudaStreamDestroy(stream);
 }
 

@@ -125,7 +125,7 @@ void Gemm::destroy(Plan& p) {
 
 bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
                          DType bias_dtype, const RowView& out, const uint32_t align[4],
-                         const GemmBatch& batch) {
+                         const GemmBatch& batch, int want, std::vector<cublasLtMatmulAlgo_t>* all) {
   const int64_t n = x.n_rows, k_dim = x.cols, m_dim = w.n_rows;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -169,21 +169,27 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
                                                     &align[2], sizeof(uint32_t)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                     &align[2], sizeof(uint32_t)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(want, 1));
   int n_results = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d,
-                                                           pref, 1, &result, &n_results);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref,
+                                     static_cast<int>(results.size()), results.data(), &n_results);
   cublasLtMatmulPreferenceDestroy(pref);
   // "No algorithm" (NOT_SUPPORTED or zero results) is an answer, not an error: the caller retries
   // without the epilogue, then falls back to the tiled kernel.
-  if (st != CUBLAS_STATUS_SUCCESS || n_results == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+  if (st != CUBLAS_STATUS_SUCCESS || n_results == 0 || results[0].state != CUBLAS_STATUS_SUCCESS) {
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
         st != CUBLAS_STATUS_INVALID_VALUE)
       cublas_failed(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     destroy(p);
     return false;
   }
-  p.algo = result.algo;
+  p.algo = results[0].algo;
+  if (all != nullptr) {
+    all->clear();
+    for (int i = 0; i < n_results; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) all->push_back(results[i].algo);
+  }
   p.bias_in_epilogue = bias != nullptr;
   return true;
 }
@@ -204,6 +210,25 @@ Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias,
       !(bias != nullptr && try_make_plan(p, x, w, nullptr, bias_dtype, out, align)))
     p.use_fallback = true;
   return plans_.emplace(key, p).first->second;
+}
+
+std::vector<cublasLtMatmulAlgo_t> Gemm::candidates(const RowView& x, const RowView& w,
+                                                   const RowView& out, int max) {
+  const uint32_t align[4] = {alignment_of(w.data), alignment_of(x.data), alignment_of(out.data),
+                             0u};
+  Plan p;
+  std::vector<cublasLtMatmulAlgo_t> all;
+  if (try_make_plan(p, x, w, nullptr, DType::kF32, out, align, GemmBatch{}, max, &all)) destroy(p);
+  return all;
+}
+
+void Gemm::run_candidate(const RowView& x, const RowView& w, const RowView& out,
+                         const cublasLtMatmulAlgo_t& algo) {
+  Plan p = plan_for(x, w, nullptr, DType::kF32, out);  // its descriptors, cached
+  PAGELLM_CHECK_MSG(!p.use_fallback, "gemm: cuBLASLt has no algorithm for this product");
+  p.algo = algo;
+  p.use_gemv = false;
+  run_plan(p, x, w, nullptr, DType::kF32, out);
 }
 
 void Gemm::choose_gemv(Plan& p, const RowView& x, const RowView& w, const void* bias,

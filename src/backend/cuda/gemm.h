@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 
@@ -60,6 +61,15 @@ class Gemm {
   // Number of cached plans (one per distinct problem shape, strides and alignments).
   size_t n_plans() const { return plans_.size() + batched_plans_.size(); }
 
+  // cuBLASLt's algorithms for run()'s product on these operands (no bias), in its heuristic's
+  // order, at most `max`: the first is the one run() takes. For benchmarks that time them all
+  // (bench/micro/cuda_gemm_bench); empty when cuBLASLt has none.
+  std::vector<cublasLtMatmulAlgo_t> candidates(const RowView& x, const RowView& w,
+                                               const RowView& out, int max);
+  // run()'s product through cuBLASLt with one of those algorithms instead of the chosen one.
+  void run_candidate(const RowView& x, const RowView& w, const RowView& out,
+                     const cublasLtMatmulAlgo_t& algo);
+
  private:
   // Everything cuBLASLt's choice depends on: shape, strides, types and pointer alignments.
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, uint32_t,
@@ -91,9 +101,12 @@ class Gemm {
                     const RowView& out, const RowView* timing_out);
   Plan& plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                  const RowView& out);
+  // The plan's descriptors and the heuristic's first algorithm; with `all`, its first `want`
+  // algorithms too. False when it has none.
   bool try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
                      DType bias_dtype, const RowView& out, const uint32_t align[4],
-                     const GemmBatch& batch = GemmBatch{});
+                     const GemmBatch& batch = GemmBatch{}, int want = 1,
+                     std::vector<cublasLtMatmulAlgo_t>* all = nullptr);
   static void destroy(Plan& p);
 
   cudaStream_t stream_;
