@@ -152,11 +152,14 @@ if [ $ops_built = 1 ]; then
     124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
     *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
   esac
-  # The GEMV's norm and SwiGLU fusions are off by default; their backend path is tested with
-  # them on (the kernels themselves are launched directly in the default run).
+  # The GEMV's norm, SwiGLU and norm-weight fold are off by default; their backend paths are
+  # tested with them on (the kernels themselves are launched directly in the default run): all
+  # three, then the fold alone (its norm in the GEMV, SiLU apart).
   t=$(now)
-  if PAGELLM_GEMV_FUSIONS=norm,swiglu timeout "$(step_limit 60)" "$build/tests/test_ops" \
-    --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1; then
+  if PAGELLM_GEMV_FUSIONS=norm,swiglu,fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
+    --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1 &&
+    PAGELLM_GEMV_FUSIONS=fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
+      --gtest_filter='FusedProjection.FoldedNormWeight' >>"$logs/test_ops_fusions.log" 2>&1; then
     record "test_ops (GEMV fusions on)" "ok ($(( $(now) - t ))s)"
   else
     grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_fusions.log" | head -20
@@ -176,7 +179,7 @@ if [ $ops_built = 1 ]; then
     filter+=':AttentionPrefill.*'
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
-    filter+=':FusedProjection.GemvEveryBatchSize'
+    filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNormAndPairs:ScaleColumns.*'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
     limit=$(step_limit 180)
@@ -228,6 +231,13 @@ if [ $model_built = 1 ]; then
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  # The same golden tests on the GPU with the norm weights folded into the projections.
+  t=$(now)
+  PAGELLM_GEMV_FUSIONS=fold timeout "$(step_limit 120)" "$build/tests/test_model" \
+    --gtest_filter='GoldenCuda.*:EngineCuda.*' >"$logs/test_model_fold.log" 2>&1
+  rc=$?
+  grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_fold.log" | head -20
+  record "test_model (GPU, norm fold)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---
@@ -254,6 +264,10 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     echo "== bench"
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
+    # The same with the pre-norm weights folded into q|k|v and gate|up (PAGELLM_GEMV_FUSIONS=fold:
+    # the norms run inside the GEMVs without loading a weight), to decide whether it goes on.
+    PAGELLM_GEMV_FUSIONS=fold run_bench latency-llama3-8b-fold latency --model $cfg/llama-3-8b.json \
+      --load-format dummy --device cuda --input-len 512 --output-len 256 --iters 2
     # Per-op time of one 512-token prefill and of the decode step after it (ops one by one, CUDA
     # events around each): the tables are in $logs/bench-profile-llama3-8b.log, and in its .json.
     run_bench profile-llama3-8b latency --profile --model $cfg/llama-3-8b.json --load-format dummy \

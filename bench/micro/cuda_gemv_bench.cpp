@@ -1,9 +1,10 @@
 // The decode GEMV (src/backend/cuda/gemv.cu) on the batch-1 projections of Llama-3-8B and
 // DeepSeek-V2-Lite, for each way of splitting K among a row group's warps (0: the rule the backend
-// uses). One case is one projection of one token: x [1, K] . w[M, K]^T, bf16. The weights rotate
-// through copies filling three L2s, so each call streams its matrix from HBM as decode does, and
-// the calls are replayed from a CUDA graph (launched overlapped, as in a decode step's graph), so
-// host launch time does not count. Reported per call:
+// uses), and with each fusion of a pre-norm projection (BM_GemvFusion). One case is one projection
+// of one token: x [1, K] . w[M, K]^T, bf16. The weights rotate through copies filling three L2s, so
+// each call streams its matrix from HBM as decode does, and the calls are replayed from a CUDA
+// graph (launched overlapped, as in a decode step's graph), so host launch time does not count.
+// Reported per call:
 //   time   CUDA events around one replay of kCalls calls, / kCalls
 //   GB/s   the weight bytes over the time (the ceiling: 4.25 TB/s device copy on an H200)
 //   cuda_gemv_bench [--benchmark_filter=...]
@@ -41,9 +42,11 @@ constexpr Shape kShapes[] = {
     {"v2-lite shared down", 2048, 2816, cuda::GemvEpilogue::kAdd},
 };
 
-void BM_Gemv(benchmark::State& state) {
-  const Shape& s = kShapes[state.range(0)];
-  const int split = static_cast<int>(state.range(1));
+// Times kCalls launches of one product (the weights [m, k], out [1, out_cols]) with `fusion`
+// (and, with norm_weight, the norm's weight loaded as x streams), replayed from a graph, and
+// reports them under `label`.
+void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
+               cuda::GemvFusion fusion, bool norm_weight, const std::string& label) {
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     cudaGetLastError();
@@ -52,30 +55,31 @@ void BM_Gemv(benchmark::State& state) {
   }
   int l2_bytes = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
-  const size_t w_bytes = static_cast<size_t>(s.m * s.k) * 2;
+  const size_t w_bytes = static_cast<size_t>(m * k) * 2;
   const int copies =
       static_cast<int>(std::max<size_t>(2, 3 * static_cast<size_t>(l2_bytes) / w_bytes + 1));
   void* w = nullptr;
   void* x = nullptr;
   void* out = nullptr;
+  void* norm_w = nullptr;
   CUDA_CHECK(cudaMalloc(&w, w_bytes * copies));
-  CUDA_CHECK(cudaMalloc(&x, s.k * 2));
-  CUDA_CHECK(cudaMalloc(&out, s.m * 2));
-  // 0x3c00 is bf16 0.0078: finite values; what they are does not change the time.
+  CUDA_CHECK(cudaMalloc(&x, k * 2));
+  CUDA_CHECK(cudaMalloc(&out, out_cols * 2));
+  CUDA_CHECK(cudaMalloc(&norm_w, k * 4));
+  // 0x3c00 is bf16 0.0078 (0x3c3c3c3c f32 0.0115): finite values; what they are does not change
+  // the time.
   CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes * copies));
-  CUDA_CHECK(cudaMemset(x, 0x3c, s.k * 2));
-  CUDA_CHECK(cudaMemset(out, 0, s.m * 2));
+  CUDA_CHECK(cudaMemset(x, 0x3c, k * 2));
+  CUDA_CHECK(cudaMemset(out, 0, out_cols * 2));
+  CUDA_CHECK(cudaMemset(norm_w, 0x3c, k * 4));
+  if (norm_weight) fusion.norm_w = static_cast<const float*>(norm_w);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cuda::GemvFusion f;
-  f.epilogue = s.epilogue;
-  f.k_split = split;
-  const cuda::RowView xv{x, DType::kBF16, 1, s.k, s.k};
-  const cuda::RowView ov{out, DType::kBF16, 1, s.m, s.m};
+  const cuda::RowView xv{x, DType::kBF16, 1, k, k};
+  const cuda::RowView ov{out, DType::kBF16, 1, out_cols, out_cols};
   const auto call = [&](int i) {
-    const cuda::RowView wv{static_cast<char*>(w) + (i % copies) * w_bytes, DType::kBF16, s.m, s.k,
-                           s.k};
-    cuda::launch_gemv(xv, wv, nullptr, DType::kF32, ov, stream, f);
+    const cuda::RowView wv{static_cast<char*>(w) + (i % copies) * w_bytes, DType::kBF16, m, k, k};
+    cuda::launch_gemv(xv, wv, nullptr, DType::kF32, ov, stream, fusion);
   };
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -101,8 +105,7 @@ void BM_Gemv(benchmark::State& state) {
   const double per_call_s = total_s / static_cast<double>(std::max<int64_t>(state.iterations(), 1));
   state.counters["us"] = per_call_s * 1e6;
   state.counters["GB/s"] = static_cast<double>(w_bytes) / per_call_s * 1e-9;
-  state.SetLabel(std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) +
-                 ", k_split " + (split == 0 ? std::string("rule") : std::to_string(split)));
+  state.SetLabel(label);
   for (auto& e : ev) cudaEventDestroy(e);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -110,6 +113,52 @@ void BM_Gemv(benchmark::State& state) {
   cudaFree(w);
   cudaFree(x);
   cudaFree(out);
+  cudaFree(norm_w);
+}
+
+void BM_Gemv(benchmark::State& state) {
+  const Shape& s = kShapes[state.range(0)];
+  const int split = static_cast<int>(state.range(1));
+  cuda::GemvFusion f;
+  f.epilogue = s.epilogue;
+  f.k_split = split;
+  time_gemv(state, s.m, s.k, s.m, f, false,
+            std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) +
+                ", k_split " + (split == 0 ? std::string("rule") : std::to_string(split)));
+}
+
+// The fusions a decode layer could take into its two pre-norm projections, each against the
+// plain product of the same matrix: the norm with its weight loaded as x streams, the norm with
+// the weight folded into w (a weight of ones: the sums of squares in a pass before the stream),
+// SwiGLU over [gate; up] (rows F apart) and over interleaved gate/up rows, and the folded norm
+// with interleaved SwiGLU. If a fused form streams as fast as the plain product, the kernel it
+// replaces (a norm, SiLU) is saved outright.
+enum class Fusion { kPlain, kNorm, kUnitNorm, kSwiGlu, kSwiGluPairs, kUnitNormPairs };
+constexpr const char* kFusionNames[] = {"plain",
+                                        "norm (weight loaded)",
+                                        "norm (weight folded)",
+                                        "SwiGLU [gate; up]",
+                                        "SwiGLU interleaved",
+                                        "norm folded + SwiGLU interleaved"};
+
+void BM_GemvFusion(benchmark::State& state) {
+  // q|k|v of Llama-3-8B, its gate|up, and DeepSeek-V2-Lite's shared-expert gate|up.
+  constexpr Shape kFusionShapes[] = {
+      {"llama-3-8b q|k|v", 6144, 4096, cuda::GemvEpilogue::kStore},
+      {"llama-3-8b gate|up", 28672, 4096, cuda::GemvEpilogue::kStore},
+      {"v2-lite shared gate|up", 5632, 2048, cuda::GemvEpilogue::kStore}};
+  const Shape& s = kFusionShapes[state.range(0)];
+  const auto fusion = static_cast<Fusion>(state.range(1));
+  cuda::GemvFusion f;
+  f.eps = 1e-5f;
+  f.unit_norm = fusion == Fusion::kUnitNorm || fusion == Fusion::kUnitNormPairs;
+  if (fusion == Fusion::kSwiGlu) f.epilogue = cuda::GemvEpilogue::kSwiGlu;
+  if (fusion == Fusion::kSwiGluPairs || fusion == Fusion::kUnitNormPairs)
+    f.epilogue = cuda::GemvEpilogue::kSwiGluPairs;
+  const bool swiglu = f.epilogue != cuda::GemvEpilogue::kStore;
+  time_gemv(state, s.m, s.k, swiglu ? s.m / 2 : s.m, f, fusion == Fusion::kNorm,
+            std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) + ", " +
+                kFusionNames[state.range(1)]);
 }
 
 void shape_cases(benchmark::internal::Benchmark* b) {
@@ -117,6 +166,18 @@ void shape_cases(benchmark::internal::Benchmark* b) {
     for (int64_t split : {0, 1, 2, 4, 8}) b->Args({i, split});
 }
 BENCHMARK(BM_Gemv)->Apply(shape_cases)->UseManualTime()->Iterations(20);
+
+void fusion_cases(benchmark::internal::Benchmark* b) {
+  for (int64_t shape = 0; shape < 3; ++shape) {
+    for (int64_t f = 0; f < static_cast<int64_t>(std::size(kFusionNames)); ++f) {
+      // q|k|v has no SwiGLU.
+      const bool swiglu = f >= static_cast<int64_t>(Fusion::kSwiGlu);
+      if (shape == 0 && swiglu) continue;
+      b->Args({shape, f});
+    }
+  }
+}
+BENCHMARK(BM_GemvFusion)->Apply(fusion_cases)->UseManualTime()->Iterations(20);
 
 }  // namespace
 }  // namespace pagellm

@@ -148,6 +148,15 @@ class Backend {
   // (e.g. keep Q4_1, or convert f32 to bf16); kF32 for norms and other small vectors.
   virtual Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                        std::unique_ptr<Buffer>& storage) = 0;
+  // A pre-norm's weight g [D] (f32) and the projection w [M, D] that reads its output, at load:
+  // a backend that normalizes faster with a weight of ones scales w's columns by g in place
+  // (rms_norm(x) * g @ w^T == rms_norm(x) @ (w * g)^T, w rounded once more to its type) and
+  // returns a weight of ones to pass to rms_norm_matmul / rms_norm_swiglu from then on, which it
+  // recognizes there; otherwise it returns g and leaves w as it is (the default).
+  virtual Tensor fold_norm_weight(const Tensor& g, Tensor& w) {
+    (void)w;
+    return g;
+  }
 
   // --- graphs ---
   // Runs `record` with the backend's ops recorded instead of executed and returns the recording;

@@ -104,6 +104,9 @@ class ProfilingBackend final : public Backend {
                                std::unique_ptr<Buffer>& storage) override {
     return inner_->upload_weight(host, dtype, storage);
   }
+  Tensor fold_norm_weight(const Tensor& g, Tensor& w) override {
+    return inner_->fold_norm_weight(g, w);
+  }
   std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override {
     (void)record;
     return nullptr;  // see the top of this file

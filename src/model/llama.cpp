@@ -94,6 +94,13 @@ class LlamaModel final : public DecoderModel {
       }
       PAGELLM_RETURN_IF_ERROR(ld.matrix_into(m + "down_proj.weight", {D, F}, L.down_proj));
       if (cfg_.mlp_bias) PAGELLM_RETURN_IF_ERROR(ld.bias_into(m + "down_proj.bias", D, L.down_bias));
+      // Where one projection reads a norm's output, the backend may fold the norm's weight into
+      // it (Backend::fold_norm_weight); the norm then runs with the weight it hands back.
+      if (fuse_qkv_) L.input_layernorm = backend_.fold_norm_weight(L.input_layernorm, L.qkv_proj);
+      if (fuse_mlp_) {
+        L.post_attention_layernorm =
+            backend_.fold_norm_weight(L.post_attention_layernorm, L.gate_up_proj);
+      }
     }
     weight_bytes_ = ld.bytes();
     storage_ = std::move(ld.storage());

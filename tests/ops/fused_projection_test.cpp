@@ -15,7 +15,9 @@
 // carries those errors of gate and up, and the bf16 rounding of each, through silu(g) * u.
 // matmul_add reads x exactly as the reference does; only a bias added after the rounding of the
 // sum gets slack (as in matmul).
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "op_test_util.h"
 
@@ -47,6 +49,12 @@ struct FusedCase {
   bool bias = false;
   bool direct_gemv = false;  // launch the GEMV kernel itself, whatever the backend would choose
   int k_split = 0;           // direct_gemv: warps per row group (0: gemv.cu's rule)
+  // direct_gemv: the norm with a weight of ones (GemvFusion::unit_norm; the reference's weight is
+  // ones too), and SwiGLU over interleaved gate/up rows (kSwiGluPairs; the device's w and bias
+  // are the reference's rows reordered).
+  bool unit_norm = false;
+  bool pairs = false;
+  bool folded = false;  // backend path: the norm weight goes through fold_norm_weight first
 };
 
 cuda::RowView view_of(const Tensor& t) {
@@ -63,21 +71,35 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
   std::vector<float> wv = random_bf16_values(rng, wrows * c.k);
   std::vector<float> bias = random_bf16_values(rng, wrows, 0.5f);
   std::vector<float> gv(c.k);
-  for (auto& g : gv) g = rng.uniform(0.5f, 1.5f);
+  for (auto& g : gv) g = c.unit_norm ? 1.0f : rng.uniform(0.5f, 1.5f);
   std::vector<float> resid = random_bf16_values(rng, c.n * c.m, 2.0f);
 
   auto x_dev = upload_bf16(cuda, xv);
   Tensor x_t = x_dev->view(DType::kBF16, {c.n, c.k});
   std::vector<uint16_t> w_bits = to_bf16_bits(wv);
   Tensor w_host(w_bits.data(), DType::kBF16, {wrows, c.k});
+  // The device's copy: interleaved (gate 0, up 0, gate 1, ...) for kSwiGluPairs.
+  std::vector<float> w_dev_vals = wv, b_dev_vals = bias;
+  if (c.pairs) {
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int r = 0; r < 2; ++r) {
+        std::copy_n(wv.begin() + (r * c.m + i) * c.k, c.k, w_dev_vals.begin() + (2 * i + r) * c.k);
+        b_dev_vals[2 * i + r] = bias[r * c.m + i];
+      }
+    }
+  }
+  std::vector<uint16_t> w_dev_bits = to_bf16_bits(w_dev_vals);
   std::unique_ptr<Buffer> w_storage, b_storage, g_storage;
-  auto w_dev = cuda.upload_weight(w_host, DType::kBF16, w_storage);
+  auto w_dev = cuda.upload_weight(Tensor(w_dev_bits.data(), DType::kBF16, {wrows, c.k}),
+                                  DType::kBF16, w_storage);
   ASSERT_TRUE(w_dev.ok()) << w_dev.status().to_string();
   auto g_dev = cuda.upload_weight(host_f32(gv, {c.k}), DType::kF32, g_storage);
   ASSERT_TRUE(g_dev.ok());
+  Tensor w_t = *w_dev, g_t = *g_dev;
+  if (c.folded) g_t = cuda.fold_norm_weight(*g_dev, w_t);  // scales w_t's columns, or not
   Tensor b_dev;
   if (c.bias) {
-    auto b = cuda.upload_weight(host_f32(bias, {wrows}), DType::kF32, b_storage);
+    auto b = cuda.upload_weight(host_f32(b_dev_vals, {wrows}), DType::kF32, b_storage);
     ASSERT_TRUE(b.ok());
     b_dev = *b;
   }
@@ -93,23 +115,28 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
     auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
     ASSERT_NE(cb, nullptr);
     cuda::GemvFusion f;
-    if (norm) f.norm_w = static_cast<const float*>(g_dev->data), f.eps = 1e-5f;
-    f.epilogue = swiglu                      ? cuda::GemvEpilogue::kSwiGlu
+    if (norm) {
+      f.eps = 1e-5f;
+      f.unit_norm = c.unit_norm;
+      if (!c.unit_norm) f.norm_w = static_cast<const float*>(g_dev->data);
+    }
+    f.epilogue = c.pairs                     ? cuda::GemvEpilogue::kSwiGluPairs
+                 : swiglu                    ? cuda::GemvEpilogue::kSwiGlu
                  : c.op == Fused::kMatmulAdd ? cuda::GemvEpilogue::kAdd
                                              : cuda::GemvEpilogue::kStore;
     f.k_split = c.k_split;
-    ASSERT_TRUE(cuda::gemv_fusion_supported(view_of(x_t), view_of(*w_dev), view_of(out_t), f));
-    cuda::launch_gemv(view_of(x_t), view_of(*w_dev), b_dev.data, DType::kF32, view_of(out_t),
+    ASSERT_TRUE(cuda::gemv_fusion_supported(view_of(x_t), view_of(w_t), view_of(out_t), f));
+    cuda::launch_gemv(view_of(x_t), view_of(w_t), b_dev.data, DType::kF32, view_of(out_t),
                       cb->stream(), f);
   } else if (c.op == Fused::kMatmulAdd) {
     Tensor s_m = s_t.slice_cols(0, c.m);
-    cuda.matmul_add(x_t, *w_dev, b_dev, s_m, out_t);
+    cuda.matmul_add(x_t, w_t, b_dev, s_m, out_t);
   } else if (c.op == Fused::kMatmulSwiGlu) {
-    cuda.matmul_swiglu(x_t, *w_dev, b_dev, s_t, out_t);
+    cuda.matmul_swiglu(x_t, w_t, b_dev, s_t, out_t);
   } else if (c.op == Fused::kNormMatmul) {
-    cuda.rms_norm_matmul(x_t, *g_dev, 1e-5f, *w_dev, b_dev, h_t, out_t);
+    cuda.rms_norm_matmul(x_t, g_t, 1e-5f, w_t, b_dev, h_t, out_t);
   } else {
-    cuda.rms_norm_swiglu(x_t, *g_dev, 1e-5f, *w_dev, b_dev, h_t, s_t, out_t);
+    cuda.rms_norm_swiglu(x_t, g_t, 1e-5f, w_t, b_dev, h_t, s_t, out_t);
   }
 
   // The reference: the CPU backend's composition of the steps, in f32.
@@ -163,7 +190,8 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
     }
   }
   const std::string what = Label(name_of(c.op), seed)("n", c.n)("k", c.k)("m", c.m)("bias", c.bias)(
-      "path", c.direct_gemv ? "gemv" : "backend")("k_split", c.k_split);
+      "path", c.direct_gemv ? "gemv" : "backend")("k_split", c.k_split)("unit_norm", c.unit_norm)(
+      "pairs", c.pairs)("folded", c.folded);
   EXPECT_TRUE(guards_ok(what, *out));
   EXPECT_TRUE(compare(what, download_bf16(*out), want, kBf16Tol, &slack));
 }
@@ -232,6 +260,95 @@ TEST(FusedProjection, GemvKSplits) {
     }
   }
   EXPECT_EQ(cases, 64);
+}
+
+// The GEMV's norm with a weight of ones (a norm weight folded into w) and SwiGLU over interleaved
+// gate/up rows, launched directly: every batch size on odd shapes, then every split of K.
+TEST(FusedProjection, GemvUnitNormAndPairs) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9900;
+  int cases = 0;
+  struct Variant {
+    Fused op;
+    bool unit, pairs;
+  };
+  const Variant variants[] = {{Fused::kNormMatmul, true, false},
+                              {Fused::kNormSwiGlu, true, false},
+                              {Fused::kMatmulSwiGlu, false, true},
+                              {Fused::kNormSwiGlu, true, true}};
+  for (const Variant& v : variants) {
+    for (int64_t n = 1; n <= 8; ++n) {
+      for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}}) {
+        FusedCase c{v.op, n, k, m, (n + k) % 2 == 0, true};
+        c.unit_norm = v.unit;
+        c.pairs = v.pairs;
+        run_case(cuda, cpu, ++seed, c);
+        ++cases;
+      }
+    }
+    for (int split : {1, 2, 4, 8}) {
+      for (int64_t n : {1, 5}) {
+        FusedCase c{v.op, n, 4104, 1025, n == 5, true, split};
+        c.unit_norm = v.unit;
+        c.pairs = v.pairs;
+        run_case(cuda, cpu, ++seed, c);
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 4 * (24 + 8));
+}
+
+// The norm weight through Backend::fold_norm_weight, then the backend's pre-norm projections
+// with the weight it hands back, against the reference with the original weight: decode sizes
+// (the GEMV's unit norm when the fold is on) and a prefill size (the norm kernel with a weight of
+// ones, then cuBLASLt over the folded w), odd and Llama-3-8B shapes. With the fold off (the
+// default) the backend hands g back unchanged, and this is the plain path.
+TEST(FusedProjection, FoldedNormWeight) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9950;
+  int cases = 0;
+  for (Fused op : {Fused::kNormMatmul, Fused::kNormSwiGlu}) {
+    for (int64_t n : {1, 7, 19}) {
+      for (auto [k, m] : {std::pair<int64_t, int64_t>{264, 111},
+                          {4096, op == Fused::kNormMatmul ? 6144 : 14336}}) {
+        FusedCase c{op, n, k, m, n == 7};
+        c.folded = true;
+        run_case(cuda, cpu, ++seed, c);
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 12);
+}
+
+// The fold's column scaling on a strided view: every element of the view scaled by its column's
+// factor and rounded once, the row padding past it untouched.
+TEST(ScaleColumns, MatchesHost) {
+  PAGELLM_REQUIRE_CUDA();
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(cb, nullptr);
+  uint64_t seed = base_seed() + 9990;
+  for (auto [rows, cols, ld] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                                {7, 19, 24},
+                                {111, 264, 264},
+                                {1031, 4096, 4104}}) {
+    Rng rng(++seed);
+    std::vector<float> wv = random_bf16_values(rng, rows * ld, 2.0f), gv(cols);
+    for (auto& g : gv) g = rng.uniform(0.5f, 1.5f);
+    auto w = upload_bf16(cuda, wv);
+    auto g_dev = upload_raw(cuda, gv);
+    cuda::launch_scale_columns(cuda::RowView{w->data(), DType::kBF16, rows, cols, ld},
+                               static_cast<const float*>(g_dev->data()), cb->stream());
+    std::vector<float> want = wv;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        want[r * ld + c] = bf16_to_f32(f32_to_bf16(wv[r * ld + c] * gv[c]));
+    const std::string what = Label("scale_columns", seed)("rows", rows)("cols", cols)("ld", ld);
+    EXPECT_TRUE(guards_ok(what, *w));
+    // One product of two values rounded once to nearest even, on both sides.
+    EXPECT_TRUE(compare(what, download_bf16(*w), want, kExact));
+  }
 }
 
 }  // namespace

@@ -433,30 +433,70 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
   }
 }
 
+namespace {
+
+// PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu", "fold"; default none) says which steps the
+// GEMV takes in; the others run as their own kernels. Off by default: on the H200 (docs/PERF.md,
+// seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7 with SwiGLU and
+// 200.8-202.0 with both (the norm-fused GEMV streams 7-13% slower, SwiGLU's gate and up rows
+// 117 MB apart cost more than the SiLU kernel they save); DeepSeek-V2-Lite's small shared-expert
+// matrices gained 0.8% from SwiGLU. "fold" folds the pre-norm weights into the projections at
+// load (fold_norm_weight), so the GEMV normalizes with a weight of ones, its stream the plain
+// product's (not yet measured).
+struct GemvFusions {
+  bool norm = false, swiglu = false, fold = false;
+};
+const GemvFusions& gemv_fusions() {
+  static const GemvFusions f = [] {
+    const char* v = std::getenv("PAGELLM_GEMV_FUSIONS");
+    const std::string_view list = v != nullptr ? v : "";
+    const auto has = [&](std::string_view s) { return list.find(s) != std::string_view::npos; };
+    return GemvFusions{has("norm"), has("swiglu"), has("fold")};
+  }();
+  return f;
+}
+
+}  // namespace
+
+Tensor CudaBackend::fold_norm_weight(const Tensor& g, Tensor& w) {
+  if (!gemv_fusions().fold) return g;
+  check_on_device(g, "norm weight");
+  check_on_device(w, "w");
+  PAGELLM_CHECK_MSG(
+      g.dtype == DType::kF32 && g.is_contiguous() && w.ndim == 2 && w.size(1) == g.numel(),
+      "fold_norm_weight: g must be f32 [K] for w [M, K]");
+  if (w.dtype != DType::kBF16) return g;  // the GEMV streams bf16 weights only
+  launch_scale_columns(rows_of(w), g.ptr<float>(), stream_);
+  std::unique_ptr<Buffer>& ones = unit_norms_[g.numel()];
+  if (ones == nullptr) {
+    ones = allocate(g.numel() * 4);
+    const std::vector<float> host(g.numel(), 1.0f);
+    copy_from_host(ones->data(), host.data(), g.numel() * 4);
+  }
+  return Tensor(ones->data(), DType::kF32, {g.numel()});
+}
+
+bool CudaBackend::is_unit_norm(const Tensor& norm_w) const {
+  const auto it = unit_norms_.find(norm_w.numel());
+  return it != unit_norms_.end() && it->second->data() == norm_w.data;
+}
+
 bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
                              const Tensor& bias, const Tensor& product, GemvEpilogue epilogue,
                              Tensor& out) {
-  // PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu"; default none) says which steps the GEMV
-  // takes in; the others run as their own kernels. Off by default: on the H200 (docs/PERF.md,
-  // seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7 with SwiGLU
-  // and 200.8-202.0 with both (the norm-fused GEMV streams 7-13% slower, SwiGLU's gate and up
-  // rows 117 MB apart cost more than the SiLU kernel they save); DeepSeek-V2-Lite's small
-  // shared-expert matrices gained 0.8% from SwiGLU.
-  static const auto [fuse_norm, fuse_swiglu] = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_FUSIONS");
-    const std::string_view list = v != nullptr ? v : "";
-    return std::pair<bool, bool>{list.find("norm") != std::string_view::npos,
-                                 list.find("swiglu") != std::string_view::npos};
-  }();
+  const GemvFusions& fuse = gemv_fusions();
+  const bool unit = norm_w != nullptr && is_unit_norm(*norm_w);
   // A fusion that is off: the caller runs the steps apart, whose ops check their operands.
-  if ((epilogue == GemvEpilogue::kSwiGlu && !fuse_swiglu) || (norm_w != nullptr && !fuse_norm))
+  if ((epilogue == GemvEpilogue::kSwiGlu && !fuse.swiglu) ||
+      (norm_w != nullptr && !unit && !fuse.norm))
     return false;
   const MatmulOperands m = matmul_operands(x, w, bias, product, "fused projection");
   check_on_device(out, "out");
   GemvFusion f;
   f.eps = eps;
   f.epilogue = epilogue;
-  if (norm_w != nullptr) {
+  f.unit_norm = unit;
+  if (norm_w != nullptr && !unit) {
     check_on_device(*norm_w, "norm_w");
     PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
                       "rms_norm projection: norm_w is not [K]");
@@ -486,6 +526,12 @@ void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float e
 void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                                   const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) {
   if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
+  // The norm in the GEMV and SiLU apart, when only the norm's fusion is on.
+  if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kStore, gate_up)) {
+    const int64_t f = out.cols();
+    silu_mul(gate_up.slice_cols(0, f), gate_up.slice_cols(f, 2 * f), out);
+    return;
+  }
   Backend::rms_norm_swiglu(x, norm_w, eps, w, bias, h, gate_up, out);
 }
 

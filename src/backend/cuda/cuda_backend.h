@@ -19,6 +19,7 @@
 
 #include <array>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override;
+  // Folds only with PAGELLM_GEMV_FUSIONS=fold (cuda_backend.cpp says why) and bf16 w; the weight
+  // of ones it returns is one buffer per width, which fused_gemv recognizes by its address.
+  Tensor fold_norm_weight(const Tensor& g, Tensor& w) override;
   std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override;
   uint64_t allocation_epoch() const override { return epoch_->load(); }
 
@@ -60,8 +64,8 @@ class CudaBackend final : public Backend {
   // The fused projections: matmul_add adds in the product's epilogue (the GEMV's at decode
   // sizes, cuBLASLt's beta = 1 otherwise). Where matmul() would run the GEMV, the GEMV can also
   // normalize x on the way in and apply SwiGLU (PAGELLM_GEMV_FUSIONS, off by default: measured
-  // slower on the Llama shapes, see fused_gemv); otherwise the norm and SwiGLU run as their own
-  // kernels around the product.
+  // slower on the Llama shapes, see gemv_fusions in cuda_backend.cpp); otherwise the norm and
+  // SwiGLU run as their own kernels around the product.
   void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
                   Tensor& out) override;
   void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
@@ -134,10 +138,12 @@ class CudaBackend final : public Backend {
                                  const Tensor& out, const char* op) const;
   // The fused GEMV of matmul_swiglu / rms_norm_matmul / rms_norm_swiglu when it applies
   // (decode-sized n, bf16 weights the plain product would stream through the GEMV, an f32 norm
-  // weight or none); false when the caller must run the steps apart. `product` is the buffer
-  // matmul() would write.
+  // weight, a folded one's weight of ones, or none); false when the caller must run the steps
+  // apart. `product` is the buffer matmul() would write.
   bool fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
                   const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
+  // Whether norm_w is a weight of ones fold_norm_weight handed out.
+  bool is_unit_norm(const Tensor& norm_w) const;
 
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);
@@ -172,6 +178,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> attn_counters_;  // freeing it moves the allocation epoch
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
+  std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
   // Device sampling: the rows and edits going up and the results coming back pass through one
   // pinned host area and one device area, grown on demand.
   bool cluster_ok_ = false;  // sm_90: thread-block clusters

@@ -50,20 +50,39 @@ struct GemvParams {
   int64_t m_dim;  // output columns (F for the SwiGLU epilogue, whose w has 2F rows)
   int64_t k_dim;
   int64_t x_batch_stride, w_batch_stride, out_batch_stride;
-  const float* norm_w;  // kNorm: the RMSNorm weight [K]
+  const float* norm_w;  // GemvNorm::kWeighted: the RMSNorm weight [K]
   float eps;
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
 };
 
-// kNorm: x is RMS-normalized on the way in: each lane multiplies its x pieces by norm_w and also
-// sums their squares; the warp's lanes cover all of K, so after the warp reduction every warp has
-// each row's full sum of squares and scales its dot products by the row's 1 / rms. No pass over x
-// of its own, and every warp gets the same scale, so the output does not depend on the launch.
+// How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
+// also sums their squares; the warp's lanes cover all of K, so after the warp reduction every
+// warp has each row's full sum of squares and scales its dot products by the row's 1 / rms. No
+// pass over x of its own, and every warp gets the same scale, so the output does not depend on
+// the launch. kUnit (the norm weight folded into w at load): the same sums, taken in a pass over
+// the lane's x pieces before the weights stream (x is a few KB, read from L2 into L1, where the
+// stream's loop finds it again), so the streaming loop is the plain product's.
+enum class GemvNorm { kNone, kWeighted, kUnit };
+
+__host__ __device__ constexpr bool is_swiglu(GemvEpilogue e) {
+  return e == GemvEpilogue::kSwiGlu || e == GemvEpilogue::kSwiGluPairs;
+}
+
+// The weight row behind a warp's acc[r] when its first output is m0: rows m0, m0 + 1 (the tail
+// re-reads the last row), or for SwiGLU the gate row and its up row.
+template <GemvEpilogue kEpi>
+__device__ __forceinline__ int64_t weight_row(int64_t m0, int r, int64_t m_dim) {
+  if constexpr (kEpi == GemvEpilogue::kSwiGlu) return m0 + r * m_dim;
+  if constexpr (kEpi == GemvEpilogue::kSwiGluPairs) return 2 * m0 + r;
+  return min(m0 + r, m_dim - 1);
+}
+
 // kEpi: kStore writes x.w (+ bias); kAdd adds it to out; kSwiGlu gives each warp the rows m and
-// m + F ([gate; up]) and writes silu(gate) * up to column m.
-template <int N, typename TOut, bool kNorm, GemvEpilogue kEpi>
+// m + F ([gate; up]), kSwiGluPairs the rows 2m and 2m + 1 (interleaved pairs), and both write
+// silu(gate) * up to column m.
+template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
-  constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
+  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split;
   const int part = warp & (split - 1);                  // which of the group's interleaved K pieces
@@ -82,17 +101,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[r][j] = 0.0f;
-  float ss[N];  // kNorm: this lane's part of each row's sum of squares
+  float ss[N];  // a norm's: this lane's part of each row's sum of squares
 #pragma unroll
   for (int j = 0; j < N; ++j) ss[j] = 0.0f;
-  // The weight row behind acc[r]: rows m0, m0 + 1 (the tail re-reads the last row), or for
-  // SwiGLU the gate row m0 and its up row m0 + F.
   const bf16* wr[kGemvRows];
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
-    const int64_t row = kEpi == GemvEpilogue::kSwiGlu ? m0 + r * p.m_dim : min(m0 + r, p.m_dim - 1);
-    wr[r] = w + row * p.ldw;
-  }
+  for (int r = 0; r < kGemvRows; ++r) wr[r] = w + weight_row<kEpi>(m0, r, p.m_dim) * p.ldw;
   // The weights do not depend on the kernel before this one: start pulling the first
   // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
   // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
@@ -112,6 +126,25 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   const int64_t piece_step = kStep * split;  // from one of this warp's pieces to its next
+  if constexpr (kNorm == GemvNorm::kUnit) {
+    // The sums of squares over the pieces the loop below will read (so a split's parts add up
+    // as kWeighted's do), their loads issued kGemvUnroll at a time.
+    for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim;
+         k0 += piece_step * kGemvUnroll) {
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t k = k0 + u * piece_step;
+        if (k >= k_dim) break;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          float xf[8];
+          unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k)), xf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ss[j] = fmaf(xf[e], xf[e], ss[j]);
+        }
+      }
+    }
+  }
   for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
     uint4 wv[kGemvUnroll][kGemvRows];
 #pragma unroll
@@ -125,7 +158,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * piece_step;
       if (k >= k_dim) break;
-      if constexpr (kNorm) {
+      if constexpr (kNorm == GemvNorm::kWeighted) {
         float g[8], wf[kGemvRows][8];
         const float4* gp = reinterpret_cast<const float4*>(p.norm_w + k);
         const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
@@ -167,7 +200,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    if constexpr (kNorm) ss[j] = warp_sum(ss[j]);
+    if constexpr (kNorm != GemvNorm::kNone) ss[j] = warp_sum(ss[j]);
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) acc[r][j] = warp_sum(acc[r][j]);
   }
@@ -198,16 +231,17 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     scale[j] = 1.0f;
-    if constexpr (kNorm) scale[j] = rsqrtf(ss[j] / static_cast<float>(k_dim) + p.eps);
+    if constexpr (kNorm != GemvNorm::kNone)
+      scale[j] = rsqrtf(ss[j] / static_cast<float>(k_dim) + p.eps);
   }
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[r][j] *= scale[j];
   }
-  if constexpr (kEpi == GemvEpilogue::kSwiGlu) {
-    const float bg = bias_at(p.bias, p.bias_dtype, m0);
-    const float bu = bias_at(p.bias, p.bias_dtype, m0 + p.m_dim);
+  if constexpr (is_swiglu(kEpi)) {
+    const float bg = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 0, p.m_dim));
+    const float bu = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 1, p.m_dim));
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       // silu(g) = g / (1 + e^-g), as activation.cu computes it.
@@ -252,9 +286,9 @@ int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
   return best;
 }
 
-template <int N, typename TOut, bool kNorm, GemvEpilogue kEpi>
+template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
-  constexpr int kOutPerWarp = kEpi == GemvEpilogue::kSwiGlu ? 1 : kGemvRows;
+  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
   if (p.k_split == 0) {
     // One wave: the blocks every SM holds at once (from this kernel's registers) times the SMs,
@@ -274,57 +308,70 @@ void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
   launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, p);
 }
 
-// The kernel for the fusion (p.norm_w set: the norm; epi): plain products write f32 or bf16; the
-// fused forms (the transformer block's projections) write bf16 activations. Only the
-// combinations the backend uses exist.
+// The bf16 kernel for a norm's epilogue, among the combinations gemv_fusion_supported allows.
+template <int N, GemvNorm kNorm>
+void launch_epilogue(const GemvParams& p, GemvEpilogue epi, int64_t batch, cudaStream_t stream) {
+  switch (epi) {
+    case GemvEpilogue::kSwiGlu:
+      launch_n<N, bf16, kNorm, GemvEpilogue::kSwiGlu>(p, batch, stream);
+      return;
+    case GemvEpilogue::kSwiGluPairs:
+      if constexpr (kNorm != GemvNorm::kWeighted)
+        launch_n<N, bf16, kNorm, GemvEpilogue::kSwiGluPairs>(p, batch, stream);
+      return;
+    case GemvEpilogue::kAdd:
+      if constexpr (kNorm == GemvNorm::kNone)
+        launch_n<N, bf16, kNorm, GemvEpilogue::kAdd>(p, batch, stream);
+      return;
+    case GemvEpilogue::kStore:
+      launch_n<N, bf16, kNorm, GemvEpilogue::kStore>(p, batch, stream);
+      return;
+  }
+}
+
+// The kernel for the fusion: plain products write f32 or bf16; the fused forms (the transformer
+// block's projections) write bf16 activations. Only the combinations the backend uses exist.
 template <int N>
-void launch_fused(const GemvParams& p, DType out_dtype, GemvEpilogue epi, int64_t batch,
-                  cudaStream_t stream) {
-  const bool norm = p.norm_w != nullptr;
+void launch_fused(const GemvParams& p, DType out_dtype, GemvNorm norm, GemvEpilogue epi,
+                  int64_t batch, cudaStream_t stream) {
   if (out_dtype == DType::kF32) {
-    launch_n<N, float, false, GemvEpilogue::kStore>(p, batch, stream);
-  } else if (epi == GemvEpilogue::kSwiGlu) {
-    if (norm) {
-      launch_n<N, bf16, true, GemvEpilogue::kSwiGlu>(p, batch, stream);
-    } else {
-      launch_n<N, bf16, false, GemvEpilogue::kSwiGlu>(p, batch, stream);
-    }
-  } else if (norm) {
-    launch_n<N, bf16, true, GemvEpilogue::kStore>(p, batch, stream);
-  } else if (epi == GemvEpilogue::kAdd) {
-    launch_n<N, bf16, false, GemvEpilogue::kAdd>(p, batch, stream);
+    launch_n<N, float, GemvNorm::kNone, GemvEpilogue::kStore>(p, batch, stream);
+  } else if (norm == GemvNorm::kWeighted) {
+    launch_epilogue<N, GemvNorm::kWeighted>(p, epi, batch, stream);
+  } else if (norm == GemvNorm::kUnit) {
+    launch_epilogue<N, GemvNorm::kUnit>(p, epi, batch, stream);
   } else {
-    launch_n<N, bf16, false, GemvEpilogue::kStore>(p, batch, stream);
+    launch_epilogue<N, GemvNorm::kNone>(p, epi, batch, stream);
   }
 }
 
 // The kernel for x's row count (1..8).
-void launch_rows(int64_t n_rows, const GemvParams& p, DType out_dtype, GemvEpilogue epi,
-                 int64_t batch, cudaStream_t stream) {
+void launch_rows(int64_t n_rows, const GemvParams& p, DType out_dtype, GemvNorm norm,
+                 GemvEpilogue epi, int64_t batch, cudaStream_t stream) {
   switch (n_rows) {
     case 1:
-      launch_fused<1>(p, out_dtype, epi, batch, stream);
+      launch_fused<1>(p, out_dtype, norm, epi, batch, stream);
       break;
     case 2:
-      launch_fused<2>(p, out_dtype, epi, batch, stream);
+      launch_fused<2>(p, out_dtype, norm, epi, batch, stream);
       break;
     case 3:
-      launch_fused<3>(p, out_dtype, epi, batch, stream);
+      launch_fused<3>(p, out_dtype, norm, epi, batch, stream);
       break;
     case 4:
-      launch_fused<4>(p, out_dtype, epi, batch, stream);
+      launch_fused<4>(p, out_dtype, norm, epi, batch, stream);
       break;
     case 5:
-      launch_fused<5>(p, out_dtype, epi, batch, stream);
+      launch_fused<5>(p, out_dtype, norm, epi, batch, stream);
       break;
     case 6:
-      launch_fused<6>(p, out_dtype, epi, batch, stream);
+      launch_fused<6>(p, out_dtype, norm, epi, batch, stream);
       break;
     case 7:
-      launch_fused<7>(p, out_dtype, epi, batch, stream);
+      launch_fused<7>(p, out_dtype, norm, epi, batch, stream);
       break;
     default:
-      launch_fused<8>(p, out_dtype, epi, batch, stream);
+      launch_fused<8>(p, out_dtype, norm, epi, batch, stream);
       break;
   }
 }
@@ -358,17 +405,19 @@ bool gemv_supported(const RowView& x, const RowView& w, const RowView& out) {
 bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& out,
                            const GemvFusion& f) {
   if (!gemv_supported(x, w, out)) return false;
-  const bool swiglu = f.epilogue == GemvEpilogue::kSwiGlu;
+  const bool swiglu = is_swiglu(f.epilogue);
   if (out.n_rows != x.n_rows || out.cols != (swiglu ? w.n_rows / 2 : w.n_rows)) return false;
   if (swiglu && w.n_rows % 2 != 0) return false;
   if (f.k_split != 0 && f.k_split != 1 && f.k_split != 2 && f.k_split != 4 && f.k_split != 8)
     return false;
-  if (f.norm_w == nullptr && f.epilogue == GemvEpilogue::kStore) return true;
-  // The fused forms: bf16 out; the norm (16-byte aligned, as the kernel reads it) with a store
-  // or SwiGLU epilogue; the add without it.
+  if (f.unit_norm && f.norm_w != nullptr) return false;
+  const bool norm = f.norm_w != nullptr || f.unit_norm;
+  if (!norm && f.epilogue == GemvEpilogue::kStore) return true;
+  // The fused forms: bf16 out; a norm (a weight 16-byte aligned, as the kernel reads it) with a
+  // store or SwiGLU epilogue, interleaved pairs only with the unit norm; the add without one.
   const bool norm_ok = f.norm_w == nullptr || reinterpret_cast<uintptr_t>(f.norm_w) % 16 == 0;
-  return out.dtype == DType::kBF16 && norm_ok &&
-         !(f.norm_w != nullptr && f.epilogue == GemvEpilogue::kAdd);
+  return out.dtype == DType::kBF16 && norm_ok && !(norm && f.epilogue == GemvEpilogue::kAdd) &&
+         !(f.norm_w != nullptr && f.epilogue == GemvEpilogue::kSwiGluPairs);
 }
 
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
@@ -379,7 +428,10 @@ void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bia
   p.norm_w = fusion.norm_w;
   p.eps = fusion.eps;
   p.k_split = fusion.k_split;  // 0: launch_n's rule
-  launch_rows(x.n_rows, p, out.dtype, fusion.epilogue, 1, stream);
+  const GemvNorm norm = fusion.norm_w != nullptr ? GemvNorm::kWeighted
+                        : fusion.unit_norm       ? GemvNorm::kUnit
+                                                 : GemvNorm::kNone;
+  launch_rows(x.n_rows, p, out.dtype, norm, fusion.epilogue, 1, stream);
 }
 
 bool gemv_batched_supported(const RowView& x, int64_t x_batch_stride, const RowView& w,
@@ -397,7 +449,7 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
   p.x_batch_stride = x_batch_stride;
   p.w_batch_stride = w_batch_stride;
   p.out_batch_stride = out_batch_stride;
-  launch_rows(x.n_rows, p, out.dtype, GemvEpilogue::kStore, batch, stream);
+  launch_rows(x.n_rows, p, out.dtype, GemvNorm::kNone, GemvEpilogue::kStore, batch, stream);
 }
 
 }  // namespace pagellm::cuda

@@ -42,6 +42,9 @@ void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, 
 // residual. out may alias x.
 void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* w, DType w_dtype,
                          float eps, const RowView& out, cudaStream_t stream);
+// w[m, c] *= g[c] for every row of w (bf16, rounded once), g f32 [w.cols]: a norm weight folded
+// into the projection after the norm (Backend::fold_norm_weight), at load.
+void launch_scale_columns(const RowView& w, const float* g, cudaStream_t stream);
 
 // --- rope_kv.cu ---
 // A [n, heads, dim] activation view (bf16) with element strides.
@@ -110,13 +113,18 @@ constexpr int64_t kGemvMaxRows = 8;
 bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 // The transformer block's fused forms (CudaBackend::matmul_add, rms_norm_matmul,
 // rms_norm_swiglu), each writing bf16: with norm_w (f32 [K], 16-byte aligned) x's rows are
-// RMS-normalized and scaled by it on the way in; kAdd adds the product to out; kSwiGlu takes w as
-// [gate; up] of 2F rows and writes silu(gate) * up to out [n, F]. Supported: plain (f32 or bf16
-// out), kAdd without the norm, kSwiGlu with or without it, the norm with kStore
+// RMS-normalized and scaled by it on the way in; with unit_norm they are RMS-normalized with a
+// weight of ones (the model folded the norm weight into w's columns at load), each row's sum of
+// squares taken in a pass over x before w streams, so the stream is the plain product's. kAdd
+// adds the product to out; kSwiGlu takes w as [gate; up] of 2F rows and writes silu(gate) * up to
+// out [n, F]; kSwiGluPairs takes w's rows as interleaved pairs (gate 0, up 0, gate 1, ...: each
+// warp's two rows adjacent in memory) and writes the same. Supported: plain (f32 or bf16 out),
+// kAdd without a norm, the SwiGLU forms with or without one, a norm with kStore
 // (gemv_fusion_supported).
-enum class GemvEpilogue { kStore, kAdd, kSwiGlu };
+enum class GemvEpilogue { kStore, kAdd, kSwiGlu, kSwiGluPairs };
 struct GemvFusion {
   const float* norm_w = nullptr;
+  bool unit_norm = false;  // normalize with a weight of ones (norm_w null)
   float eps = 0.0f;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
   // Not a fusion but how the launch splits the work: the warps sharing each row's K (1, 2, 4 or

@@ -2,6 +2,9 @@
 // squares. The math follows the reference (Hugging Face's LlamaRMSNorm in f32):
 // out = (x * rsqrt(mean(x^2) + eps)) * w, rounded once to the output type. Launched overlapped with
 // the kernel before (device_utils.cuh): each waits for it in pdl_wait() before touching memory.
+// Also the load-time fold of a norm weight into the columns of the projection after it.
+#include <algorithm>
+
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -148,6 +151,18 @@ int add_norm_threads(int64_t d) {
   return t;
 }
 
+// A load-time pass (once per folded matrix): one element per thread and step, no vector loads.
+__global__ void scale_columns_kernel(bf16* w, int64_t ld, int64_t rows, int64_t cols,
+                                     const float* __restrict__ g) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    bf16& v = w[r * ld + c];
+    v = from_float<bf16>(to_float(v) * g[c]);
+  }
+}
+
 }  // namespace
 
 // Threads of the 16-byte kernel for rows of d elements: 8 elements each, whole warps.
@@ -206,6 +221,16 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
       CUDA_CHECK_LAUNCH();
     });
   });
+}
+
+void launch_scale_columns(const RowView& w, const float* g, cudaStream_t stream) {
+  PAGELLM_CHECK_MSG(w.dtype == DType::kBF16, "scale_columns: w must be bf16");
+  if (w.n_rows == 0 || w.cols == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>(ceil_div(w.n_rows * w.cols, kThreads), 65536);
+  scale_columns_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<bf16*>(w.data), w.ld, w.n_rows, w.cols, g);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace pagellm::cuda
