@@ -240,7 +240,8 @@ class Backend {
 
   // Causal attention of packed queries over the paged cache (see AttentionMeta).
   //   q act [n, Hq, D]; caches as in rope_store_kv; out act [n, Hq, Dv]
-  // GQA: query head h reads KV head h / (Hq / Hkv).
+  // GQA: query head h reads KV head h / (Hq / Hkv). A sequence with no keys and one query (the
+  // padding of a recorded decode batch, runtime/step_batch.h) gets zeros.
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionMeta& meta, const AttentionParams& params,
                          Tensor& out) = 0;

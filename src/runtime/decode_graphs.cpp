@@ -31,6 +31,15 @@ DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& cache, int32
   }
   for (int32_t b = 8; b < max_seqs; b += 8) buckets_.push_back(b);
   buckets_.push_back(max_seqs);
+  // Context tiers. The decode kernel's grid and scratch grow with the bound it is planned for
+  // (a split per 1,024 keys of it); its exiting blocks cost little up to 8,192 (512 contexts of
+  // 640 tokens: 381 us a layer planned for 8,192, 374 planned for 768) and much beyond (765 us
+  // planned for 131,072): docs/PERF.md "Tenth round". So 8,192, then four times as many each: a
+  // server of 131,072 tokens records three sets (8,192, 32,768, 131,072).
+  constexpr int32_t kFirstTier = 8192, kTierStep = 4;
+  for (int64_t t = kFirstTier; t < max_model_len; t *= kTierStep)
+    tiers_.push_back(static_cast<int32_t>(t));
+  tiers_.push_back(max_model_len);
 }
 
 bool DecodeGraphs::accepts(const std::vector<SeqChunk>& seqs) const {
@@ -45,6 +54,12 @@ int32_t DecodeGraphs::bucket_for(int32_t n) const {
   return *std::lower_bound(buckets_.begin(), buckets_.end(), n);
 }
 
+int32_t DecodeGraphs::tier_for(const std::vector<SeqChunk>& seqs) const {
+  int32_t longest = 1;  // the context the step's attention reads, its new token included
+  for (const SeqChunk& c : seqs) longest = std::max(longest, c.start_pos + 1);
+  return *std::lower_bound(tiers_.begin(), tiers_.end(), longest);
+}
+
 void DecodeGraphs::size_builder() {
   // One build at the largest bucket grows the builder's buffer once and for all, so the addresses
   // of every bucket's layout stay put.
@@ -53,19 +68,22 @@ void DecodeGraphs::size_builder() {
   sized_ = true;
 }
 
-Tensor DecodeGraphs::run_and_record(int32_t bucket, const StepBatch& batch) {
+Tensor DecodeGraphs::run_and_record(Key key, const StepBatch& batch) {
   // Running the step directly first sizes every buffer it needs, so the recording allocates
   // nothing; the direct run's results are this step's.
   model_.compute(batch, cache_);
   const Tensor logits = model_.last_logits();
-  Recording& rec = recordings_[bucket];
+  Recording& rec = recordings_[key];
   rec.epoch = backend_.allocation_epoch();
   rec.graph = backend_.capture([&] { model_.compute(batch, cache_); });
   rec.logits = model_.last_logits();
   ++n_recorded_;
   if (!rec.graph) {
     rec.unrecordable = true;
-    PAGELLM_LOG_WARN("decode graph for batch %d could not be recorded; running ops directly", bucket);
+    PAGELLM_LOG_WARN(
+        "decode graph for batch %d, contexts up to %d, could not be recorded; running "
+        "ops directly",
+        key.first, key.second);
   } else if (backend_.allocation_epoch() != rec.epoch) {
     rec.graph.reset();  // the recording itself moved memory: not safe to replay
   }
@@ -76,10 +94,10 @@ Tensor DecodeGraphs::run(const std::vector<SeqChunk>& seqs) {
   PAGELLM_CHECK(accepts(seqs));
   size_builder();
   const int32_t n = static_cast<int32_t>(seqs.size());
-  const int32_t bucket = bucket_for(n);
-  const StepBatch& batch = builder_.build_padded(seqs, bucket, table_width_, max_model_len_);
+  const Key key{bucket_for(n), tier_for(seqs)};
+  const StepBatch& batch = builder_.build_padded(seqs, key.first, table_width_, key.second);
   model_.prepare(batch);  // may regrow scratch, which moves the epoch: check after it
-  auto it = recordings_.find(bucket);
+  auto it = recordings_.find(key);
   if (it != recordings_.end() && it->second.unrecordable) {
     model_.compute(batch, cache_);
     return model_.last_logits().slice_rows(0, n);
@@ -89,19 +107,22 @@ Tensor DecodeGraphs::run(const std::vector<SeqChunk>& seqs) {
     it->second.graph->replay();
     return it->second.logits.slice_rows(0, n);
   }
-  return run_and_record(bucket, batch).slice_rows(0, n);
+  return run_and_record(key, batch).slice_rows(0, n);
 }
 
 void DecodeGraphs::warm_up() {
   size_builder();
-  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
-    const StepBatch& batch = builder_.build_padded({}, *it, table_width_, max_model_len_);
-    model_.prepare(batch);
-    run_and_record(*it, batch);
+  // The longest tier and the largest bucket first: they size the workspaces for the rest.
+  for (auto tier = tiers_.rbegin(); tier != tiers_.rend(); ++tier) {
+    for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
+      const StepBatch& batch = builder_.build_padded({}, *it, table_width_, *tier);
+      model_.prepare(batch);
+      run_and_record({*it, *tier}, batch);
+    }
   }
   // A smaller bucket can still have regrown a workspace (more attention splits at small batch):
   // drop what that made stale; it is recorded again on first use.
-  for (auto& [b, rec] : recordings_) {
+  for (auto& [key, rec] : recordings_) {
     if (rec.epoch != backend_.allocation_epoch()) rec.graph.reset();
   }
   backend_.synchronize();

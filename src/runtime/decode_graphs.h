@@ -7,8 +7,12 @@
 // - batches are padded to a bucket size (1, 2, 4, 8, then multiples of 8 up to max_seqs), laid
 //   out by a builder of its own at fixed offsets with block tables max_model_len wide
 //   (StepBatchBuilder::build_padded);
-// - attention is planned for max_model_len (the decode kernel cuts each sequence's real context
-//   on the device);
+// - attention is planned for a bound on the batch's contexts, one of a few context tiers (8,192
+//   tokens, then four times as many each, up to max_model_len): each (bucket, tier) is a
+//   recording of its own, and a step takes the smallest tier that holds its longest context (the
+//   decode kernel cuts each sequence's real context on the device, but its grid and scratch grow
+//   with the bound: planned for 131,072, 512 short contexts took twice the attention time they
+//   take planned for 8,192, docs/PERF.md "Tenth round");
 // - the model's scratch and the backend's workspaces must not move: a bucket is recorded right
 //   after the same batch ran directly (which sizes them), and every recording is dropped when the
 //   backend's allocation epoch moves (some buffer was freed or regrown), to be recorded again on
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/model.h"
@@ -48,6 +53,7 @@ class DecodeGraphs {
   void warm_up();
 
   const std::vector<int32_t>& buckets() const { return buckets_; }
+  const std::vector<int32_t>& tiers() const { return tiers_; }  // ascending; the last max_model_len
   int64_t n_recorded() const { return n_recorded_; }  // recordings made so far (re-recordings too)
 
  private:
@@ -61,9 +67,12 @@ class DecodeGraphs {
     bool unrecordable = false;  // the backend refused to record it: always run directly
   };
 
+  using Key = std::pair<int32_t, int32_t>;  // (batch bucket, context tier)
+
   int32_t bucket_for(int32_t n) const;
+  int32_t tier_for(const std::vector<SeqChunk>& seqs) const;
   void size_builder();
-  Tensor run_and_record(int32_t bucket, const StepBatch& batch);
+  Tensor run_and_record(Key key, const StepBatch& batch);
 
   Model& model_;
   Backend& backend_;
@@ -71,8 +80,9 @@ class DecodeGraphs {
   int32_t table_width_;
   int32_t max_model_len_;
   std::vector<int32_t> buckets_;
+  std::vector<int32_t> tiers_;
   StepBatchBuilder builder_;
-  std::map<int32_t, Recording> recordings_;
+  std::map<Key, Recording> recordings_;
   bool sized_ = false;  // the builder's buffer has been grown for the largest bucket
   int64_t n_recorded_ = 0;
 };

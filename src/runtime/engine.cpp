@@ -99,9 +99,12 @@ Status Engine::init() {
     if (graphs_) {
       const auto t0 = Clock::now();
       graphs_->warm_up();
-      PAGELLM_LOG_INFO("recorded %zu decode graphs (batch 1..%d) in %.2f s", graphs_->buckets().size(),
-                       graphs_->buckets().back(),
-                       std::chrono::duration<double>(Clock::now() - t0).count());
+      PAGELLM_LOG_INFO(
+          "recorded %zu decode graphs (batch 1..%d, %zu context tiers up to %d) in "
+          "%.2f s",
+          graphs_->buckets().size() * graphs_->tiers().size(), graphs_->buckets().back(),
+          graphs_->tiers().size(), graphs_->tiers().back(),
+          std::chrono::duration<double>(Clock::now() - t0).count());
     }
   }
   stats_.n_kv_blocks = n_blocks;

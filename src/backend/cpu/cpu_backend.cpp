@@ -418,7 +418,9 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   PAGELLM_CHECK_MSG(cu[0] == 0 && cu[meta.n_seqs] == n, "attention: cu_seqlens_q does not cover q");
   for (int32_t s = 0; s < meta.n_seqs; ++s) {
     const int32_t n_q = cu[s + 1] - cu[s];
-    PAGELLM_CHECK_MSG(n_q >= 0 && n_q <= lens[s], "attention: more queries than KV tokens");
+    // A sequence with no context (a graph batch's padding: one query) gets zeros.
+    PAGELLM_CHECK_MSG(n_q >= 0 && (n_q <= lens[s] || (lens[s] == 0 && n_q == 1)),
+                      "attention: more queries than KV tokens");
     const int64_t n_blocks = (lens[s] + meta.block_size - 1) / meta.block_size;
     PAGELLM_CHECK_MSG(n_blocks <= max_blocks, "attention: block table too short");
     for (int64_t b = 0; b < n_blocks; ++b) {
@@ -454,6 +456,10 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       const int64_t kh = h / group;
       a.q = q.ptr<float>() + i * q.stride[0] + h * q.stride[1];
       a.out = out.ptr<float>() + i * out.stride[0] + h * out.stride[1];
+      if (lens[s] == 0) {  // padding (see above)
+        std::fill_n(a.out, dv, 0.0f);
+        continue;
+      }
       a.k_cache = k_cache.ptr<float>() + kh * k_cache.stride[2];
       a.v_cache = v_cache.ptr<float>() + kh * v_cache.stride[2];
       a.block_table = meta.block_tables.ptr<int32_t>() + s * table_stride;

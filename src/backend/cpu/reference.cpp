@@ -110,6 +110,10 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
       const int32_t pos = lens[s] - n_q + i;
       const int32_t lo = params.window > 0 ? std::max(0, pos - params.window + 1) : 0;
       for (int64_t h = 0; h < hq; ++h) {
+        if (lens[s] == 0) {  // a padding sequence of a graph batch: no keys, zeros
+          std::fill_n(out.ptr<float>() + tok * out.stride[0] + h * out.stride[1], dv, 0.0f);
+          continue;
+        }
         const int64_t kh = h / group;
         const float* qv = q.ptr<float>() + tok * q.stride[0] + h * q.stride[1];
         auto k_at = [&](int32_t p) {

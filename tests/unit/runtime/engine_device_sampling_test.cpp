@@ -14,10 +14,10 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <set>
 
 #include "backend/backend.h"
+#include "forwarding_backend.h"
 #include "io/weights.h"
 #include "runtime/engine.h"
 #include "sample/logits_processors.h"
@@ -101,53 +101,11 @@ void sample_by_contract(const Tensor& logits, const DeviceSampleRow& row,
 }
 
 // Every op forwarded to the CPU backend; sample() by the contract, with a record of each call.
-class ContractSamplingBackend final : public Backend {
+class ContractSamplingBackend final : public ForwardingBackend {
  public:
-  explicit ContractSamplingBackend(Backend& inner) : in_(inner) {}
+  using ForwardingBackend::ForwardingBackend;
 
   std::string name() const override { return "contract-sampling(" + in_.name() + ")"; }
-  Device device() const override { return device_ ? *device_ : in_.device(); }
-  // Reports `d` as the device (the engine then treats it as a GPU: a profile step at start-up).
-  void report_device(Device d) { device_ = d; }
-  DType activation_dtype() const override { return in_.activation_dtype(); }
-  std::unique_ptr<Buffer> allocate(int64_t n) override { return in_.allocate(n); }
-  int64_t free_memory() const override { return in_.free_memory(); }
-  void copy_from_host(void* d, const void* s, int64_t n) override { in_.copy_from_host(d, s, n); }
-  void copy_to_host(void* d, const void* s, int64_t n) override { in_.copy_to_host(d, s, n); }
-  void copy(void* d, const void* s, int64_t n) override { in_.copy(d, s, n); }
-  void synchronize() override { in_.synchronize(); }
-  Result<Tensor> upload_weight(const Tensor& h, DType t, std::unique_ptr<Buffer>& s) override {
-    return in_.upload_weight(h, t, s);
-  }
-  void embedding(const Tensor& a, const Tensor& b, Tensor& o) override { in_.embedding(a, b, o); }
-  void rms_norm(const Tensor& x, const Tensor& w, float e, Tensor& o) override {
-    in_.rms_norm(x, w, e, o);
-  }
-  void add_rms_norm(const Tensor& x, Tensor& r, const Tensor& w, float e, Tensor& o) override {
-    in_.add_rms_norm(x, r, w, e, o);
-  }
-  void matmul(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& o) override {
-    in_.matmul(x, w, b, o);
-  }
-  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cs, bool il,
-                     const Tensor& sm, Tensor& kc, Tensor& vc) override {
-    in_.rope_store_kv(q, k, v, cs, il, sm, kc, vc);
-  }
-  void rope(Tensor& x, const Tensor& cs, bool il) override { in_.rope(x, cs, il); }
-  void attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMeta& m,
-                 const AttentionParams& p, Tensor& o) override {
-    in_.attention(q, kc, vc, m, p, o);
-  }
-  void silu_mul(const Tensor& g, const Tensor& u, Tensor& o) override { in_.silu_mul(g, u, o); }
-  void add(const Tensor& a, const Tensor& b, Tensor& o) override { in_.add(a, b, o); }
-  void gather_rows(const Tensor& x, const Tensor& r, Tensor& o) override {
-    in_.gather_rows(x, r, o);
-  }
-  void to_f32(const Tensor& x, Tensor& o) override { in_.to_f32(x, o); }
-  void fill_random(Tensor& t, uint64_t s, float lo, float hi) override {
-    in_.fill_random(t, s, lo, hi);
-  }
-
   bool supports_sampling() const override { return true; }
   void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
               const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) override {
@@ -163,10 +121,6 @@ class ContractSamplingBackend final : public Backend {
   }
 
   int64_t n_calls = 0, n_rows_sampled = 0, n_shared_rows = 0;
-
- private:
-  Backend& in_;
-  std::optional<Device> device_;
 };
 
 struct Collected {
