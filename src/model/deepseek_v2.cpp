@@ -53,6 +53,9 @@ struct DeepseekLayer {
   Tensor q_a_layernorm;             // [Rq]
   Tensor q_b_proj;                  // [H*(P+N), Rq], rows ordered as q_proj
   Tensor kv_a, kv_a_bias;           // kv_a_proj_with_mqa, rows reordered to k_pe | c_kv: [P+R, D]
+  // q_proj (or q_a_proj) and kv_a stacked by rows, when the model fuses them (q_proj / q_a_proj
+  // and kv_a are then row views of it): [Qd + P+R, D], Qd = H*(P+N) or Rq.
+  Tensor q_kv_a;
   Tensor kv_a_layernorm;            // [R]
   Tensor kv_b_proj;                 // [H*(N+V), R]
   Tensor q_absorb;                  // act [H, P+R, P+N]: per head [[I_P | 0], [0 | W_UK_h^T]]
@@ -69,6 +72,7 @@ struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
   Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate_up, act, shared;
+  Tensor q_lat;   // [cap, Qd + P+R]: the fused product's q (or q_a) | k_pe | c_kv
   Tensor kv_exp;  // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
   Tensor cos_sin;                  // f32 [cap, P]
 };
@@ -152,31 +156,59 @@ class DeepseekModel final : public DecoderModel {
       pe_first_heads.push_back({hd * (N + P) + N, (hd + 1) * (N + P)});
       pe_first_heads.push_back({hd * (N + P), hd * (N + P) + N});
     }
+    // The checkpoint's rows of kv_a are c_kv (R) then k_pe (P); the cache row is k_pe | c_kv.
+    const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
+    // The query projection (q_proj, or q_a_proj with q_lora_rank) and kv_a both read the
+    // normalized rows: stacked, one product writes both (at decode one GEMV instead of two, kv_a's
+    // 576 rows alone streaming at a quarter of the copy rate: docs/PERF.md "Eighth round").
+    // Not with biases (attention_bias: kv_a's would need a zero q part), nor where weights stay
+    // quantized (the CPU's GGUF blocks: stacking keeps each tensor whole).
+    const int64_t Qd = cfg_.q_lora_rank ? *cfg_.q_lora_rank : H * (N + P);
+    const auto q_name = [&](const std::string& a) {
+      return a + (cfg_.q_lora_rank ? "q_a_proj.weight" : "q_proj.weight");
+    };
+    fuse_q_kv_a_ = !cfg_.attention_bias;
+    for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+      const std::string a = "model.layers." + std::to_string(i) + ".self_attn.";
+      if (ld.stays_quantized(q_name(a)) || ld.stays_quantized(a + "kv_a_proj_with_mqa.weight"))
+        fuse_q_kv_a_ = false;
+    }
     layers_.resize(cfg_.num_hidden_layers);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       const std::string a = p + "self_attn.";
       DeepseekLayer& L = layers_[i];
+      if (fuse_q_kv_a_) {
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.q_kv_a,
+            ld.stacked_matrix(
+                {{q_name(a), Qd, cfg_.q_lora_rank ? WeightLoader::RowRanges{} : pe_first_heads},
+                 {a + "kv_a_proj_with_mqa.weight", R + P, pe_first}},
+                D));
+        (cfg_.q_lora_rank ? L.q_a_proj : L.q_proj) = L.q_kv_a.slice_rows(0, Qd);
+        L.kv_a = L.q_kv_a.slice_rows(Qd, Qd + P + R);
+      }
       PAGELLM_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", D, 1.0f, L.input_layernorm));
       PAGELLM_RETURN_IF_ERROR(
           vec(p + "post_attention_layernorm.weight", D, 1.0f, L.post_attention_layernorm));
       if (cfg_.q_lora_rank) {
         const int64_t Rq = *cfg_.q_lora_rank;
-        PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_a_proj.weight", {Rq, D}, L.q_a_proj));
+        if (!fuse_q_kv_a_)
+          PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "q_a_proj.weight", {Rq, D}, L.q_a_proj));
         if (cfg_.attention_bias)
           PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_proj.bias", Rq, 0.0f, L.q_a_bias));
         PAGELLM_RETURN_IF_ERROR(vec(a + "q_a_layernorm.weight", Rq, 1.0f, L.q_a_layernorm));
         PAGELLM_ASSIGN_OR_RETURN(
             L.q_b_proj,
             ld.reordered_matrix(a + "q_b_proj.weight", {H * (N + P), Rq}, pe_first_heads));
-      } else {
+      } else if (!fuse_q_kv_a_) {
         PAGELLM_ASSIGN_OR_RETURN(
             L.q_proj, ld.reordered_matrix(a + "q_proj.weight", {H * (N + P), D}, pe_first_heads));
       }
-      // The checkpoint's rows are c_kv (R) then k_pe (P); the cache row is k_pe | c_kv.
-      const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
-      PAGELLM_ASSIGN_OR_RETURN(
-          L.kv_a, ld.reordered_matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, pe_first));
+      if (!fuse_q_kv_a_) {
+        PAGELLM_ASSIGN_OR_RETURN(
+            L.kv_a, ld.reordered_matrix(a + "kv_a_proj_with_mqa.weight", {R + P, D}, pe_first));
+      }
       if (cfg_.attention_bias) {
         PAGELLM_ASSIGN_OR_RETURN(
             L.kv_a_bias, ld.reordered_vector(a + "kv_a_proj_with_mqa.bias", R + P, 0.0f, pe_first));
@@ -253,13 +285,18 @@ class DeepseekModel final : public DecoderModel {
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
     Tensor h = ws.h.slice_rows(0, n);                // [n, D]
-    Tensor q = ws.q.slice_rows(0, n);                // [n, H*(P+N)]: per head q_pe | q_nope
-    Tensor lat = ws.lat.slice_rows(0, n);            // [n, P+R]: k_pe | c_kv
+    const int64_t Qd = cfg_.q_lora_rank ? *cfg_.q_lora_rank : H * (N + P);
+    Tensor q_lat = ws.q_lat.slice_rows(0, n);  // [n, Qd + P+R] (fused q|kv_a)
+    Tensor qa = fuse_q_kv_a_ ? q_lat.slice_cols(0, Qd) : ws.qa.slice_rows(0, n);  // [n, Rq]
+    // [n, H*(P+N)]: per head q_pe | q_nope
+    Tensor q = fuse_q_kv_a_ && !cfg_.q_lora_rank ? q_lat.slice_cols(0, Qd) : ws.q.slice_rows(0, n);
+    // [n, P+R]: k_pe | c_kv
+    Tensor lat = fuse_q_kv_a_ ? q_lat.slice_cols(Qd, Qd + P + R) : ws.lat.slice_rows(0, n);
     Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
     Tensor lat_c = lat.slice_cols(P, P + R);         // [n, R]
-    Tensor lat3 = lat.reshape({n, 1, P + R});        // [n, 1, P+R]
+    Tensor lat3 = lat.split_heads(1, P + R);         // [n, 1, P+R]
     Tensor lat3_c = lat3.slice_cols(P, P + R);       // [n, 1, R]
-    Tensor q3 = q.reshape({n, H, P + N});            // [n, H, P+N]
+    Tensor q3 = q.split_heads(H, P + N);             // [n, H, P+N]
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, P], uploaded by prepare()
     // Tokens [0, na) attend in the absorbed form, [na, n) (fresh prompts) in the expanded one.
     const MlaSplit& sp = split_;  // planned by prepare() for this batch
@@ -281,15 +318,17 @@ class DeepseekModel final : public DecoderModel {
         backend_.add_rms_norm(x, residual, L.input_layernorm, eps, h);  // x: previous MLP out
       }
       // --- MLA ---
+      if (fuse_q_kv_a_) {
+        backend_.matmul(h, L.q_kv_a, Tensor(), q_lat);  // q (or q_a) | k_pe | c_kv
+      } else {
+        backend_.matmul(h, cfg_.q_lora_rank ? L.q_a_proj : L.q_proj,
+                        cfg_.q_lora_rank ? L.q_a_bias : Tensor(), cfg_.q_lora_rank ? qa : q);
+        backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
+      }
       if (cfg_.q_lora_rank) {
-        Tensor qa = ws.qa.slice_rows(0, n);  // [n, Rq]
-        backend_.matmul(h, L.q_a_proj, L.q_a_bias, qa);
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
         backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
-      } else {
-        backend_.matmul(h, L.q_proj, Tensor(), q);  // [n, H*(P+N)]
       }
-      backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.
@@ -500,6 +539,7 @@ class DeepseekModel final : public DecoderModel {
                                  {&ws.qa, dt, Rq},
                                  {&ws.q, dt, H * (N + P)},
                                  {&ws.lat, dt, P + R},
+                                 {&ws.q_lat, dt, (cfg_.q_lora_rank ? Rq : H * (N + P)) + P + R},
                                  {&ws.qfull, dt, H * (P + R)},
                                  {&ws.attn_lat, dt, H * R},
                                  {&ws.attn_v, dt, H * Vd},
@@ -528,6 +568,7 @@ class DeepseekModel final : public DecoderModel {
   std::unique_ptr<Buffer> exp_meta_;                           // expanded_meta's device copy
   int64_t exp_meta_bytes_ = 0;
   MlaSplit split_;  // the prepared step's split between the two forms (compute() reads it)
+  bool fuse_q_kv_a_ = false;  // one product for the query projection and kv_a (see load())
   Workspace ws_;
 };
 

@@ -75,25 +75,31 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
 }
 
 Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int64_t cols) {
-  std::vector<Tensor> loaded;
+  std::vector<Tensor> pieces;
   for (const Part& p : parts) {
     PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}));
-    loaded.push_back(t);
+    for (const Tensor& piece : pieces_of(t, cols, p.ranges)) pieces.push_back(piece);
   }
-  return stack_loaded(loaded, cols, loaded.size());
+  return stack_loaded(pieces, cols, parts.size());
 }
 
 Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, float dummy_value) {
-  std::vector<Tensor> loaded;
+  std::vector<Tensor> pieces;
   for (const Part& p : parts) {
     PAGELLM_ASSIGN_OR_RETURN(Tensor t, vector(p.name, p.rows, dummy_value));
-    loaded.push_back(t);
+    for (const Tensor& piece : pieces_of(t, 1, p.ranges)) pieces.push_back(piece);
   }
-  return stack_loaded(loaded, 1, loaded.size());
+  return stack_loaded(pieces, 1, parts.size());
 }
 
-Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols,
+bool WeightLoader::stays_quantized(const std::string& name) const {
+  const TensorInfo* info = source_.find(name);
+  return backend_.device() == Device::kCpu && info != nullptr && is_quantized(info->dtype);
+}
+
+std::vector<Tensor> WeightLoader::pieces_of(const Tensor& t, int64_t cols,
                                             const RowRanges& ranges) {
+  if (ranges.empty()) return {t};
   const int64_t rows = t.numel() / cols;
   std::vector<Tensor> pieces;
   for (const auto& [first, last] : ranges) {
@@ -103,7 +109,12 @@ Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols,
     pieces.push_back(Tensor(static_cast<char*>(t.data) + dtype_bytes(t.dtype, first * cols),
                             t.dtype, {n * cols}, t.device));
   }
-  return stack_loaded(pieces, cols, 1);
+  return pieces;
+}
+
+Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols,
+                                            const RowRanges& ranges) {
+  return stack_loaded(pieces_of(t, cols, ranges), cols, 1);
 }
 
 Result<Tensor> WeightLoader::reordered_matrix(const std::string& name, std::vector<int64_t> shape,

@@ -32,18 +32,22 @@ class WeightLoader {
   // several. Each part is loaded (or made, for dummy weights) exactly as matrix() / vector() would
   // load it alone, so the stack holds the same values. Quantized parts are refused: on devices they
   // are dequantized on upload, and the CPU keeps its parts separate.
-  struct Part {
-    std::string name;
-    int64_t rows;
-  };
-  Result<Tensor> stacked_matrix(const std::vector<Part>& parts, int64_t cols);
-  Result<Tensor> stacked_vector(const std::vector<Part>& parts, float dummy_value);
-
-  // One checkpoint tensor with its rows reordered: the row ranges [first, second) of the matrix
-  // of `shape` (or the vector of n values), concatenated in the given order into a new weight.
+  // One checkpoint tensor's rows reordered: the row ranges [first, second) of the matrix of
+  // `shape` (or the vector of n values), concatenated in the given order into a new weight.
   // DeepSeek's kv_a_proj_with_mqa is [c_kv | k_pe] by rows while the latent cache row is
   // [k_pe | c_kv]: reordered, one GEMM writes the row.
   using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+  struct Part {
+    std::string name;
+    int64_t rows;
+    RowRanges ranges = {};  // the part's rows in this order; empty: as stored
+  };
+  Result<Tensor> stacked_matrix(const std::vector<Part>& parts, int64_t cols);
+  Result<Tensor> stacked_vector(const std::vector<Part>& parts, float dummy_value);
+  // Whether `name` keeps a quantized stored type when loaded (the CPU keeps GGUF blocks; devices
+  // dequantize on upload): such weights cannot be stacked with others.
+  bool stays_quantized(const std::string& name) const;
+
   Result<Tensor> reordered_matrix(const std::string& name, std::vector<int64_t> shape,
                                   const RowRanges& ranges);
   Result<Tensor> reordered_vector(const std::string& name, int64_t n, float dummy_value,
@@ -75,6 +79,8 @@ class WeightLoader {
   // those tensors.
   Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols, size_t n_owned);
   Result<Tensor> reorder_loaded(const Tensor& t, int64_t cols, const RowRanges& ranges);
+  // The row ranges of a loaded tensor of `cols` columns as views, in order (all of it for none).
+  static std::vector<Tensor> pieces_of(const Tensor& t, int64_t cols, const RowRanges& ranges);
 
   Backend& backend_;
   const WeightSource& source_;
