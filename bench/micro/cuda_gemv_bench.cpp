@@ -37,6 +37,7 @@ constexpr Shape kShapes[] = {
     {"llama-3-8b lm_head", 128256, 4096, cuda::GemvEpilogue::kStore},
     {"v2-lite q", 3072, 2048, cuda::GemvEpilogue::kStore},
     {"v2-lite kv_a", 576, 2048, cuda::GemvEpilogue::kStore},
+    {"v2-lite q|kv_a", 3648, 2048, cuda::GemvEpilogue::kStore},  // as the model stacks them
     {"v2-lite o_proj", 2048, 2048, cuda::GemvEpilogue::kAdd},
     {"v2-lite shared gate|up", 5632, 2048, cuda::GemvEpilogue::kStore},
     {"v2-lite shared down", 2048, 2816, cuda::GemvEpilogue::kAdd},
