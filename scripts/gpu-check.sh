@@ -152,14 +152,16 @@ if [ $ops_built = 1 ]; then
     124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
     *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
   esac
-  # The GEMV's norm, SwiGLU and norm-weight fold are off by default; their backend paths are
-  # tested with them on (the kernels themselves are launched directly in the default run): all
-  # three, then the fold alone (its norm in the GEMV, SiLU apart).
+  # The GEMV's norm, SwiGLU, norm-weight fold and RoPE epilogue are off by default; their backend
+  # paths are tested with them on (the kernels themselves are launched directly in the default
+  # run): all of them, then the fold and RoPE alone (the norm in the GEMV or as its own kernel,
+  # SiLU apart).
   t=$(now)
-  if PAGELLM_GEMV_FUSIONS=norm,swiglu,fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
-    --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1 &&
-    PAGELLM_GEMV_FUSIONS=fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
-      --gtest_filter='FusedProjection.FoldedNormWeight' >>"$logs/test_ops_fusions.log" 2>&1; then
+  if PAGELLM_GEMV_FUSIONS=norm,swiglu,fold,rope timeout "$(step_limit 60)" "$build/tests/test_ops" \
+    --gtest_filter='FusedProjection.*:QkvRope.*' >"$logs/test_ops_fusions.log" 2>&1 &&
+    PAGELLM_GEMV_FUSIONS=fold,rope timeout "$(step_limit 60)" "$build/tests/test_ops" \
+      --gtest_filter='FusedProjection.FoldedNormWeight:QkvRope.BackendMatchesCpuComposition' \
+      >>"$logs/test_ops_fusions.log" 2>&1; then
     record "test_ops (GEMV fusions on)" "ok ($(( $(now) - t ))s)"
   else
     grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_fusions.log" | head -20
@@ -180,6 +182,7 @@ if [ $ops_built = 1 ]; then
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
     filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNormAndPairs:ScaleColumns.*'
+    filter+=':QkvRope.GemvEpilogueMatchesGemvThenRopeKernel'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
     limit=$(step_limit 180)
@@ -231,13 +234,14 @@ if [ $model_built = 1 ]; then
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
-  # The same golden tests on the GPU with the norm weights folded into the projections.
+  # The same golden and engine tests on the GPU with the norm weights folded into the projections
+  # and RoPE with the KV write in the q|k|v GEMV.
   t=$(now)
-  PAGELLM_GEMV_FUSIONS=fold timeout "$(step_limit 120)" "$build/tests/test_model" \
+  PAGELLM_GEMV_FUSIONS=fold,rope timeout "$(step_limit 120)" "$build/tests/test_model" \
     --gtest_filter='GoldenCuda.*:EngineCuda.*' >"$logs/test_model_fold.log" 2>&1
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_fold.log" | head -20
-  record "test_model (GPU, norm fold)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  record "test_model (GPU, fold + rope)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---
@@ -265,9 +269,13 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
     # The same with the pre-norm weights folded into q|k|v and gate|up (PAGELLM_GEMV_FUSIONS=fold:
-    # the norms run inside the GEMVs without loading a weight), to decide whether it goes on.
-    PAGELLM_GEMV_FUSIONS=fold run_bench latency-llama3-8b-fold latency --model $cfg/llama-3-8b.json \
-      --load-format dummy --device cuda --input-len 512 --output-len 256 --iters 2
+    # the norms run inside the GEMVs without loading a weight), with RoPE and the KV write in the
+    # q|k|v GEMV ("rope"), and both, to decide which go on.
+    for fusions in fold rope fold,rope; do
+      PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-${fusions/,/+}" latency \
+        --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
+        --output-len 256 --iters 2
+    done
     # Per-op time of one 512-token prefill and of the decode step after it (ops one by one, CUDA
     # events around each): the tables are in $logs/bench-profile-llama3-8b.log, and in its .json.
     run_bench profile-llama3-8b latency --profile --model $cfg/llama-3-8b.json --load-format dummy \

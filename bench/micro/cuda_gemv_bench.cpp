@@ -43,11 +43,12 @@ constexpr Shape kShapes[] = {
     {"v2-lite shared down", 2048, 2816, cuda::GemvEpilogue::kAdd},
 };
 
-// Times kCalls launches of one product (the weights [m, k], out [1, out_cols]) with `fusion`
-// (and, with norm_weight, the norm's weight loaded as x streams), replayed from a graph, and
-// reports them under `label`.
+// Times kCalls launches of one product (the weights [m, k], x [rows, k], out [rows, out_cols])
+// with `fusion` (and, with norm_weight, the norm's weight loaded as x streams), replayed from a
+// graph, and reports them under `label`.
 void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
-               cuda::GemvFusion fusion, bool norm_weight, const std::string& label) {
+               cuda::GemvFusion fusion, bool norm_weight, const std::string& label,
+               int64_t rows = 1) {
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     cudaGetLastError();
@@ -64,20 +65,20 @@ void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
   void* out = nullptr;
   void* norm_w = nullptr;
   CUDA_CHECK(cudaMalloc(&w, w_bytes * copies));
-  CUDA_CHECK(cudaMalloc(&x, k * 2));
-  CUDA_CHECK(cudaMalloc(&out, out_cols * 2));
+  CUDA_CHECK(cudaMalloc(&x, rows * k * 2));
+  CUDA_CHECK(cudaMalloc(&out, rows * out_cols * 2));
   CUDA_CHECK(cudaMalloc(&norm_w, k * 4));
   // 0x3c00 is bf16 0.0078 (0x3c3c3c3c f32 0.0115): finite values; what they are does not change
   // the time.
   CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes * copies));
-  CUDA_CHECK(cudaMemset(x, 0x3c, k * 2));
-  CUDA_CHECK(cudaMemset(out, 0, out_cols * 2));
+  CUDA_CHECK(cudaMemset(x, 0x3c, rows * k * 2));
+  CUDA_CHECK(cudaMemset(out, 0, rows * out_cols * 2));
   CUDA_CHECK(cudaMemset(norm_w, 0x3c, k * 4));
   if (norm_weight) fusion.norm_w = static_cast<const float*>(norm_w);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const cuda::RowView xv{x, DType::kBF16, 1, k, k};
-  const cuda::RowView ov{out, DType::kBF16, 1, out_cols, out_cols};
+  const cuda::RowView xv{x, DType::kBF16, rows, k, k};
+  const cuda::RowView ov{out, DType::kBF16, rows, out_cols, out_cols};
   const auto call = [&](int i) {
     const cuda::RowView wv{static_cast<char*>(w) + (i % copies) * w_bytes, DType::kBF16, m, k, k};
     cuda::launch_gemv(xv, wv, nullptr, DType::kF32, ov, stream, fusion);
@@ -179,6 +180,24 @@ void fusion_cases(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_GemvFusion)->Apply(fusion_cases)->UseManualTime()->Iterations(20);
+
+// Decode batches of 2 to 8 on Llama-3-8B's q|k|v and down (the rule's split): the GEMV streams
+// the same weights for more rows of x, so GB/s should stay near batch 1's; the kernels for more
+// rows hold more registers (fewer blocks an SM), which this shows.
+void BM_GemvRows(benchmark::State& state) {
+  const Shape& s = kShapes[state.range(0)];
+  const int64_t rows = state.range(1);
+  cuda::GemvFusion f;
+  f.epilogue = s.epilogue;
+  time_gemv(state, s.m, s.k, s.m, f, false,
+            std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) + ", " +
+                std::to_string(rows) + " rows",
+            rows);
+}
+BENCHMARK(BM_GemvRows)
+    ->ArgsProduct({{0, 3}, {2, 3, 4, 5, 6, 7, 8}})
+    ->UseManualTime()
+    ->Iterations(20);
 
 }  // namespace
 }  // namespace pagellm

@@ -142,22 +142,23 @@ class LlamaModel final : public DecoderModel {
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
-      if (fuse_qkv_) {
-        backend_.rms_norm_matmul(residual, L.input_layernorm, eps, L.qkv_proj, L.qkv_bias, h,
-                                 qkv.all);
+      if (fuse_qkv_) {  // one op, so a backend can rotate and store in the product's epilogue
+        backend_.rms_norm_qkv_rope_store(residual, L.input_layernorm, eps, L.qkv_proj, L.qkv_bias,
+                                         h, qkv.all, q3, k3, v3, cos_sin, cfg_.rope.interleaved,
+                                         b.slot_mapping, cache.k[l], cache.v[l]);
       } else {
         backend_.rms_norm(residual, L.input_layernorm, eps, h);
         backend_.matmul(h, L.q_proj, L.q_bias, q);
         backend_.matmul(h, L.k_proj, L.k_bias, k);
         backend_.matmul(h, L.v_proj, L.v_bias, v);
+        if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE (q, k contiguous here)
+          Tensor qh = q.reshape({n * Hq, Dh}), kh = k.reshape({n * Hkv, Dh});
+          backend_.rms_norm(qh, L.q_norm, eps, qh);
+          backend_.rms_norm(kh, L.k_norm, eps, kh);
+        }
+        backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
+                               cache.k[l], cache.v[l]);
       }
-      if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE (q, k contiguous here)
-        Tensor qh = q.reshape({n * Hq, Dh}), kh = k.reshape({n * Hkv, Dh});
-        backend_.rms_norm(qh, L.q_norm, eps, qh);
-        backend_.rms_norm(kh, L.k_norm, eps, kh);
-      }
-      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
-                             cache.k[l], cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul_add(attn, L.o_proj, L.o_bias, x, residual);  // residual += o_proj(attn)
       if (fuse_mlp_) {

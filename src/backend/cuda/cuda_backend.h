@@ -74,6 +74,13 @@ class CudaBackend final : public Backend {
                        const Tensor& bias, Tensor& h, Tensor& out) override;
   void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
+  // With PAGELLM_GEMV_FUSIONS=rope, where the product is a GEMV: RoPE and the cache write in its
+  // epilogue (GemvEpilogue::kRopeKv), the norm in it too where that fusion applies.
+  void rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                               const Tensor& bias, Tensor& h, Tensor& qkv, Tensor& q, Tensor& k,
+                               const Tensor& v, const Tensor& cos_sin, bool interleaved,
+                               const Tensor& slot_mapping, Tensor& k_cache,
+                               Tensor& v_cache) override;
   // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
   // batch entry.
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
@@ -141,7 +148,8 @@ class CudaBackend final : public Backend {
   // weight, a folded one's weight of ones, or none); false when the caller must run the steps
   // apart. `product` is the buffer matmul() would write.
   bool fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
-                  const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
+                  const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out,
+                  const GemvRopeKv* rope = nullptr);
   // Whether norm_w is a weight of ones fold_norm_weight handed out.
   bool is_unit_norm(const Tensor& norm_w) const;
 
