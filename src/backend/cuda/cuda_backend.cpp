@@ -543,9 +543,9 @@ namespace {
 // The GEMV epilogue's view of rms_norm_qkv_rope_store's operands, or false where they are not
 // the column blocks of qkv it writes ([q | k | v] heads of one dim, back to back in each row) or
 // not of the types and shapes rope_store_kv takes on this backend.
-bool rope_kv_epilogue(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& cos_sin, bool interleaved, const Tensor& slot_mapping,
-                      const Tensor& k_cache, const Tensor& v_cache, GemvRopeKv& rk) {
+bool rope_kv_of(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& cos_sin, bool interleaved, const Tensor& slot_mapping,
+                const Tensor& k_cache, const Tensor& v_cache, GemvRopeKv& rk) {
   if (qkv.ndim != 2 || q.ndim != 3 || k.ndim != 3 || v.ndim != 3 || k_cache.ndim != 4 ||
       v_cache.ndim != 4)
     return false;
@@ -589,7 +589,7 @@ void CudaBackend::rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w,
                                           Tensor& v_cache) {
   GemvRopeKv rk;
   if (gemv_fusions().rope &&
-      rope_kv_epilogue(qkv, q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache, rk)) {
+      rope_kv_of(qkv, q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache, rk)) {
     for (const Tensor* t :
          std::initializer_list<const Tensor*>{&cos_sin, &slot_mapping, &k_cache, &v_cache})
       check_on_device(*t, "rms_norm_qkv_rope_store operand");
@@ -825,8 +825,9 @@ void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleRow*
                                     DeviceSampleResult* out, int group) {
   if (n_rows <= 0) return;
   check_on_device(logits, "logits");
-  PAGELLM_CHECK_MSG(logits.ndim == 2 && (logits.dtype == DType::kBF16 || logits.dtype == DType::kF32),
-                    "sample: logits must be a [n, vocab] bf16 or f32 tensor");
+  PAGELLM_CHECK_MSG(
+      logits.ndim == 2 && (logits.dtype == DType::kBF16 || logits.dtype == DType::kF32),
+      "sample: logits must be a [n, vocab] bf16 or f32 tensor");
   const int64_t n_logit_rows = logits.size(0), vocab = logits.size(1);
   PAGELLM_CHECK_MSG(vocab > 0 && vocab < INT32_MAX, "sample: vocabulary size out of range");
   PAGELLM_CHECK(n_edits >= 0 && (n_edits == 0 || edits != nullptr) && out != nullptr);
@@ -882,8 +883,8 @@ void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleRow*
   l.force_group = group;
   launch_sample(l, stream_);
   char* host_results = sample_host_ + rows_bytes + edits_bytes;
-  CUDA_CHECK(cudaMemcpyAsync(host_results, l.results, results_bytes, cudaMemcpyDeviceToHost,
-                             stream_));
+  CUDA_CHECK(
+      cudaMemcpyAsync(host_results, l.results, results_bytes, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::memcpy(static_cast<void*>(out), host_results, results_bytes);
 }
