@@ -47,7 +47,7 @@ struct GemvParams {
   DType bias_dtype;
   void* out;
   int64_t ldo;
-  int64_t m_dim;  // output columns (F for the SwiGLU epilogue, whose w has 2F rows)
+  int64_t m_dim;  // output columns (F for SwiGLU, whose w has 2F rows; kRopeKv: pairs of rows)
   int64_t k_dim;
   int64_t x_batch_stride, w_batch_stride, out_batch_stride;
   const float* norm_w;  // GemvNorm::kWeighted: the RMSNorm weight [K]

@@ -1,9 +1,10 @@
 // DecodeGraphs without a GPU: a backend whose "recording" keeps the recorded function and whose
-// replay runs it again (on the CPU a rerun of the step's ops is what a replay does), and a model
-// wrapper that notes the context bound each step's attention was planned for. Checks the context
-// tiers (runtime/decode_graphs.h): which tiers a max_model_len gets, that every step is planned
-// for the smallest tier holding its longest context, that each (batch bucket, tier) is recorded
-// once and replayed after, and that a replay gives the direct run's logits.
+// replay runs it again (on the CPU a rerun of the step's ops is what a replay does), whose freed
+// buffers move the allocation epoch as a device backend's do (a recording may point at them), and
+// a model wrapper that notes the context bound each step's attention was planned for. Checks the
+// context tiers (runtime/decode_graphs.h): which tiers a max_model_len gets, that every step is
+// planned for the smallest tier holding its longest context, that each (batch bucket, tier) is
+// recorded once and replayed after, and that a replay gives the direct run's logits.
 #include "runtime/decode_graphs.h"
 
 #include <gtest/gtest.h>
@@ -27,6 +28,10 @@ class RerunningBackend final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
 
+  std::unique_ptr<Buffer> allocate(int64_t n) override {
+    return std::make_unique<EpochBuffer>(in_.allocate(n), epoch_);
+  }
+  uint64_t allocation_epoch() const override { return *epoch_; }
   std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override {
     ++n_captures;
     return std::make_unique<Rerun>(record, &n_replays);
@@ -34,6 +39,18 @@ class RerunningBackend final : public ForwardingBackend {
   int64_t n_captures = 0, n_replays = 0;
 
  private:
+  // Moves the epoch when freed (the buffers may outlive the backend, hence the shared counter).
+  struct EpochBuffer final : Buffer {
+    EpochBuffer(std::unique_ptr<Buffer> in, std::shared_ptr<uint64_t> epoch)
+        : in(std::move(in)), epoch(std::move(epoch)) {}
+    ~EpochBuffer() override { ++*epoch; }
+    void* data() const override { return in->data(); }
+    int64_t nbytes() const override { return in->nbytes(); }
+    std::unique_ptr<Buffer> in;
+    std::shared_ptr<uint64_t> epoch;
+  };
+  std::shared_ptr<uint64_t> epoch_ = std::make_shared<uint64_t>(0);
+
   struct Rerun final : OpGraph {
     Rerun(std::function<void()> f, int64_t* count) : f(std::move(f)), count(count) {}
     void replay() override {
@@ -77,12 +94,13 @@ class DecodeGraphsTest : public testing::Test {
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
     ckpt_ = std::move(*ckpt);
     cpu_ = make_cpu_backend(false);
-    auto m = load_model(ckpt_, *cpu_);
+    backend_ = std::make_unique<RerunningBackend>(*cpu_);
+    // The model allocates through the rerunning backend, so its regrown scratch moves the epoch.
+    auto m = load_model(ckpt_, *backend_);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(*m);
     noting_ = std::make_unique<PlanNotingModel>(*model_);
-    backend_ = std::make_unique<RerunningBackend>(*cpu_);
-    cache_ = KvCache::allocate(*cpu_, model_->kv_spec(), kBlockSize, kCacheBlocks);
+    cache_ = KvCache::allocate(*backend_, model_->kv_spec(), kBlockSize, kCacheBlocks);
     // Zeros rather than whatever the allocation held: the long contexts below read every row.
     for (auto* layers : {&cache_.k, &cache_.v})
       for (Tensor& t : *layers) std::memset(t.data, 0, t.nbytes());
@@ -115,9 +133,9 @@ class DecodeGraphsTest : public testing::Test {
   static constexpr int32_t kTokens[4] = {5, 17, 42, 99};
   LoadedCheckpoint ckpt_;
   std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<RerunningBackend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<PlanNotingModel> noting_;
-  std::unique_ptr<RerunningBackend> backend_;
   KvCache cache_;
   std::vector<int32_t> table_;
 };
@@ -150,8 +168,12 @@ TEST_F(DecodeGraphsTest, StepsTakeTheSmallestTierHoldingTheirLongestContext) {
       {{10}, 8192},     {{8191, 3}, 8192},   {{8192}, 32768},  {{5, 20000, 9}, 32768},
       {{32767}, 32768}, {{32768, 1}, 40000}, {{39999}, 40000},
   };
+  // A step of the largest bucket first sizes every buffer, so nothing regrows (and no recording
+  // goes stale) below.
+  g->run(step({1, 2, 3, 4}, kMaxLen));
+  const uint64_t epoch = backend_->allocation_epoch();
   int64_t recorded = g->n_recorded();
-  std::set<std::pair<int32_t, int32_t>> keys;  // (batch bucket, tier) seen so far
+  std::set<std::pair<int32_t, int32_t>> keys = {{4, 8192}};  // (batch bucket, tier) seen so far
   for (const Case& c : cases) {
     const std::string what = "contexts ending at " + testing::PrintToString(c.start_pos);
     const std::vector<SeqChunk> seqs = step(c.start_pos, kMaxLen);
@@ -172,6 +194,26 @@ TEST_F(DecodeGraphsTest, StepsTakeTheSmallestTierHoldingTheirLongestContext) {
     EXPECT_EQ(g->n_recorded(), recorded) << what;
     EXPECT_EQ(replayed, direct) << what;
   }
+  EXPECT_EQ(backend_->allocation_epoch(), epoch);
+}
+
+// A recording made before a buffer it uses was regrown is made again, not replayed.
+TEST_F(DecodeGraphsTest, StaleRecordingsAreMadeAgain) {
+  auto g = DecodeGraphs::create(*noting_, *backend_, cache_, kBlockSize, 4, 8192);
+  ASSERT_NE(g, nullptr);
+  g->run(step({10}, 8192));  // bucket 1: recorded
+  g->run(step({10}, 8192));  // replayed
+  EXPECT_EQ(g->n_recorded(), 1);
+  EXPECT_EQ(backend_->n_replays, 1);
+  const uint64_t epoch = backend_->allocation_epoch();
+  g->run(step({10, 11, 12, 13}, 8192));  // bucket 4 grows the scratch: recorded
+  EXPECT_GT(backend_->allocation_epoch(), epoch);
+  const std::vector<float> again = host_rows(g->run(step({10}, 8192)));  // stale: recorded again
+  EXPECT_EQ(g->n_recorded(), 3);
+  EXPECT_EQ(backend_->n_replays, 1);
+  const std::vector<float> replayed = host_rows(g->run(step({10}, 8192)));
+  EXPECT_EQ(backend_->n_replays, 2);
+  EXPECT_EQ(replayed, again);
 }
 
 TEST_F(DecodeGraphsTest, WarmUpRecordsEveryBucketOfEveryTier) {
