@@ -268,13 +268,16 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     echo "== bench"
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
-    # The same with the pre-norm weights folded into q|k|v and gate|up (PAGELLM_GEMV_FUSIONS=fold:
-    # the norms run inside the GEMVs without loading a weight), with RoPE and the KV write in the
-    # q|k|v GEMV ("rope"), and both, to decide which go on.
-    for fusions in fold rope fold,rope; do
-      PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-${fusions/,/+}" latency \
-        --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
-        --output-len 256 --iters 2
+    # The GEMV fusions that are off by default, against none, alternated for
+    # PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them): the pre-norm weights folded into
+    # q|k|v and gate|up (the norms inside the GEMVs without loading a weight), RoPE and the KV
+    # write in the q|k|v GEMV, and both. Runs of one binary differ by ~1%, about what each may gain.
+    for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
+      for fusions in none fold rope fold,rope; do
+        PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-r$round-${fusions/,/+}" latency \
+          --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
+          --output-len 256 --iters 2
+      done
     done
     # Per-op time of one 512-token prefill and of the decode step after it (ops one by one, CUDA
     # events around each): the tables are in $logs/bench-profile-llama3-8b.log, and in its .json.
