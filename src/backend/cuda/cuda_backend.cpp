@@ -435,15 +435,15 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
 
 namespace {
 
-// PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu", "fold"; default none) says which steps the
-// GEMV takes in; the others run as their own kernels. Off by default: on the H200 (docs/PERF.md,
-// seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7 with SwiGLU and
-// 200.8-202.0 with both (the norm-fused GEMV streams 7-13% slower, SwiGLU's gate and up rows
-// 117 MB apart cost more than the SiLU kernel they save); DeepSeek-V2-Lite's small shared-expert
-// matrices gained 0.8% from SwiGLU. "fold" folds the pre-norm weights into the projections at
-// load (fold_norm_weight), so the GEMV normalizes with a weight of ones, its stream the plain
-// product's, and "rope" applies RoPE and writes the KV cache in the q|k|v GEMV's epilogue (neither
-// measured yet).
+// PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu", "fold", "rope"; default none) says which
+// steps the GEMV takes in; the others run as their own kernels. Off by default: on the H200
+// (docs/PERF.md, seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7
+// with SwiGLU and 200.8-202.0 with both (the norm-fused GEMV streams 7-13% slower, SwiGLU's gate
+// and up rows 117 MB apart cost more than the SiLU kernel they save); DeepSeek-V2-Lite's small
+// shared-expert matrices gained 0.8% from SwiGLU. "fold" folds the pre-norm weights into the
+// projections at load (fold_norm_weight), so the GEMV normalizes with a weight of ones, its stream
+// the plain product's, and "rope" applies RoPE and writes the KV cache in the q|k|v GEMV's
+// epilogue (neither measured yet).
 struct GemvFusions {
   bool norm = false, swiglu = false, fold = false, rope = false;
 };
