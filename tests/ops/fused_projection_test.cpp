@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_views.h"
 
 namespace pagellm::optest {
 namespace {
@@ -56,10 +57,6 @@ struct FusedCase {
   bool pairs = false;
   bool folded = false;  // backend path: the norm weight goes through fold_norm_weight first
 };
-
-cuda::RowView view_of(const Tensor& t) {
-  return cuda::RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
-}
 
 void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
   Rng rng(seed);
@@ -125,9 +122,10 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
                  : c.op == Fused::kMatmulAdd ? cuda::GemvEpilogue::kAdd
                                              : cuda::GemvEpilogue::kStore;
     f.k_split = c.k_split;
-    ASSERT_TRUE(cuda::gemv_fusion_supported(view_of(x_t), view_of(w_t), view_of(out_t), f));
-    cuda::launch_gemv(view_of(x_t), view_of(w_t), b_dev.data, DType::kF32, view_of(out_t),
-                      cb->stream(), f);
+    ASSERT_TRUE(cuda::gemv_fusion_supported(cuda::rows_of(x_t), cuda::rows_of(w_t),
+                                            cuda::rows_of(out_t), f));
+    cuda::launch_gemv(cuda::rows_of(x_t), cuda::rows_of(w_t), b_dev.data, DType::kF32,
+                      cuda::rows_of(out_t), cb->stream(), f);
   } else if (c.op == Fused::kMatmulAdd) {
     Tensor s_m = s_t.slice_cols(0, c.m);
     cuda.matmul_add(x_t, w_t, b_dev, s_m, out_t);

@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_views.h"
 
 namespace pagellm::optest {
 namespace {
@@ -33,34 +34,6 @@ struct QkvCase {
   int64_t block_size = 16;
   int64_t rows() const { return (hq + 2 * hkv) * dh; }
 };
-
-cuda::RowView view_of(const Tensor& t) {
-  return cuda::RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
-}
-
-cuda::HeadsView heads_view(const Tensor& qkv, int64_t col, int64_t heads, int64_t dh) {
-  cuda::HeadsView h;
-  h.data = static_cast<char*>(qkv.data) + 2 * col;
-  h.n = qkv.rows();
-  h.heads = heads;
-  h.dim = dh;
-  h.stride_tok = qkv.row_stride();
-  h.stride_head = dh;
-  return h;
-}
-
-cuda::CacheView cache_view(const Tensor& c) {
-  cuda::CacheView v;
-  v.data = c.data;
-  v.n_blocks = c.size(0);
-  v.block_size = c.size(1);
-  v.heads = c.size(2);
-  v.dim = c.size(3);
-  v.stride_block = c.stride[0];
-  v.stride_tok = c.stride[1];
-  v.stride_head = c.stride[2];
-  return v;
-}
 
 // One case's inputs: x, the stacked weight and bias, the norm weight, the rotary table, the
 // slots (shuffled, every fifth token from the third on padding) and the caches' initial values.
@@ -141,29 +114,32 @@ void run_direct_case(Backend& cuda, uint64_t seed, const QkvCase& c) {
   rk.cos_sin = static_cast<const float*>(fused.cs->data());
   rk.cos_sin_ld = c.rd;
   rk.slot_mapping = static_cast<const int32_t*>(fused.slots->data());
-  rk.k_cache = cache_view(fused.kc_t(c, in.n_blocks));
-  rk.v_cache = cache_view(fused.vc_t(c, in.n_blocks));
+  rk.k_cache = cuda::cache_of(fused.kc_t(c, in.n_blocks));
+  rk.v_cache = cuda::cache_of(fused.vc_t(c, in.n_blocks));
   cuda::GemvFusion f = fusion_of(c, fused);
   f.epilogue = cuda::GemvEpilogue::kRopeKv;
   f.rope = &rk;
   const Tensor xf = fused.x->view(DType::kBF16, {c.n, c.k});
   const Tensor wf = fused.w->view(DType::kBF16, {c.rows(), c.k});
-  ASSERT_TRUE(cuda::gemv_fusion_supported(view_of(xf), view_of(wf), view_of(qkv_t(fused)), f));
-  cuda::launch_gemv(view_of(xf), view_of(wf), bias, DType::kF32, view_of(qkv_t(fused)),
-                    cb->stream(), f);
+  ASSERT_TRUE(cuda::gemv_fusion_supported(cuda::rows_of(xf), cuda::rows_of(wf),
+                                          cuda::rows_of(qkv_t(fused)), f));
+  cuda::launch_gemv(cuda::rows_of(xf), cuda::rows_of(wf), bias, DType::kF32,
+                    cuda::rows_of(qkv_t(fused)), cb->stream(), f);
 
   cuda::GemvFusion pf = fusion_of(c, plain);
   const Tensor xp = plain.x->view(DType::kBF16, {c.n, c.k});
   const Tensor wp = plain.w->view(DType::kBF16, {c.rows(), c.k});
-  cuda::launch_gemv(view_of(xp), view_of(wp), c.bias ? plain.bias->data() : nullptr, DType::kF32,
-                    view_of(qkv_t(plain)), cb->stream(), pf);
+  cuda::launch_gemv(cuda::rows_of(xp), cuda::rows_of(wp), c.bias ? plain.bias->data() : nullptr,
+                    DType::kF32, cuda::rows_of(qkv_t(plain)), cb->stream(), pf);
   const Tensor qkv_p = qkv_t(plain);
+  const auto heads_at = [&](int64_t col, int64_t heads) {  // heads of q|k|v from column col
+    return cuda::heads_of(qkv_p.slice_cols(col, col + heads * c.dh).split_heads(heads, c.dh));
+  };
   cuda::launch_rope_store_kv(
-      heads_view(qkv_p, 0, c.hq, c.dh), heads_view(qkv_p, c.hq * c.dh, c.hkv, c.dh),
-      heads_view(qkv_p, (c.hq + c.hkv) * c.dh, c.hkv, c.dh),
+      heads_at(0, c.hq), heads_at(c.hq * c.dh, c.hkv), heads_at((c.hq + c.hkv) * c.dh, c.hkv),
       static_cast<const float*>(plain.cs->data()), c.rd, c.rd, c.interleaved,
-      static_cast<const int32_t*>(plain.slots->data()), cache_view(plain.kc_t(c, in.n_blocks)),
-      cache_view(plain.vc_t(c, in.n_blocks)), cb->stream());
+      static_cast<const int32_t*>(plain.slots->data()), cuda::cache_of(plain.kc_t(c, in.n_blocks)),
+      cuda::cache_of(plain.vc_t(c, in.n_blocks)), cb->stream());
 
   const std::string what = Label("gemv kRopeKv", seed)("n", c.n)("k", c.k)("hq", c.hq)(
       "hkv", c.hkv)("dh", c.dh)("rotary_dim", c.rd)("interleaved", c.interleaved)("bias", c.bias)(

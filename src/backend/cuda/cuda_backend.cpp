@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_views.h"
 
 namespace pagellm {
 namespace cuda {
@@ -83,36 +84,6 @@ void check_on_device(const Tensor& t, const char* what) {
                  t.shape_string().c_str());
     PAGELLM_CHECK_MSG(false, "tensor passed to the CUDA backend is not a device tensor");
   }
-}
-
-RowView rows_of(const Tensor& t) {
-  return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
-}
-
-HeadsView heads_of(const Tensor& t) {
-  PAGELLM_CHECK(t.ndim == 2 || t.ndim == 3);
-  HeadsView h;
-  h.data = t.data;
-  h.n = t.size(0);
-  h.heads = t.ndim == 3 ? t.size(1) : 1;
-  h.dim = t.size(-1);
-  h.stride_tok = t.stride[0];
-  h.stride_head = t.ndim == 3 ? t.stride[1] : 0;
-  return h;
-}
-
-CacheView cache_of(const Tensor& t) {
-  PAGELLM_CHECK_MSG(t.ndim == 4, "KV cache must be [n_blocks, block_size, n_kv_heads, dim]");
-  CacheView c;
-  c.data = t.data;
-  c.n_blocks = t.size(0);
-  c.block_size = t.size(1);
-  c.heads = t.size(2);
-  c.dim = t.size(3);
-  c.stride_block = t.stride[0];
-  c.stride_tok = t.stride[1];
-  c.stride_head = t.stride[2];
-  return c;
 }
 
 bool same_shape(const Tensor& a, const Tensor& b) {
