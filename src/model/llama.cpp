@@ -136,9 +136,9 @@ class LlamaModel final : public DecoderModel {
 
     // The residual stream is complete at each op that reads it: the output projections add into
     // it (matmul_add) and each block's pre-norm is part of the projection that follows it
-    // (rms_norm_matmul / rms_norm_swiglu), so a backend can fuse both into its GEMV. x and h are
-    // the scratch of a backend that runs those steps apart; h holds the normalized rows only
-    // where the weights are split (separate q/k/v or gate/up) and several products read them.
+    // (rms_norm_qkv_rope_store / rms_norm_swiglu), so a backend can fuse both into its GEMV. x
+    // and h are the scratch of a backend that runs those steps apart; h holds the normalized rows
+    // only where the weights are split (separate q/k/v or gate/up) and several products read them.
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
