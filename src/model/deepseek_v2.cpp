@@ -71,8 +71,11 @@ struct DeepseekLayer {
 struct Workspace {
   int64_t capacity_tokens = 0;
   std::unique_ptr<Buffer> buf;
-  Tensor x, residual, h, qa, q, lat, qfull, attn_lat, attn_v, gate_up, act, shared;
-  Tensor q_lat;   // [cap, Qd + P+R]: the fused product's q (or q_a) | k_pe | c_kv
+  Tensor x, residual, h, q, qfull, attn_lat, attn_v, gate_up, act, shared;
+  // [cap, Qd + P+R]: the query projection's output (q, or q_a with q_lora_rank) and the latent
+  // row k_pe | c_kv, as proj_views lays them out (column slices of each row when one product
+  // writes both, else two blocks); q is then q_b_proj's output (q_lora_rank only).
+  Tensor q_lat;
   Tensor kv_exp;  // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
   Tensor cos_sin;                  // f32 [cap, P]
 };
@@ -163,7 +166,7 @@ class DeepseekModel final : public DecoderModel {
     // 576 rows alone streaming at a quarter of the copy rate: docs/PERF.md "Eighth round").
     // Not with biases (attention_bias: kv_a's would need a zero q part), nor where weights stay
     // quantized (the CPU's GGUF blocks: stacking keeps each tensor whole).
-    const int64_t Qd = cfg_.q_lora_rank ? *cfg_.q_lora_rank : H * (N + P);
+    const int64_t Qd = query_rows();
     const auto q_name = [&](const std::string& a) {
       return a + (cfg_.q_lora_rank ? "q_a_proj.weight" : "q_proj.weight");
     };
@@ -285,13 +288,12 @@ class DeepseekModel final : public DecoderModel {
     Tensor x = ws.x.slice_rows(0, n);                // [n, D]
     Tensor residual = ws.residual.slice_rows(0, n);  // [n, D]
     Tensor h = ws.h.slice_rows(0, n);                // [n, D]
-    const int64_t Qd = cfg_.q_lora_rank ? *cfg_.q_lora_rank : H * (N + P);
-    Tensor q_lat = ws.q_lat.slice_rows(0, n);  // [n, Qd + P+R] (fused q|kv_a)
-    Tensor qa = fuse_q_kv_a_ ? q_lat.slice_cols(0, Qd) : ws.qa.slice_rows(0, n);  // [n, Rq]
+    const int64_t Qd = query_rows();
+    ProjViews q_lat = proj_views(ws.q_lat, n, {Qd, P + R}, fuse_q_kv_a_);
+    Tensor qa = q_lat.part[0];  // [n, Rq] with q_lora_rank
     // [n, H*(P+N)]: per head q_pe | q_nope
-    Tensor q = fuse_q_kv_a_ && !cfg_.q_lora_rank ? q_lat.slice_cols(0, Qd) : ws.q.slice_rows(0, n);
-    // [n, P+R]: k_pe | c_kv
-    Tensor lat = fuse_q_kv_a_ ? q_lat.slice_cols(Qd, Qd + P + R) : ws.lat.slice_rows(0, n);
+    Tensor q = cfg_.q_lora_rank ? ws.q.slice_rows(0, n) : q_lat.part[0];
+    Tensor lat = q_lat.part[1];                      // [n, P+R]: k_pe | c_kv
     Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
     Tensor lat_c = lat.slice_cols(P, P + R);         // [n, R]
     Tensor lat3 = lat.split_heads(1, P + R);         // [n, 1, P+R]
@@ -319,10 +321,10 @@ class DeepseekModel final : public DecoderModel {
       }
       // --- MLA ---
       if (fuse_q_kv_a_) {
-        backend_.matmul(h, L.q_kv_a, Tensor(), q_lat);  // q (or q_a) | k_pe | c_kv
+        backend_.matmul(h, L.q_kv_a, Tensor(), q_lat.all);  // q (or q_a) | k_pe | c_kv
       } else {
-        backend_.matmul(h, cfg_.q_lora_rank ? L.q_a_proj : L.q_proj,
-                        cfg_.q_lora_rank ? L.q_a_bias : Tensor(), cfg_.q_lora_rank ? qa : q);
+        // q_proj has no bias (q_a_bias is undefined without q_lora_rank).
+        backend_.matmul(h, cfg_.q_lora_rank ? L.q_a_proj : L.q_proj, L.q_a_bias, q_lat.part[0]);
         backend_.matmul(h, L.kv_a, L.kv_a_bias, lat);  // [n, P+R]: k_pe | c_kv
       }
       if (cfg_.q_lora_rank) {
@@ -527,7 +529,7 @@ class DeepseekModel final : public DecoderModel {
     const int64_t D = cfg_.hidden_size, H = cfg_.num_attention_heads;
     const int64_t N = cfg_.qk_nope_head_dim, P = cfg_.qk_rope_head_dim, R = cfg_.kv_lora_rank;
     const int64_t Vd = cfg_.v_head_dim;
-    const int64_t Rq = cfg_.q_lora_rank.value_or(1);
+    const int64_t Qd = query_rows();
     const int64_t F = std::max(cfg_.intermediate_size,
                                cfg_.moe_intermediate_size * std::max<int64_t>(cfg_.n_shared_experts, 1));
     if (n > ws.capacity_tokens) {
@@ -536,10 +538,8 @@ class DeepseekModel final : public DecoderModel {
                                 {{&ws.x, dt, D},
                                  {&ws.residual, dt, D},
                                  {&ws.h, dt, D},
-                                 {&ws.qa, dt, Rq},
-                                 {&ws.q, dt, H * (N + P)},
-                                 {&ws.lat, dt, P + R},
-                                 {&ws.q_lat, dt, (cfg_.q_lora_rank ? Rq : H * (N + P)) + P + R},
+                                 {&ws.q, dt, cfg_.q_lora_rank ? H * (N + P) : 0},
+                                 {&ws.q_lat, dt, Qd + P + R},
                                  {&ws.qfull, dt, H * (P + R)},
                                  {&ws.attn_lat, dt, H * R},
                                  {&ws.attn_v, dt, H * Vd},
@@ -551,6 +551,14 @@ class DeepseekModel final : public DecoderModel {
       ws.capacity_tokens = cap;
     }
     moe_.reserve(n);
+  }
+
+  // Rows of the query projection that reads the normalized input: q_proj's H*(P+N), or
+  // q_a_proj's q_lora_rank.
+  int64_t query_rows() const {
+    return cfg_.q_lora_rank
+               ? *cfg_.q_lora_rank
+               : cfg_.num_attention_heads * (cfg_.qk_nope_head_dim + cfg_.qk_rope_head_dim);
   }
 
   // RoPE table for this step's positions (yarn is position-only, so no per-sequence length).

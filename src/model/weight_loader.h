@@ -27,16 +27,22 @@ class WeightLoader {
   Result<Tensor> vector(const std::string& name, int64_t n, float dummy_value);
   bool has(const std::string& name) const { return source_.find(name) != nullptr; }
 
-  // Matrices (or vectors) with the same column count stacked by rows into one weight
-  // [sum of rows, cols]: q|k|v or gate|up, so a device runs one GEMM where the checkpoint has
-  // several. Each part is loaded (or made, for dummy weights) exactly as matrix() / vector() would
-  // load it alone, so the stack holds the same values. Quantized parts are refused: on devices they
-  // are dequantized on upload, and the CPU keeps its parts separate.
   // One checkpoint tensor's rows reordered: the row ranges [first, second) of the matrix of
   // `shape` (or the vector of n values), concatenated in the given order into a new weight.
   // DeepSeek's kv_a_proj_with_mqa is [c_kv | k_pe] by rows while the latent cache row is
   // [k_pe | c_kv]: reordered, one GEMM writes the row.
   using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+  Result<Tensor> reordered_matrix(const std::string& name, std::vector<int64_t> shape,
+                                  const RowRanges& ranges);
+  Result<Tensor> reordered_vector(const std::string& name, int64_t n, float dummy_value,
+                                  const RowRanges& ranges);
+
+  // Matrices (or vectors) with the same column count stacked by rows into one weight
+  // [sum of rows, cols], each part's rows reordered first where it names ranges: q|k|v or
+  // gate|up, so a device runs one GEMM where the checkpoint has several (DeepSeek's query
+  // projection and kv_a on every backend). Each part is loaded (or made, for dummy weights)
+  // exactly as matrix() / vector() would load it alone, so the stack holds the same values.
+  // Quantized parts are refused (see stays_quantized).
   struct Part {
     std::string name;
     int64_t rows;
@@ -47,11 +53,6 @@ class WeightLoader {
   // Whether `name` keeps a quantized stored type when loaded (the CPU keeps GGUF blocks; devices
   // dequantize on upload): such weights cannot be stacked with others.
   bool stays_quantized(const std::string& name) const;
-
-  Result<Tensor> reordered_matrix(const std::string& name, std::vector<int64_t> shape,
-                                  const RowRanges& ranges);
-  Result<Tensor> reordered_vector(const std::string& name, int64_t n, float dummy_value,
-                                  const RowRanges& ranges);
 
   // The same, storing into `out`: for the long load sequences of the architecture files.
   Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
