@@ -13,7 +13,8 @@
 # llama-2-7b deepseek-v2-lite"; "none" for none), PAGELLM_AB_ROUNDS (default 2),
 # PAGELLM_AB_OUTPUT_LEN (256; MoE shapes take half), PAGELLM_AB_DIR (where the trees are built; default /tmp/pagellm-ab),
 # PAGELLM_AB_THROUGHPUT=1 (each round also runs issue 6's offline Llama-3-8B run, 1000 x (512 in,
-# 256 out), reported in total tok/s), PAGELLM_AB_KERNEL_BENCH=NAME (each round also runs that
+# 256 out), reported in total tok/s), PAGELLM_AB_OFFLINE (the offline runs by name instead:
+# "llama-3-8b", "deepseek-v2-lite" for issue 8's 200 x (1000 in, 100 out), reported in req/s, or both), PAGELLM_AB_KERNEL_BENCH=NAME (each round also runs that
 # bench/micro benchmark of every revision, e.g. cuda_attention_decode_bench, narrowed by
 # PAGELLM_AB_KERNEL_FILTER, a --benchmark_filter regex; its lines are printed last).
 set -euo pipefail
@@ -39,6 +40,8 @@ run() {
   local models=${PAGELLM_AB_MODELS:-llama-3-8b llama-2-7b deepseek-v2-lite}
   [ "$models" = none ] && models=""
   local rounds=${PAGELLM_AB_ROUNDS:-2} out_len=${PAGELLM_AB_OUTPUT_LEN:-256}
+  local offline=${PAGELLM_AB_OFFLINE:-}
+  [ -z "$offline" ] && [ "${PAGELLM_AB_THROUGHPUT:-0}" = 1 ] && offline=llama-3-8b
   [ -f .carry/pkg/deps.tar.gz ] || { echo "missing .carry/pkg/deps.tar.gz (scripts/carry-deps.sh)" >&2; exit 2; }
   local -a names=()
   for a in .carry/ab/*.tar.gz; do
@@ -98,24 +101,31 @@ run() {
           sed "s/^/$n round $r: /" >>"$dir/kernel-results.txt" || true
       done
     fi
-    [ "${PAGELLM_AB_THROUGHPUT:-0}" = 1 ] || continue
-    for n in "${names[@]}"; do
-      local log=$dir/$n.offline.$r.log
-      if "$dir/$n/build/cuda/tools/pagellm" bench throughput \
-           --model "$dir/$n/bench/model-configs/llama-3-8b.json" --load-format dummy --device cuda \
-           --num-prompts 1000 --input-len 512 --output-len 256 --max-num-seqs 512 \
-           --max-num-batched-tokens 16384 >"$log" 2>&1; then
-        local tps
-        tps=$(awk '/^throughput/ {for (i = 1; i < NF; ++i) if ($(i + 1) == "total") print $i}' "$log")
-        echo "offline $n $r $tps -" | tee -a "$results"
-      else
-        echo "offline $n $r FAILED (see $log)" | tee -a "$results"
-      fi
+    for o in $offline; do
+      for n in "${names[@]}"; do
+        local log=$dir/$n.offline-$o.$r.log
+        local -a args=(--num-prompts 1000 --input-len 512 --output-len 256 --max-num-seqs 512)
+        local unit=total
+        if [ "$o" = deepseek-v2-lite ]; then
+          args=(--num-prompts 200 --input-len 1000 --output-len 100 --max-num-seqs 256)
+          unit=requests/s
+        fi
+        if "$dir/$n/build/cuda/tools/pagellm" bench throughput \
+             --model "$dir/$n/bench/model-configs/$o.json" --load-format dummy --device cuda \
+             "${args[@]}" --max-num-batched-tokens 16384 >"$log" 2>&1; then
+          local v
+          # "throughput: X req/s, Y total tok/s, ...": the figure before the unit.
+          v=$(awk -v u="$unit" '/^throughput/ {for (i = 1; i < NF; ++i) if ($(i + 1) == u || $(i + 1) == u ",") print $i}' "$log")
+          echo "offline-$o $n $r ${v%,} -" | tee -a "$results"
+        else
+          echo "offline-$o $n $r FAILED (see $log)" | tee -a "$results"
+        fi
+      done
     done
   done
-  printf '\n== decode tok/s (prefill tok/s), one column per round; offline: total tok/s\n'
+  printf '\n== decode tok/s (prefill tok/s), one column per round; offline: Llama total tok/s, V2-Lite req/s\n'
   local shown=$models
-  [ "${PAGELLM_AB_THROUGHPUT:-0}" = 1 ] && shown="$models offline"
+  for o in $offline; do shown="$shown offline-$o"; done
   for m in $shown; do
     for n in "${names[@]}"; do
       printf '  %-18s %-16s' "$m" "$n"

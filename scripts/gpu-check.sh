@@ -269,11 +269,12 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
     # The GEMV fusions that are off by default, against none, alternated for
-    # PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them): the pre-norm weights folded into
+    # PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them; PAGELLM_FUSION_SET lists the
+    # settings, default "none fold rope fold,rope"): the pre-norm weights folded into
     # q|k|v and gate|up (the norms inside the GEMVs without loading a weight), RoPE and the KV
     # write in the q|k|v GEMV, and both. Runs of one binary differ by ~1%, about what each may gain.
     for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
-      for fusions in none fold rope fold,rope; do
+      for fusions in ${PAGELLM_FUSION_SET:-none fold rope fold,rope}; do
         PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-r$round-${fusions/,/+}" latency \
           --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
           --output-len 256 --iters 2

@@ -445,7 +445,7 @@ Tensor CudaBackend::fold_norm_weight(const Tensor& g, Tensor& w) {
     const std::vector<float> host(g.numel(), 1.0f);
     copy_from_host(ones->data(), host.data(), g.numel() * 4);
   }
-  return Tensor(ones->data(), DType::kF32, {g.numel()});
+  return Tensor(ones->data(), DType::kF32, {g.numel()}, Device::kCuda);
 }
 
 bool CudaBackend::is_unit_norm(const Tensor& norm_w) const {
