@@ -75,37 +75,6 @@ void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
   CUDA_CHECK(cudaMemset(out, 0, rows * out_cols * 2));
   CUDA_CHECK(cudaMemset(norm_w, 0x3c, k * 4));
   if (norm_weight) fusion.norm_w = static_cast<const float*>(norm_w);
-  // kRopeKv: the rotary table of each row of x and one cache block for its k and v (slot i for
-  // row i); the layout (heads, dims) comes with fusion.rope.
-  cuda::GemvRopeKv rope;
-  void* rope_buf = nullptr;
-  if (fusion.rope != nullptr) {
-    rope = *fusion.rope;
-    const int64_t kv_heads = rope.k_rows / rope.head_dim, block = 16;
-    const size_t cs_bytes = rows * rope.rotary_dim * 4, slot_bytes = 64;
-    const size_t cache_bytes = block * rope.k_rows * 2;
-    CUDA_CHECK(cudaMalloc(&rope_buf, cs_bytes + slot_bytes + 2 * cache_bytes));
-    CUDA_CHECK(cudaMemset(rope_buf, 0, cs_bytes + slot_bytes + 2 * cache_bytes));
-    std::vector<int32_t> slots(rows);
-    for (int64_t i = 0; i < rows; ++i) slots[i] = static_cast<int32_t>(i);
-    char* base = static_cast<char*>(rope_buf);
-    CUDA_CHECK(cudaMemcpy(base + cs_bytes, slots.data(), rows * 4, cudaMemcpyHostToDevice));
-    rope.cos_sin = reinterpret_cast<const float*>(base);
-    rope.cos_sin_ld = rope.rotary_dim;
-    rope.slot_mapping = reinterpret_cast<const int32_t*>(base + cs_bytes);
-    for (int c = 0; c < 2; ++c) {
-      cuda::CacheView& v = c == 0 ? rope.k_cache : rope.v_cache;
-      v.data = base + cs_bytes + slot_bytes + c * cache_bytes;
-      v.n_blocks = 1;
-      v.block_size = block;
-      v.heads = kv_heads;
-      v.dim = rope.head_dim;
-      v.stride_tok = kv_heads * rope.head_dim;
-      v.stride_block = block * v.stride_tok;
-      v.stride_head = rope.head_dim;
-    }
-    fusion.rope = &rope;
-  }
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const cuda::RowView xv{x, DType::kBF16, rows, k, k};
@@ -147,7 +116,6 @@ void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
   cudaFree(x);
   cudaFree(out);
   cudaFree(norm_w);
-  cudaFree(rope_buf);
 }
 
 void BM_Gemv(benchmark::State& state) {
@@ -165,24 +133,12 @@ void BM_Gemv(benchmark::State& state) {
 // plain product of the same matrix: the norm with its weight loaded as x streams, the norm with
 // the weight folded into w (a weight of ones: the sums of squares in a pass before the stream),
 // SwiGLU over [gate; up] (rows F apart) and over interleaved gate/up rows, and the folded norm
-// with interleaved SwiGLU; and on q|k|v, RoPE with the KV-cache write in the epilogue, alone and
-// with the folded norm. If a fused form streams as fast as the plain product, the kernel it
-// replaces (a norm, SiLU, the rope kernel) is saved outright.
-enum class Fusion {
-  kPlain,
-  kNorm,
-  kUnitNorm,
-  kRopeKv,
-  kUnitNormRopeKv,
-  kSwiGlu,
-  kSwiGluPairs,
-  kUnitNormPairs
-};
+// with interleaved SwiGLU. If a fused form streams as fast as the plain product, the kernel it
+// replaces (a norm, SiLU) is saved outright.
+enum class Fusion { kPlain, kNorm, kUnitNorm, kSwiGlu, kSwiGluPairs, kUnitNormPairs };
 constexpr const char* kFusionNames[] = {"plain",
                                         "norm (weight loaded)",
                                         "norm (weight folded)",
-                                        "RoPE + KV write",
-                                        "norm folded + RoPE + KV write",
                                         "SwiGLU [gate; up]",
                                         "SwiGLU interleaved",
                                         "norm folded + SwiGLU interleaved"};
@@ -197,26 +153,11 @@ void BM_GemvFusion(benchmark::State& state) {
   const auto fusion = static_cast<Fusion>(state.range(1));
   cuda::GemvFusion f;
   f.eps = 1e-5f;
-  f.unit_norm = fusion == Fusion::kUnitNorm || fusion == Fusion::kUnitNormPairs ||
-                fusion == Fusion::kUnitNormRopeKv;
-  // Llama-3-8B's heads: 32 query and 8 KV heads of 128, rotated whole.
-  static const cuda::GemvRopeKv kLlamaHeads = [] {
-    cuda::GemvRopeKv r;
-    r.q_rows = 32 * 128;
-    r.k_rows = 8 * 128;
-    r.head_dim = 128;
-    r.rotary_dim = 128;
-    return r;
-  }();
-  if (fusion == Fusion::kRopeKv || fusion == Fusion::kUnitNormRopeKv) {
-    f.epilogue = cuda::GemvEpilogue::kRopeKv;
-    f.rope = &kLlamaHeads;
-  }
+  f.unit_norm = fusion == Fusion::kUnitNorm || fusion == Fusion::kUnitNormPairs;
   if (fusion == Fusion::kSwiGlu) f.epilogue = cuda::GemvEpilogue::kSwiGlu;
   if (fusion == Fusion::kSwiGluPairs || fusion == Fusion::kUnitNormPairs)
     f.epilogue = cuda::GemvEpilogue::kSwiGluPairs;
-  const bool swiglu =
-      f.epilogue == cuda::GemvEpilogue::kSwiGlu || f.epilogue == cuda::GemvEpilogue::kSwiGluPairs;
+  const bool swiglu = f.epilogue != cuda::GemvEpilogue::kStore;
   time_gemv(state, s.m, s.k, swiglu ? s.m / 2 : s.m, f, fusion == Fusion::kNorm,
             std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) + ", " +
                 kFusionNames[state.range(1)]);
@@ -231,11 +172,9 @@ BENCHMARK(BM_Gemv)->Apply(shape_cases)->UseManualTime()->Iterations(20);
 void fusion_cases(benchmark::internal::Benchmark* b) {
   for (int64_t shape = 0; shape < 3; ++shape) {
     for (int64_t f = 0; f < static_cast<int64_t>(std::size(kFusionNames)); ++f) {
-      // SwiGLU on the gate|up shapes only, RoPE on q|k|v only.
+      // q|k|v has no SwiGLU.
       const bool swiglu = f >= static_cast<int64_t>(Fusion::kSwiGlu);
-      const bool rope = f == static_cast<int64_t>(Fusion::kRopeKv) ||
-                        f == static_cast<int64_t>(Fusion::kUnitNormRopeKv);
-      if ((shape == 0 && swiglu) || (shape != 0 && rope)) continue;
+      if (shape == 0 && swiglu) continue;
       b->Args({shape, f});
     }
   }

@@ -85,15 +85,6 @@ void Backend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, 
   matmul(h, w, bias, out);
 }
 
-void Backend::rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps,
-                                      const Tensor& w, const Tensor& bias, Tensor& h, Tensor& qkv,
-                                      Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                                      bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                                      Tensor& v_cache) {
-  rms_norm_matmul(x, norm_w, eps, w, bias, h, qkv);
-  rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache);
-}
-
 void Backend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
                             Tensor& out) {
   const int64_t f = out.cols();

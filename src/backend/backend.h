@@ -235,16 +235,6 @@ class Backend {
                              bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
                              Tensor& v_cache) = 0;
 
-  // An attention block's input, one op so a backend can rotate and store in the projection's
-  // epilogue: rms_norm_matmul(x, norm_w, eps, w, bias, h, qkv) with w = [q; k; v] stacked by
-  // rows, then rope_store_kv(q, k, v, ...) on q, k, v: the [n, heads, dim] views of qkv's column
-  // blocks (qkv.split_heads of each). Arguments as in those two ops.
-  virtual void rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps,
-                                       const Tensor& w, const Tensor& bias, Tensor& h, Tensor& qkv,
-                                       Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                                       bool interleaved, const Tensor& slot_mapping,
-                                       Tensor& k_cache, Tensor& v_cache);
-
   // Rotary embedding alone, in place.   x act [n, H, D]; cos_sin f32 [n, rotary_dim]
   virtual void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) = 0;
 

@@ -106,40 +106,20 @@ OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
                          static_cast<double>(k));
 }
 
-namespace {
-// The cache bytes a step's new keys and values take (a V cache that is a column view of the K
-// cache's rows, MLA's, is written once).
-double stored_kv_bytes(const Tensor& k, const Tensor& v, const Tensor& k_cache,
-                       const Tensor& v_cache) {
-  const int64_t n = k.size(0), hkv = k.size(1), d = k.size(2), dv = v.size(2);
-  const double elem = static_cast<double>(dtype_bytes(k_cache.dtype, 1));
-  return static_cast<double>(n * hkv) * elem *
-         static_cast<double>(column_view_of(v_cache, k_cache) ? d : d + dv);
-}
-}  // namespace
-
 OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache) {
   const int64_t n = q.size(0), hq = q.size(1), hkv = k.size(1), d = k.size(2), dv = v.size(2);
-  const bool v_in_k = column_view_of(v, k);
+  const bool v_in_k = column_view_of(v, k), vc_in_kc = column_view_of(v_cache, k_cache);
   // q and k are rotated in place (read + written); the new keys and values go to the cache.
-  const double stored = stored_kv_bytes(k, v, k_cache, v_cache);
+  const double elem = static_cast<double>(dtype_bytes(k_cache.dtype, 1));
+  const double stored =
+      static_cast<double>(n * hkv) * elem * static_cast<double>(vc_in_kc ? d : d + dv);
   const double bytes = 2 * bytes_of(q) + 2 * bytes_of(k) + (v_in_k ? 0 : bytes_of(v)) + bytes_of(cos_sin) +
                        bytes_of(slot_mapping) + stored;
   return make_sample("rope_store_kv",
                 key("n=%lld hq=%lld hkv=%lld d=%lld dv=%lld rot=%lld", ll(n), ll(hq), ll(hkv), ll(d), ll(dv),
                     ll(cos_sin.cols())),
                 bytes);
-}
-
-OpSample rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, const Tensor& w,
-                                 const Tensor& bias, const Tensor& qkv, const Tensor& k,
-                                 const Tensor& v, const Tensor& cos_sin, const Tensor& slot_mapping,
-                                 const Tensor& k_cache, const Tensor& v_cache) {
-  OpSample s = rms_norm_matmul("rms_norm_qkv_rope_store", x, norm_w, w, bias, qkv);
-  s.shape += key(" rot=%lld", ll(cos_sin.cols()));
-  s.bytes += bytes_of(cos_sin) + bytes_of(slot_mapping) + stored_kv_bytes(k, v, k_cache, v_cache);
-  return s;
 }
 
 OpSample rope(const Tensor& x, const Tensor& cos_sin) {
@@ -330,22 +310,6 @@ void ProfilingBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, fl
 }
 void ProfilingBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   timed([&] { return op_cost::batched_matmul(x, w, out); }, [&] { inner_->batched_matmul(x, w, out); });
-}
-void ProfilingBackend::rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps,
-                                               const Tensor& w, const Tensor& bias, Tensor& h,
-                                               Tensor& qkv, Tensor& q, Tensor& k, const Tensor& v,
-                                               const Tensor& cos_sin, bool interleaved,
-                                               const Tensor& slot_mapping, Tensor& k_cache,
-                                               Tensor& v_cache) {
-  timed(
-      [&] {
-        return op_cost::rms_norm_qkv_rope_store(x, norm_w, w, bias, qkv, k, v, cos_sin,
-                                                slot_mapping, k_cache, v_cache);
-      },
-      [&] {
-        inner_->rms_norm_qkv_rope_store(x, norm_w, eps, w, bias, h, qkv, q, k, v, cos_sin,
-                                        interleaved, slot_mapping, k_cache, v_cache);
-      });
 }
 void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {

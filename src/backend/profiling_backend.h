@@ -45,12 +45,6 @@ OpSample rms_norm_matmul(const char* op, const Tensor& x, const Tensor& norm_w, 
 OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
 OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache);
-// The fused form moves rms_norm_matmul's bytes (out: qkv, written once, rotated on the way) and
-// rope_store_kv's tables and cache rows.
-OpSample rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, const Tensor& w,
-                                 const Tensor& bias, const Tensor& qkv, const Tensor& k,
-                                 const Tensor& v, const Tensor& cos_sin, const Tensor& slot_mapping,
-                                 const Tensor& k_cache, const Tensor& v_cache);
 OpSample rope(const Tensor& x, const Tensor& cos_sin);
 // KV bytes are those of meta.total_kv_tokens (each sequence's cache read once); flops are
 // 2 (D + Dv) per query head and query-key pair (meta.total_qk_pairs). A V cache that is a column
@@ -133,11 +127,6 @@ class ProfilingBackend final : public Backend {
   void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
-  void rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
-                               const Tensor& bias, Tensor& h, Tensor& qkv, Tensor& q, Tensor& k,
-                               const Tensor& v, const Tensor& cos_sin, bool interleaved,
-                               const Tensor& slot_mapping, Tensor& k_cache,
-                               Tensor& v_cache) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;

@@ -136,29 +136,28 @@ class LlamaModel final : public DecoderModel {
 
     // The residual stream is complete at each op that reads it: the output projections add into
     // it (matmul_add) and each block's pre-norm is part of the projection that follows it
-    // (rms_norm_qkv_rope_store / rms_norm_swiglu), so a backend can fuse both into its GEMV. x
-    // and h are the scratch of a backend that runs those steps apart; h holds the normalized rows
-    // only where the weights are split (separate q/k/v or gate/up) and several products read them.
+    // (rms_norm_matmul / rms_norm_swiglu), so a backend can fuse both into its GEMV. x and h are
+    // the scratch of a backend that runs those steps apart; h holds the normalized rows only
+    // where the weights are split (separate q/k/v or gate/up) and several products read them.
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
-      if (fuse_qkv_) {  // one op, so a backend can rotate and store in the product's epilogue
-        backend_.rms_norm_qkv_rope_store(residual, L.input_layernorm, eps, L.qkv_proj, L.qkv_bias,
-                                         h, qkv.all, q3, k3, v3, cos_sin, cfg_.rope.interleaved,
-                                         b.slot_mapping, cache.k[l], cache.v[l]);
+      if (fuse_qkv_) {
+        backend_.rms_norm_matmul(residual, L.input_layernorm, eps, L.qkv_proj, L.qkv_bias, h,
+                                 qkv.all);
       } else {
         backend_.rms_norm(residual, L.input_layernorm, eps, h);
         backend_.matmul(h, L.q_proj, L.q_bias, q);
         backend_.matmul(h, L.k_proj, L.k_bias, k);
         backend_.matmul(h, L.v_proj, L.v_bias, v);
-        if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE (q, k contiguous here)
-          Tensor qh = q.reshape({n * Hq, Dh}), kh = k.reshape({n * Hkv, Dh});
-          backend_.rms_norm(qh, L.q_norm, eps, qh);
-          backend_.rms_norm(kh, L.k_norm, eps, kh);
-        }
-        backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
-                               cache.k[l], cache.v[l]);
       }
+      if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head before RoPE (q, k contiguous here)
+        Tensor qh = q.reshape({n * Hq, Dh}), kh = k.reshape({n * Hkv, Dh});
+        backend_.rms_norm(qh, L.q_norm, eps, qh);
+        backend_.rms_norm(kh, L.k_norm, eps, kh);
+      }
+      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
+                             cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul_add(attn, L.o_proj, L.o_bias, x, residual);  // residual += o_proj(attn)
       if (fuse_mlp_) {

@@ -244,22 +244,6 @@ void expect_graph_replay_matches(Backend& cuda, const std::string& what, F&& cal
   EXPECT_TRUE(compare(what + " graph replay", replayed, got, kExact));
 }
 
-// cos/sin rows for random positions, f32 [n, rd]: cos of the rd/2 frequencies, then their sin
-// (Llama-3's base, positions below 8192).
-inline std::vector<float> make_cos_sin(Rng& rng, int64_t n, int64_t rd) {
-  std::vector<float> cs(n * rd);
-  for (int64_t i = 0; i < n; ++i) {
-    const double pos = static_cast<double>(rng.below(8192));
-    for (int64_t j = 0; j < rd / 2; ++j) {
-      const double inv_freq =
-          std::pow(500000.0, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
-      cs[i * rd + j] = static_cast<float>(std::cos(pos * inv_freq));
-      cs[i * rd + rd / 2 + j] = static_cast<float>(std::sin(pos * inv_freq));
-    }
-  }
-  return cs;
-}
-
 // "name seed=S n=.. k=.." labels for messages.
 class Label {
  public:

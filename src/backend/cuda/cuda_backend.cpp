@@ -406,24 +406,24 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
 
 namespace {
 
-// PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu", "fold", "rope"; default none) says which
-// steps the GEMV takes in; the others run as their own kernels. Off by default: on the H200
-// (docs/PERF.md, seventh round) Llama-3-8B decoded 207.5-207.9 tok/s with neither, 203.8-205.7
-// with SwiGLU and 200.8-202.0 with both (the norm-fused GEMV streams 7-13% slower, SwiGLU's gate
-// and up rows 117 MB apart cost more than the SiLU kernel they save); DeepSeek-V2-Lite's small
-// shared-expert matrices gained 0.8% from SwiGLU. "fold" folds the pre-norm weights into the
-// projections at load (fold_norm_weight), so the GEMV normalizes with a weight of ones, its stream
-// the plain product's, and "rope" applies RoPE and writes the KV cache in the q|k|v GEMV's
-// epilogue (neither measured yet).
+// PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu", "fold", or "none"; default "fold") says which
+// steps the GEMV takes in; the others run as their own kernels. "fold" folds the pre-norm weights
+// into the projections at load (fold_norm_weight), so the GEMV normalizes with a weight of ones,
+// its stream the plain product's: on the H200 (docs/PERF.md, eleventh round) Llama-3-8B decoded
+// 213.5-214.2 tok/s with it against 210.8-211.8 without. The norm with its weight loaded in the
+// GEMV, and SwiGLU, are off: in the seventh round Llama-3-8B decoded 207.5-207.9 tok/s with
+// neither, 203.8-205.7 with SwiGLU and 200.8-202.0 with both (the norm-fused GEMV streams 7-13%
+// slower, SwiGLU's gate and up rows 117 MB apart cost more than the SiLU kernel they save);
+// DeepSeek-V2-Lite's small shared-expert matrices gained 0.8% from SwiGLU.
 struct GemvFusions {
-  bool norm = false, swiglu = false, fold = false, rope = false;
+  bool norm = false, swiglu = false, fold = false;
 };
 const GemvFusions& gemv_fusions() {
   static const GemvFusions f = [] {
     const char* v = std::getenv("PAGELLM_GEMV_FUSIONS");
-    const std::string_view list = v != nullptr ? v : "";
+    const std::string_view list = v != nullptr ? v : "fold";
     const auto has = [&](std::string_view s) { return list.find(s) != std::string_view::npos; };
-    return GemvFusions{has("norm"), has("swiglu"), has("fold"), has("rope")};
+    return GemvFusions{has("norm"), has("swiglu"), has("fold")};
   }();
   return f;
 }
@@ -455,12 +455,11 @@ bool CudaBackend::is_unit_norm(const Tensor& norm_w) const {
 
 bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
                              const Tensor& bias, const Tensor& product, GemvEpilogue epilogue,
-                             Tensor& out, const GemvRopeKv* rope) {
+                             Tensor& out) {
   const GemvFusions& fuse = gemv_fusions();
   const bool unit = norm_w != nullptr && is_unit_norm(*norm_w);
   // A fusion that is off: the caller runs the steps apart, whose ops check their operands.
   if ((epilogue == GemvEpilogue::kSwiGlu && !fuse.swiglu) ||
-      (epilogue == GemvEpilogue::kRopeKv && !fuse.rope) ||
       (norm_w != nullptr && !unit && !fuse.norm))
     return false;
   const MatmulOperands m = matmul_operands(x, w, bias, product, "fused projection");
@@ -469,7 +468,6 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
   f.eps = eps;
   f.epilogue = epilogue;
   f.unit_norm = unit;
-  f.rope = rope;
   if (norm_w != nullptr && !unit) {
     check_on_device(*norm_w, "norm_w");
     PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
@@ -507,73 +505,6 @@ void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float e
     return;
   }
   Backend::rms_norm_swiglu(x, norm_w, eps, w, bias, h, gate_up, out);
-}
-
-namespace {
-
-// The GEMV epilogue's view of rms_norm_qkv_rope_store's operands, or false where they are not
-// the column blocks of qkv it writes ([q | k | v] heads of one dim, back to back in each row) or
-// not of the types and shapes rope_store_kv takes on this backend.
-bool rope_kv_of(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
-                const Tensor& cos_sin, bool interleaved, const Tensor& slot_mapping,
-                const Tensor& k_cache, const Tensor& v_cache, GemvRopeKv& rk) {
-  if (qkv.ndim != 2 || q.ndim != 3 || k.ndim != 3 || v.ndim != 3 || k_cache.ndim != 4 ||
-      v_cache.ndim != 4)
-    return false;
-  for (const Tensor* t : {&qkv, &q, &k, &v, &k_cache, &v_cache})
-    if (t->dtype != DType::kBF16) return false;
-  const int64_t n = qkv.rows(), dh = q.size(2), hq = q.size(1), hkv = k.size(1);
-  const auto at = [&](int64_t col) { return static_cast<char*>(qkv.data) + 2 * col; };
-  const auto rows_of_qkv = [&](const Tensor& t) {
-    return t.size(0) == n && t.size(2) == dh && t.stride[0] == qkv.row_stride() &&
-           t.stride[1] == dh && t.stride[2] == 1;
-  };
-  if (!rows_of_qkv(q) || !rows_of_qkv(k) || !rows_of_qkv(v) || v.size(1) != hkv ||
-      qkv.cols() != (hq + 2 * hkv) * dh || q.data != qkv.data || k.data != at(hq * dh) ||
-      v.data != at((hq + hkv) * dh))
-    return false;
-  if (cos_sin.dtype != DType::kF32 || cos_sin.ndim != 2 || cos_sin.size(0) != n ||
-      slot_mapping.dtype != DType::kI32 || !slot_mapping.is_contiguous() ||
-      slot_mapping.numel() != n)
-    return false;
-  rk.q_rows = hq * dh;
-  rk.k_rows = hkv * dh;
-  rk.head_dim = dh;
-  rk.rotary_dim = cos_sin.cols();
-  rk.interleaved = interleaved;
-  rk.cos_sin = cos_sin.ptr<float>();
-  rk.cos_sin_ld = cos_sin.row_stride();
-  rk.slot_mapping = slot_mapping.ptr<int32_t>();
-  rk.k_cache = cache_of(k_cache);
-  rk.v_cache = cache_of(v_cache);
-  return rk.k_cache.n_blocks == rk.v_cache.n_blocks &&
-         rk.k_cache.block_size == rk.v_cache.block_size;
-}
-
-}  // namespace
-
-void CudaBackend::rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps,
-                                          const Tensor& w, const Tensor& bias, Tensor& h,
-                                          Tensor& qkv, Tensor& q, Tensor& k, const Tensor& v,
-                                          const Tensor& cos_sin, bool interleaved,
-                                          const Tensor& slot_mapping, Tensor& k_cache,
-                                          Tensor& v_cache) {
-  GemvRopeKv rk;
-  if (gemv_fusions().rope &&
-      rope_kv_of(qkv, q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache, rk)) {
-    for (const Tensor* t :
-         std::initializer_list<const Tensor*>{&cos_sin, &slot_mapping, &k_cache, &v_cache})
-      check_on_device(*t, "rms_norm_qkv_rope_store operand");
-    if (fused_gemv(x, &norm_w, eps, w, bias, qkv, GemvEpilogue::kRopeKv, qkv, &rk)) return;
-    // The norm as its own kernel (its fusion off), RoPE and the cache write still in the GEMV.
-    rms_norm(x, norm_w, eps, h);
-    if (fused_gemv(h, nullptr, 0.0f, w, bias, qkv, GemvEpilogue::kRopeKv, qkv, &rk)) return;
-    matmul(h, w, bias, qkv);
-    rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache);
-    return;
-  }
-  Backend::rms_norm_qkv_rope_store(x, norm_w, eps, w, bias, h, qkv, q, k, v, cos_sin, interleaved,
-                                   slot_mapping, k_cache, v_cache);
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {

@@ -50,8 +50,9 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override;
-  // Folds only with PAGELLM_GEMV_FUSIONS=fold (cuda_backend.cpp says why) and bf16 w; the weight
-  // of ones it returns is one buffer per width, which fused_gemv recognizes by its address.
+  // Folds with PAGELLM_GEMV_FUSIONS's "fold" (the default; cuda_backend.cpp says why) and bf16 w;
+  // the weight of ones it returns is one buffer per width, which fused_gemv recognizes by its
+  // address.
   Tensor fold_norm_weight(const Tensor& g, Tensor& w) override;
   std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override;
   uint64_t allocation_epoch() const override { return epoch_->load(); }
@@ -63,9 +64,9 @@ class CudaBackend final : public Backend {
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
   // The fused projections: matmul_add adds in the product's epilogue (the GEMV's at decode
   // sizes, cuBLASLt's beta = 1 otherwise). Where matmul() would run the GEMV, the GEMV can also
-  // normalize x on the way in and apply SwiGLU (PAGELLM_GEMV_FUSIONS, off by default: measured
-  // slower on the Llama shapes, see gemv_fusions in cuda_backend.cpp); otherwise the norm and
-  // SwiGLU run as their own kernels around the product.
+  // normalize x on the way in and apply SwiGLU (PAGELLM_GEMV_FUSIONS: a folded norm by default,
+  // a loaded norm weight and SwiGLU off, see gemv_fusions in cuda_backend.cpp); otherwise the
+  // norm and SwiGLU run as their own kernels around the product.
   void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
                   Tensor& out) override;
   void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
@@ -74,13 +75,6 @@ class CudaBackend final : public Backend {
                        const Tensor& bias, Tensor& h, Tensor& out) override;
   void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
-  // With PAGELLM_GEMV_FUSIONS=rope, where the product is a GEMV: RoPE and the cache write in its
-  // epilogue (GemvEpilogue::kRopeKv), the norm in it too where that fusion applies.
-  void rms_norm_qkv_rope_store(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
-                               const Tensor& bias, Tensor& h, Tensor& qkv, Tensor& q, Tensor& k,
-                               const Tensor& v, const Tensor& cos_sin, bool interleaved,
-                               const Tensor& slot_mapping, Tensor& k_cache,
-                               Tensor& v_cache) override;
   // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
   // batch entry.
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
@@ -148,8 +142,7 @@ class CudaBackend final : public Backend {
   // weight, a folded one's weight of ones, or none); false when the caller must run the steps
   // apart. `product` is the buffer matmul() would write.
   bool fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
-                  const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out,
-                  const GemvRopeKv* rope = nullptr);
+                  const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
   // Whether norm_w is a weight of ones fold_norm_weight handed out.
   bool is_unit_norm(const Tensor& norm_w) const;
 

@@ -84,13 +84,6 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&f)[8]) {
   return raw;
 }
 
-// One RoPE rotation of the pair (x0, x1) by the angle whose cosine and sine are c and s, with the
-// rounding spelled out (one product, then a fused multiply-add), so every kernel that rotates
-// (rope_kv.cu, the GEMV's kRopeKv epilogue) gives the same bits.
-__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float c, float s) {
-  return make_float2(fmaf(x0, c, -(x1 * s)), fmaf(x1, c, x0 * s));
-}
-
 // The dot product of two packs of 8 bf16, in fp32.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);

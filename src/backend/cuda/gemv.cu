@@ -47,13 +47,12 @@ struct GemvParams {
   DType bias_dtype;
   void* out;
   int64_t ldo;
-  int64_t m_dim;  // output columns (F for SwiGLU, whose w has 2F rows; kRopeKv: pairs of rows)
+  int64_t m_dim;  // output columns (F for SwiGLU, whose w has 2F rows)
   int64_t k_dim;
   int64_t x_batch_stride, w_batch_stride, out_batch_stride;
   const float* norm_w;  // GemvNorm::kWeighted: the RMSNorm weight [K]
   float eps;
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
-  GemvRopeKv rope;  // kRopeKv
 };
 
 // How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
@@ -68,80 +67,22 @@ enum class GemvNorm { kNone, kWeighted, kUnit };
 __host__ __device__ constexpr bool is_swiglu(GemvEpilogue e) {
   return e == GemvEpilogue::kSwiGlu || e == GemvEpilogue::kSwiGluPairs;
 }
-// Epilogues that give each warp one pair of rows (m_dim counts pairs) rather than kGemvRows rows.
-__host__ __device__ constexpr bool pair_per_warp(GemvEpilogue e) {
-  return is_swiglu(e) || e == GemvEpilogue::kRopeKv;
-}
 
 // The weight row behind a warp's acc[r] when its first output is m0: rows m0, m0 + 1 (the tail
-// re-reads the last row), for SwiGLU the gate row and its up row, for kRopeKv the rows of pair m0:
-// in a q or k head the dims of rotary pair j (j and j + rotary_dim / 2, or 2j and 2j + 1
-// interleaved) and then adjacent dims past rotary_dim, in the v heads adjacent rows.
+// re-reads the last row), or for SwiGLU the gate row and its up row.
 template <GemvEpilogue kEpi>
-__device__ __forceinline__ int64_t weight_row(int64_t m0, int r, const GemvParams& p) {
-  if constexpr (kEpi == GemvEpilogue::kSwiGlu) return m0 + r * p.m_dim;
+__device__ __forceinline__ int64_t weight_row(int64_t m0, int r, int64_t m_dim) {
+  if constexpr (kEpi == GemvEpilogue::kSwiGlu) return m0 + r * m_dim;
   if constexpr (kEpi == GemvEpilogue::kSwiGluPairs) return 2 * m0 + r;
-  if constexpr (kEpi == GemvEpilogue::kRopeKv) {
-    const GemvRopeKv& rk = p.rope;
-    if (2 * m0 >= rk.q_rows + rk.k_rows) return 2 * m0 + r;  // v
-    const int64_t head = 2 * m0 / rk.head_dim, j = m0 - head * (rk.head_dim / 2);
-    const int64_t half = rk.rotary_dim / 2;
-    if (j >= half) return head * rk.head_dim + 2 * j + r;  // past the rotary dims
-    return head * rk.head_dim + (rk.interleaved ? 2 * j + r : j + r * half);
-  }
-  return min(m0 + r, p.m_dim - 1);
-}
-
-// kRopeKv's epilogue for the pair of rows of m0 (weight_row): the products rounded to bf16 as the
-// plain product stores them, then rotated as launch_rope_store_kv rotates them (the same
-// roundings, rope_rotate), written to out, and for k and v rows to the cache slot of each token.
-template <int N>
-__device__ __forceinline__ void rope_kv_epilogue(const GemvParams& p, int64_t m0,
-                                                 const float (&acc)[kGemvRows][N], bf16* out) {
-  const GemvRopeKv& rk = p.rope;
-  const int64_t ra = weight_row<GemvEpilogue::kRopeKv>(m0, 0, p);
-  const int64_t rb = weight_row<GemvEpilogue::kRopeKv>(m0, 1, p);
-  const int64_t qk_rows = rk.q_rows + rk.k_rows;
-  const bool is_v = ra >= qk_rows;
-  // Dims of the pair within its head; the q and k heads start at row 0, the v heads at qk_rows.
-  const int64_t base = is_v ? qk_rows : 0;
-  const int64_t da = (ra - base) % rk.head_dim, db = (rb - base) % rk.head_dim;
-  const bool rotate = !is_v && da < rk.rotary_dim && db < rk.rotary_dim;
-  const int64_t freq = rk.interleaved ? da / 2 : da;  // the pair's frequency index
-  const float ba = bias_at(p.bias, p.bias_dtype, ra), bb = bias_at(p.bias, p.bias_dtype, rb);
-  // The cache a k or v row goes to, and its head there.
-  const bool cached = ra >= rk.q_rows;
-  const CacheView& c = is_v ? rk.v_cache : rk.k_cache;
-  const int64_t head = (ra - (is_v ? qk_rows : rk.q_rows)) / rk.head_dim;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    float a = to_float(from_float<bf16>(acc[0][j] + ba));
-    float b = to_float(from_float<bf16>(acc[1][j] + bb));
-    if (rotate) {
-      const float* cs = rk.cos_sin + j * rk.cos_sin_ld;
-      const float2 r = rope_rotate(a, b, cs[freq], cs[rk.rotary_dim / 2 + freq]);
-      a = r.x;
-      b = r.y;
-    }
-    const bf16 oa = from_float<bf16>(a), ob = from_float<bf16>(b);
-    out[j * p.ldo + ra] = oa;
-    out[j * p.ldo + rb] = ob;
-    if (!cached) continue;
-    const int64_t slot = rk.slot_mapping[j];
-    if (slot < 0 || slot >= c.n_blocks * c.block_size) continue;  // padding, or no such slot
-    bf16* dst = static_cast<bf16*>(c.data) + slot / c.block_size * c.stride_block +
-                slot % c.block_size * c.stride_tok + head * c.stride_head;
-    dst[da] = oa;
-    dst[db] = ob;
-  }
+  return min(m0 + r, m_dim - 1);
 }
 
 // kEpi: kStore writes x.w (+ bias); kAdd adds it to out; kSwiGlu gives each warp the rows m and
 // m + F ([gate; up]), kSwiGluPairs the rows 2m and 2m + 1 (interleaved pairs), and both write
-// silu(gate) * up to column m; kRopeKv, see rope_kv_epilogue.
+// silu(gate) * up to column m.
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
-  constexpr int kOutPerWarp = pair_per_warp(kEpi) ? 1 : kGemvRows;
+  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split;
   const int part = warp & (split - 1);                  // which of the group's interleaved K pieces
@@ -165,7 +106,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   for (int j = 0; j < N; ++j) ss[j] = 0.0f;
   const bf16* wr[kGemvRows];
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) wr[r] = w + weight_row<kEpi>(m0, r, p) * p.ldw;
+  for (int r = 0; r < kGemvRows; ++r) wr[r] = w + weight_row<kEpi>(m0, r, p.m_dim) * p.ldw;
   // The weights do not depend on the kernel before this one: start pulling the first
   // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
   // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
@@ -299,16 +240,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     for (int j = 0; j < N; ++j) acc[r][j] *= scale[j];
   }
   if constexpr (is_swiglu(kEpi)) {
-    const float bg = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 0, p));
-    const float bu = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 1, p));
+    const float bg = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 0, p.m_dim));
+    const float bu = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 1, p.m_dim));
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       // silu(g) = g / (1 + e^-g), as activation.cu computes it.
       const float g = acc[0][j] + bg, u = acc[1][j] + bu;
       out[j * p.ldo + m0] = from_float<TOut>(g / (1.0f + expf(-g)) * u);
     }
-  } else if constexpr (kEpi == GemvEpilogue::kRopeKv) {
-    rope_kv_epilogue(p, m0, acc, out);
   } else {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
@@ -349,7 +288,7 @@ int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
 
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
-  constexpr int kOutPerWarp = pair_per_warp(kEpi) ? 1 : kGemvRows;
+  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
   if (p.k_split == 0) {
     // One wave: the blocks every SM holds at once (from this kernel's registers) times the SMs,
@@ -383,9 +322,6 @@ void launch_epilogue(const GemvParams& p, GemvEpilogue epi, int64_t batch, cudaS
     case GemvEpilogue::kAdd:
       if constexpr (kNorm == GemvNorm::kNone)
         launch_n<N, bf16, kNorm, GemvEpilogue::kAdd>(p, batch, stream);
-      return;
-    case GemvEpilogue::kRopeKv:
-      launch_n<N, bf16, kNorm, GemvEpilogue::kRopeKv>(p, batch, stream);
       return;
     case GemvEpilogue::kStore:
       launch_n<N, bf16, kNorm, GemvEpilogue::kStore>(p, batch, stream);
@@ -471,24 +407,7 @@ bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& ou
   if (!gemv_supported(x, w, out)) return false;
   const bool swiglu = is_swiglu(f.epilogue);
   if (out.n_rows != x.n_rows || out.cols != (swiglu ? w.n_rows / 2 : w.n_rows)) return false;
-  if (pair_per_warp(f.epilogue) && w.n_rows % 2 != 0) return false;
-  if (f.epilogue == GemvEpilogue::kRopeKv) {
-    // Whole heads of an even head_dim, as many v rows as k rows, the rotary dims an even part of
-    // each head, bf16 caches of those heads.
-    const GemvRopeKv* r = f.rope;
-    if (r == nullptr || r->head_dim <= 0 || r->head_dim % 2 != 0 || r->q_rows % r->head_dim != 0 ||
-        r->k_rows % r->head_dim != 0 || r->k_rows <= 0 || r->q_rows + 2 * r->k_rows != w.n_rows ||
-        r->rotary_dim < 0 || r->rotary_dim > r->head_dim || r->rotary_dim % 2 != 0 ||
-        r->cos_sin == nullptr || r->slot_mapping == nullptr)
-      return false;
-    for (const CacheView* c : {&r->k_cache, &r->v_cache}) {
-      if (c->data == nullptr || c->dim != r->head_dim || c->heads != r->k_rows / r->head_dim ||
-          c->block_size <= 0)
-        return false;
-    }
-  } else if (f.rope != nullptr) {
-    return false;
-  }
+  if (swiglu && w.n_rows % 2 != 0) return false;
   if (f.k_split != 0 && f.k_split != 1 && f.k_split != 2 && f.k_split != 4 && f.k_split != 8)
     return false;
   if (f.unit_norm && f.norm_w != nullptr) return false;
@@ -505,10 +424,7 @@ void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bia
                  const RowView& out, cudaStream_t stream, const GemvFusion& fusion) {
   PAGELLM_CHECK_MSG(gemv_fusion_supported(x, w, out, fusion),
                     "gemv: unsupported shape, type, alignment or fusion");
-  // m_dim: the outputs, or for kRopeKv the pairs of rows (each warp's share).
-  const bool rope = fusion.epilogue == GemvEpilogue::kRopeKv;
-  GemvParams p = params_of(x, w, bias, bias_dtype, out, rope ? w.n_rows / 2 : out.cols);
-  if (rope) p.rope = *fusion.rope;
+  GemvParams p = params_of(x, w, bias, bias_dtype, out, out.cols);
   p.norm_w = fusion.norm_w;
   p.eps = fusion.eps;
   p.k_split = fusion.k_split;  // 0: launch_n's rule

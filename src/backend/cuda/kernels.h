@@ -118,30 +118,15 @@ bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 // squares taken in a pass over x before w streams, so the stream is the plain product's. kAdd
 // adds the product to out; kSwiGlu takes w as [gate; up] of 2F rows and writes silu(gate) * up to
 // out [n, F]; kSwiGluPairs takes w's rows as interleaved pairs (gate 0, up 0, gate 1, ...: each
-// warp's two rows adjacent in memory) and writes the same; kRopeKv takes w as an attention
-// block's stacked [q; k; v] rows, writes the product to out [n, rows] with RoPE applied to the q
-// and k heads, and stores k and v to the cache (GemvRopeKv: rope_store_kv's work, each warp owning
-// one rotary pair of rows). Supported: plain (f32 or bf16 out), kAdd without a norm, the SwiGLU
-// forms and kRopeKv with or without one, a norm with kStore (gemv_fusion_supported).
-enum class GemvEpilogue { kStore, kAdd, kSwiGlu, kSwiGluPairs, kRopeKv };
-// kRopeKv's layout and targets: rows [0, q_rows) are the query heads, then k_rows of key heads and
-// as many of value heads, head_dim rows each; RoPE as launch_rope_store_kv applies it (the first
-// rotary_dim dims of each q and k head; cos_sin rows as launch_rope's), and token i's k and v
-// heads go to cache slot slot_mapping[i] (skipped when < 0 or beyond the cache).
-struct GemvRopeKv {
-  int64_t q_rows = 0, k_rows = 0, head_dim = 0, rotary_dim = 0;
-  bool interleaved = false;
-  const float* cos_sin = nullptr;
-  int64_t cos_sin_ld = 0;
-  const int32_t* slot_mapping = nullptr;
-  CacheView k_cache, v_cache;
-};
+// warp's two rows adjacent in memory) and writes the same. Supported: plain (f32 or bf16 out),
+// kAdd without a norm, the SwiGLU forms with or without one, a norm with kStore
+// (gemv_fusion_supported).
+enum class GemvEpilogue { kStore, kAdd, kSwiGlu, kSwiGluPairs };
 struct GemvFusion {
   const float* norm_w = nullptr;
   bool unit_norm = false;  // normalize with a weight of ones (norm_w null)
   float eps = 0.0f;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
-  const GemvRopeKv* rope = nullptr;  // kRopeKv
   // Not a fusion but how the launch splits the work: the warps sharing each row's K (1, 2, 4 or
   // 8), or 0 for gemv.cu's rule. Micro-benchmarks and tests set it; the backend keeps the rule.
   int k_split = 0;

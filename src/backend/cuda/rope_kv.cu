@@ -31,9 +31,9 @@ __device__ __forceinline__ void rotate_heads(bf16* x, int64_t stride_head, int64
     const Pair p = pair_of(j, half, interleaved);
     bf16* v = x + h * stride_head;
     const float c = cs[j], s = cs[half + j];
-    const float2 r = rope_rotate(to_float(v[p.a]), to_float(v[p.b]), c, s);
-    const bf16 r0 = from_float<bf16>(r.x);
-    const bf16 r1 = from_float<bf16>(r.y);
+    const float x0 = to_float(v[p.a]), x1 = to_float(v[p.b]);
+    const bf16 r0 = from_float<bf16>(x0 * c - x1 * s);
+    const bf16 r1 = from_float<bf16>(x1 * c + x0 * s);
     v[p.a] = r0;
     v[p.b] = r1;
     if (cache != nullptr) {

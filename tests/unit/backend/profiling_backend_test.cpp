@@ -129,24 +129,6 @@ TEST(OpCost, RopeAndCacheWrite) {
   EXPECT_DOUBLE_EQ(s.bytes, 2 * qb + 5.0 * 128 * 4);
 }
 
-TEST(OpCost, QkvProjectionWithRopeAndCacheWrite) {
-  // Llama-3-8B at 2 tokens: the q|k|v product (6144 rows) and, on top, the rotary table, the
-  // slots and the cache rows of k and v; q and k are rotated on the way out, not read again.
-  const Tensor x = fake(0, DType::kBF16, {2, 4096}), g = fake(1, DType::kF32, {4096});
-  const Tensor w = fake(2, DType::kBF16, {6144, 4096}), qkv = fake(3, DType::kBF16, {2, 6144});
-  const Tensor k = fake(4, DType::kBF16, {2, 8, 128}), v = fake(5, DType::kBF16, {2, 8, 128});
-  const Tensor cs = fake(6, DType::kF32, {2, 128}), slots = fake(7, DType::kI32, {2});
-  const Tensor kc = fake(8, DType::kBF16, {100, 16, 8, 128}),
-               vc = fake(9, DType::kBF16, {100, 16, 8, 128});
-  const OpSample s =
-      op_cost::rms_norm_qkv_rope_store(x, g, w, Tensor(), qkv, k, v, cs, slots, kc, vc);
-  EXPECT_EQ(s.op, "rms_norm_qkv_rope_store");
-  EXPECT_EQ(s.shape, "n=2 k=4096 m=6144 bf16 rot=128");
-  const double product = 6144.0 * 4096 * 2 + 2.0 * 4096 * 2 + 4096.0 * 4 + 2.0 * 6144 * 2;
-  EXPECT_DOUBLE_EQ(s.bytes, product + 2.0 * 128 * 4 + 2.0 * 4 + 2.0 * 8 * 128 * 2 * 2);
-  EXPECT_DOUBLE_EQ(s.flops, 2.0 * 2 * 6144 * 4096);
-}
-
 TEST(OpCost, Copies) {
   EXPECT_DOUBLE_EQ(op_cost::copy_from_host(1000).bytes, 1000);
   EXPECT_DOUBLE_EQ(op_cost::copy_to_host(1000).bytes, 1000);
