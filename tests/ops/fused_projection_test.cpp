@@ -51,10 +51,8 @@ struct FusedCase {
   bool direct_gemv = false;  // launch the GEMV kernel itself, whatever the backend would choose
   int k_split = 0;           // direct_gemv: warps per row group (0: gemv.cu's rule)
   // direct_gemv: the norm with a weight of ones (GemvFusion::unit_norm; the reference's weight is
-  // ones too), and SwiGLU over interleaved gate/up rows (kSwiGluPairs; the device's w and bias
-  // are the reference's rows reordered).
+  // ones too).
   bool unit_norm = false;
-  bool pairs = false;
   bool folded = false;  // backend path: the norm weight goes through fold_norm_weight first
 };
 
@@ -75,20 +73,8 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
   Tensor x_t = x_dev->view(DType::kBF16, {c.n, c.k});
   std::vector<uint16_t> w_bits = to_bf16_bits(wv);
   Tensor w_host(w_bits.data(), DType::kBF16, {wrows, c.k});
-  // The device's copy: interleaved (gate 0, up 0, gate 1, ...) for kSwiGluPairs.
-  std::vector<float> w_dev_vals = wv, b_dev_vals = bias;
-  if (c.pairs) {
-    for (int64_t i = 0; i < c.m; ++i) {
-      for (int r = 0; r < 2; ++r) {
-        std::copy_n(wv.begin() + (r * c.m + i) * c.k, c.k, w_dev_vals.begin() + (2 * i + r) * c.k);
-        b_dev_vals[2 * i + r] = bias[r * c.m + i];
-      }
-    }
-  }
-  std::vector<uint16_t> w_dev_bits = to_bf16_bits(w_dev_vals);
   std::unique_ptr<Buffer> w_storage, b_storage, g_storage;
-  auto w_dev = cuda.upload_weight(Tensor(w_dev_bits.data(), DType::kBF16, {wrows, c.k}),
-                                  DType::kBF16, w_storage);
+  auto w_dev = cuda.upload_weight(w_host, DType::kBF16, w_storage);
   ASSERT_TRUE(w_dev.ok()) << w_dev.status().to_string();
   auto g_dev = cuda.upload_weight(host_f32(gv, {c.k}), DType::kF32, g_storage);
   ASSERT_TRUE(g_dev.ok());
@@ -96,7 +82,7 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
   if (c.folded) g_t = cuda.fold_norm_weight(*g_dev, w_t);  // scales w_t's columns, or not
   Tensor b_dev;
   if (c.bias) {
-    auto b = cuda.upload_weight(host_f32(b_dev_vals, {wrows}), DType::kF32, b_storage);
+    auto b = cuda.upload_weight(host_f32(bias, {wrows}), DType::kF32, b_storage);
     ASSERT_TRUE(b.ok());
     b_dev = *b;
   }
@@ -117,8 +103,7 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
       f.unit_norm = c.unit_norm;
       if (!c.unit_norm) f.norm_w = static_cast<const float*>(g_dev->data);
     }
-    f.epilogue = c.pairs                     ? cuda::GemvEpilogue::kSwiGluPairs
-                 : swiglu                    ? cuda::GemvEpilogue::kSwiGlu
+    f.epilogue = swiglu                      ? cuda::GemvEpilogue::kSwiGlu
                  : c.op == Fused::kMatmulAdd ? cuda::GemvEpilogue::kAdd
                                              : cuda::GemvEpilogue::kStore;
     f.k_split = c.k_split;
@@ -189,7 +174,7 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
   }
   const std::string what = Label(name_of(c.op), seed)("n", c.n)("k", c.k)("m", c.m)("bias", c.bias)(
       "path", c.direct_gemv ? "gemv" : "backend")("k_split", c.k_split)("unit_norm", c.unit_norm)(
-      "pairs", c.pairs)("folded", c.folded);
+      "folded", c.folded);
   EXPECT_TRUE(guards_ok(what, *out));
   EXPECT_TRUE(compare(what, download_bf16(*out), want, kBf16Tol, &slack));
 }
@@ -260,48 +245,38 @@ TEST(FusedProjection, GemvKSplits) {
   EXPECT_EQ(cases, 64);
 }
 
-// The GEMV's norm with a weight of ones (a norm weight folded into w) and SwiGLU over interleaved
-// gate/up rows, launched directly: every batch size on odd shapes, then every split of K.
-TEST(FusedProjection, GemvUnitNormAndPairs) {
+// The GEMV's norm with a weight of ones (a norm weight folded into w), launched directly: every
+// batch size on odd shapes, then every split of K.
+TEST(FusedProjection, GemvUnitNorm) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9900;
   int cases = 0;
-  struct Variant {
-    Fused op;
-    bool unit, pairs;
-  };
-  const Variant variants[] = {{Fused::kNormMatmul, true, false},
-                              {Fused::kNormSwiGlu, true, false},
-                              {Fused::kMatmulSwiGlu, false, true},
-                              {Fused::kNormSwiGlu, true, true}};
-  for (const Variant& v : variants) {
+  for (Fused op : {Fused::kNormMatmul, Fused::kNormSwiGlu}) {
     for (int64_t n = 1; n <= 8; ++n) {
       for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}}) {
-        FusedCase c{v.op, n, k, m, (n + k) % 2 == 0, true};
-        c.unit_norm = v.unit;
-        c.pairs = v.pairs;
+        FusedCase c{op, n, k, m, (n + k) % 2 == 0, true};
+        c.unit_norm = true;
         run_case(cuda, cpu, ++seed, c);
         ++cases;
       }
     }
     for (int split : {1, 2, 4, 8}) {
       for (int64_t n : {1, 5}) {
-        FusedCase c{v.op, n, 4104, 1025, n == 5, true, split};
-        c.unit_norm = v.unit;
-        c.pairs = v.pairs;
+        FusedCase c{op, n, 4104, 1025, n == 5, true, split};
+        c.unit_norm = true;
         run_case(cuda, cpu, ++seed, c);
         ++cases;
       }
     }
   }
-  EXPECT_EQ(cases, 4 * (24 + 8));
+  EXPECT_EQ(cases, 2 * (24 + 8));
 }
 
 // The norm weight through Backend::fold_norm_weight, then the backend's pre-norm projections
 // with the weight it hands back, against the reference with the original weight: decode sizes
 // (the GEMV's unit norm when the fold is on) and a prefill size (the norm kernel with a weight of
-// ones, then cuBLASLt over the folded w), odd and Llama-3-8B shapes. With the fold off (the
-// default) the backend hands g back unchanged, and this is the plain path.
+// ones, then cuBLASLt over the folded w), odd and Llama-3-8B shapes. With the fold off
+// (PAGELLM_GEMV_FUSIONS=none) the backend hands g back unchanged, and this is the plain path.
 TEST(FusedProjection, FoldedNormWeight) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9950;
@@ -324,6 +299,7 @@ TEST(FusedProjection, FoldedNormWeight) {
 // factor and rounded once, the row padding past it untouched.
 TEST(ScaleColumns, MatchesHost) {
   PAGELLM_REQUIRE_CUDA();
+  (void)cpu;  // the reference is computed here on the host
   auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
   ASSERT_NE(cb, nullptr);
   uint64_t seed = base_seed() + 9990;

@@ -65,7 +65,7 @@ struct GemvParams {
 enum class GemvNorm { kNone, kWeighted, kUnit };
 
 __host__ __device__ constexpr bool is_swiglu(GemvEpilogue e) {
-  return e == GemvEpilogue::kSwiGlu || e == GemvEpilogue::kSwiGluPairs;
+  return e == GemvEpilogue::kSwiGlu;
 }
 
 // The weight row behind a warp's acc[r] when its first output is m0: rows m0, m0 + 1 (the tail
@@ -73,13 +73,11 @@ __host__ __device__ constexpr bool is_swiglu(GemvEpilogue e) {
 template <GemvEpilogue kEpi>
 __device__ __forceinline__ int64_t weight_row(int64_t m0, int r, int64_t m_dim) {
   if constexpr (kEpi == GemvEpilogue::kSwiGlu) return m0 + r * m_dim;
-  if constexpr (kEpi == GemvEpilogue::kSwiGluPairs) return 2 * m0 + r;
   return min(m0 + r, m_dim - 1);
 }
 
 // kEpi: kStore writes x.w (+ bias); kAdd adds it to out; kSwiGlu gives each warp the rows m and
-// m + F ([gate; up]), kSwiGluPairs the rows 2m and 2m + 1 (interleaved pairs), and both write
-// silu(gate) * up to column m.
+// m + F ([gate; up]) and writes silu(gate) * up to column m.
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
@@ -315,10 +313,6 @@ void launch_epilogue(const GemvParams& p, GemvEpilogue epi, int64_t batch, cudaS
     case GemvEpilogue::kSwiGlu:
       launch_n<N, bf16, kNorm, GemvEpilogue::kSwiGlu>(p, batch, stream);
       return;
-    case GemvEpilogue::kSwiGluPairs:
-      if constexpr (kNorm != GemvNorm::kWeighted)
-        launch_n<N, bf16, kNorm, GemvEpilogue::kSwiGluPairs>(p, batch, stream);
-      return;
     case GemvEpilogue::kAdd:
       if constexpr (kNorm == GemvNorm::kNone)
         launch_n<N, bf16, kNorm, GemvEpilogue::kAdd>(p, batch, stream);
@@ -414,10 +408,9 @@ bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& ou
   const bool norm = f.norm_w != nullptr || f.unit_norm;
   if (!norm && f.epilogue == GemvEpilogue::kStore) return true;
   // The fused forms: bf16 out; a norm (a weight 16-byte aligned, as the kernel reads it) with a
-  // store or SwiGLU epilogue, interleaved pairs only with the unit norm; the add without one.
+  // store or SwiGLU epilogue; the add without one.
   const bool norm_ok = f.norm_w == nullptr || reinterpret_cast<uintptr_t>(f.norm_w) % 16 == 0;
-  return out.dtype == DType::kBF16 && norm_ok && !(norm && f.epilogue == GemvEpilogue::kAdd) &&
-         !(f.norm_w != nullptr && f.epilogue == GemvEpilogue::kSwiGluPairs);
+  return out.dtype == DType::kBF16 && norm_ok && !(norm && f.epilogue == GemvEpilogue::kAdd);
 }
 
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,

@@ -117,11 +117,9 @@ bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 // weight of ones (the model folded the norm weight into w's columns at load), each row's sum of
 // squares taken in a pass over x before w streams, so the stream is the plain product's. kAdd
 // adds the product to out; kSwiGlu takes w as [gate; up] of 2F rows and writes silu(gate) * up to
-// out [n, F]; kSwiGluPairs takes w's rows as interleaved pairs (gate 0, up 0, gate 1, ...: each
-// warp's two rows adjacent in memory) and writes the same. Supported: plain (f32 or bf16 out),
-// kAdd without a norm, the SwiGLU forms with or without one, a norm with kStore
-// (gemv_fusion_supported).
-enum class GemvEpilogue { kStore, kAdd, kSwiGlu, kSwiGluPairs };
+// out [n, F]. Supported: plain (f32 or bf16 out), kAdd without a norm, SwiGLU with or without
+// one, a norm with kStore (gemv_fusion_supported).
+enum class GemvEpilogue { kStore, kAdd, kSwiGlu };
 struct GemvFusion {
   const float* norm_w = nullptr;
   bool unit_norm = false;  // normalize with a weight of ones (norm_w null)
