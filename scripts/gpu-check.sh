@@ -179,7 +179,7 @@ if [ $ops_built = 1 ]; then
     filter+=':AttentionPrefill.*'
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
-    filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNormAndPairs:ScaleColumns.*'
+    filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNorm:ScaleColumns.*'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
     limit=$(step_limit 180)
@@ -231,13 +231,16 @@ if [ $model_built = 1 ]; then
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
-  # The same golden and engine tests on the GPU with no GEMV fusion (the norm weights not folded).
-  t=$(now)
-  PAGELLM_GEMV_FUSIONS=none timeout "$(step_limit 120)" "$build/tests/test_model" \
-    --gtest_filter='GoldenCuda.*:EngineCuda.*' >"$logs/test_model_fold.log" 2>&1
-  rc=$?
-  grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_fold.log" | head -20
-  record "test_model (GPU, no fusion)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  # The same golden and engine tests on the GPU with the other GEMV fusion settings: none (the
+  # norm weights not folded) and the fold with SwiGLU in the gate|up GEMV.
+  for fusions in none fold,swiglu; do
+    t=$(now)
+    PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \
+      --gtest_filter='GoldenCuda.*:EngineCuda.*' >"$logs/test_model_$fusions.log" 2>&1
+    rc=$?
+    grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_$fusions.log" | head -20
+    record "test_model (GPU, $fusions)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  done
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---
@@ -267,8 +270,8 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     # GEMV fusion settings against each other (PAGELLM_GEMV_FUSIONS; the default is "fold"),
     # alternated for PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them); PAGELLM_FUSION_SET
     # lists the settings (default "none fold fold,swiglu": no fusion, the pre-norm weights folded
-    # into q|k|v and gate|up, and SwiGLU in the gate|up GEMV as well). Runs of one binary differ
-    # by ~1%, about what each may gain.
+    # into q|k|v and gate|up, and SwiGLU in the gate|up GEMV as well; a comma in a setting becomes
+    # "+" in its label). Runs of one binary differ by ~1%, about what each may gain.
     for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
       for fusions in ${PAGELLM_FUSION_SET:-none fold fold,swiglu}; do
         PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-r$round-${fusions/,/+}" latency \

@@ -172,6 +172,18 @@ class Backend {
   // made again.
   virtual uint64_t allocation_epoch() const { return 0; }
 
+  // --- side branches ---
+  // The ops issued between begin_side() and end_side() form a side branch, which a device may run
+  // alongside the ops issued after end_side() until join_side(); everything issued after
+  // join_side() runs after both. The branch starts after everything issued before begin_side().
+  // Neither line may write what the other reads or writes; both may read the same tensors. One
+  // branch at a time, joined before the step ends (and before a recording ends). Recorded in
+  // graphs like any op. The defaults run everything in issue order (the CPU backend, and
+  // wrappers such as the profiling backend, which times ops one by one).
+  virtual void begin_side() {}
+  virtual void end_side() {}
+  virtual void join_side() {}
+
   // --- ops ---
   // out[i, :] = table[ids[i], :]   table [V, D] any dtype; ids i32 [n]; out act [n, D]
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;

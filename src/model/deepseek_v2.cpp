@@ -358,6 +358,11 @@ class DeepseekModel final : public DecoderModel {
         run_swiglu(backend_, L.mlp, h, gate_up, act, x);  // [n, D]
         continue;
       }
+      // The router and its top-k, a chain of small latency-bound kernels, run as a side branch
+      // beside the shared experts' products (both only read h).
+      backend_.begin_side();
+      moe_.route(h, L.router, L.correction_bias);
+      backend_.end_side();
       Tensor shared;  // [n, D]; undefined without shared experts
       if (cfg_.n_shared_experts > 0) {
         Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * Fs);
@@ -365,8 +370,9 @@ class DeepseekModel final : public DecoderModel {
         shared = ws.shared.slice_rows(0, n);
         run_swiglu(backend_, L.shared, h, gate_up, act, shared);
       }
+      backend_.join_side();
       // Routed experts, then + shared (transformers' order), on the device.
-      moe_.run(h, L.router, L.correction_bias, L.experts, shared, x);  // [n, D]
+      moe_.experts(h, L.experts, shared, x);  // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);
     head_.run(h, b, lm_head_, nullptr);

@@ -111,14 +111,26 @@ void MoeBlock::reserve(int64_t n) {
 
 void MoeBlock::run(const Tensor& h, const Tensor& router, const Tensor& correction_bias,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
+  route(h, router, correction_bias);
+  this->experts(h, experts, shared, out);
+}
+
+void MoeBlock::route(const Tensor& h, const Tensor& router, const Tensor& correction_bias) {
   const int64_t n = h.rows();
-  PAGELLM_CHECK_MSG(n <= capacity_, "MoeBlock::run before reserve() sized its scratch");
-  Tensor logits = logits_.slice_rows(0, n);    // f32 [n, E]
-  Tensor ids = ids_.slice_rows(0, n);          // i32 [n, K]
-  Tensor weights = weights_.slice_rows(0, n);  // f32 [n, K]
+  PAGELLM_CHECK_MSG(n <= capacity_, "MoeBlock::route before reserve() sized its scratch");
+  Tensor logits = logits_.slice_rows(0, n);  // f32 [n, E]
+  Tensor ids = ids_.slice_rows(0, n);        // i32 [n, K]
+  Tensor weights = weights_.slice_rows(0, n);
   backend_.matmul(h, router, Tensor(), logits);
   backend_.moe_route(logits, correction_bias, params_, ids, weights);
-  backend_.moe_experts(h, ids, weights, experts, shared, out);  // [n, D]
+}
+
+void MoeBlock::experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared,
+                       Tensor& out) {
+  const int64_t n = h.rows();
+  PAGELLM_CHECK_MSG(n <= capacity_, "MoeBlock::experts before reserve() sized its scratch");
+  backend_.moe_experts(h, ids_.slice_rows(0, n), weights_.slice_rows(0, n), experts, shared,
+                       out);  // [n, D]
 }
 
 }  // namespace pagellm

@@ -68,6 +68,11 @@ class MoeBlock {
   // [E] (noaux_tc) or undefined; shared act [n, D] or undefined (out may be shared itself).
   void run(const Tensor& h, const Tensor& router, const Tensor& correction_bias,
            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
+  // run() in two halves, so a model can issue other work between them: route() (the router's
+  // logits and moe_route into the block's scratch) and experts() (moe_experts over that routing).
+  // They read nothing but h and the weights, so route() may run as a side branch.
+  void route(const Tensor& h, const Tensor& router, const Tensor& correction_bias);
+  void experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
 
  private:
   Backend& backend_;

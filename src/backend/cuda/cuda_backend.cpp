@@ -105,6 +105,10 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<Gemm>(stream_);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+  side_gemm_ = std::make_unique<Gemm>(side_stream_);
+  CUDA_CHECK(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming));
   CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), kSlots * kSlotBytes));
   for (auto& e : slot_events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -113,7 +117,11 @@ CudaBackend::~CudaBackend() {
   // Best effort: a destructor cannot report errors, and a failed sync here means the context is
   // already gone.
   cudaStreamSynchronize(stream_);
+  cudaStreamSynchronize(side_stream_);
   gemm_.reset();
+  side_gemm_.reset();
+  if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
+  if (join_event_ != nullptr) cudaEventDestroy(join_event_);
   for (auto& e : slot_events_)
     if (e != nullptr) cudaEventDestroy(e);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
@@ -122,6 +130,7 @@ CudaBackend::~CudaBackend() {
   if (sample_host_ != nullptr) cudaFreeHost(sample_host_);
   if (sample_dev_ != nullptr) cudaFree(sample_dev_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index) {
@@ -195,6 +204,30 @@ void CudaBackend::copy(void* dst, const void* src, int64_t nbytes) {
 
 void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaStreamSynchronize(side_stream_));
+}
+
+void CudaBackend::begin_side() {
+  PAGELLM_CHECK_MSG(side_ == Side::kNone, "begin_side: a side branch is already open");
+  CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
+  std::swap(stream_, side_stream_);
+  std::swap(gemm_, side_gemm_);
+  side_ = Side::kOpen;
+}
+
+void CudaBackend::end_side() {
+  PAGELLM_CHECK_MSG(side_ == Side::kOpen, "end_side: no side branch is open");
+  CUDA_CHECK(cudaEventRecord(join_event_, stream_));
+  std::swap(stream_, side_stream_);
+  std::swap(gemm_, side_gemm_);
+  side_ = Side::kEnded;
+}
+
+void CudaBackend::join_side() {
+  PAGELLM_CHECK_MSG(side_ == Side::kEnded, "join_side: no ended side branch to join");
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
+  side_ = Side::kNone;
 }
 
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {

@@ -56,6 +56,12 @@ class CudaBackend final : public Backend {
   Tensor fold_norm_weight(const Tensor& g, Tensor& w) override;
   std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override;
   uint64_t allocation_epoch() const override { return epoch_->load(); }
+  // A second stream with its own cuBLASLt workspace: begin_side() swaps it (and its Gemm) in for
+  // the main stream, so every op of the branch queues there unchanged; events fork it from and
+  // join it to the main stream (graph capture follows them into the side stream).
+  void begin_side() override;
+  void end_side() override;
+  void join_side() override;
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
@@ -169,6 +175,12 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
+  // The side branch's stream and Gemm (swapped with stream_ and gemm_ while a branch is open),
+  // and the events that fork and join it.
+  cudaStream_t side_stream_ = nullptr;
+  std::unique_ptr<Gemm> side_gemm_;
+  cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
+  enum class Side { kNone, kOpen, kEnded } side_ = Side::kNone;
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
   std::array<cudaEvent_t, kSlots> slot_events_{};
   int slot_ = 0;
