@@ -152,13 +152,13 @@ if [ $ops_built = 1 ]; then
     124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
     *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
   esac
-  # The GEMV's norm and SwiGLU are off by default, the norm-weight fold on; their backend paths
-  # are tested the other way too (the kernels themselves are launched directly in the default
-  # run): all three on, then none (the fold's norm as its own kernel).
+  # The GEMV's norm, SwiGLU and norm-weight fold are off by default; their backend paths are
+  # tested with them on (the kernels themselves are launched directly in the default run): all
+  # three, then the fold alone (its norm in the GEMV, SiLU apart).
   t=$(now)
   if PAGELLM_GEMV_FUSIONS=norm,swiglu,fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
     --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1 &&
-    PAGELLM_GEMV_FUSIONS=none timeout "$(step_limit 60)" "$build/tests/test_ops" \
+    PAGELLM_GEMV_FUSIONS=fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
       --gtest_filter='FusedProjection.FoldedNormWeight' >>"$logs/test_ops_fusions.log" 2>&1; then
     record "test_ops (GEMV fusions on)" "ok ($(( $(now) - t ))s)"
   else
@@ -231,12 +231,14 @@ if [ $model_built = 1 ]; then
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
-  # The same golden and engine tests on the GPU with the other GEMV fusion settings: none (the
-  # norm weights not folded) and the fold with SwiGLU in the gate|up GEMV.
-  for fusions in none fold,swiglu; do
+  # The golden and engine tests on the GPU with SwiGLU in the gate|up GEMV, and the engine tests
+  # with the norm weights folded into the projections (the fold's extra rounding of the weights
+  # puts 3 of the 13 golden fixtures just outside their bound: docs/PERF.md, eleventh round).
+  for run in 'swiglu GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
+    fusions=${run%% *}
     t=$(now)
     PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \
-      --gtest_filter='GoldenCuda.*:EngineCuda.*' >"$logs/test_model_$fusions.log" 2>&1
+      --gtest_filter="${run#* }" >"$logs/test_model_$fusions.log" 2>&1
     rc=$?
     grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_$fusions.log" | head -20
     record "test_model (GPU, $fusions)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
@@ -267,13 +269,13 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     echo "== bench"
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
-    # GEMV fusion settings against each other (PAGELLM_GEMV_FUSIONS; the default is "fold"),
-    # alternated for PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them); PAGELLM_FUSION_SET
-    # lists the settings (default "none fold fold,swiglu": no fusion, the pre-norm weights folded
-    # into q|k|v and gate|up, and SwiGLU in the gate|up GEMV as well; a comma in a setting becomes
-    # "+" in its label). Runs of one binary differ by ~1%, about what each may gain.
+    # GEMV fusion settings against each other (PAGELLM_GEMV_FUSIONS; default none), alternated
+    # for PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them); PAGELLM_FUSION_SET lists the
+    # settings (default "none swiglu fold,swiglu": no fusion, SwiGLU in the gate|up GEMV, and the
+    # pre-norm weights folded into q|k|v and gate|up as well; a comma in a setting becomes "+" in
+    # its label). Runs of one binary differ by ~1%, about what each may gain.
     for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
-      for fusions in ${PAGELLM_FUSION_SET:-none fold fold,swiglu}; do
+      for fusions in ${PAGELLM_FUSION_SET:-none swiglu fold,swiglu}; do
         PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-r$round-${fusions/,/+}" latency \
           --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
           --output-len 256 --iters 2

@@ -275,8 +275,8 @@ TEST(FusedProjection, GemvUnitNorm) {
 // The norm weight through Backend::fold_norm_weight, then the backend's pre-norm projections
 // with the weight it hands back, against the reference with the original weight: decode sizes
 // (the GEMV's unit norm when the fold is on) and a prefill size (the norm kernel with a weight of
-// ones, then cuBLASLt over the folded w), odd and Llama-3-8B shapes. With the fold off
-// (PAGELLM_GEMV_FUSIONS=none) the backend hands g back unchanged, and this is the plain path.
+// ones, then cuBLASLt over the folded w), odd and Llama-3-8B shapes. With the fold off (the
+// default) the backend hands g back unchanged, and this is the plain path.
 TEST(FusedProjection, FoldedNormWeight) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9950;

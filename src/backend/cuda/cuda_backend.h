@@ -50,8 +50,8 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override;
-  // Folds with PAGELLM_GEMV_FUSIONS's "fold" (the default; cuda_backend.cpp says why) and bf16 w;
-  // the weight of ones it returns is one buffer per width, which fused_gemv recognizes by its
+  // Folds with PAGELLM_GEMV_FUSIONS's "fold" (off by default; cuda_backend.cpp says why) and bf16
+  // w; the weight of ones it returns is one buffer per width, which fused_gemv recognizes by its
   // address.
   Tensor fold_norm_weight(const Tensor& g, Tensor& w) override;
   std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override;
@@ -70,9 +70,8 @@ class CudaBackend final : public Backend {
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
   // The fused projections: matmul_add adds in the product's epilogue (the GEMV's at decode
   // sizes, cuBLASLt's beta = 1 otherwise). Where matmul() would run the GEMV, the GEMV can also
-  // normalize x on the way in and apply SwiGLU (PAGELLM_GEMV_FUSIONS: a folded norm by default,
-  // a loaded norm weight and SwiGLU off, see gemv_fusions in cuda_backend.cpp); otherwise the
-  // norm and SwiGLU run as their own kernels around the product.
+  // normalize x on the way in and apply SwiGLU (PAGELLM_GEMV_FUSIONS, see gemv_fusions in
+  // cuda_backend.cpp); otherwise the norm and SwiGLU run as their own kernels around the product.
   void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
                   Tensor& out) override;
   void matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
