@@ -328,6 +328,16 @@ PY
       # in, 100 out).
       run_bench latency-deepseek-v2-lite latency --model $cfg/deepseek-v2-lite.json \
         --load-format dummy --device cuda --input-len 512 --output-len 128 --iters 2
+      # DeepSeek's router beside its shared experts (a side branch) against every op on one
+      # stream (PAGELLM_SIDE_BRANCHES=0), alternated for PAGELLM_FUSION_ROUNDS rounds.
+      for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
+        for branches in 1 0; do
+          PAGELLM_SIDE_BRANCHES=$branches run_bench \
+            "latency-deepseek-v2-lite-r$round-$([ $branches = 1 ] && echo branch || echo serial)" \
+            latency --model $cfg/deepseek-v2-lite.json --load-format dummy --device cuda \
+            --input-len 512 --output-len 128 --iters 2
+        done
+      done
       run_bench profile-deepseek-v2-lite latency --profile --model $cfg/deepseek-v2-lite.json \
         --load-format dummy --device cuda --input-len 512 --output-len 8 --iters 1
       # 16 prompts of 1000 tokens per step: the routed experts' GEMMs grow with the step, and

@@ -207,27 +207,44 @@ void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(side_stream_));
 }
 
+namespace {
+
+// PAGELLM_SIDE_BRANCHES=0 queues a side branch's ops on the main stream in issue order (to
+// measure what the branches gain, or to rule them out when chasing a fault).
+bool side_branches_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("PAGELLM_SIDE_BRANCHES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace
+
 void CudaBackend::begin_side() {
   PAGELLM_CHECK_MSG(side_ == Side::kNone, "begin_side: a side branch is already open");
+  side_ = Side::kOpen;
+  if (!side_branches_enabled()) return;
   CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
   std::swap(stream_, side_stream_);
   std::swap(gemm_, side_gemm_);
-  side_ = Side::kOpen;
 }
 
 void CudaBackend::end_side() {
   PAGELLM_CHECK_MSG(side_ == Side::kOpen, "end_side: no side branch is open");
+  side_ = Side::kEnded;
+  if (!side_branches_enabled()) return;
   CUDA_CHECK(cudaEventRecord(join_event_, stream_));
   std::swap(stream_, side_stream_);
   std::swap(gemm_, side_gemm_);
-  side_ = Side::kEnded;
 }
 
 void CudaBackend::join_side() {
   PAGELLM_CHECK_MSG(side_ == Side::kEnded, "join_side: no ended side branch to join");
-  CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
   side_ = Side::kNone;
+  if (!side_branches_enabled()) return;
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {

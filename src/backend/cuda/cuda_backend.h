@@ -59,6 +59,7 @@ class CudaBackend final : public Backend {
   // A second stream with its own cuBLASLt workspace: begin_side() swaps it (and its Gemm) in for
   // the main stream, so every op of the branch queues there unchanged; events fork it from and
   // join it to the main stream (graph capture follows them into the side stream).
+  // PAGELLM_SIDE_BRANCHES=0 keeps every op on the main stream.
   void begin_side() override;
   void end_side() override;
   void join_side() override;
