@@ -234,7 +234,8 @@ if [ $model_built = 1 ]; then
   # The golden and engine tests on the GPU with SwiGLU in the gate|up GEMV, and the engine tests
   # with the norm weights folded into the projections (the fold's extra rounding of the weights
   # puts 3 of the 13 golden fixtures just outside their bound: docs/PERF.md, eleventh round).
-  for run in 'swiglu GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
+  # (The golden suite's name carries its instantiation prefix: AllArchitectures/GoldenCuda.)
+  for run in 'swiglu */GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
     fusions=${run%% *}
     t=$(now)
     PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \
