@@ -221,29 +221,32 @@ bool side_branches_enabled() {
 
 }  // namespace
 
-void CudaBackend::begin_side() {
-  PAGELLM_CHECK_MSG(side_ == Side::kNone, "begin_side: a side branch is already open");
-  side_ = Side::kOpen;
-  if (!side_branches_enabled()) return;
-  CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
+bool CudaBackend::advance_side(Side from, Side to, const char* misuse) {
+  PAGELLM_CHECK_MSG(side_ == from, misuse);
+  side_ = to;
+  return side_branches_enabled();
+}
+
+void CudaBackend::swap_side() {
   std::swap(stream_, side_stream_);
   std::swap(gemm_, side_gemm_);
+}
+
+void CudaBackend::begin_side() {
+  if (!advance_side(Side::kNone, Side::kOpen, "begin_side: a side branch is already open")) return;
+  CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
+  swap_side();
 }
 
 void CudaBackend::end_side() {
-  PAGELLM_CHECK_MSG(side_ == Side::kOpen, "end_side: no side branch is open");
-  side_ = Side::kEnded;
-  if (!side_branches_enabled()) return;
+  if (!advance_side(Side::kOpen, Side::kEnded, "end_side: no side branch is open")) return;
   CUDA_CHECK(cudaEventRecord(join_event_, stream_));
-  std::swap(stream_, side_stream_);
-  std::swap(gemm_, side_gemm_);
+  swap_side();
 }
 
 void CudaBackend::join_side() {
-  PAGELLM_CHECK_MSG(side_ == Side::kEnded, "join_side: no ended side branch to join");
-  side_ = Side::kNone;
-  if (!side_branches_enabled()) return;
+  if (!advance_side(Side::kEnded, Side::kNone, "join_side: no ended side branch to join")) return;
   CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 

@@ -181,6 +181,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> side_gemm_;
   cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
   enum class Side { kNone, kOpen, kEnded } side_ = Side::kNone;
+  // Moves side_ from `from` (else CHECK-fails with `misuse`) to `to`; false when side branches
+  // are off (PAGELLM_SIDE_BRANCHES=0), so the caller queues nothing on the side stream.
+  bool advance_side(Side from, Side to, const char* misuse);
+  // Swaps the side stream and its Gemm with the main ones (in at begin_side, out at end_side).
+  void swap_side();
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
   std::array<cudaEvent_t, kSlots> slot_events_{};
   int slot_ = 0;
