@@ -24,6 +24,8 @@
 # max-num-batched-tokens (16384); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
 # and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried;
 # PAGELLM_KERNEL_BENCHES names a subset; PAGELLM_KERNEL_BENCH_RUN=0 builds them without running).
+# PAGELLM_LLAMA_AB / PAGELLM_DEEPSEEK_AB list settings (VAR=VALUE, several joined by "+") whose
+# batch-1 latency is alternated for PAGELLM_AB_ROUNDS rounds (see ab_latency).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -152,9 +154,9 @@ if [ $ops_built = 1 ]; then
     124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
     *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
   esac
-  # The GEMV's norm, SwiGLU and norm-weight fold are off by default; their backend paths are
-  # tested with them on (the kernels themselves are launched directly in the default run): all
-  # three, then the fold alone (its norm in the GEMV, SiLU apart).
+  # SwiGLU in the GEMV is on by default, its norm and the norm-weight fold off; their backend
+  # paths are tested with them on (the kernels themselves are launched directly in the default
+  # run): all three, then the fold alone (its norm in the GEMV, SiLU apart).
   t=$(now)
   if PAGELLM_GEMV_FUSIONS=norm,swiglu,fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
     --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1 &&
@@ -231,11 +233,12 @@ if [ $model_built = 1 ]; then
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
-  # The golden and engine tests on the GPU with SwiGLU in the gate|up GEMV, and the engine tests
-  # with the norm weights folded into the projections (the fold's extra rounding of the weights
+  # The golden and engine tests on the GPU without SwiGLU in the gate|up GEMV (the default has
+  # it; "none": the SiLU kernel apart), and the engine tests with the norm weights folded into
+  # the projections (the fold's extra rounding of the weights
   # puts 3 of the 13 golden fixtures just outside their bound: docs/PERF.md, eleventh round).
   # (The golden suite's name carries its instantiation prefix: AllArchitectures/GoldenCuda.)
-  for run in 'swiglu */GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
+  for run in 'none */GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
     fusions=${run%% *}
     t=$(now)
     PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \
@@ -257,12 +260,27 @@ run_bench() {  # label, pagellm args...
   limit=$(step_limit 240)
   if [ "$limit" -lt 20 ]; then record "bench $label" "skipped: out of time"; return; fi
   t=$(now)
-  timeout "$limit" "$build/tools/pagellm" bench "$@" --json >"$logs/bench-$label.log" 2>&1
+  # shellcheck disable=SC2086  # bench_env: VAR=VALUE words, set by ab_latency
+  timeout "$limit" env ${bench_env:-} "$build/tools/pagellm" bench "$@" --json \
+    >"$logs/bench-$label.log" 2>&1
   rc=$?
   tail -1 "$logs/bench-$label.log" >"$logs/bench-$label.json"
   grep -vE '^\{' "$logs/bench-$label.log" | grep -v INFO | sed 's/^/    /'
   record "bench $label" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
   bench_rows+=("$label|$(tail -1 "$logs/bench-$label.log")")
+}
+# A/B rounds of batch-1 latency: the settings of a list run in turn, for PAGELLM_AB_ROUNDS rounds
+# (default 2; 0 skips them). A setting is VAR=VALUE, or several joined by "+", put in the
+# benchmark's environment and, less the PAGELLM_ prefix, in its label. Runs of one binary differ
+# by ~1%, about what each setting may gain, hence the alternation on one machine.
+ab_latency() {  # label, settings, pagellm latency args...
+  local label=$1 settings=$2 round s
+  shift 2
+  for ((round = 1; round <= ${PAGELLM_AB_ROUNDS:-2}; round++)); do
+    for s in $settings; do
+      bench_env=${s//+/ } run_bench "$label-r$round-${s//PAGELLM_/}" latency "$@"
+    done
+  done
 }
 if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
   if build_target pagellm pagellm; then
@@ -270,18 +288,12 @@ if [ "${PAGELLM_CHECK_BENCH:-1}" = 1 ]; then
     echo "== bench"
     run_bench latency-llama3-8b latency --model $cfg/llama-3-8b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
-    # GEMV fusion settings against each other (PAGELLM_GEMV_FUSIONS; default none), alternated
-    # for PAGELLM_FUSION_ROUNDS rounds (default 2; 0 skips them); PAGELLM_FUSION_SET lists the
-    # settings (default "none swiglu fold,swiglu": no fusion, SwiGLU in the gate|up GEMV, and the
-    # pre-norm weights folded into q|k|v and gate|up as well; a comma in a setting becomes "+" in
-    # its label). Runs of one binary differ by ~1%, about what each may gain.
-    for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
-      for fusions in ${PAGELLM_FUSION_SET:-none swiglu fold,swiglu}; do
-        PAGELLM_GEMV_FUSIONS=$fusions run_bench "latency-llama3-8b-r$round-${fusions/,/+}" latency \
-          --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
-          --output-len 256 --iters 2
-      done
-    done
+    # PAGELLM_LLAMA_AB: the settings alternated (default: the GEMV fusions, none against SwiGLU
+    # in the gate|up GEMV, the default; PAGELLM_GEMV_FUSIONS=fold,swiglu adds the folded pre-norm
+    # weights).
+    ab_latency latency-llama3-8b "${PAGELLM_LLAMA_AB:-PAGELLM_GEMV_FUSIONS=none PAGELLM_GEMV_FUSIONS=swiglu}" \
+      --model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512 \
+      --output-len 256 --iters 2
     # Per-op time of one 512-token prefill and of the decode step after it (ops one by one, CUDA
     # events around each): the tables are in $logs/bench-profile-llama3-8b.log, and in its .json.
     run_bench profile-llama3-8b latency --profile --model $cfg/llama-3-8b.json --load-format dummy \
@@ -329,16 +341,12 @@ PY
       # in, 100 out).
       run_bench latency-deepseek-v2-lite latency --model $cfg/deepseek-v2-lite.json \
         --load-format dummy --device cuda --input-len 512 --output-len 128 --iters 2
-      # DeepSeek's router beside its shared experts (a side branch) against every op on one
-      # stream (PAGELLM_SIDE_BRANCHES=0), alternated for PAGELLM_FUSION_ROUNDS rounds.
-      for ((round = 1; round <= ${PAGELLM_FUSION_ROUNDS:-2}; round++)); do
-        for branches in 1 0; do
-          PAGELLM_SIDE_BRANCHES=$branches run_bench \
-            "latency-deepseek-v2-lite-r$round-$([ $branches = 1 ] && echo branch || echo serial)" \
-            latency --model $cfg/deepseek-v2-lite.json --load-format dummy --device cuda \
-            --input-len 512 --output-len 128 --iters 2
-        done
-      done
+      # PAGELLM_DEEPSEEK_AB: the settings alternated (default: the side branches against every
+      # op on one stream).
+      ab_latency latency-deepseek-v2-lite \
+        "${PAGELLM_DEEPSEEK_AB:-PAGELLM_SIDE_BRANCHES=1 PAGELLM_SIDE_BRANCHES=0}" \
+        --model $cfg/deepseek-v2-lite.json --load-format dummy --device cuda --input-len 512 \
+        --output-len 128 --iters 2
       run_bench profile-deepseek-v2-lite latency --profile --model $cfg/deepseek-v2-lite.json \
         --load-format dummy --device cuda --input-len 512 --output-len 8 --iters 1
       # 16 prompts of 1000 tokens per step: the routed experts' GEMMs grow with the step, and
