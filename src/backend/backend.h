@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -185,18 +184,6 @@ class Backend {
   virtual void end_side() {}
   virtual void join_side() {}
 
-  // t will be read soon: a device may start moving it into its cache now, so that the op reading
-  // it finds it there. A hint, changing no values; the default does nothing. Meant for a side
-  // branch beside latency-bound ops (attention at decode), which leave memory bandwidth idle.
-  virtual void prefetch(const Tensor& t) { (void)t; }
-  // A side branch that prefetches ts in order: the caller issues the ops it should run beside,
-  // then join_side().
-  void prefetch_beside(std::initializer_list<Tensor> ts) {
-    begin_side();
-    for (const Tensor& t : ts) prefetch(t);
-    end_side();
-  }
-
   // --- ops ---
   // out[i, :] = table[ids[i], :]   table [V, D] any dtype; ids i32 [n]; out act [n, D]
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
@@ -310,8 +297,6 @@ class Backend {
   //   h act [n, D]; ids i32 [n, K], each in [0, E) (CHECKed on the CPU; on a device, where ids
   //   are made by moe_route, a pair out of range adds nothing); weights f32 [n, K]; shared act
   //   [n, D] or undefined; out act [n, D]: may alias shared, not h.
-  // A side branch that has ended but is not yet joined is joined after the experts' products and
-  // before shared is read, so the shared experts may run as that branch, beside the products.
   virtual void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
     (void)h, (void)ids, (void)weights, (void)experts, (void)shared, (void)out;

@@ -331,11 +331,6 @@ class DeepseekModel final : public DecoderModel {
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
         backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
       }
-      // o_proj's and the shared experts' weights stream into L2 (a hint) beside the latent norm,
-      // RoPE and attention, latency-bound ops that leave the memory bandwidth idle at decode.
-      // (A dense layer's MLP, 89 MB in V2-Lite, would not fit in L2 beside o_proj.)
-      backend_.prefetch_beside({L.o_proj, L.moe ? L.shared.gate_up_proj : Tensor(),
-                                L.moe ? L.shared.down_proj : Tensor()});
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.
@@ -355,7 +350,6 @@ class DeepseekModel final : public DecoderModel {
         backend_.attention(q3.slice_rows(na, n), k_exp, v_exp, meta_exp, attn_params_, attn_v_exp3);
       }
       backend_.matmul(attn_v, L.o_proj, L.o_bias, x);  // [n, D]
-      backend_.join_side();                            // the prefetch
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
       // --- MLP ---
       if (!L.moe) {
@@ -364,19 +358,20 @@ class DeepseekModel final : public DecoderModel {
         run_swiglu(backend_, L.mlp, h, gate_up, act, x);  // [n, D]
         continue;
       }
-      // The shared experts run as a side branch beside the router, its top-k and the routed
-      // experts' products (all only read h); moe_experts joins the branch before its combine
-      // adds their output (routed, then + shared: transformers' order).
+      // The router and its top-k, a chain of small latency-bound kernels, run as a side branch
+      // beside the shared experts' products (both only read h).
+      backend_.begin_side();
+      moe_.route(h, L.router, L.correction_bias);
+      backend_.end_side();
       Tensor shared;  // [n, D]; undefined without shared experts
       if (cfg_.n_shared_experts > 0) {
         Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * Fs);
         Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);
         shared = ws.shared.slice_rows(0, n);
-        backend_.begin_side();
         run_swiglu(backend_, L.shared, h, gate_up, act, shared);
-        backend_.end_side();
       }
-      moe_.route(h, L.router, L.correction_bias);
+      backend_.join_side();
+      // Routed experts, then + shared (transformers' order), on the device.
       moe_.experts(h, L.experts, shared, x);  // [n, D]
     }
     backend_.add_rms_norm(x, residual, norm_, eps, h);

@@ -156,14 +156,10 @@ class LlamaModel final : public DecoderModel {
         backend_.rms_norm(qh, L.q_norm, eps, qh);
         backend_.rms_norm(kh, L.k_norm, eps, kh);
       }
-      // o_proj's weights stream into L2 (a hint) beside RoPE and attention, latency-bound ops
-      // that leave the memory bandwidth idle at decode.
-      backend_.prefetch_beside({L.o_proj});
       backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
                              cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul_add(attn, L.o_proj, L.o_bias, x, residual);  // residual += o_proj(attn)
-      backend_.join_side();                                        // the prefetch
       if (fuse_mlp_) {
         backend_.rms_norm_swiglu(residual, L.post_attention_layernorm, eps, L.gate_up_proj,
                                  L.gate_up_bias, h, gu.all, act);

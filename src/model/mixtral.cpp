@@ -116,14 +116,10 @@ class MixtralModel final : public DecoderModel {
         backend_.matmul(h, L.k_proj, Tensor(), k);
         backend_.matmul(h, L.v_proj, Tensor(), v);
       }
-      // o_proj's weights stream into L2 (a hint) beside RoPE and attention, latency-bound ops
-      // that leave the memory bandwidth idle at decode.
-      backend_.prefetch_beside({L.o_proj});
       backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
                              cache.k[l], cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       backend_.matmul(attn, L.o_proj, Tensor(), x);  // [n, D]
-      backend_.join_side();                          // the prefetch
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
       moe_.run(h, L.router, Tensor(), L.experts, Tensor(), x);  // [n, D]
     }

@@ -70,9 +70,8 @@ class MoeBlock {
            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
   // run() in two halves, so a model can issue other work between them: route() (the router's
   // logits and moe_route into the block's scratch) and experts() (moe_experts over that routing).
-  // route() reads only h and the router's weights and writes only the block's scratch; experts()
-  // joins an ended side branch before it reads shared, so the shared experts may be that branch,
-  // running beside route() and the routed experts' products.
+  // route() reads only h and the router's weights and writes only the block's scratch, so it may
+  // run as a side branch beside ops that read h (the shared experts).
   void route(const Tensor& h, const Tensor& router, const Tensor& correction_bias);
   void experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
 

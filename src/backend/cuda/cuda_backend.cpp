@@ -250,15 +250,6 @@ void CudaBackend::join_side() {
   CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 
-void CudaBackend::prefetch(const Tensor& t) {
-  static const bool on = [] {
-    const char* v = std::getenv("PAGELLM_L2_PREFETCH");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  if (!on || !t.defined() || t.device != Device::kCuda || !t.is_contiguous()) return;
-  launch_l2_prefetch(t.data, t.nbytes(), n_sms_, stream_);
-}
-
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
   if (nbytes > upload_staging_bytes_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read

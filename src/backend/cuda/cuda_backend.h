@@ -63,9 +63,6 @@ class CudaBackend final : public Backend {
   void begin_side() override;
   void end_side() override;
   void join_side() override;
-  // An L2 prefetch of t's bytes (contiguous tensors on this device; others are ignored).
-  // PAGELLM_L2_PREFETCH=0 turns it off (to measure what it gains).
-  void prefetch(const Tensor& t) override;
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;

@@ -150,10 +150,7 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                       "moe_experts: shared must be bf16 [n, D]");
     shared_view = row_view(shared);
   }
-  if (n == 0) {
-    if (side_ == Side::kEnded) join_side();
-    return;
-  }
+  if (n == 0) return;
   const int64_t n_pairs = n * K;
   const MoeWorkspace ws = moe_workspace_at(
       ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)), n_pairs, E, D, F);
@@ -189,8 +186,6 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
       moe_grouped_gemms(h, gu, dn, ws, n_pairs);
       break;
   }
-  // shared may come from a side branch running beside the products (Backend::moe_experts).
-  if (side_ == Side::kEnded) join_side();
   launch_moe_combine(ids.ptr<int32_t>(), weights.ptr<float>(), n, static_cast<int32_t>(K),
                      static_cast<int32_t>(E), ws, D, shared_view, row_view(out), stream_);
 }

@@ -33,11 +33,6 @@ inline bool rows_aligned16(const RowView& v) {
 void launch_embedding(const RowView& table, const int32_t* ids, const RowView& out,
                       cudaStream_t stream);
 
-// --- prefetch.cu ---
-// Asks the memory system to bring [data, data + bytes) into L2 (a hint: no values change); at
-// most n_sms blocks of one warp.
-void launch_l2_prefetch(const void* data, int64_t bytes, int n_sms, cudaStream_t stream);
-
 // --- norm.cu ---
 // out = x / rms(x) * w per row (out may alias x); w f32, bf16 or f16 [cols].
 void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
