@@ -103,8 +103,7 @@ class CudaBackend final : public Backend {
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
   // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
   // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded.
-  // kOneToken: a single token's two-launch GEMV path (moe.h), which kAuto takes for n == 1.
-  enum class MoePath { kAuto, kOneToken, kGemv, kGroupedGemm, kExpertGemm };
+  enum class MoePath { kAuto, kGemv, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
                            MoePath path);

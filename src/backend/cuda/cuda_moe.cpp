@@ -1,12 +1,9 @@
 // CudaBackend's mixture-of-experts ops: checks, the MoE workspace, and the choice between the
-// one-token GEMVs (a single token), the grouped GEMVs (decode-sized steps), the grouped
-// tensor-core GEMMs (larger ones, and every recording) and per-expert cuBLASLt GEMMs (large eager
-// steps), as described in moe.h.
+// grouped GEMVs (decode-sized steps), the grouped tensor-core GEMMs (larger ones, and every
+// recording) and per-expert cuBLASLt GEMMs (large eager steps), as described in moe.h.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -31,16 +28,6 @@ bool aligned16(const void* p) {
 
 RowView row_view(const Tensor& t) {
   return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
-}
-
-// PAGELLM_MOE_ONE_TOKEN=0 sends single tokens through the four-stage GEMV path too (to measure
-// what the one-token path gains).
-bool one_token_path_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("PAGELLM_MOE_ONE_TOKEN");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
 }
 
 bool capturing(cudaStream_t stream) {
@@ -173,14 +160,6 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   w.n_experts = static_cast<int32_t>(E);
   w.hidden = D;
   w.inter = F;
-  if (path == MoePath::kAuto && n == 1 && one_token_path_enabled()) path = MoePath::kOneToken;
-  if (path == MoePath::kOneToken) {
-    PAGELLM_CHECK_MSG(n == 1, "moe_experts: the one-token path takes a single token");
-    launch_moe_one_token(w, h.data, ids.ptr<int32_t>(), weights.ptr<float>(),
-                         static_cast<int32_t>(K), ws, shared.defined() ? shared.data : nullptr,
-                         out.data, stream_);
-    return;
-  }
   launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K), static_cast<int32_t>(E), ws,
                   stream_);
   const bool recording = capturing(stream_);
@@ -203,8 +182,7 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
       moe_expert_gemms(h, gu, dn, ws);
       break;
     case MoePath::kGroupedGemm:
-    case MoePath::kOneToken:  // returned above
-    case MoePath::kAuto:      // resolved above
+    case MoePath::kAuto:  // resolved above
       moe_grouped_gemms(h, gu, dn, ws, n_pairs);
       break;
   }

@@ -274,45 +274,14 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
   return {ws.active[j], ws.active_begin[j], ws.active_begin[j + 1]};
 }
 
-// A single token's pairs need no sort kernel: its valid pairs (ids in [0, E)) ranked by expert,
-// ties by k (the combine's stable order), give rank j the expert e and the slot j. Every thread
-// finds rank j's pair itself from the token's K ids (one round of loads, from L2 after routing).
-struct RankedPair {
-  int e, k;  // e = -1 when fewer than j + 1 pairs are valid
-};
-__device__ __forceinline__ RankedPair ranked_pair(const int32_t* __restrict__ ids, int top_k,
-                                                  int n_experts, int j) {
-  int id[kMoeMaxTopK];
-#pragma unroll
-  for (int k = 0; k < kMoeMaxTopK; ++k) id[k] = k < top_k ? ids[k] : -1;
-  RankedPair found{-1, -1};
-#pragma unroll
-  for (int k = 0; k < kMoeMaxTopK; ++k) {
-    if (id[k] < 0 || id[k] >= n_experts) continue;
-    int rank = 0;
-#pragma unroll
-    for (int q = 0; q < kMoeMaxTopK; ++q)
-      rank += id[q] >= 0 && id[q] < n_experts && (id[q] < id[k] || (id[q] == id[k] && q < k));
-    if (rank == j) found = {id[k], k};
-  }
-  return found;
-}
-
 // act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
 // f in this warp's rows. The weight rows are streamed once per TOK slots.
-// ONE: a single token, its pairs ranked by the block itself (ranked_pair; ids [top_k]) instead
-// of the sort kernel's slots, so slot j holds rank j's product and the workspace's lists are
-// unused.
-template <int TOK, bool ONE>
+template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
-    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws,
-                       const int32_t* __restrict__ ids, int top_k) {
+    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
   pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
-  const int j_block = blockIdx.y;
-  const BlockExpert be =
-      ONE ? BlockExpert{ranked_pair(ids, top_k, w.n_experts, j_block).e, j_block, j_block + 1}
-          : block_expert(ws);
+  const BlockExpert be = block_expert(ws);
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
@@ -332,7 +301,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     const int cnt = min(TOK, be.end - s0);
     int32_t tok[TOK];
 #pragma unroll
-    for (int j = 0; j < TOK; ++j) tok[j] = ONE ? 0 : ws.slot_token[s0 + min(j, cnt - 1)];
+    for (int j = 0; j < TOK; ++j) tok[j] = ws.slot_token[s0 + min(j, cnt - 1)];
     float ag[kGateUpRows][TOK], au[kGateUpRows][TOK];
 #pragma unroll
     for (int r = 0; r < kGateUpRows; ++r)
@@ -381,40 +350,6 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// acc[r][j] = down rows wr[r] . act rows j < cnt (act: the first one, rows 2F apart), summed over
-// this lane's pieces of the F columns (the caller reduces over the warp).
-template <int TOK>
-__device__ __forceinline__ void down_dots(const bf16* const (&wr)[kDownRows],
-                                          const bf16* __restrict__ act, int cnt, int64_t F,
-                                          int lane, float (&acc)[kDownRows][TOK]) {
-#pragma unroll
-  for (int r = 0; r < kDownRows; ++r)
-#pragma unroll
-    for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
-  for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
-    uint4 wv[kDownUnroll][kDownRows];
-#pragma unroll
-    for (int u = 0; u < kDownUnroll; ++u) {
-      const int64_t k = k0 + u * kGemvStep;
-#pragma unroll
-      for (int r = 0; r < kDownRows; ++r)
-        wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kDownUnroll; ++u) {
-      const int64_t k = k0 + u * kGemvStep;
-      if (k >= F) break;
-#pragma unroll
-      for (int j = 0; j < TOK; ++j) {
-        if (j >= cnt) break;
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(act + j * 2 * F + k));
-#pragma unroll
-        for (int r = 0; r < kDownRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
-      }
-    }
-  }
-}
-
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
@@ -435,7 +370,33 @@ __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
     const int cnt = min(TOK, be.end - s0);
     float acc[kDownRows][TOK];
-    down_dots<TOK>(wr, act + static_cast<int64_t>(s0) * 2 * F, cnt, F, lane, acc);
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+      for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
+    for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
+      uint4 wv[kDownUnroll][kDownRows];
+#pragma unroll
+      for (int u = 0; u < kDownUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r)
+          wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kDownUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+        if (k >= F) break;
+#pragma unroll
+        for (int j = 0; j < TOK; ++j) {
+          if (j >= cnt) break;
+          const uint4 xv =
+              __ldg(reinterpret_cast<const uint4*>(act + static_cast<int64_t>(s0 + j) * 2 * F + k));
+#pragma unroll
+          for (int r = 0; r < kDownRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < TOK; ++j) {
       if (j >= cnt) break;
@@ -446,55 +407,6 @@ __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w
         if (lane == 0 && d < D) y[static_cast<int64_t>(s0 + j) * D + d] = from_float<bf16>(v);
       }
     }
-  }
-}
-
-// A single token's down products and combine in one kernel (after moe_gate_up_kernel<1, true>,
-// which left rank j's silu(gate) * up in slot j): a block owns kDownRows output rows, its warps
-// the token's ranked pairs (warp w: ranks w, w + warps, ...), each pair's rows the down kernel's
-// per-warp work; then the block's first threads sum the pairs' bf16-rounded outputs in rank
-// (ascending expert) order, add shared and round once: the combine's arithmetic, bit for bit,
-// without the round trip through the workspace and the two launches.
-__global__ void __launch_bounds__(32 * kMoeMaxTopK)
-    moe_down_combine_one_kernel(MoeExpertsArgs w, MoeWorkspace ws, const int32_t* __restrict__ ids,
-                                const float* __restrict__ weights, int top_k,
-                                const bf16* __restrict__ shared, bf16* __restrict__ out) {
-  __shared__ int rank_e[kMoeMaxTopK];
-  __shared__ float rank_w[kMoeMaxTopK];
-  __shared__ float y[kMoeMaxTopK][kDownRows];
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  const int64_t F = w.inter, D = w.hidden;
-  const int64_t d0 = static_cast<int64_t>(blockIdx.x) * kDownRows;
-  if (threadIdx.x < kMoeMaxTopK) {
-    const RankedPair p = ranked_pair(ids, top_k, w.n_experts, threadIdx.x);
-    rank_e[threadIdx.x] = p.e;
-    rank_w[threadIdx.x] = p.e >= 0 ? weights[p.k] : 0.0f;
-  }
-  __syncthreads();
-  const bf16* act = static_cast<const bf16*>(ws.act);
-  for (int j = warp; j < kMoeMaxTopK && rank_e[j] >= 0; j += n_warps) {
-    const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(rank_e[j]) * D * F;
-    const bf16* wr[kDownRows];
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
-    float acc[kDownRows][1];
-    down_dots<1>(wr, act + static_cast<int64_t>(j) * 2 * F, 1, F, lane, acc);
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) {
-      const float v = warp_sum(acc[r][0]);
-      if (lane == 0) y[j][r] = to_float(from_float<bf16>(v));  // y as the workspace holds it
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < kDownRows && d0 + threadIdx.x < D) {
-    const int64_t d = d0 + threadIdx.x;
-    float acc = 0.0f;
-    for (int j = 0; j < kMoeMaxTopK && rank_e[j] >= 0; ++j)
-      acc = fmaf(rank_w[j], y[j][threadIdx.x], acc);
-    if (shared != nullptr) acc += to_float(shared[d]);
-    out[d] = from_float<bf16>(acc);
   }
 }
 
@@ -655,20 +567,17 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
   const auto* x = static_cast<const bf16*>(h);
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      launch_overlapped(moe_gate_up_kernel<1, false>, grid, dim3(kGemvThreads), 0, stream, w, x,
-                        ldh, ws, nullptr, 0);
+      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     case 2:
-      launch_overlapped(moe_gate_up_kernel<2, false>, grid, dim3(kGemvThreads), 0, stream, w, x,
-                        ldh, ws, nullptr, 0);
+      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     case 4:
-      launch_overlapped(moe_gate_up_kernel<4, false>, grid, dim3(kGemvThreads), 0, stream, w, x,
-                        ldh, ws, nullptr, 0);
+      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     default:
-      launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens, false>, grid, dim3(kGemvThreads), 0,
-                        stream, w, x, ldh, ws, nullptr, 0);
+      launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
+                        x, ldh, ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -692,23 +601,6 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
       launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
                         ws);
   }
-  CUDA_CHECK_LAUNCH();
-}
-
-void launch_moe_one_token(const MoeExpertsArgs& w, const void* h, const int32_t* ids,
-                          const float* weights, int32_t top_k, const MoeWorkspace& ws,
-                          const void* shared, void* out, cudaStream_t stream) {
-  PAGELLM_CHECK(top_k >= 1 && top_k <= kMoeMaxTopK);
-  launch_overlapped(moe_gate_up_kernel<1, true>,
-                    dim3(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(top_k)),
-                    dim3(kGemvThreads), 0, stream, w, static_cast<const bf16*>(h), int64_t{0}, ws,
-                    ids, top_k);
-  CUDA_CHECK_LAUNCH();
-  // A warp per pair up to 8 (V3 routes 8); more pairs take several per warp.
-  const int warps = std::min(top_k, 8);
-  launch_overlapped(moe_down_combine_one_kernel, dim3(ceil_div(w.hidden, kDownRows)),
-                    dim3(32 * warps), 0, stream, w, ws, ids, weights, top_k,
-                    static_cast<const bf16*>(shared), static_cast<bf16*>(out));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -2,8 +2,7 @@
 // Pointers are device pointers; all work is queued on `stream`; the backend (cuda_moe.cpp) checks
 // shapes, dtypes and devices before calling these.
 //
-// The routed experts of a step run in four stages, all on the device (a single token's in two
-// launches: launch_moe_one_token):
+// The routed experts of a step run in four stages, all on the device:
 //   1. sort:     (token, k) pairs grouped by expert: per-expert offsets, the list of experts that
 //                received tokens, each slot's token and each pair's slot (one block; the order of
 //                pairs inside an expert's slots is not fixed, which changes no result: every row is
@@ -121,15 +120,6 @@ bool moe_gemm_supported(const MoeGemmArgs& g);
 // max_slots bounds offsets[E] (the step's pair count); it sizes the grid, any bound gives the same
 // results.
 void launch_moe_gemm(const MoeGemmArgs& g, int64_t max_slots, cudaStream_t stream);
-
-// All four stages for a single token (decode at batch 1) in two launches: the gate|up GEMV ranks
-// the token's pairs by expert itself (no sort; rank j's product in slot j of ws.act, which needs
-// top_k rows), and the down GEMV sums the pairs' outputs in that order and adds shared (no combine
-// kernel). Bit for bit the four-stage path's results. ids i32 [top_k] and weights f32 [top_k] of
-// the token; h, shared (or null) and out bf16 [D].
-void launch_moe_one_token(const MoeExpertsArgs& w, const void* h, const int32_t* ids,
-                          const float* weights, int32_t top_k, const MoeWorkspace& ws,
-                          const void* shared, void* out, cudaStream_t stream);
 
 // Stage 4. ids and weights [n, K] as given to moe_experts; shared bf16 [n, D] or null; out bf16.
 void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_tokens, int32_t top_k,
