@@ -238,9 +238,7 @@ if [ $model_built = 1 ]; then
   # the projections (the fold's extra rounding of the weights
   # puts 3 of the 13 golden fixtures just outside their bound: docs/PERF.md, eleventh round).
   # (The golden suite's name carries its instantiation prefix: AllArchitectures/GoldenCuda.)
-  # The norm in the GEMV as well ("norm,swiglu": the pre-norms inside the projections, their
-  # weights loaded) runs the golden suite too, for a decision on its default.
-  for run in 'none */GoldenCuda.*:EngineCuda.*' 'norm,swiglu */GoldenCuda.*' 'fold EngineCuda.*'; do
+  for run in 'none */GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
     fusions=${run%% *}
     t=$(now)
     PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \

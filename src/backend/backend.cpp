@@ -103,19 +103,6 @@ void Backend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, 
   matmul_swiglu(h, w, bias, gate_up, out);
 }
 
-void Backend::mla_norm_rope_store(Tensor& q, Tensor& lat, const Tensor& norm_w, float eps,
-                                  const Tensor& cos_sin, bool interleaved,
-                                  const Tensor& slot_mapping, Tensor& cache) {
-  const int64_t p = cos_sin.cols(), w = lat.cols();
-  PAGELLM_CHECK_MSG(lat.ndim == 2 && p <= w && norm_w.numel() == w - p,
-                    "mla_norm_rope_store: lat must be [n, P + R] with norm_w [R]");
-  Tensor c_kv = lat.slice_cols(p, w);
-  rms_norm(c_kv, norm_w, eps, c_kv);
-  Tensor k = lat.split_heads(1, w);
-  Tensor v_cache = cache.slice_cols(p, w);
-  rope_store_kv(q, k, k.slice_cols(p, w), cos_sin, interleaved, slot_mapping, cache, v_cache);
-}
-
 double measure_memory_bandwidth_gbs(Backend& backend) {
   if (backend.device() == Device::kCpu) return measure_read_bandwidth_gbs();
   // 1 GiB each way, well past any cache; best of several copies.

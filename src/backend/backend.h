@@ -247,17 +247,6 @@ class Backend {
                              bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
                              Tensor& v_cache) = 0;
 
-  // MLA's latent KV row (DeepSeek-V2/V3), one op so a backend can normalize inside the RoPE and
-  // cache-write kernel: RMSNorm of each row's c_kv (lat's columns past the rotary dims, weight
-  // norm_w: kv_a_layernorm) in place, then rope_store_kv with the row as the single key head and
-  // its c_kv as the value (the latent cache's V is the column view of its K past the rotary dims).
-  //   q act [n, H, Dq]; lat act [n, P + R] (k_pe | c_kv); norm_w [R]; cos_sin f32 [n, P];
-  //   slot_mapping as in rope_store_kv; cache [n_blocks, block_size, 1, P + R].
-  // The default runs rms_norm, then rope_store_kv.
-  virtual void mla_norm_rope_store(Tensor& q, Tensor& lat, const Tensor& norm_w, float eps,
-                                   const Tensor& cos_sin, bool interleaved,
-                                   const Tensor& slot_mapping, Tensor& cache);
-
   // Rotary embedding alone, in place.   x act [n, H, D]; cos_sin f32 [n, rotary_dim]
   virtual void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) = 0;
 

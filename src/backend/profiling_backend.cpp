@@ -122,15 +122,6 @@ OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const 
                 bytes);
 }
 
-OpSample mla_norm_rope_store(const Tensor& q, const Tensor& lat, const Tensor& norm_w,
-                             const Tensor& cos_sin, const Tensor& slot_mapping) {
-  return make_sample("mla_norm_rope_store",
-                     key("n=%lld hq=%lld dq=%lld d=%lld rot=%lld", ll(q.size(0)), ll(q.size(1)),
-                         ll(q.size(2)), ll(lat.cols()), ll(cos_sin.cols())),
-                     2 * bytes_of(q) + 3 * bytes_of(lat) + bytes_of(norm_w) + bytes_of(cos_sin) +
-                         bytes_of(slot_mapping));
-}
-
 OpSample rope(const Tensor& x, const Tensor& cos_sin) {
   return make_sample("rope",
                 key("n=%lld h=%lld d=%lld rot=%lld", ll(x.size(0)), ll(x.ndim >= 3 ? x.size(1) : 1), ll(x.cols()),
@@ -324,15 +315,6 @@ void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, cons
                                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
   timed([&] { return op_cost::rope_store_kv(q, k, v, cos_sin, slot_mapping, k_cache, v_cache); },
         [&] { inner_->rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache); });
-}
-void ProfilingBackend::mla_norm_rope_store(Tensor& q, Tensor& lat, const Tensor& norm_w, float eps,
-                                           const Tensor& cos_sin, bool interleaved,
-                                           const Tensor& slot_mapping, Tensor& cache) {
-  timed([&] { return op_cost::mla_norm_rope_store(q, lat, norm_w, cos_sin, slot_mapping); },
-        [&] {
-          inner_->mla_norm_rope_store(q, lat, norm_w, eps, cos_sin, interleaved, slot_mapping,
-                                      cache);
-        });
 }
 void ProfilingBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
   timed([&] { return op_cost::rope(x, cos_sin); }, [&] { inner_->rope(x, cos_sin, interleaved); });

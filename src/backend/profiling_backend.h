@@ -46,9 +46,6 @@ OpSample batched_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
 OpSample rope_store_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_sin,
                        const Tensor& slot_mapping, const Tensor& k_cache, const Tensor& v_cache);
 OpSample rope(const Tensor& x, const Tensor& cos_sin);
-// q rotated in place; lat read and written (normalized, rotated); the latent row stored once.
-OpSample mla_norm_rope_store(const Tensor& q, const Tensor& lat, const Tensor& norm_w,
-                             const Tensor& cos_sin, const Tensor& slot_mapping);
 // KV bytes are those of meta.total_kv_tokens (each sequence's cache read once); flops are
 // 2 (D + Dv) per query head and query-key pair (meta.total_qk_pairs). A V cache that is a column
 // view of the K cache's rows (MLA's latent cache) is not counted twice.
@@ -133,9 +130,6 @@ class ProfilingBackend final : public Backend {
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
-  void mla_norm_rope_store(Tensor& q, Tensor& lat, const Tensor& norm_w, float eps,
-                           const Tensor& cos_sin, bool interleaved, const Tensor& slot_mapping,
-                           Tensor& cache) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;

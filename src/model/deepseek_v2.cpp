@@ -295,6 +295,9 @@ class DeepseekModel final : public DecoderModel {
     Tensor q = cfg_.q_lora_rank ? ws.q.slice_rows(0, n) : q_lat.part[0];
     Tensor lat = q_lat.part[1];                      // [n, P+R]: k_pe | c_kv
     Tensor attn_v = ws.attn_v.slice_rows(0, n);      // [n, H*Vd]
+    Tensor lat_c = lat.slice_cols(P, P + R);         // [n, R]
+    Tensor lat3 = lat.split_heads(1, P + R);         // [n, 1, P+R]
+    Tensor lat3_c = lat3.slice_cols(P, P + R);       // [n, 1, R]
     Tensor q3 = q.split_heads(H, P + N);             // [n, H, P+N]
     Tensor cos_sin = ws.cos_sin.slice_rows(0, n);  // f32 [n, P], uploaded by prepare()
     // Tokens [0, na) attend in the absorbed form, [na, n) (fresh prompts) in the expanded one.
@@ -328,11 +331,12 @@ class DeepseekModel final : public DecoderModel {
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
         backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
       }
-      // Normalizes c_kv, rotates q_pe and k_pe (the leading P dims) and writes the latent row;
-      // V is the c_kv column view of the same cache rows.
-      backend_.mla_norm_rope_store(q3, lat, L.kv_a_layernorm, eps, cos_sin, cfg_.rope.interleaved,
-                                   b.slot_mapping, cache.k[l]);
+      backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
+      // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
+      // column view of the same cache rows, so it is written twice with the same values.
       Tensor v_cache = cache.k[l].slice_cols(P, P + R);  // [blocks, bs, 1, R]
+      backend_.rope_store_kv(q3, lat3, lat3_c, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
+                             cache.k[l], v_cache);
       if (na > 0) {  // absorbed: q_h -> [q_pe | q_abs_h] against the latent cache, then W_UV_h
         Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, na, P+R]
         backend_.batched_matmul(heads_major(q.slice_rows(0, na), H, P + N), L.q_absorb,

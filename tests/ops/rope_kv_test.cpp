@@ -1,6 +1,5 @@
-// rope, rope_store_kv and MLA's mla_norm_rope_store against the CPU reference: both rotation
-// layouts, partial rotary dims, GQA/MQA head counts, padding slots (< 0), shuffled cache slots and
-// block sizes 16 and 32.
+// rope and rope_store_kv against the CPU reference: both rotation layouts, partial rotary dims,
+// GQA/MQA head counts, padding slots (< 0), shuffled cache slots and block sizes 16 and 32.
 #include <algorithm>
 #include <numeric>
 
@@ -93,73 +92,6 @@ TEST(RopeStoreKv, MatchesReference) {
       run_rope_store_kv_case(cuda, cpu, ++seed, {n, 6, 3, 40, 36, 20, inter, 16});  // Dv % 8 != 0
       // DeepSeek-V2-Lite MLA: q heads q_pe | q_nope (192), one latent k_pe | c_kv row (576)
       run_rope_store_kv_case(cuda, cpu, ++seed, {n, 16, 1, 576, 512, 64, inter, 16, 192});
-    }
-}
-
-// MLA's latent row: c_kv normalized in place inside the RoPE and cache-write kernel, against the
-// CPU's rms_norm then rope_store_kv (Backend's default). lat is a column view of a wider row (the
-// model's q | latent projection output, as the model passes it); padding tokens (slot -1) must
-// still be normalized and rotated (prefill's expanded path reads lat), but not stored.
-struct MlaCase {
-  int64_t n, heads, dq, p, r, lead;  // lead: columns before lat in its row
-  DType norm_dtype;
-};
-
-void run_mla_norm_rope_store_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) {
-  Rng rng(seed);
-  const int64_t bs = 16, n_blocks = (c.n + bs - 1) / bs + 3, w = c.p + c.r, row = c.lead + w;
-  std::vector<float> q = random_bf16_values(rng, c.n * c.heads * c.dq, 2.0f);
-  std::vector<float> buf = random_bf16_values(rng, c.n * row, 2.0f);
-  std::vector<float> cache = random_bf16_values(rng, n_blocks * bs * w);
-  std::vector<float> norm_w(c.r);
-  for (float& g : norm_w) g = bf16_to_f32(f32_to_bf16(rng.uniform(0.5f, 1.5f)));
-  std::vector<float> cs = make_cos_sin(rng, c.n, c.p);
-  std::vector<int32_t> all(n_blocks * bs);
-  std::iota(all.begin(), all.end(), 0);
-  for (int64_t i = static_cast<int64_t>(all.size()) - 1; i > 0; --i)
-    std::swap(all[i], all[rng.below(i + 1)]);
-  std::vector<int32_t> slots(all.begin(), all.begin() + c.n);
-  for (int64_t i = 2; i < c.n; i += 5) slots[i] = -1;
-
-  auto q_dev = upload_bf16(cuda, q), buf_dev = upload_bf16(cuda, buf);
-  auto cache_dev = upload_bf16(cuda, cache);
-  auto w_dev = c.norm_dtype == DType::kF32 ? upload_raw(cuda, norm_w) : upload_bf16(cuda, norm_w);
-  auto cs_dev = upload_raw(cuda, cs);
-  auto slots_dev = upload_raw(cuda, slots);
-  Tensor q_t = q_dev->view(DType::kBF16, {c.n, c.heads, c.dq});
-  Tensor lat_t = buf_dev->view(DType::kBF16, {c.n, row}).slice_cols(c.lead, row);
-  Tensor cache_t = cache_dev->view(DType::kBF16, {n_blocks, bs, 1, w});
-  cuda.mla_norm_rope_store(q_t, lat_t, w_dev->view(c.norm_dtype, {c.r}), 1e-6f,
-                           cs_dev->view(DType::kF32, {c.n, c.p}), true,
-                           slots_dev->view(DType::kI32, {c.n}), cache_t);
-
-  Tensor qh = host_f32(q, {c.n, c.heads, c.dq});
-  Tensor lat_h = host_f32(buf, {c.n, row}).slice_cols(c.lead, row);
-  Tensor cache_h = host_f32(cache, {n_blocks, bs, 1, w});
-  cpu.mla_norm_rope_store(qh, lat_h, host_f32(norm_w, {c.r}), 1e-6f, host_f32(cs, {c.n, c.p}), true,
-                          Tensor(slots.data(), DType::kI32, {c.n}), cache_h);
-
-  const std::string what =
-      Label("mla_norm_rope_store", seed)("n", c.n)("heads", c.heads)("dq", c.dq)("P", c.p)(
-          "R", c.r)("lead", c.lead)("norm_w", std::string(dtype_name(c.norm_dtype)));
-  EXPECT_TRUE(compare(what + " q", download_bf16(*q_dev), q, kBf16Tol));
-  EXPECT_TRUE(
-      compare(what + " lat (and the columns before it)", download_bf16(*buf_dev), buf, kBf16Tol));
-  EXPECT_TRUE(compare(what + " cache", download_bf16(*cache_dev), cache, kBf16Tol));
-  for (const DevBuf* b : {q_dev.get(), buf_dev.get(), cache_dev.get()})
-    EXPECT_TRUE(guards_ok(what, *b));
-}
-
-TEST(MlaNormRopeStore, MatchesReference) {
-  PAGELLM_REQUIRE_CUDA();
-  uint64_t seed = base_seed() + 3050;
-  for (int64_t n : {1, 7, 19, 111})
-    for (DType wt : {DType::kBF16, DType::kF32}) {
-      // DeepSeek-V2-Lite: 16 heads of q_pe | q_nope, latent 64 | 512 after q's 3072 columns.
-      run_mla_norm_rope_store_case(cuda, cpu, ++seed, {n, 16, 192, 64, 512, 3072, wt});
-      // The golden fixtures' sizes, and a width the 16-byte path cannot take (scalar path).
-      run_mla_norm_rope_store_case(cuda, cpu, ++seed, {n, 4, 48, 16, 32, 64, wt});
-      run_mla_norm_rope_store_case(cuda, cpu, ++seed, {n, 2, 20, 10, 36, 2, wt});
     }
 }
 

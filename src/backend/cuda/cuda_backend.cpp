@@ -615,12 +615,6 @@ void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
 void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
                                 bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
                                 Tensor& v_cache) {
-  rope_store_kv_with(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache, KeyTailNorm{});
-}
-
-void CudaBackend::rope_store_kv_with(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                                     bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                                     Tensor& v_cache, const KeyTailNorm& tail_norm) {
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k, "k"},
                                 {&v, "v"},
@@ -649,33 +643,7 @@ void CudaBackend::rope_store_kv_with(Tensor& q, Tensor& k, const Tensor& v, cons
                     "rope_store_kv: k and v caches disagree on blocks");
   launch_rope_store_kv(heads_of(q), heads_of(k), heads_of(v), cos_sin.ptr<float>(),
                        cos_sin.row_stride(), rd, interleaved, slot_mapping.ptr<int32_t>(), kc, vc,
-                       tail_norm, stream_);
-}
-
-void CudaBackend::mla_norm_rope_store(Tensor& q, Tensor& lat, const Tensor& norm_w, float eps,
-                                      const Tensor& cos_sin, bool interleaved,
-                                      const Tensor& slot_mapping, Tensor& cache) {
-  // PAGELLM_MLA_FUSED_NORM=0 runs the norm as its own kernel (to measure what the fusion gains).
-  static const bool fused = [] {
-    const char* v = std::getenv("PAGELLM_MLA_FUSED_NORM");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  if (!fused) {
-    Backend::mla_norm_rope_store(q, lat, norm_w, eps, cos_sin, interleaved, slot_mapping, cache);
-    return;
-  }
-  check_on_device(lat, "lat");
-  check_on_device(norm_w, "norm_w");
-  const int64_t p = cos_sin.cols(), w = lat.cols();
-  PAGELLM_CHECK_MSG(lat.ndim == 2 && p <= w && norm_w.numel() == w - p && norm_w.is_contiguous(),
-                    "mla_norm_rope_store: lat must be [n, P + R] with norm_w [R]");
-  PAGELLM_CHECK_MSG(
-      norm_w.dtype == DType::kF32 || norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF16,
-      "mla_norm_rope_store: norm_w must be f32, bf16 or f16");
-  Tensor k = lat.split_heads(1, w);
-  Tensor v_cache = cache.slice_cols(p, w);
-  rope_store_kv_with(q, k, k.slice_cols(p, w), cos_sin, interleaved, slot_mapping, cache, v_cache,
-                     KeyTailNorm{norm_w.data, norm_w.dtype, eps});
+                       stream_);
 }
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

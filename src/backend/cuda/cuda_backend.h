@@ -86,11 +86,6 @@ class CudaBackend final : public Backend {
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
                      const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
-  // The latent norm inside the RoPE and cache-write kernel (its key warp normalizes c_kv first);
-  // PAGELLM_MLA_FUSED_NORM=0 runs Backend's two ops instead.
-  void mla_norm_rope_store(Tensor& q, Tensor& lat, const Tensor& norm_w, float eps,
-                           const Tensor& cos_sin, bool interleaved, const Tensor& slot_mapping,
-                           Tensor& cache) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
@@ -191,10 +186,6 @@ class CudaBackend final : public Backend {
   bool advance_side(Side from, Side to, const char* misuse);
   // Swaps the side stream and its Gemm with the main ones (in at begin_side, out at end_side).
   void swap_side();
-  // rope_store_kv's checks and launch, with an optional norm of the key heads' tails.
-  void rope_store_kv_with(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                          bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                          Tensor& v_cache, const KeyTailNorm& tail_norm);
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
   std::array<cudaEvent_t, kSlots> slot_events_{};
   int slot_ = 0;

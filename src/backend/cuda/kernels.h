@@ -63,19 +63,12 @@ struct CacheView {
 // cos_sin f32 rows of rotary_dim: cos of the rotary_dim/2 frequencies, then their sin.
 void launch_rope(const HeadsView& x, const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
                  bool interleaved, cudaStream_t stream);
-// An RMSNorm of each key head's dims past rotary_dim, in place, before they are stored (MLA's
-// c_kv: kv_a_layernorm): out = (x * rsqrt(mean(x^2) + eps)) * w, w [dim - rotary_dim].
-struct KeyTailNorm {
-  const void* w = nullptr;     // null: no norm
-  DType dtype = DType::kBF16;  // of w: f32, bf16 or f16
-  float eps = 0.0f;
-};
-// RoPE on q and k in place (k's tail normalized first when norm.w is set), then k and v stored to
-// cache slot slot_mapping[i] (skipped when < 0 or beyond the cache), in one kernel per token.
+// RoPE on q and k in place, then k and v stored to cache slot slot_mapping[i] (skipped when < 0
+// or beyond the cache), in one kernel per token.
 void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsView& v,
                           const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
                           bool interleaved, const int32_t* slot_mapping, const CacheView& k_cache,
-                          const CacheView& v_cache, const KeyTailNorm& norm, cudaStream_t stream);
+                          const CacheView& v_cache, cudaStream_t stream);
 
 // --- activation.cu ---
 // out = silu(gate) * up (all bf16 row views of equal shape; out may alias either input).

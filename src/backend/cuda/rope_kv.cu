@@ -59,67 +59,11 @@ __global__ void rope_kernel(HeadsView x, const float* __restrict__ cos_sin, int6
 // and made block scheduling the cost of a prefill's many (token, head) pairs.
 constexpr int kHeadsPerBlock = kThreads / 32;
 
-__device__ __forceinline__ float tail_norm_weight(const KeyTailNorm& n, int64_t i) {
-  switch (n.dtype) {
-    case DType::kF32:
-      return static_cast<const float*>(n.w)[i];
-    case DType::kF16:
-      return to_float(static_cast<const __half*>(n.w)[i]);
-    default:
-      return to_float(static_cast<const bf16*>(n.w)[i]);
-  }
-}
-
-// KeyTailNorm on one key row, by one warp: x = row[rotary_dim, dim). Vector path: each lane holds
-// its 16-byte pieces (8 lane + 256 i) in registers between the sum of squares and the scaling,
-// the same pieces the 16-byte cache copies below read, so one load round trip serves all.
-constexpr int kTailPieces = 4;  // vector path: rows of up to 4 x 256 values
-__device__ __forceinline__ void normalize_key_tail(bf16* row, int64_t rotary_dim, int64_t dim,
-                                                   const KeyTailNorm& n, bool vec, int lane) {
-  bf16* x = row + rotary_dim;
-  const int64_t d = dim - rotary_dim;
-  if (vec && d <= kTailPieces * 256) {
-    uint4 piece[kTailPieces];
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kTailPieces; ++i) {
-      const int64_t e = 8 * lane + 256 * i;
-      if (e >= d) break;
-      piece[i] = *reinterpret_cast<const uint4*>(x + e);
-      float v[8];
-      unpack_bf16x8(piece[i], v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss = fmaf(v[j], v[j], ss);
-    }
-    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(d) + n.eps);
-#pragma unroll
-    for (int i = 0; i < kTailPieces; ++i) {
-      const int64_t e = 8 * lane + 256 * i;
-      if (e >= d) break;
-      float v[8];
-      unpack_bf16x8(piece[i], v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = (v[j] * inv) * tail_norm_weight(n, e + j);
-      *reinterpret_cast<uint4*>(x + e) = pack_bf16x8(v);
-    }
-  } else {
-    float ss = 0.0f;
-    for (int64_t e = lane; e < d; e += 32) {
-      const float v = to_float(x[e]);
-      ss = fmaf(v, v, ss);
-    }
-    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(d) + n.eps);
-    for (int64_t e = lane; e < d; e += 32)
-      x[e] = from_float<bf16>((to_float(x[e]) * inv) * tail_norm_weight(n, e));
-  }
-  __syncwarp();  // the copies below read pieces other lanes wrote (scalar path, v's layout)
-}
-
 __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
                                      const float* __restrict__ cos_sin, int64_t cs_ld,
                                      int64_t rotary_dim, bool interleaved,
                                      const int32_t* __restrict__ slot_mapping, CacheView kc,
-                                     CacheView vc, KeyTailNorm norm, bool k_vec, bool v_vec) {
+                                     CacheView vc, bool k_vec, bool v_vec) {
   pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
   const int64_t i = blockIdx.x;
@@ -146,7 +90,6 @@ __global__ void rope_store_kv_kernel(HeadsView q, HeadsView k, HeadsView v,
     vdst = static_cast<bf16*>(vc.data) + blk * vc.stride_block + off * vc.stride_tok + h * vc.stride_head;
   }
   bf16* krow = static_cast<bf16*>(k.data) + i * k.stride_tok + h * k.stride_head;
-  if (norm.w != nullptr) normalize_key_tail(krow, rotary_dim, k.dim, norm, k_vec, lane);
   rotate_heads(krow, k.stride_head, 1, cs, half, interleaved, kdst, kc.stride_head, lane, 32);
   if (!store) return;
   // K dims past rotary_dim are copied unrotated (partial rotary: Phi, GLM, DeepSeek's latent
@@ -180,7 +123,7 @@ void launch_rope(const HeadsView& x, const float* cos_sin, int64_t cos_sin_ld, i
 void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsView& v,
                           const float* cos_sin, int64_t cos_sin_ld, int64_t rotary_dim,
                           bool interleaved, const int32_t* slot_mapping, const CacheView& k_cache,
-                          const CacheView& v_cache, const KeyTailNorm& norm, cudaStream_t stream) {
+                          const CacheView& v_cache, cudaStream_t stream) {
   if (q.n == 0) return;
   PAGELLM_CHECK(q.heads + k.heads <= 65535 && v.heads == k.heads);
   const auto vec_ok = [](const void* p, int64_t a, int64_t b, int64_t c) {
@@ -195,8 +138,8 @@ void launch_rope_store_kv(const HeadsView& q, const HeadsView& k, const HeadsVie
   const dim3 grid(static_cast<unsigned>(q.n),
                   static_cast<unsigned>((q.heads + k.heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
   launch_overlapped(rope_store_kv_kernel, grid, dim3(kThreads), 0, stream, q, k, v, cos_sin,
-                    cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, norm,
-                    k_vec, v_vec);
+                    cos_sin_ld, rotary_dim, interleaved, slot_mapping, k_cache, v_cache, k_vec,
+                    v_vec);
   CUDA_CHECK_LAUNCH();
 }
 
