@@ -235,8 +235,8 @@ if [ $model_built = 1 ]; then
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
   # The golden and engine tests on the GPU without SwiGLU in the gate|up GEMV (the default has
   # it; "none": the SiLU kernel apart), and the engine tests with the norm weights folded into
-  # the projections (the fold's extra rounding of the weights
-  # puts 3 of the 13 golden fixtures just outside their bound: docs/PERF.md, eleventh round).
+  # the projections (the fold's extra rounding of the weights puts 3 of the 13 golden fixtures
+  # just outside their bound: docs/PERF.md, eleventh round).
   # (The golden suite's name carries its instantiation prefix: AllArchitectures/GoldenCuda.)
   for run in 'none */GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
     fusions=${run%% *}
