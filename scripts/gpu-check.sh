@@ -24,6 +24,9 @@
 # max-num-batched-tokens (16384); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
 # and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried;
 # PAGELLM_KERNEL_BENCHES names a subset; PAGELLM_KERNEL_BENCH_RUN=0 builds them without running).
+# PAGELLM_CHECK_PREBUILT=DIR runs the binaries scripts/gpu-prebuild.sh built on another machine
+# (DIR/tests/test_ops, DIR/tests/test_model, DIR/tools/pagellm) instead of configuring and
+# building, after checking that they were built from these sources (scripts/source-hash.sh);
 # PAGELLM_LLAMA_AB / PAGELLM_DEEPSEEK_AB list settings (VAR=VALUE, several joined by "+") whose
 # batch-1 latency is alternated for PAGELLM_AB_ROUNDS rounds (see ab_latency).
 set -uo pipefail
@@ -31,7 +34,8 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 arch=${PAGELLM_CUDA_ARCH:-90a}
 jobs=${JOBS:-16}
-build=${PAGELLM_BUILD_DIR:-build/cuda}
+prebuilt=${PAGELLM_CHECK_PREBUILT:-}
+build=${prebuilt:-${PAGELLM_BUILD_DIR:-build/cuda}}
 logs=$build/gpu-check
 declare -a step_names=() step_results=()
 record() { step_names+=("$1"); step_results+=("$2"); }
@@ -91,24 +95,36 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# --- configure and build ---
+# --- configure and build (or the prebuilt binaries, checked against these sources) ---
 if command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi
 mkdir -p "$logs"
 t0=$(now)
-echo "== configure (cuda preset, CUDA arch $arch, ${CMAKE_GENERATOR:-Unix Makefiles})"
-# Google Benchmark micro-benchmarks only for PAGELLM_CHECK_KERNEL_BENCH=1 (carried since 2026-11-30).
-micro=$([ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ] && echo ON || echo OFF)
-if cmake --preset cuda -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGELLM_BENCH=$micro ${cmake_extra[@]+"${cmake_extra[@]}"} \
-     >"$logs/configure.log" 2>&1; then
-  record "configure" "ok ($(( $(now) - t0 ))s)"
+if [ -n "$prebuilt" ]; then
+  want=$(cat "$prebuilt/source-hash" 2>/dev/null || true)
+  if [ -z "$want" ] || [ "$want" != "$(scripts/source-hash.sh)" ]; then
+    echo "gpu-check: $prebuilt was not built from these sources: run scripts/gpu-prebuild.sh" \
+         "and carry .carry/prebuilt again" >&2
+    exit 2
+  fi
+  # The tests read tests/data from this copy, not from where they were built.
+  export PAGELLM_SOURCE_DIR=$repo
+  record "configure" "prebuilt ($prebuilt, sources match)"
 else
-  tail -40 "$logs/configure.log"
-  record "configure" "FAILED (see $logs/configure.log)"
-  printf '\n== summary\n'; for i in "${!step_names[@]}"; do printf '  %-28s %s\n' "${step_names[$i]}" "${step_results[$i]}"; done
-  exit 1
+  echo "== configure (cuda preset, CUDA arch $arch, ${CMAKE_GENERATOR:-Unix Makefiles})"
+  # Google Benchmark micro-benchmarks only for PAGELLM_CHECK_KERNEL_BENCH=1 (carried since 2026-11-30).
+  micro=$([ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ] && echo ON || echo OFF)
+  if cmake --preset cuda -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGELLM_BENCH=$micro ${cmake_extra[@]+"${cmake_extra[@]}"} \
+       >"$logs/configure.log" 2>&1; then
+    record "configure" "ok ($(( $(now) - t0 ))s)"
+  else
+    tail -40 "$logs/configure.log"
+    record "configure" "FAILED (see $logs/configure.log)"
+    printf '\n== summary\n'; for i in "${!step_names[@]}"; do printf '  %-28s %s\n' "${step_names[$i]}" "${step_results[$i]}"; done
+    exit 1
+  fi
 fi
 
-if [ "${PAGELLM_CHECK_CONFIGURE_ONLY:-0}" = 1 ]; then
+if [ "${PAGELLM_CHECK_CONFIGURE_ONLY:-0}" = 1 ] && [ -z "$prebuilt" ]; then
   grep -E "^(UTF8PROC_LIB|UTF8PROC_INCLUDE|Boost_DIR|GTest_DIR|nlohmann_json_DIR|PKG_CONFIG_EXECUTABLE):|^pkgcfg_lib_" \
     "$build/CMakeCache.txt" | grep -v ADVANCED
   echo "configure ok"; exit 0
@@ -117,6 +133,15 @@ fi
 build_target() {  # name, targets...
   local name=$1; shift
   local t=$(now) limit
+  if [ -n "$prebuilt" ]; then  # the prebuilt folder has test_ops, test_model and pagellm only
+    local target path
+    for target in "$@"; do
+      path=$([ "$target" = pagellm ] && echo "$build/tools/pagellm" || echo "$build/tests/$target")
+      if [ ! -x "$path" ]; then record "build $name" "not prebuilt"; return 1; fi
+    done
+    record "build $name" "prebuilt"
+    return 0
+  fi
   limit=$(step_limit 400)
   if [ "$limit" -lt 20 ]; then record "build $name" "skipped: out of time"; return 1; fi
   echo "== build $*"

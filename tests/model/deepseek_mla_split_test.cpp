@@ -15,6 +15,7 @@
 #include "io/weights.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 class DeepseekMlaSplitTest : public testing::TestWithParam<const char*> {};
 
 TEST_P(DeepseekMlaSplitTest, MixedStepsMatchRequestsRunAlone) {
-  auto ckpt = open_checkpoint(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/" + GetParam());
+  auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/" + GetParam());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
   auto backend = make_cpu_backend();
   auto model = load_model(*ckpt, *backend);

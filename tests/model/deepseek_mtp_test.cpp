@@ -19,6 +19,7 @@
 #include "io/weights.h"
 #include "model/model.h"
 #include "runtime/sequence_runner.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -79,8 +80,7 @@ std::vector<float> last_logits(const std::string& dir, std::string* log) {
 }
 
 TEST(DeepseekMtp, LayersPastTheDecoderAreSkippedWithALogLine) {
-  const fs::path golden =
-      fs::path(PAGELLM_SOURCE_DIR) / "tests" / "data" / "golden" / "deepseek_v3";
+  const fs::path golden = fs::path(test_source_dir()) / "tests" / "data" / "golden" / "deepseek_v3";
   json cfg = json::parse(read_file(golden / "config.json"));
   const int L = cfg["num_hidden_layers"];
   ASSERT_GE(L, 2);

@@ -20,10 +20,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "../unit/runtime/engine_test_util.h"
 #include "backend/backend.h"
 #include "io/weights.h"
 #include "runtime/engine.h"
-#include "../unit/runtime/engine_test_util.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -36,13 +37,13 @@ class EngineCuda : public testing::Test {
     auto be = make_cuda_backend(0);
     if (!be.ok()) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
     backend_ = std::move(*be);
-    auto ckpt = open_checkpoint(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama");
+    auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/llama");
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
     ckpt_ = std::move(*ckpt);
     auto m = load_model(ckpt_, *backend_);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(*m);
-    std::ifstream f(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama/reference.json");
+    std::ifstream f(test_source_dir() + "/tests/data/golden/llama/reference.json");
     ASSERT_TRUE(f) << "missing the fixture's reference.json";
     const nlohmann::json noise = nlohmann::json::parse(f)["transformers_bf16_noise"];
     max_tol_ = 1.5 * noise["max_abs_err"].get<double>();

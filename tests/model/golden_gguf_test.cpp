@@ -20,6 +20,7 @@
 #include "io/weights.h"
 #include "model/model.h"
 #include "runtime/sequence_runner.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -27,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const fs::path kSource = PAGELLM_SOURCE_DIR;
+const fs::path kSource = test_source_dir();
 
 double max_logprob_error(const std::string& gguf, const json& ref, int* n_out) {
   auto ckpt = open_checkpoint(gguf);

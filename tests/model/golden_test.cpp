@@ -16,6 +16,7 @@
 #include "io/weights.h"
 #include "model/model.h"
 #include "runtime/sequence_runner.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -30,7 +31,9 @@ constexpr double kLogprobTol = 2e-3;
 // may legitimately flip the argmax and the continuations diverge).
 constexpr double kMarginTol = 0.02;
 
-fs::path golden_dir() { return fs::path(PAGELLM_SOURCE_DIR) / "tests" / "data" / "golden"; }
+fs::path golden_dir() {
+  return fs::path(test_source_dir()) / "tests" / "data" / "golden";
+}
 
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;

@@ -15,12 +15,13 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "runtime/sequence_runner.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
 
 std::filesystem::path fixture_config(const std::string& name) {
-  return std::filesystem::path(PAGELLM_SOURCE_DIR) / "tests" / "data" / "golden" / name /
+  return std::filesystem::path(test_source_dir()) / "tests" / "data" / "golden" / name /
          "config.json";
 }
 

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "bench/prometheus.h"
+#include "source_dir.h"
 
 namespace pagellm::bench {
 namespace {
@@ -70,7 +71,7 @@ TEST(Cost, TableRanksCheapestFirst) {
 }
 
 TEST(Cost, ShippedPriceTableParses) {
-  auto t = PriceTable::load(std::string(PAGELLM_SOURCE_DIR) + "/bench/prices.toml");
+  auto t = PriceTable::load(test_source_dir() + "/bench/prices.toml");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   for (const char* g : {"H200", "H100 SXM", "A100 80GB", "L40S", "RTX 4090", "CPU core"})
     EXPECT_TRUE(t->usd_per_hour(g).ok()) << g;

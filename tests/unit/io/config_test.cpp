@@ -13,6 +13,7 @@
 #include <string>
 
 #include "io/model_config.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -29,7 +30,7 @@ std::string read_file(const std::string& path) {
 }
 
 std::string config_path(const std::string& name) {
-  return std::string(PAGELLM_SOURCE_DIR) + "/tests/data/configs/" + name;
+  return test_source_dir() + "/tests/data/configs/" + name;
 }
 
 ModelConfig parse_file(const std::string& name) {

@@ -20,6 +20,7 @@
 
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -73,7 +74,7 @@ class GgufConverted : public ::testing::Test {
   // generated once into a temporary folder that is then renamed into place, so the tests of one
   // run (separate processes under CTest, possibly in parallel) share it.
   static void SetUpTestSuite() {
-    const std::string src = PAGELLM_SOURCE_DIR;
+    const std::string src = test_source_dir();
     const std::string python = src + "/.venv/bin/python";
     if (access(python.c_str(), X_OK) != 0) {
       setup_error_ = python + " is missing: create the test environment (scripts/setup.sh)";
@@ -200,7 +201,7 @@ TEST_F(GgufConverted, EveryTensorEqualsTheSafetensorsOne) {
 // gives (so the golden tests can run the GGUF files against the same reference) and the same
 // tensors, exactly (f32 output of bf16/f16/f32 sources).
 TEST_F(GgufConverted, GoldenCheckpointsKeepTheirConfigAndWeights) {
-  const std::string golden = std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden";
+  const std::string golden = test_source_dir() + "/tests/data/golden";
   int n_models = 0;
   for (const auto& entry : fs::directory_iterator(golden)) {
     const std::string name = entry.path().filename().string();

@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "io/weights.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -350,8 +351,8 @@ TEST_F(SafetensorsDir, SingleFile) {
 
 TEST_F(SafetensorsDir, ReferenceWriterFile) {
   // Written by the safetensors Python library (scripts/make_safetensors_test_data.py).
-  Result<std::unique_ptr<WeightSource>> w = open_safetensors_file(
-      std::string(PAGELLM_SOURCE_DIR) + "/tests/data/safetensors/reference.safetensors");
+  Result<std::unique_ptr<WeightSource>> w =
+      open_safetensors_file(test_source_dir() + "/tests/data/safetensors/reference.safetensors");
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   ASSERT_EQ((*w)->tensors().size(), 5u);
   Result<Tensor> a = (*w)->get("a.f32", {2, 3});
@@ -468,7 +469,7 @@ TEST_F(SafetensorsDir, MissingFiles) {
 
 TEST_F(SafetensorsDir, CheckpointWithConfig) {
   write("model.safetensors", make_file(sample_tensors()));
-  std::ifstream in(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/configs/llama-3.1-8b.json");
+  std::ifstream in(test_source_dir() + "/tests/data/configs/llama-3.1-8b.json");
   std::stringstream ss;
   ss << in.rdbuf();
   write("config.json", ss.str());
@@ -490,7 +491,7 @@ TEST_F(SafetensorsDir, CheckpointWithConfig) {
 using CheckpointDir = SafetensorsDir;
 
 std::string llama_config_text() {
-  std::ifstream in(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/configs/llama-3-8b.json");
+  std::ifstream in(test_source_dir() + "/tests/data/configs/llama-3-8b.json");
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();

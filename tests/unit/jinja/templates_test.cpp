@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "source_dir.h"
 #include "tokenizer/jinja/template.h"
 
 namespace pagellm::jinja {
@@ -16,7 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
-const fs::path kDataDir = fs::path(PAGELLM_SOURCE_DIR) / "tests/data/templates";
+const fs::path kDataDir = fs::path(test_source_dir()) / "tests/data/templates";
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -20,6 +20,7 @@
 #include "forwarding_backend.h"
 #include "io/weights.h"
 #include "model/model.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -90,7 +91,7 @@ constexpr int64_t kCacheBlocks = 64;
 class DecodeGraphsTest : public testing::Test {
  protected:
   void SetUp() override {
-    auto ckpt = open_checkpoint(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama");
+    auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/llama");
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
     ckpt_ = std::move(*ckpt);
     cpu_ = make_cpu_backend(false);

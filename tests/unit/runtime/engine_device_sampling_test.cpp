@@ -24,6 +24,7 @@
 #include "sample/logprobs.h"
 #include "sample/sample_math.h"
 #include "sample/sample_rng.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -135,7 +136,7 @@ struct Collected {
 class EngineDeviceSamplingTest : public testing::Test {
  protected:
   void SetUp() override {
-    auto ckpt = open_checkpoint(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama");
+    auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/llama");
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
     ckpt_ = std::move(*ckpt);
     // The plain reference loops: each logit is summed in the same order whatever the step's

@@ -12,8 +12,9 @@
 #include <thread>
 
 #include "backend/backend.h"
-#include "io/weights.h"
 #include "engine_test_util.h"
+#include "io/weights.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
@@ -21,7 +22,7 @@ namespace {
 class EngineTest : public testing::Test {
  protected:
   void SetUp() override {
-    auto ckpt = open_checkpoint(std::string(PAGELLM_SOURCE_DIR) + "/tests/data/golden/llama");
+    auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/llama");
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
     ckpt_ = std::move(*ckpt);
     backend_ = make_cpu_backend();

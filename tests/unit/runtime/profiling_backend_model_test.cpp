@@ -19,13 +19,16 @@
 #include "io/weights.h"
 #include "model/model.h"
 #include "runtime/sequence_runner.h"
+#include "source_dir.h"
 
 namespace pagellm {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path golden_dir() { return fs::path(PAGELLM_SOURCE_DIR) / "tests" / "data" / "golden"; }
+fs::path golden_dir() {
+  return fs::path(test_source_dir()) / "tests" / "data" / "golden";
+}
 
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/default_model.h"
+#include "source_dir.h"
 #include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,7 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kDataDir = std::string(PAGELLM_SOURCE_DIR) + "/tests/data/tokenizer";
+const std::string kDataDir = test_source_dir() + "/tests/data/tokenizer";
 
 std::vector<json> read_jsonl(const std::string& path) {
   std::vector<json> out;

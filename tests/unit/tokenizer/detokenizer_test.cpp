@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "source_dir.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -17,7 +18,7 @@
 namespace pagellm {
 namespace {
 
-const std::string kDataDir = std::string(PAGELLM_SOURCE_DIR) + "/tests/data/tokenizer";
+const std::string kDataDir = test_source_dir() + "/tests/data/tokenizer";
 
 std::vector<std::string> corpus() {
   std::vector<std::string> out;

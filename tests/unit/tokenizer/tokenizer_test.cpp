@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "source_dir.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -18,7 +19,7 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kDataDir = std::string(PAGELLM_SOURCE_DIR) + "/tests/data/tokenizer";
+const std::string kDataDir = test_source_dir() + "/tests/data/tokenizer";
 
 json fixture(const std::string& family) {
   std::ifstream in(kDataDir + "/" + family + "/tokenizer.json");
