@@ -106,8 +106,10 @@ if [ -n "$prebuilt" ]; then
          "and carry .carry/prebuilt again" >&2
     exit 2
   fi
-  # The tests read tests/data from this copy, not from where they were built.
+  # The tests read tests/data from this copy, not from where they were built; the shared
+  # libraries the binaries were linked with there come with them (scripts/gpu-prebuild.sh).
   export PAGELLM_SOURCE_DIR=$repo
+  export LD_LIBRARY_PATH="$(cd "$prebuilt" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   record "configure" "prebuilt ($prebuilt, sources match)"
 else
   echo "== configure (cuda preset, CUDA arch $arch, ${CMAKE_GENERATOR:-Unix Makefiles})"

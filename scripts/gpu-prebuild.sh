@@ -25,5 +25,13 @@ rm -rf .carry/prebuilt
 mkdir -p .carry/prebuilt/tests .carry/prebuilt/tools
 cp "$build/tests/test_ops" "$build/tests/test_model" .carry/prebuilt/tests/
 cp "$build/tools/pagellm" .carry/prebuilt/tools/
+# The shared libraries they link here that a GPU machine may lack (built there, they link the
+# carried static archives instead; scripts/carry-deps.sh): beside them, in the library path
+# gpu-check sets.
+mkdir -p .carry/prebuilt/lib
+ldd .carry/prebuilt/tests/* .carry/prebuilt/tools/pagellm |
+  awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
+  grep -E '/lib(utf8proc|pcre2-8|xxhash|sentencepiece)\.so' | sort -u |
+  xargs -r cp -L -t .carry/prebuilt/lib/
 echo "$hash" >.carry/prebuilt/source-hash
 du -sh .carry/prebuilt

@@ -81,6 +81,7 @@ struct DecodePlan {
   uint32_t blk_magic = 0;
   int64_t slots = 0;  // partial results the workspace holds (0: one split, nothing is merged)
   size_t smem = 0;
+  bool early = false;  // the row bases staged before the wait (early_loads())
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
@@ -121,6 +122,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   p.slots = p.n_splits > 1 ? items * p.n_splits : 0;
   p.smem = static_cast<size_t>(
       decode_smem_bytes(p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs));
+  p.early = early_loads();
   return p;
 }
 
@@ -187,6 +189,29 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
   }
 }
 
+// Where head kvh's rows of each cache block of a split starting at key `begin` start, K and V,
+// into the first 2 x p.blk_cap pointers of shared memory: computed once, so a row load needs no
+// table load and no 64-bit stride products (the per-row address had been ~30 instructions a
+// 16-byte load: docs/PERF.md "Tenth round"). It reads only the step's block table, which no
+// kernel of the step writes, so the decode kernel may do it before pdl_wait() (early_loads()).
+__device__ __forceinline__ void stage_block_bases(const AttentionArgs& a, const DecodePlan& p,
+                                                  unsigned char* smem, int s, int kvh,
+                                                  int32_t begin, int32_t n_tok) {
+  const bf16** kbase = reinterpret_cast<const bf16**>(smem);
+  const bf16** vbase = kbase + p.blk_cap;
+  const int bs = a.block_size;
+  const int32_t first_blk = begin / bs;
+  const int n_blk = (begin - first_blk * bs + n_tok - 1) / bs + 1;
+  const int32_t* table = a.block_tables + s * a.block_table_ld;
+  for (int i = threadIdx.x; i < n_blk; i += kDecodeThreads) {
+    const int64_t b = table[first_blk + i];
+    kbase[i] = static_cast<const bf16*>(a.k_cache.data) + b * a.k_cache.stride_block +
+               kvh * a.k_cache.stride_head;
+    vbase[i] = static_cast<const bf16*>(a.v_cache.data) + b * a.v_cache.stride_block +
+               kvh * a.v_cache.stride_head;
+  }
+}
+
 // One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, split `split` of
 // the n_parts that hold keys, whose partial results sit in workspace slots slot0 + i. kDecodeWarps
 // warps; each lane keeps the next rows' loads in flight while it uses the
@@ -208,7 +233,7 @@ template <int DMAX, bool kAligned, int kG>
 __device__ __forceinline__ void attend_split(const AttentionArgs& a, const DecodePlan& p,
                                              unsigned char* smem, int s, int kvh, int q_tok,
                                              int32_t begin, int32_t n_tok, int split, int64_t slot0,
-                                             int n_parts, float* __restrict__ part_acc,
+                                             int n_parts, bool staged, float* __restrict__ part_acc,
                                              float* __restrict__ part_ml,
                                              int32_t* __restrict__ counters) {
   constexpr int L = DMAX / 8;             // lanes per cache row
@@ -228,28 +253,13 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   float* ml = scores + static_cast<size_t>(G) * max(chunk, p.n_splits);
   const int h0 = kvh * G;
   const int bs = a.block_size;
-  const int32_t first_blk = begin / bs;
-  const int begin_in = begin - first_blk * bs;  // the split's first key within its first block
-  const int n_blk = (begin_in + n_tok - 1) / bs + 1;
-
-  // Where head kvh's rows of each of the split's blocks start, K and V: computed once, so a row
-  // load needs no table load and no 64-bit stride products (the per-row address had been ~30
-  // instructions a 16-byte load: docs/PERF.md "Tenth round").
-  const int32_t* table = a.block_tables + s * a.block_table_ld;
-  for (int i = tid; i < n_blk; i += kDecodeThreads) {
-    const int64_t b = table[first_blk + i];
-    kbase[i] = static_cast<const bf16*>(a.k_cache.data) + b * a.k_cache.stride_block +
-               kvh * a.k_cache.stride_head;
-    vbase[i] = static_cast<const bf16*>(a.v_cache.data) + b * a.v_cache.stride_block +
-               kvh * a.v_cache.stride_head;
+  const int begin_in = begin % bs;  // the split's first key within its first block
+  // The row bases (staged: already in shared memory, the decode kernel wrote them before its
+  // wait, and a barrier followed).
+  if (!staged) {
+    stage_block_bases(a, p, smem, s, kvh, begin, n_tok);
+    __syncthreads();
   }
-  // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
-  const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
-  for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
-    const int g = idx / DMAX, e = idx % DMAX;
-    qs[idx] = e < D ? q[(h0 + g) * a.q_stride_head + e] : from_float<bf16>(0.0f);
-  }
-  __syncthreads();
 
   // Row t of the split, clamped to its last row: a load past the split reads a real row whose
   // scores and weights are never used, so no branch guards the loads. (32-bit token strides:
@@ -278,10 +288,31 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   };
   constexpr int kStride = kDecodeWarps * KW;
 
-  // The first group of V rows is requested with the first K rows: V does not depend on the scores,
-  // and a short split (of a batch-1 step) then costs one memory round, not two.
+  // The first group of V rows and (on tensor cores) the first keys are requested together, and
+  // with q: V does not depend on the scores, nor K on q, so a short split (of a batch-1 step) costs
+  // one memory round before its math, not three.
   uint4 v_first[kDecodeLoads];
   load_group(vbase, v_tok, Dv, warp * KW, v_first);
+  constexpr int J = DMAX / 32;  // tensor cores: 16-byte pieces of one key a lane loads
+  const int r = lane >> 2, c = lane & 3;
+  // Tensor cores: lane (r, c) loads dims 32j + 8c .. + 7 of keys t0 + r and t0 + r + 8 (below).
+  auto load_keys = [&](int t0, uint4(&raw)[2][J]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const bf16* key = row(kbase, k_tok, t0 + r + 8 * half);
+#pragma unroll
+      for (int j = 0; j < J; ++j) raw[half][j] = load_row8<true>(key, 32 * j + 8 * c, D);
+    }
+  };
+  uint4 k_first[2][J];
+  if constexpr (kMmaScores) load_keys(warp * 16, k_first);
+  // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
+  const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
+  for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
+    const int g = idx / DMAX, e = idx % DMAX;
+    qs[idx] = e < D ? q[(h0 + g) * a.q_stride_head + e] : from_float<bf16>(0.0f);
+  }
+  __syncthreads();
 
   // Pass 1: scores.
   if constexpr (kMmaScores) {
@@ -293,8 +324,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     // and k-step 2j + h takes the words 2h, 2h + 1 of piece j as its logical dims (2c, 2c + 1)
     // and (2c + 8, 2c + 9); q's columns follow the same order. A warp takes 16 keys a step, the
     // warps interleaved; the next step's rows are loaded before this step's products.
-    constexpr int J = DMAX / 32;  // 16-byte pieces of one key a lane loads
-    const int r = lane >> 2, c = lane & 3;
     uint32_t qb[J][2][2];  // [j][h][b0, b1]: head r's dims 32j + 8c + 4h + {0,1} / {2,3}
 #pragma unroll
     for (int j = 0; j < J; ++j) {
@@ -305,17 +334,12 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
       qb[j][1][0] = w.z;
       qb[j][1][1] = w.w;
     }
-    auto load_keys = [&](int t0, uint4(&raw)[2][J]) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const bf16* key = row(kbase, k_tok, t0 + r + 8 * half);
-#pragma unroll
-        for (int j = 0; j < J; ++j) raw[half][j] = load_row8<true>(key, 32 * j + 8 * c, D);
-      }
-    };
     constexpr int kKeyStride = kDecodeWarps * 16;
     uint4 cur[2][J], nxt[2][J] = {};
-    load_keys(warp * 16, cur);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < J; ++j) cur[half][j] = k_first[half][j];
     for (int t0 = warp * 16; t0 < n_tok; t0 += kKeyStride) {
       if (t0 + kKeyStride < n_tok) load_keys(t0 + kKeyStride, nxt);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -546,29 +570,40 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, DecodePlan p, float* __restrict__ part_acc,
                   float* __restrict__ part_ml, int32_t* __restrict__ counters) {
   extern __shared__ __align__(16) unsigned char decode_smem[];
-  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();  // the output projection's GEMV may start fetching its weights
   const int G = kG > 0 ? kG : a.hq / a.hkv;
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
+  // The step's metadata (uploaded before the step; no kernel of it writes them) and, with
+  // p.early, the split's row bases are read before the wait, so the chain after it starts with
+  // the rows themselves. Every thread still waits before leaving (device_utils.cuh).
   const int q_tok = a.cu_seqlens_q[s];
-  if (a.cu_seqlens_q[s + 1] - q_tok <= 0) return;  // no query for this sequence in this step
+  const bool has_query = a.cu_seqlens_q[s + 1] - q_tok > 0;  // in this step
   const int32_t len = a.seq_lens_kv[s];
   const int32_t lo = a.window > 0 ? max(0, len - a.window) : 0;
   const int32_t span = len - lo;
+  // This sequence's chunk: its span over the splits it may take (the grid's, at most as many as
+  // fill the GPU), rounded up to 32 keys, and at most the plan's chunk (which sizes shared memory).
+  const int splits = min(p.n_splits, p.fill_splits);
+  const int32_t my_chunk = min(p.chunk, (max(span, 1) + splits - 1) / splits + 31 & ~31);
+  const int32_t off = split * my_chunk;
+  // Only the splits holding keys take part (and count in the merge). Uniform over the block.
+  const bool attends = has_query && span > 0 && off < span;
+  const int32_t n_tok = min(my_chunk, span - off);
+  if (p.early && attends) {
+    stage_block_bases(a, p, decode_smem, s, kvh, lo + off, n_tok);
+    __syncthreads();
+  }
+  pdl_wait();        // the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();  // the output projection's GEMV may start fetching its weights
+  if (!has_query) return;
   if (span <= 0) {  // a padding sequence of a graph batch: a query, no context
     if (split == 0) zero_heads(a, q_tok, kvh * G, G);
     return;
   }
-  // This sequence's chunk: its span over the splits it may take (the grid's, at most as many as
-  // fill the GPU), rounded up to 32 keys, and at most the plan's chunk (which sizes shared memory).
-  const int splits = min(p.n_splits, p.fill_splits);
-  const int32_t my_chunk = min(p.chunk, (span + splits - 1) / splits + 31 & ~31);
-  const int32_t off = split * my_chunk;
-  if (off >= span) return;  // only the splits holding keys take part (and count in the merge)
+  if (!attends) return;
   const int64_t slot0 = (static_cast<int64_t>(s) * a.hkv + kvh) * p.n_splits;
-  attend_split<DMAX, kAligned, kG>(
-      a, p, decode_smem, s, kvh, q_tok, lo + off, min(my_chunk, span - off), split, slot0,
-      min(p.n_splits, (span + my_chunk - 1) / my_chunk), part_acc, part_ml, counters);
+  attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off, n_tok, split, slot0,
+                                   min(p.n_splits, (span + my_chunk - 1) / my_chunk), p.early,
+                                   part_acc, part_ml, counters);
 }
 
 template <int DMAX>

@@ -70,6 +70,7 @@ struct MlaLayout {
   int head_tiles = 1;  // ceil(G / kRows)
   int n_splits = 1;
   bool mma = false;  // mla_mma_kernel (else mla_attention_kernel)
+  bool early = false;  // mla_mma_kernel: metadata and earlier steps' rows before the wait
   size_t smem = 0;
 };
 
@@ -103,6 +104,7 @@ struct MlaWork {
   int s = 0;           // sequence
   int32_t begin = 0;   // first key position of the split
   int32_t n_keys = 0;  // keys of the split
+  int32_t first_new = 0;  // the sequence's first position whose row this step writes
 };
 __device__ __forceinline__ MlaWork mla_work(const AttentionArgs& a, int n_splits, int tok,
                                             int split) {
@@ -120,7 +122,8 @@ __device__ __forceinline__ MlaWork mla_work(const AttentionArgs& a, int n_splits
   MlaWork w;
   w.s = s_lo;
   const int n_q = cu[w.s + 1] - cu[w.s];
-  const int32_t pos = a.seq_lens_kv[w.s] - n_q + (tok - cu[w.s]);
+  w.first_new = a.seq_lens_kv[w.s] - n_q;
+  const int32_t pos = w.first_new + (tok - cu[w.s]);
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   const int32_t span = max(0, pos + 1 - lo);
   const int32_t per_split = ((span + n_splits - 1) / n_splits + kTile - 1) / kTile * kTile;
@@ -397,13 +400,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(kRows == 16 && kWarps == 8 && kTile == 32, "warp roles below");
   static_assert(NT % 2 == 0, "V fragments come two n8 tiles at a time");
   extern __shared__ float4 smem_raw[];
-  pdl_wait();        // launched overlapped: q and the cache rows come from the kernels before
-  pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
   const int tok = blockIdx.x, split = blockIdx.y;
   const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tok >= a.cu_seqlens_q[a.n_seqs]) return;  // the whole block: before any barrier
-  const MlaWork work = mla_work(a, L.n_splits, tok, split);
+  // The step's metadata (uploaded before the step; no kernel of it writes them) is read before
+  // the wait, and with L.early the first tile's rows of earlier steps are requested too (below),
+  // so the chain after the wait starts with q and this step's own rows.
+  const bool live = tok < a.cu_seqlens_q[a.n_seqs];  // uniform over the block
+  const MlaWork work = live ? mla_work(a, L.n_splits, tok, split) : MlaWork{};
   const int n_kt = (work.n_keys + kTile - 1) / kTile;
   const int G = a.hq / a.hkv;
   const int h0 = kvh * G + ht * kRows;            // first query head of the block
@@ -422,21 +426,29 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int32_t* table = a.block_tables + static_cast<int64_t>(work.s) * a.block_table_ld;
   const bf16* kc = static_cast<const bf16*>(a.k_cache.data) + kvh * a.k_cache.stride_head;
   const int bs = a.block_size;
-  // Warp w copies rows w, w + kWarps, ... of tile kt; rows past the split are zeros.
-  const auto load_tile = [&](int kt, int stage) {
+  // Warp w copies rows w, w + kWarps, ... of tile kt; rows past the split are zeros. `rows`:
+  // kAllRows, or the rows of earlier steps (kOldRows: no kernel of this step writes them, so they
+  // may be requested before the wait) or the others (kNewRows: past the split, or this step's).
+  enum Rows { kAllRows, kOldRows, kNewRows };
+  const auto load_tile = [&](int kt, int stage, Rows rows) {
     bf16* dst = ks + stage * kTile * rs;
     for (int r = warp; r < kTile; r += kWarps) {
       const int t = kt * kTile + r;
       const bool valid = t < work.n_keys;
+      const int32_t p = work.begin + t;
+      const bool old = valid && p < work.first_new;
+      if ((rows == kOldRows && !old) || (rows == kNewRows && old)) continue;
       const bf16* row = kc;  // not read when !valid
-      if (valid) {
-        const int32_t p = work.begin + t;
+      if (valid)
         row = kc + table[p / bs] * a.k_cache.stride_block + (p % bs) * a.k_cache.stride_tok;
-      }
       for (int c = lane; c < cpr; c += 32)
         cp_async_16(smem_u32(dst + r * rs + c * 8), row + c * 8, valid);
     }
   };
+  if (L.early && n_kt > 0) load_tile(0, 0, kOldRows);
+  pdl_wait();         // launched overlapped: q and this step's rows come from the kernels before
+  pdl_allow_next();   // the value up-projection's GEMV may start fetching its weights
+  if (!live) return;  // the whole block: before any barrier
   // q rows of the block's heads (padding rows zero) with the first tile; an empty split (past a
   // short context, e.g. in a graph recorded for max_model_len) loads nothing.
   if (n_kt > 0) {
@@ -447,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const bf16* src = valid ? qg + static_cast<int64_t>(h0 + r) * a.q_stride_head + c * 8 : qg;
       cp_async_16(smem_u32(qs + r * rs + c * 8), src, valid);
     }
-    load_tile(0, 0);
+    load_tile(0, 0, L.early ? kNewRows : kAllRows);
   }
   cp_async_commit();
 
@@ -469,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
-    if (kt + 1 < n_kt) load_tile(kt + 1, stage ^ 1);
+    if (kt + 1 < n_kt) load_tile(kt + 1, stage ^ 1, kAllRows);
     cp_async_commit();
     cp_async_wait<1>();  // tile kt (and q) has landed for this thread's copies ...
     __syncthreads();     // ... and for everyone's
@@ -670,6 +682,7 @@ MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   const int64_t most = std::min<int64_t>(kMaxSplits, (max_len + kTile - 1) / kTile);
   L.n_splits = static_cast<int>(std::clamp<int64_t>(want, 1, most));
   L.mma = mla_mma_ok(a, L.v_offset);
+  L.early = L.mma && early_loads();
   L.smem = L.mma ? mma_smem_bytes(L.d) : smem_bytes(L);
   return L;
 }

@@ -147,6 +147,18 @@ inline bool pdl_supported() {
   return k == 2;
 }
 
+// Whether the step's kernels issue their loads of what their predecessors cannot be writing
+// (weights, the step's metadata uploaded before it, KV rows of earlier steps) before pdl_wait(),
+// so those loads overlap the kernel before instead of lengthening the chain after it. On by
+// default; PAGELLM_EARLY_LOADS=0 turns it off (to measure what it gains).
+inline bool early_loads() {
+  static const bool on = [] {
+    const char* v = std::getenv("PAGELLM_EARLY_LOADS");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 // Launches `kernel` on `stream` so that it may overlap the kernel queued before it (see pdl_wait;
 // the kernel must call pdl_wait() before it reads anything its predecessors write, or writes
 // anything they read). Falls back to an ordinary launch where the device cannot.

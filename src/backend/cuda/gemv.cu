@@ -53,6 +53,7 @@ struct GemvParams {
   const float* norm_w;  // GemvNorm::kWeighted: the RMSNorm weight [K]
   float eps;
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
+  bool preload;  // the first trip's weight loads before the wait (early_loads())
 };
 
 // How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
@@ -105,11 +106,27 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   const bf16* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = w + weight_row<kEpi>(m0, r, p.m_dim) * p.ldw;
-  // The weights do not depend on the kernel before this one: start pulling the first
-  // kGemvPrefetch elements of each row into L2 while it finishes (launch_overlapped), then wait
-  // for it before touching x. Enough to keep DRAM busy across the hand-over, too little to push
-  // the rows of the first blocks out of L2 before they are read.
-  if (active && part == 0) {
+  constexpr int64_t kStep = 32 * 8;          // elements a warp covers per load
+  const int64_t piece_step = kStep * split;  // from one of this warp's pieces to its next
+  const int64_t k_first = part * kStep + lane * 8;
+  // One trip of the stream: kGemvUnroll pieces of each of the warp's rows from k0 on.
+  uint4 wv[kGemvUnroll][kGemvRows];
+  const auto load_trip = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t k = k0 + u * piece_step;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        wv[u][r] = k < k_dim ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The weights do not depend on the kernel before this one (launch_overlapped), so their loads
+  // may go out before the wait. p.preload: the first trip's loads themselves, into the registers
+  // the loop uses, so the stream's first memory round trip overlaps that kernel's end instead of
+  // following it. Otherwise the first kGemvPrefetch elements of each row are pulled into L2.
+  if (p.preload) {
+    if (active) load_trip(k_first);
+  } else if (active && part == 0) {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
       const int64_t k = lane * 64;  // one 128-byte line per lane
@@ -118,17 +135,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   }
   pdl_wait();
   // Once every block of this grid has started, the next kernel (often the next projection's GEMV,
-  // now that the norms and SwiGLU run inside the GEMVs) may launch and prefetch its weights
+  // now that the norms and SwiGLU run inside the GEMVs) may launch and fetch its first weights
   // while this grid's last blocks drain.
   pdl_allow_next();
 
-  constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
-  const int64_t piece_step = kStep * split;  // from one of this warp's pieces to its next
   if constexpr (kNorm == GemvNorm::kUnit) {
     // The sums of squares over the pieces the loop below will read (so a split's parts add up
     // as kWeighted's do), their loads issued kGemvUnroll at a time.
-    for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim;
-         k0 += piece_step * kGemvUnroll) {
+    for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
         const int64_t k = k0 + u * piece_step;
@@ -143,15 +157,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
       }
     }
   }
-  for (int64_t k0 = part * kStep + lane * 8; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
-    uint4 wv[kGemvUnroll][kGemvRows];
-#pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t k = k0 + u * piece_step;
-#pragma unroll
-      for (int r = 0; r < kGemvRows; ++r)
-        wv[u][r] = k < k_dim ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
-    }
+  for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
+    if (!p.preload || k0 != k_first) load_trip(k0);
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * piece_step;
@@ -383,6 +390,7 @@ GemvParams params_of(const RowView& x, const RowView& w, const void* bias, DType
   p.ldo = out.ld;
   p.m_dim = m_dim;
   p.k_dim = x.cols;
+  p.preload = early_loads();
   return p;
 }
 
