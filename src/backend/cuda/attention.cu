@@ -288,11 +288,11 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   };
   constexpr int kStride = kDecodeWarps * KW;
 
-  // The first group of V rows and (on tensor cores) the first keys are requested together, and
-  // with q: V does not depend on the scores, nor K on q, so a short split (of a batch-1 step) costs
-  // one memory round before its math, not three.
+  // The first group of V rows is requested with the first K rows: V does not depend on the scores,
+  // and a short split (of a batch-1 step) then costs one memory round, not two. On tensor cores
+  // both go out before q's loads too (K does not depend on q either); on CUDA cores, whose
+  // registers are short, after q is in shared memory.
   uint4 v_first[kDecodeLoads];
-  load_group(vbase, v_tok, Dv, warp * KW, v_first);
   constexpr int J = DMAX / 32;  // tensor cores: 16-byte pieces of one key a lane loads
   const int r = lane >> 2, c = lane & 3;
   // Tensor cores: lane (r, c) loads dims 32j + 8c .. + 7 of keys t0 + r and t0 + r + 8 (below).
@@ -305,7 +305,10 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
   };
   uint4 k_first[2][J];
-  if constexpr (kMmaScores) load_keys(warp * 16, k_first);
+  if constexpr (kMmaScores) {
+    load_group(vbase, v_tok, Dv, warp * KW, v_first);
+    load_keys(warp * 16, k_first);
+  }
   // q, zero-padded to DMAX: lanes past the head dim multiply zeros, never stale shared memory.
   const bf16* q = static_cast<const bf16*>(a.q) + q_tok * a.q_stride_tok;
   for (int idx = tid; idx < G * DMAX; idx += kDecodeThreads) {
@@ -313,6 +316,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     qs[idx] = e < D ? q[(h0 + g) * a.q_stride_head + e] : from_float<bf16>(0.0f);
   }
   __syncthreads();
+  if constexpr (!kMmaScores) load_group(vbase, v_tok, Dv, warp * KW, v_first);
 
   // Pass 1: scores.
   if constexpr (kMmaScores) {
