@@ -350,21 +350,46 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows.
+// y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows. Launched
+// right after moe_gate_up_kernel, which the sort precedes: the expert order is two kernels back
+// and complete once this kernel runs at all (device_utils.cuh), so the block's expert and the
+// first trip of its weight rows are requested before the wait (early_loads(): `early`), beside
+// the gate|up kernel's end; only act comes from that kernel.
 template <int TOK>
-__global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  const BlockExpert be = block_expert(ws);
-  if (be.e < 0) return;
+__global__ void __launch_bounds__(kGemvThreads)
+    moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws, bool early) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
   const int64_t d0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kDownRows;
-  if (d0 >= D) return;
-  const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(be.e) * D * F;
+  BlockExpert be{-1, 0, 0};
+  if (early) be = block_expert(ws);
+  // One trip of the stream over this warp's rows from k0 on.
   const bf16* wr[kDownRows];
+  uint4 wv[kDownUnroll][kDownRows];
+  const auto load_trip = [&](int64_t k0) {
 #pragma unroll
-  for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
+    for (int u = 0; u < kDownUnroll; ++u) {
+      const int64_t k = k0 + u * kGemvStep;
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r)
+        wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  const auto set_rows = [&] {
+    const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(be.e) * D * F;
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
+  };
+  const bool preloaded = early && be.e >= 0 && d0 < D && be.begin < be.end;
+  if (preloaded) {
+    set_rows();
+    load_trip(lane * 8);
+  }
+  pdl_wait();  // the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  if (!early) be = block_expert(ws);
+  if (be.e < 0 || d0 >= D) return;
+  if (!early) set_rows();
   const bf16* act = static_cast<const bf16*>(ws.act);
   bf16* y = static_cast<bf16*>(ws.xy);
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
@@ -375,14 +400,8 @@ __global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w
 #pragma unroll
       for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
     for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
-      uint4 wv[kDownUnroll][kDownRows];
-#pragma unroll
-      for (int u = 0; u < kDownUnroll; ++u) {
-        const int64_t k = k0 + u * kGemvStep;
-#pragma unroll
-        for (int r = 0; r < kDownRows; ++r)
-          wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
-      }
+      // The first trip of the first pass may have gone out before the wait.
+      if (!(preloaded && s0 == be.begin && k0 == lane * 8)) load_trip(k0);
 #pragma unroll
       for (int u = 0; u < kDownUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
@@ -430,16 +449,14 @@ __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                        int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
                        int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
-                       bf16* __restrict__ out, int64_t ld_out, bool vec) {
+                       bf16* __restrict__ out, int64_t ld_out, bool vec, bool early) {
   __shared__ int pair_e[kMoeMaxTopK], pair_s[kMoeMaxTopK];
   __shared__ float pair_w[kMoeMaxTopK];
   __shared__ int order_slot[kMoeMaxTopK];
   __shared__ float order_w[kMoeMaxTopK];
   __shared__ int n_valid;
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  const bf16* y = static_cast<const bf16*>(ws.xy);
-  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+  // Token t's valid pairs in expert order, into order_slot / order_w (n_valid of them).
+  const auto order_pairs = [&](int64_t t) {
     if (threadIdx.x < top_k) {
       const int64_t p = t * top_k + threadIdx.x;
       pair_e[threadIdx.x] = ids[p];
@@ -466,6 +483,17 @@ __global__ void __launch_bounds__(kCombineThreads)
       n_valid = m;
     }
     __syncthreads();
+  };
+  // The pairs come from the routing and the sort, at least two kernels back (moe_experts launches
+  // the products between), so they are complete once this kernel runs at all (device_utils.cuh):
+  // with `early` (early_loads()) the block's first token's are ordered before the wait; only the
+  // expert rows come from the kernel before.
+  if (early) order_pairs(blockIdx.x);
+  pdl_wait();  // the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  const bf16* y = static_cast<const bf16*>(ws.xy);
+  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    if (!early || t != blockIdx.x) order_pairs(t);
     const int m = n_valid;
     if (vec) {
       for (int64_t d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
@@ -587,19 +615,20 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
+  const bool early = early_loads();
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      launch_overlapped(moe_down_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, ws);
+      launch_overlapped(moe_down_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, ws, early);
       break;
     case 2:
-      launch_overlapped(moe_down_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, ws);
+      launch_overlapped(moe_down_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, ws, early);
       break;
     case 4:
-      launch_overlapped(moe_down_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, ws);
+      launch_overlapped(moe_down_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, ws, early);
       break;
     default:
-      launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
-                        ws);
+      launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w, ws,
+                        early);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -614,7 +643,7 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
                    (shared.data == nullptr || (aligned16(shared.data) && shared.ld % 8 == 0));
   launch_overlapped(moe_combine_kernel, dim3(grid), dim3(kCombineThreads), 0, stream, ids, weights,
                     n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
-                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec);
+                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec, early_loads());
   CUDA_CHECK_LAUNCH();
 }
 
