@@ -302,6 +302,25 @@ class Backend {
     (void)h, (void)ids, (void)weights, (void)experts, (void)shared, (void)out;
     PAGELLM_CHECK_MSG(false, "moe_experts() called on a backend that does not implement it");
   }
+  // moe_experts() in two steps, so the first can run beside other work (DeepSeek makes it in the
+  // router's side branch): moe_order() groups the (token, expert) pairs of ids by expert into
+  // `order` (i32, moe_order_bytes(n * K, E) / 4 values, laid out as the backend likes), and
+  // moe_experts_ordered() takes that grouping instead of making it; its ids must be the ones the
+  // order was made from. A backend that needs no grouping (the CPU) has 0 bytes and runs
+  // moe_experts().
+  virtual int64_t moe_order_bytes(int64_t n_pairs, int64_t n_experts) const {
+    (void)n_pairs, (void)n_experts;
+    return 0;
+  }
+  virtual void moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
+    (void)ids, (void)n_experts, (void)order;
+  }
+  virtual void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                                   const Tensor& order, const MoeExpertWeights& experts,
+                                   const Tensor& shared, Tensor& out) {
+    (void)order;
+    moe_experts(h, ids, weights, experts, shared, out);
+  }
 
   // --- profiling ---
   // A timer on this backend's timeline. The default synchronizes and reads the host's steady

@@ -189,6 +189,11 @@ OpSample moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                      6.0 * static_cast<double>(n * K) * static_cast<double>(D) * static_cast<double>(F));
 }
 
+OpSample moe_order(const Tensor& ids, const Tensor& order) {
+  return make_sample("moe_order", key("n=%lld k=%lld", ll(ids.rows()), ll(ids.cols())),
+                     bytes_of(ids) + bytes_of(order));
+}
+
 OpSample to_f32(const Tensor& x, const Tensor& out) {
   return make_sample("to_f32", key("n=%lld d=%lld %s", ll(x.rows()), ll(x.cols()), std::string(dtype_name(x.dtype)).c_str()),
                 bytes_of(x) + bytes_of(out));
@@ -345,6 +350,17 @@ void ProfilingBackend::moe_experts(const Tensor& h, const Tensor& ids, const Ten
                                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
   timed([&] { return op_cost::moe_experts(h, ids, weights, experts, shared, out); },
         [&] { inner_->moe_experts(h, ids, weights, experts, shared, out); });
+}
+void ProfilingBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
+  timed([&] { return op_cost::moe_order(ids, order); },
+        [&] { inner_->moe_order(ids, n_experts, order); });
+}
+void ProfilingBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids,
+                                           const Tensor& weights, const Tensor& order,
+                                           const MoeExpertWeights& experts, const Tensor& shared,
+                                           Tensor& out) {
+  timed([&] { return op_cost::moe_experts(h, ids, weights, experts, shared, out); },
+        [&] { inner_->moe_experts_ordered(h, ids, weights, order, experts, shared, out); });
 }
 void ProfilingBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   timed([&] { return op_cost::fill_random(t); }, [&] { inner_->fill_random(t, seed, lo, hi); });

@@ -62,6 +62,8 @@ OpSample moe_route(const Tensor& logits, const Tensor& ids, const Tensor& weight
 // experts are distinct). Flops: 6 D F per (token, expert) pair (gate, up and down products).
 OpSample moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                      const MoeExpertWeights& experts, const Tensor& shared, const Tensor& out);
+// The pairs' ids read, the grouping written.
+OpSample moe_order(const Tensor& ids, const Tensor& order);
 OpSample fill_random(const Tensor& t);
 // The logits rows it samples from (a row sampled twice, n > 1, is read twice), the rows and edits
 // going up and the results coming back.
@@ -140,6 +142,13 @@ class ProfilingBackend final : public Backend {
                  Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
+  int64_t moe_order_bytes(int64_t n_pairs, int64_t n_experts) const override {
+    return inner_->moe_order_bytes(n_pairs, n_experts);
+  }
+  void moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) override;
+  void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                           const Tensor& order, const MoeExpertWeights& experts,
+                           const Tensor& shared, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
   bool supports_sampling() const override { return inner_->supports_sampling(); }
   void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit* edits,

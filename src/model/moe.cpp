@@ -106,6 +106,14 @@ void MoeBlock::reserve(int64_t n) {
                           {{&logits_, DType::kF32, n_experts_},
                            {&ids_, DType::kI32, params_.top_k},
                            {&weights_, DType::kF32, params_.top_k}});
+  const int64_t order_bytes = backend_.moe_order_bytes(cap * params_.top_k, n_experts_);
+  order_buf_.reset();
+  order_ = Tensor();
+  if (order_bytes > 0) {
+    order_buf_ = backend_.allocate(order_bytes);
+    PAGELLM_CHECK_MSG(order_buf_ != nullptr, "out of memory for the MoE expert order");
+    order_ = Tensor(order_buf_->data(), DType::kI32, {order_bytes / 4}, backend_.device());
+  }
   capacity_ = cap;
 }
 
@@ -123,14 +131,18 @@ void MoeBlock::route(const Tensor& h, const Tensor& router, const Tensor& correc
   Tensor weights = weights_.slice_rows(0, n);
   backend_.matmul(h, router, Tensor(), logits);
   backend_.moe_route(logits, correction_bias, params_, ids, weights);
+  if (order_.defined()) backend_.moe_order(ids, n_experts_, order_);
 }
 
 void MoeBlock::experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared,
                        Tensor& out) {
   const int64_t n = h.rows();
   PAGELLM_CHECK_MSG(n <= capacity_, "MoeBlock::experts before reserve() sized its scratch");
-  backend_.moe_experts(h, ids_.slice_rows(0, n), weights_.slice_rows(0, n), experts, shared,
-                       out);  // [n, D]
+  const Tensor ids = ids_.slice_rows(0, n), weights = weights_.slice_rows(0, n);
+  if (order_.defined())
+    backend_.moe_experts_ordered(h, ids, weights, order_, experts, shared, out);  // [n, D]
+  else
+    backend_.moe_experts(h, ids, weights, experts, shared, out);
 }
 
 }  // namespace pagellm

@@ -69,9 +69,10 @@ class MoeBlock {
   void run(const Tensor& h, const Tensor& router, const Tensor& correction_bias,
            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
   // run() in two halves, so a model can issue other work between them: route() (the router's
-  // logits and moe_route into the block's scratch) and experts() (moe_experts over that routing).
-  // route() reads only h and the router's weights and writes only the block's scratch, so it may
-  // run as a side branch beside ops that read h (the shared experts).
+  // logits, moe_route and, where the backend groups pairs by expert, moe_order into the block's
+  // scratch) and experts() (moe_experts over that routing). route() reads only h and the router's
+  // weights and writes only the block's scratch, so it may run as a side branch beside ops that
+  // read h (the shared experts).
   void route(const Tensor& h, const Tensor& router, const Tensor& correction_bias);
   void experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
 
@@ -82,6 +83,8 @@ class MoeBlock {
   int64_t capacity_ = 0;
   std::unique_ptr<Buffer> buf_;
   Tensor logits_, ids_, weights_;  // f32 [cap, E], i32 [cap, K], f32 [cap, K]
+  std::unique_ptr<Buffer> order_buf_;
+  Tensor order_;  // the backend's grouping of cap x K pairs (moe_order); undefined if it has none
 };
 
 }  // namespace pagellm

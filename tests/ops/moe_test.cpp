@@ -410,5 +410,65 @@ TEST(MoeExperts, GraphReplayRoutesNewLogits) {
   }
 }
 
+// moe_order then moe_experts_ordered, the order made in a side branch (as DeepSeek makes it, so
+// the experts' first kernel reads the joined order before its wait) or on the main line: bit for
+// bit what moe_experts gives on the same ids, run directly and replayed from a graph on new
+// logits. 300 tokens take the grouped GEMMs, the others the GEMVs.
+TEST(MoeExperts, OrderMadeAheadMatchesMoeExperts) {
+  PAGELLM_REQUIRE_CUDA();
+  (void)cpu;  // the reference is moe_experts, which the tests above hold to the CPU
+  uint64_t seed = base_seed() + 9800;
+  for (int64_t n : {1, 7, 64, 300}) {
+    const ExpertsCase c{64, 6, 512, 256, true};
+    Rng rng(++seed);
+    ExpertsInputs in = make_inputs(cuda, rng, c, n);
+    const MoeRouteParams p = route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy);
+    std::vector<float> logits(n * c.E);
+    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
+    auto logits_dev = upload_raw(cuda, logits);
+    const int64_t order_bytes = cuda.moe_order_bytes(n * c.K, c.E);
+    ASSERT_GT(order_bytes, 0);
+    DevBuf ids(cuda, n * c.K * 4), wts(cuda, n * c.K * 4), order(cuda, order_bytes);
+    DevBuf plain(cuda, n * c.D * 2), ordered(cuda, n * c.D * 2);
+    Tensor logits_t = logits_dev->view(DType::kF32, {n, c.E});
+    Tensor ids_t = ids.view(DType::kI32, {n, c.K}), w_t = wts.view(DType::kF32, {n, c.K});
+    Tensor order_t = order.view(DType::kI32, {order_bytes / 4});
+    Tensor h_t = in.h_dev->view(DType::kBF16, {n, c.D});
+    Tensor shared_t = in.shared_dev->view(DType::kBF16, {n, c.D});
+    Tensor plain_t = plain.view(DType::kBF16, {n, c.D});
+    Tensor ordered_t = ordered.view(DType::kBF16, {n, c.D});
+    const MoeExpertWeights w = device_weights(c, in);
+    auto step = [&](bool in_branch) {
+      if (in_branch) cuda.begin_side();
+      cuda.moe_route(logits_t, Tensor(), p, ids_t, w_t);
+      cuda.moe_order(ids_t, c.E, order_t);
+      if (in_branch) {
+        cuda.end_side();
+        cuda.join_side();
+      }
+      cuda.moe_experts_ordered(h_t, ids_t, w_t, order_t, w, shared_t, ordered_t);
+      cuda.moe_experts(h_t, ids_t, w_t, w, shared_t, plain_t);
+    };
+    for (bool in_branch : {true, false}) {
+      const std::string what =
+          Label("moe_order + moe_experts_ordered", seed)("n", n)("side branch", in_branch);
+      step(in_branch);
+      EXPECT_TRUE(compare(what, download_bf16(ordered), download_bf16(plain), kExact));
+      EXPECT_TRUE(guards_ok(what, ordered));
+    }
+    std::unique_ptr<OpGraph> graph = cuda.capture([&] { step(true); });
+    const std::string what = Label("moe_order graph", seed)("n", n);
+    ASSERT_NE(graph, nullptr) << what << ": the ordered experts could not be recorded";
+    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
+    logits_dev->upload(logits.data(), static_cast<int64_t>(logits.size() * 4));
+    const std::vector<uint16_t> zeros(n * c.D, 0);
+    ordered.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+    graph->replay();
+    EXPECT_TRUE(compare(what + " replay vs moe_experts", download_bf16(ordered),
+                        download_bf16(plain), kExact));
+    EXPECT_TRUE(guards_ok(what, ordered));
+  }
+}
+
 }  // namespace
 }  // namespace pagellm::optest

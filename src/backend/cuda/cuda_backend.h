@@ -101,12 +101,19 @@ class CudaBackend final : public Backend {
                  Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
+  // The sort of moe_experts as its own op (moe.h's "order"), and moe_experts taking it.
+  int64_t moe_order_bytes(int64_t n_pairs, int64_t n_experts) const override;
+  void moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) override;
+  void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                           const Tensor& order, const MoeExpertWeights& experts,
+                           const Tensor& shared, Tensor& out) override;
   // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
-  // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded.
+  // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded. order: made
+  // by moe_order, or null to sort here.
   enum class MoePath { kAuto, kGemv, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
-                           MoePath path);
+                           MoePath path, const Tensor* order = nullptr);
   // CUDA events on stream() (backend/cuda/op_timer.cpp).
   std::unique_ptr<OpTimer> make_op_timer() override;
   // Device sampling (sampling.cu).
@@ -186,6 +193,11 @@ class CudaBackend final : public Backend {
   bool advance_side(Side from, Side to, const char* misuse);
   // Swaps the side stream and its Gemm with the main ones (in at begin_side, out at end_side).
   void swap_side();
+  // The order moe_order made in the open side branch, then the one joined last: the join makes it
+  // complete before the ops after it start, so moe_experts_ordered's first kernel may read it
+  // before waiting for the kernel before (moe.h, launch_moe_gate_up_gemv).
+  const void* order_in_branch_ = nullptr;
+  const void* order_joined_ = nullptr;
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
   std::array<cudaEvent_t, kSlots> slot_events_{};
   int slot_ = 0;

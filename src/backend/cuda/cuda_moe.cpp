@@ -104,9 +104,45 @@ void CudaBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& 
   moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto);
 }
 
+int64_t CudaBackend::moe_order_bytes(int64_t n_pairs, int64_t n_experts) const {
+  return moe_order_layout_bytes(n_pairs, n_experts);
+}
+
+void CudaBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
+  check_device_tensor(ids, "ids");
+  check_device_tensor(order, "order");
+  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.ndim == 2,
+                    "moe_order: ids must be i32 [n, K], contiguous");
+  const int64_t n_pairs = ids.numel(), K = ids.cols();
+  PAGELLM_CHECK_MSG(n_experts > 0 && n_experts <= kMoeMaxExperts && K > 0 && K <= kMoeMaxTopK,
+                    "moe_order: at most 1024 experts and 16 per token on CUDA");
+  PAGELLM_CHECK_MSG(
+      order.is_contiguous() && aligned16(order.data) &&
+          dtype_bytes(order.dtype, order.numel()) >= moe_order_layout_bytes(n_pairs, n_experts),
+      "moe_order: order must be contiguous and hold moe_order_bytes(n K, E)");
+  // The order is (re)made now: only a join after it makes it complete for the experts' kernels.
+  if (order_joined_ == order.data) order_joined_ = nullptr;
+  order_in_branch_ = side_ == Side::kOpen ? order.data : nullptr;
+  if (n_pairs == 0) return;
+  MoeWorkspace ws;
+  moe_place_order(ws, order.data, n_pairs, n_experts);
+  launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K),
+                  static_cast<int32_t>(n_experts), ws, stream_);
+}
+
+void CudaBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
+                                      const Tensor& order, const MoeExpertWeights& experts,
+                                      const Tensor& shared, Tensor& out) {
+  check_device_tensor(order, "order");
+  PAGELLM_CHECK_MSG(dtype_bytes(order.dtype, order.numel()) >=
+                        moe_order_layout_bytes(ids.numel(), experts.n_experts()),
+                    "moe_experts_ordered: order is smaller than moe_order_bytes(n K, E)");
+  moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto, &order);
+}
+
 void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                                       const MoeExpertWeights& experts, const Tensor& shared,
-                                      Tensor& out, MoePath path) {
+                                      Tensor& out, MoePath path, const Tensor* order) {
   check_device_tensor(h, "h");
   check_device_tensor(ids, "ids");
   check_device_tensor(weights, "weights");
@@ -150,18 +186,26 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                       "moe_experts: shared must be bf16 [n, D]");
     shared_view = row_view(shared);
   }
+  // A joined order is complete before this op's first kernel starts (order_joined_); it is
+  // consumed here, and a sort made here is that kernel's predecessor.
+  const bool order_complete = order != nullptr && order->data == order_joined_;
+  if (order_complete) order_joined_ = nullptr;
   if (n == 0) return;
   const int64_t n_pairs = n * K;
-  const MoeWorkspace ws = moe_workspace_at(
-      ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)), n_pairs, E, D, F);
+  MoeWorkspace ws = moe_workspace_at(ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)),
+                                     n_pairs, E, D, F);
   MoeExpertsArgs w;
   w.gate_up = gu.data;
   w.down = dn.data;
   w.n_experts = static_cast<int32_t>(E);
   w.hidden = D;
   w.inter = F;
-  launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K), static_cast<int32_t>(E), ws,
-                  stream_);
+  if (order != nullptr) {
+    moe_place_order(ws, order->data, n_pairs, E);  // moe_order sorted these ids there
+  } else {
+    launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K), static_cast<int32_t>(E),
+                    ws, stream_);
+  }
   const bool recording = capturing(stream_);
   PAGELLM_CHECK_MSG(!(recording && path == MoePath::kExpertGemm),
                     "moe_experts: the per-expert GEMM path waits for the host and cannot be "
@@ -174,7 +218,8 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   switch (path) {
     case MoePath::kGemv: {
       const int64_t max_active = std::min(E, n_pairs);
-      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
+      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, order_complete,
+                              stream_);
       launch_moe_down_gemv(w, ws, max_active, n, stream_);
       break;
     }

@@ -275,27 +275,52 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
 }
 
 // act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
-// f in this warp's rows. The weight rows are streamed once per TOK slots.
+// f in this warp's rows. The weight rows are streamed once per TOK slots. `early`: the order is
+// complete when the kernel starts (launch_moe_gate_up_gemv), so the block's expert and the first
+// trip of its weight rows are requested before the wait.
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
-    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  const BlockExpert be = block_expert(ws);
-  if (be.e < 0) return;
+    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws,
+                       bool early) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
   const int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGateUpRows;
-  if (f0 >= F) return;
-  const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
+  BlockExpert be{-1, 0, 0};
+  if (early) be = block_expert(ws);
   const bf16* wg[kGateUpRows];
   const bf16* wu[kGateUpRows];
+  const auto set_rows = [&] {
+    const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
 #pragma unroll
-  for (int r = 0; r < kGateUpRows; ++r) {
-    const int64_t f = min(f0 + r, F - 1);  // tail: re-read the last row, never stored
-    wg[r] = base + f * D;
-    wu[r] = base + (F + f) * D;
+    for (int r = 0; r < kGateUpRows; ++r) {
+      const int64_t f = min(f0 + r, F - 1);  // tail: re-read the last row, never stored
+      wg[r] = base + f * D;
+      wu[r] = base + (F + f) * D;
+    }
+  };
+  // One trip of the stream over the warp's gate and up rows from k0 on.
+  uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
+  const auto load_trip = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < kGateUpUnroll; ++u) {
+      const int64_t k = k0 + u * kGemvStep;
+#pragma unroll
+      for (int r = 0; r < kGateUpRows; ++r) {
+        vg[u][r] = k < D ? load_stream(wg[r] + k) : make_uint4(0, 0, 0, 0);
+        vu[u][r] = k < D ? load_stream(wu[r] + k) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  const bool preloaded = early && be.e >= 0 && f0 < F && be.begin < be.end;
+  if (preloaded) {
+    set_rows();
+    load_trip(lane * 8);
   }
+  pdl_wait();  // the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  if (!early) be = block_expert(ws);
+  if (be.e < 0 || f0 >= F) return;
+  if (!early) set_rows();
   bf16* act = static_cast<bf16*>(ws.act);
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
     const int cnt = min(TOK, be.end - s0);
@@ -308,16 +333,8 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
       for (int j = 0; j < TOK; ++j) ag[r][j] = au[r][j] = 0.0f;
     for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGateUpUnroll) {
-      uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
-#pragma unroll
-      for (int u = 0; u < kGateUpUnroll; ++u) {
-        const int64_t k = k0 + u * kGemvStep;
-#pragma unroll
-        for (int r = 0; r < kGateUpRows; ++r) {
-          vg[u][r] = k < D ? load_stream(wg[r] + k) : make_uint4(0, 0, 0, 0);
-          vu[u][r] = k < D ? load_stream(wu[r] + k) : make_uint4(0, 0, 0, 0);
-        }
-      }
+      // The first trip of the first pass may have gone out before the wait.
+      if (!(preloaded && s0 == be.begin && k0 == lane * 8)) load_trip(k0);
 #pragma unroll
       for (int u = 0; u < kGateUpUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
@@ -551,27 +568,36 @@ void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
+int64_t moe_order_layout_bytes(int64_t n_pairs, int64_t n_experts) {
+  return 3 * align256((n_experts + 1) * 4) + 2 * align256(n_pairs * 4);
+}
+
+void moe_place_order(MoeWorkspace& ws, void* base, int64_t n_pairs, int64_t n_experts) {
+  char* p = static_cast<char*>(base);
+  auto take = [&](int64_t bytes) {
+    auto* q = reinterpret_cast<int32_t*>(p);
+    p += align256(bytes);
+    return q;
+  };
+  ws.offsets = take((n_experts + 1) * 4);
+  ws.active = take((n_experts + 1) * 4);
+  ws.active_begin = take((n_experts + 1) * 4);
+  ws.slot_token = take(n_pairs * 4);
+  ws.pair_slot = take(n_pairs * 4);
+}
+
 int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter) {
-  return 3 * align256((n_experts + 1) * 4) + 2 * align256(n_pairs * 4) +
-         align256(n_pairs * 2 * inter * 2) + align256(n_pairs * hidden * 2);
+  return moe_order_layout_bytes(n_pairs, n_experts) + align256(n_pairs * 2 * inter * 2) +
+         align256(n_pairs * hidden * 2);
 }
 
 MoeWorkspace moe_workspace_at(void* base, int64_t n_pairs, int64_t n_experts, int64_t hidden,
                               int64_t inter) {
-  char* p = static_cast<char*>(base);
   MoeWorkspace ws;
-  auto take = [&](int64_t bytes) {
-    char* q = p;
-    p += align256(bytes);
-    return q;
-  };
-  ws.offsets = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
-  ws.active = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
-  ws.active_begin = reinterpret_cast<int32_t*>(take((n_experts + 1) * 4));
-  ws.slot_token = reinterpret_cast<int32_t*>(take(n_pairs * 4));
-  ws.pair_slot = reinterpret_cast<int32_t*>(take(n_pairs * 4));
-  ws.act = take(n_pairs * 2 * inter * 2);
-  ws.xy = take(n_pairs * hidden * 2);
+  moe_place_order(ws, base, n_pairs, n_experts);
+  char* rest = static_cast<char*>(base) + moe_order_layout_bytes(n_pairs, n_experts);
+  ws.act = rest;
+  ws.xy = rest + align256(n_pairs * 2 * inter * 2);
   return ws;
 }
 
@@ -588,24 +614,28 @@ void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t
 
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
-                             cudaStream_t stream) {
+                             bool order_complete, cudaStream_t stream) {
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
   const auto* x = static_cast<const bf16*>(h);
+  const bool early = order_complete && early_loads();
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws,
+                        early);
       break;
     case 2:
-      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws,
+                        early);
       break;
     case 4:
-      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws,
+                        early);
       break;
     default:
       launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
-                        x, ldh, ws);
+                        x, ldh, ws, early);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -72,10 +72,14 @@ struct MoeWorkspace {
   void* act = nullptr;  // bf16 [N, 2F]: gate|up products, then silu(gate) * up in the gate half
   void* xy = nullptr;   // bf16 [N, D]: gathered rows (per-expert GEMMs), then the down products
 };
-// Bytes of the workspace for N = n K pairs (both paths use the same layout).
+// Bytes of the workspace for N = n K pairs (both paths use the same layout): the sort's results
+// (the "order": offsets, active, active_begin, slot_token, pair_slot) first, then act and xy.
 int64_t moe_workspace_bytes(int64_t n_pairs, int64_t n_experts, int64_t hidden, int64_t inter);
 MoeWorkspace moe_workspace_at(void* base, int64_t n_pairs, int64_t n_experts, int64_t hidden,
                               int64_t inter);
+// The order alone (Backend::moe_order's buffer): its bytes, and ws's order arrays placed at base.
+int64_t moe_order_layout_bytes(int64_t n_pairs, int64_t n_experts);
+void moe_place_order(MoeWorkspace& ws, void* base, int64_t n_pairs, int64_t n_experts);
 
 // Stage 1. ids i32 [n_pairs] (pair p = t * K + k).
 void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t n_experts,
@@ -94,9 +98,12 @@ struct MoeExpertsArgs {
 // max_tokens bounds the slots of one expert (the step's token count: routing picks distinct
 // experts per token); it only sizes the kernels' passes, any bound gives the same results.
 //   h bf16 [n, D] (row stride ldh, a multiple of 8, 16-byte aligned)
+// order_complete: the order in ws is complete when the gate|up kernel starts (it was made in a
+// side branch joined before), so the kernel reads it, and requests the first weights it names,
+// before waiting for the kernel before it (early_loads()); otherwise the sort may be that kernel.
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
-                             cudaStream_t stream);
+                             bool order_complete, cudaStream_t stream);
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
 
