@@ -410,10 +410,11 @@ TEST(MoeExperts, GraphReplayRoutesNewLogits) {
   }
 }
 
-// moe_order then moe_experts_ordered, the order made in a side branch (as DeepSeek makes it, so
-// the experts' first kernel reads the joined order before its wait) or on the main line: bit for
-// bit what moe_experts gives on the same ids, run directly and replayed from a graph on new
-// logits. 300 tokens take the grouped GEMMs, the others the GEMVs.
+// moe_order then moe_experts_ordered, the order made in a side branch (as DeepSeek makes it: the
+// join, captured into a graph, is a programmatic edge, which an experts' kernel reading the order
+// before its wait once raced) or on the main line: bit for bit what moe_experts gives on the same
+// ids, run directly and replayed from a graph on new logits. 300 tokens take the grouped GEMMs,
+// the others the GEMVs.
 TEST(MoeExperts, OrderMadeAheadMatchesMoeExperts) {
   PAGELLM_REQUIRE_CUDA();
   (void)cpu;  // the reference is moe_experts, which the tests above hold to the CPU

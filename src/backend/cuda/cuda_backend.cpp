@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -248,7 +247,6 @@ void CudaBackend::end_side() {
 void CudaBackend::join_side() {
   if (!advance_side(Side::kEnded, Side::kNone, "join_side: no ended side branch to join")) return;
   CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
-  order_joined_ = std::exchange(order_in_branch_, nullptr);
 }
 
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {

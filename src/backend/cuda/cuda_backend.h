@@ -193,11 +193,6 @@ class CudaBackend final : public Backend {
   bool advance_side(Side from, Side to, const char* misuse);
   // Swaps the side stream and its Gemm with the main ones (in at begin_side, out at end_side).
   void swap_side();
-  // The order moe_order made in the open side branch, then the one joined last: the join makes it
-  // complete before the ops after it start, so moe_experts_ordered's first kernel may read it
-  // before waiting for the kernel before (moe.h, launch_moe_gate_up_gemv).
-  const void* order_in_branch_ = nullptr;
-  const void* order_joined_ = nullptr;
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
   std::array<cudaEvent_t, kSlots> slot_events_{};
   int slot_ = 0;

@@ -120,9 +120,6 @@ void CudaBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order)
       order.is_contiguous() && aligned16(order.data) &&
           dtype_bytes(order.dtype, order.numel()) >= moe_order_layout_bytes(n_pairs, n_experts),
       "moe_order: order must be contiguous and hold moe_order_bytes(n K, E)");
-  // The order is (re)made now: only a join after it makes it complete for the experts' kernels.
-  if (order_joined_ == order.data) order_joined_ = nullptr;
-  order_in_branch_ = side_ == Side::kOpen ? order.data : nullptr;
   if (n_pairs == 0) return;
   MoeWorkspace ws;
   moe_place_order(ws, order.data, n_pairs, n_experts);
@@ -186,10 +183,6 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                       "moe_experts: shared must be bf16 [n, D]");
     shared_view = row_view(shared);
   }
-  // A joined order is complete before this op's first kernel starts (order_joined_); it is
-  // consumed here, and a sort made here is that kernel's predecessor.
-  const bool order_complete = order != nullptr && order->data == order_joined_;
-  if (order_complete) order_joined_ = nullptr;
   if (n == 0) return;
   const int64_t n_pairs = n * K;
   MoeWorkspace ws = moe_workspace_at(ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)),
@@ -218,8 +211,7 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   switch (path) {
     case MoePath::kGemv: {
       const int64_t max_active = std::min(E, n_pairs);
-      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, order_complete,
-                              stream_);
+      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
       launch_moe_down_gemv(w, ws, max_active, n, stream_);
       break;
     }

@@ -147,10 +147,13 @@ inline bool pdl_supported() {
   return k == 2;
 }
 
-// Whether the step's kernels issue their loads of what their predecessors cannot be writing
-// (weights, the step's metadata uploaded before it, KV rows of earlier steps) before pdl_wait(),
-// so those loads overlap the kernel before instead of lengthening the chain after it. On by
-// default; PAGELLM_EARLY_LOADS=0 turns it off (to measure what it gains).
+// Whether the step's kernels issue their loads of what no kernel still running can be writing
+// before pdl_wait(), so those loads overlap the kernel before instead of lengthening the chain
+// after it: weights, the step's metadata (copied from the host before the step), KV rows of
+// earlier steps, and what kernels two back wrote (the kernel before let this one start only after
+// its own wait). A side branch's join is no exception: captured into a graph it is a programmatic
+// edge too, so the branch's last kernel may still be running (moe.cu's gate|up kernel). On by
+// default; PAGELLM_EARLY_LOADS=0 turns it off (to measure what it gains, or to rule it out).
 inline bool early_loads() {
   static const bool on = [] {
     const char* v = std::getenv("PAGELLM_EARLY_LOADS");

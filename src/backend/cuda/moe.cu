@@ -275,52 +275,30 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
 }
 
 // act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
-// f in this warp's rows. The weight rows are streamed once per TOK slots. `early`: the order is
-// complete when the kernel starts (launch_moe_gate_up_gemv), so the block's expert and the first
-// trip of its weight rows are requested before the wait.
+// f in this warp's rows. The weight rows are streamed once per TOK slots. Its expert comes from the
+// order, which the kernel before may still be making (the sort, or, when the order was made in a
+// side branch, the branch's last kernel: a captured join is a programmatic edge too), so nothing
+// is read before the wait.
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
-    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws,
-                       bool early) {
+    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  const BlockExpert be = block_expert(ws);
+  if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
   const int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGateUpRows;
-  BlockExpert be{-1, 0, 0};
-  if (early) be = block_expert(ws);
+  if (f0 >= F) return;
+  const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
   const bf16* wg[kGateUpRows];
   const bf16* wu[kGateUpRows];
-  const auto set_rows = [&] {
-    const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
 #pragma unroll
-    for (int r = 0; r < kGateUpRows; ++r) {
-      const int64_t f = min(f0 + r, F - 1);  // tail: re-read the last row, never stored
-      wg[r] = base + f * D;
-      wu[r] = base + (F + f) * D;
-    }
-  };
-  // One trip of the stream over the warp's gate and up rows from k0 on.
-  uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
-  const auto load_trip = [&](int64_t k0) {
-#pragma unroll
-    for (int u = 0; u < kGateUpUnroll; ++u) {
-      const int64_t k = k0 + u * kGemvStep;
-#pragma unroll
-      for (int r = 0; r < kGateUpRows; ++r) {
-        vg[u][r] = k < D ? load_stream(wg[r] + k) : make_uint4(0, 0, 0, 0);
-        vu[u][r] = k < D ? load_stream(wu[r] + k) : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  const bool preloaded = early && be.e >= 0 && f0 < F && be.begin < be.end;
-  if (preloaded) {
-    set_rows();
-    load_trip(lane * 8);
+  for (int r = 0; r < kGateUpRows; ++r) {
+    const int64_t f = min(f0 + r, F - 1);  // tail: re-read the last row, never stored
+    wg[r] = base + f * D;
+    wu[r] = base + (F + f) * D;
   }
-  pdl_wait();  // the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  if (!early) be = block_expert(ws);
-  if (be.e < 0 || f0 >= F) return;
-  if (!early) set_rows();
   bf16* act = static_cast<bf16*>(ws.act);
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
     const int cnt = min(TOK, be.end - s0);
@@ -333,8 +311,16 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
       for (int j = 0; j < TOK; ++j) ag[r][j] = au[r][j] = 0.0f;
     for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGateUpUnroll) {
-      // The first trip of the first pass may have gone out before the wait.
-      if (!(preloaded && s0 == be.begin && k0 == lane * 8)) load_trip(k0);
+      uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
+#pragma unroll
+      for (int u = 0; u < kGateUpUnroll; ++u) {
+        const int64_t k = k0 + u * kGemvStep;
+#pragma unroll
+        for (int r = 0; r < kGateUpRows; ++r) {
+          vg[u][r] = k < D ? load_stream(wg[r] + k) : make_uint4(0, 0, 0, 0);
+          vu[u][r] = k < D ? load_stream(wu[r] + k) : make_uint4(0, 0, 0, 0);
+        }
+      }
 #pragma unroll
       for (int u = 0; u < kGateUpUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
@@ -367,11 +353,11 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows. Launched
-// right after moe_gate_up_kernel, which the sort precedes: the expert order is two kernels back
-// and complete once this kernel runs at all (device_utils.cuh), so the block's expert and the
-// first trip of its weight rows are requested before the wait (early_loads(): `early`), beside
-// the gate|up kernel's end; only act comes from that kernel.
+// y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows. Launched right
+// after moe_gate_up_kernel, which waited for the order before letting this kernel start
+// (device_utils.cuh): the order is complete, so the block's expert and the first trip of its
+// weight rows are requested before the wait (early_loads(): `early`), beside the gate|up kernel's
+// end; only act comes from that kernel.
 template <int TOK>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws, bool early) {
@@ -501,10 +487,10 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
     __syncthreads();
   };
-  // The pairs come from the routing and the sort, at least two kernels back (moe_experts launches
-  // the products between), so they are complete once this kernel runs at all (device_utils.cuh):
-  // with `early` (early_loads()) the block's first token's are ordered before the wait; only the
-  // expert rows come from the kernel before.
+  // The pairs come from the routing and the order, which the expert products (at least two
+  // kernels, each waiting before it lets the next start) waited for: they are complete once this
+  // kernel runs at all (device_utils.cuh), so with `early` (early_loads()) the block's first
+  // token's are ordered before the wait; only the expert rows come from the kernel before.
   if (early) order_pairs(blockIdx.x);
   pdl_wait();  // the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
@@ -614,28 +600,24 @@ void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t
 
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
-                             bool order_complete, cudaStream_t stream) {
+                             cudaStream_t stream) {
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
   const auto* x = static_cast<const bf16*>(h);
-  const bool early = order_complete && early_loads();
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws,
-                        early);
+      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     case 2:
-      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws,
-                        early);
+      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     case 4:
-      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws,
-                        early);
+      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
       break;
     default:
       launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
-                        x, ldh, ws, early);
+                        x, ldh, ws);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -98,12 +98,9 @@ struct MoeExpertsArgs {
 // max_tokens bounds the slots of one expert (the step's token count: routing picks distinct
 // experts per token); it only sizes the kernels' passes, any bound gives the same results.
 //   h bf16 [n, D] (row stride ldh, a multiple of 8, 16-byte aligned)
-// order_complete: the order in ws is complete when the gate|up kernel starts (it was made in a
-// side branch joined before), so the kernel reads it, and requests the first weights it names,
-// before waiting for the kernel before it (early_loads()); otherwise the sort may be that kernel.
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
-                             bool order_complete, cudaStream_t stream);
+                             cudaStream_t stream);
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
 
