@@ -354,6 +354,41 @@ TEST(MoeExperts, FixtureSizes) {
   }
 }
 
+// One step of the graph tests below over n tokens: DeepSeek-V2-Lite's routing (64 experts, top 6)
+// with narrower experts, random router logits on the device, and room for the routing.
+struct RoutedStep {
+  ExpertsCase c{64, 6, 512, 256, true};
+  MoeRouteParams p = route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy);
+  ExpertsInputs in;
+  std::vector<float> logits;
+  std::unique_ptr<DevBuf> logits_dev, ids, wts;
+  Tensor logits_t, ids_t, w_t, h_t, shared_t;
+
+  RoutedStep(Backend& cuda, Rng& rng, int64_t n)
+      : in(make_inputs(cuda, rng, c, n)), logits(n * c.E) {
+    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
+    logits_dev = upload_raw(cuda, logits);
+    ids = std::make_unique<DevBuf>(cuda, n * c.K * 4);
+    wts = std::make_unique<DevBuf>(cuda, n * c.K * 4);
+    logits_t = logits_dev->view(DType::kF32, {n, c.E});
+    ids_t = ids->view(DType::kI32, {n, c.K});
+    w_t = wts->view(DType::kF32, {n, c.K});
+    h_t = in.h_dev->view(DType::kBF16, {n, c.D});
+    shared_t = in.shared_dev->view(DType::kBF16, {n, c.D});
+  }
+  // Draws new logits into the same device buffer (what a graph replays on).
+  void new_logits(Rng& rng) {
+    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
+    logits_dev->upload(logits.data(), static_cast<int64_t>(logits.size() * 4));
+  }
+};
+
+// Zeros a bf16 output of n rows of d, so a replay must write all of it.
+void clear_bf16(DevBuf& out, int64_t n, int64_t d) {
+  const std::vector<uint16_t> zeros(n * d, 0);
+  out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+}
+
 // Routing and experts recorded in one graph after a direct run, then replayed on new logits: the
 // replay must route the new logits on the device (other experts, other slots) and give, bit for
 // bit, what a direct run on those logits gives. 300 tokens take the grouped GEMMs, the others the
@@ -363,34 +398,24 @@ TEST(MoeExperts, GraphReplayRoutesNewLogits) {
   cuda::CudaBackend& cb = as_cuda(cuda);
   uint64_t seed = base_seed() + 9700;
   for (int64_t n : {1, 7, 64, 300}) {
-    const ExpertsCase c{64, 6, 512, 256, true};
     Rng rng(++seed);
-    ExpertsInputs in = make_inputs(cuda, rng, c, n);
-    const MoeRouteParams p = route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy);
-    std::vector<float> logits(n * c.E);
-    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
-    auto logits_dev = upload_raw(cuda, logits);
-    DevBuf ids(cuda, n * c.K * 4), wts(cuda, n * c.K * 4), out(cuda, n * c.D * 2);
-    Tensor logits_t = logits_dev->view(DType::kF32, {n, c.E});
-    Tensor ids_t = ids.view(DType::kI32, {n, c.K}), w_t = wts.view(DType::kF32, {n, c.K});
-    Tensor h_t = in.h_dev->view(DType::kBF16, {n, c.D});
-    Tensor shared_t = in.shared_dev->view(DType::kBF16, {n, c.D});
+    RoutedStep r(cuda, rng, n);
+    const ExpertsCase& c = r.c;
+    DevBuf out(cuda, n * c.D * 2);
     Tensor out_t = out.view(DType::kBF16, {n, c.D});
-    const MoeExpertWeights w = device_weights(c, in);
+    const MoeExpertWeights w = device_weights(c, r.in);
     auto step = [&](MoePath path) {
-      cuda.moe_route(logits_t, Tensor(), p, ids_t, w_t);
-      cb.moe_experts_on_path(h_t, ids_t, w_t, w, shared_t, out_t, path);
+      cuda.moe_route(r.logits_t, Tensor(), r.p, r.ids_t, r.w_t);
+      cb.moe_experts_on_path(r.h_t, r.ids_t, r.w_t, w, r.shared_t, out_t, path);
     };
     step(MoePath::kAuto);  // sizes the workspace
     std::unique_ptr<OpGraph> graph = cuda.capture([&] { step(MoePath::kAuto); });
     const std::string what = Label("moe route+experts graph", seed)("n", n);
     ASSERT_NE(graph, nullptr) << what << ": routing and experts could not be recorded";
-    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
-    logits_dev->upload(logits.data(), static_cast<int64_t>(logits.size() * 4));
+    r.new_logits(rng);
     step(MoePath::kAuto);
     std::vector<float> direct = download_bf16(out);
-    const std::vector<uint16_t> zeros(n * c.D, 0);
-    out.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+    clear_bf16(out, n, c.D);
     graph->replay();
     std::vector<float> replayed = download_bf16(out);
     EXPECT_TRUE(compare(what + " replay vs direct", replayed, direct, kExact));
@@ -399,11 +424,11 @@ TEST(MoeExperts, GraphReplayRoutesNewLogits) {
     std::vector<float> host_w(n * c.K);
     Tensor hi(host_ids.data(), DType::kI32, {n, c.K});
     Tensor hw = host_f32(host_w, {n, c.K});
-    cpu.moe_route(host_f32(logits, {n, c.E}), Tensor(), p, hi, hw);
-    in.ids = host_ids;
-    in.weights = host_w;
+    cpu.moe_route(host_f32(r.logits, {n, c.E}), Tensor(), r.p, hi, hw);
+    r.in.ids = host_ids;
+    r.in.weights = host_w;
     std::vector<float> want, slack;
-    reference(cpu, c, in, want, slack);
+    reference(cpu, c, r.in, want, slack);
     direct.resize(n * c.D);
     EXPECT_TRUE(compare(what + " direct vs cpu", direct, want, kBf16Tol, &slack));
     EXPECT_TRUE(guards_ok(what, out));
@@ -420,35 +445,26 @@ TEST(MoeExperts, OrderMadeAheadMatchesMoeExperts) {
   (void)cpu;  // the reference is moe_experts, which the tests above hold to the CPU
   uint64_t seed = base_seed() + 9800;
   for (int64_t n : {1, 7, 64, 300}) {
-    const ExpertsCase c{64, 6, 512, 256, true};
     Rng rng(++seed);
-    ExpertsInputs in = make_inputs(cuda, rng, c, n);
-    const MoeRouteParams p = route_params(6, MoeScoreFunc::kSoftmax, MoeSelect::kGreedy);
-    std::vector<float> logits(n * c.E);
-    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
-    auto logits_dev = upload_raw(cuda, logits);
+    RoutedStep r(cuda, rng, n);
+    const ExpertsCase& c = r.c;
     const int64_t order_bytes = cuda.moe_order_bytes(n * c.K, c.E);
     ASSERT_GT(order_bytes, 0);
-    DevBuf ids(cuda, n * c.K * 4), wts(cuda, n * c.K * 4), order(cuda, order_bytes);
-    DevBuf plain(cuda, n * c.D * 2), ordered(cuda, n * c.D * 2);
-    Tensor logits_t = logits_dev->view(DType::kF32, {n, c.E});
-    Tensor ids_t = ids.view(DType::kI32, {n, c.K}), w_t = wts.view(DType::kF32, {n, c.K});
+    DevBuf order(cuda, order_bytes), plain(cuda, n * c.D * 2), ordered(cuda, n * c.D * 2);
     Tensor order_t = order.view(DType::kI32, {order_bytes / 4});
-    Tensor h_t = in.h_dev->view(DType::kBF16, {n, c.D});
-    Tensor shared_t = in.shared_dev->view(DType::kBF16, {n, c.D});
     Tensor plain_t = plain.view(DType::kBF16, {n, c.D});
     Tensor ordered_t = ordered.view(DType::kBF16, {n, c.D});
-    const MoeExpertWeights w = device_weights(c, in);
+    const MoeExpertWeights w = device_weights(c, r.in);
     auto step = [&](bool in_branch) {
       if (in_branch) cuda.begin_side();
-      cuda.moe_route(logits_t, Tensor(), p, ids_t, w_t);
-      cuda.moe_order(ids_t, c.E, order_t);
+      cuda.moe_route(r.logits_t, Tensor(), r.p, r.ids_t, r.w_t);
+      cuda.moe_order(r.ids_t, c.E, order_t);
       if (in_branch) {
         cuda.end_side();
         cuda.join_side();
       }
-      cuda.moe_experts_ordered(h_t, ids_t, w_t, order_t, w, shared_t, ordered_t);
-      cuda.moe_experts(h_t, ids_t, w_t, w, shared_t, plain_t);
+      cuda.moe_experts_ordered(r.h_t, r.ids_t, r.w_t, order_t, w, r.shared_t, ordered_t);
+      cuda.moe_experts(r.h_t, r.ids_t, r.w_t, w, r.shared_t, plain_t);
     };
     for (bool in_branch : {true, false}) {
       const std::string what =
@@ -460,10 +476,8 @@ TEST(MoeExperts, OrderMadeAheadMatchesMoeExperts) {
     std::unique_ptr<OpGraph> graph = cuda.capture([&] { step(true); });
     const std::string what = Label("moe_order graph", seed)("n", n);
     ASSERT_NE(graph, nullptr) << what << ": the ordered experts could not be recorded";
-    for (float& l : logits) l = rng.uniform(-4.0f, 4.0f);
-    logits_dev->upload(logits.data(), static_cast<int64_t>(logits.size() * 4));
-    const std::vector<uint16_t> zeros(n * c.D, 0);
-    ordered.upload(zeros.data(), static_cast<int64_t>(zeros.size() * 2));
+    r.new_logits(rng);
+    clear_bf16(ordered, n, c.D);
     graph->replay();
     EXPECT_TRUE(compare(what + " replay vs moe_experts", download_bf16(ordered),
                         download_bf16(plain), kExact));

@@ -64,6 +64,21 @@ __device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
   return v;
 }
 
+// One trip of a weight stream (the decode GEMVs): U 16-byte pieces of each of R rows, a lane's
+// pieces `step` elements apart from k0 on, all loads issued before any is used; pieces at or past
+// k_end are zeros, not loaded.
+template <int U, int R>
+__device__ __forceinline__ void load_trip(uint4 (&v)[U][R], const __nv_bfloat16* const (&rows)[R],
+                                          int64_t k0, int64_t step, int64_t k_end) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t k = k0 + u * step;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      v[u][r] = k < k_end ? load_stream(rows[r] + k) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // 8 bf16 (one 16-byte load) as floats, and 8 floats rounded to bf16 as one 16-byte store. Take
 // the loaded value, not a dereferenced pointer: through a pointer nvcc may split the 16-byte load
 // into 2-byte ones.

@@ -109,23 +109,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   constexpr int64_t kStep = 32 * 8;          // elements a warp covers per load
   const int64_t piece_step = kStep * split;  // from one of this warp's pieces to its next
   const int64_t k_first = part * kStep + lane * 8;
-  // One trip of the stream: kGemvUnroll pieces of each of the warp's rows from k0 on.
-  uint4 wv[kGemvUnroll][kGemvRows];
-  const auto load_trip = [&](int64_t k0) {
-#pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t k = k0 + u * piece_step;
-#pragma unroll
-      for (int r = 0; r < kGemvRows; ++r)
-        wv[u][r] = k < k_dim ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
-    }
-  };
+  uint4 wv[kGemvUnroll][kGemvRows];  // one trip of the stream (load_trip)
   // The weights do not depend on the kernel before this one (launch_overlapped), so their loads
   // may go out before the wait. p.preload: the first trip's loads themselves, into the registers
   // the loop uses, so the stream's first memory round trip overlaps that kernel's end instead of
   // following it. Otherwise the first kGemvPrefetch elements of each row are pulled into L2.
   if (p.preload) {
-    if (active) load_trip(k_first);
+    if (active) load_trip(wv, wr, k_first, piece_step, k_dim);
   } else if (active && part == 0) {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
@@ -158,7 +148,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     }
   }
   for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
-    if (!p.preload || k0 != k_first) load_trip(k0);
+    if (!p.preload || k0 != k_first) load_trip(wv, wr, k0, piece_step, k_dim);
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * piece_step;

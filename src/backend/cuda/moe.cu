@@ -312,15 +312,8 @@ __global__ void __launch_bounds__(kGemvThreads)
       for (int j = 0; j < TOK; ++j) ag[r][j] = au[r][j] = 0.0f;
     for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGateUpUnroll) {
       uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
-#pragma unroll
-      for (int u = 0; u < kGateUpUnroll; ++u) {
-        const int64_t k = k0 + u * kGemvStep;
-#pragma unroll
-        for (int r = 0; r < kGateUpRows; ++r) {
-          vg[u][r] = k < D ? load_stream(wg[r] + k) : make_uint4(0, 0, 0, 0);
-          vu[u][r] = k < D ? load_stream(wu[r] + k) : make_uint4(0, 0, 0, 0);
-        }
-      }
+      load_trip(vg, wg, k0, kGemvStep, D);
+      load_trip(vu, wu, k0, kGemvStep, D);
 #pragma unroll
       for (int u = 0; u < kGateUpUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
@@ -366,18 +359,8 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int64_t d0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kDownRows;
   BlockExpert be{-1, 0, 0};
   if (early) be = block_expert(ws);
-  // One trip of the stream over this warp's rows from k0 on.
   const bf16* wr[kDownRows];
-  uint4 wv[kDownUnroll][kDownRows];
-  const auto load_trip = [&](int64_t k0) {
-#pragma unroll
-    for (int u = 0; u < kDownUnroll; ++u) {
-      const int64_t k = k0 + u * kGemvStep;
-#pragma unroll
-      for (int r = 0; r < kDownRows; ++r)
-        wv[u][r] = k < F ? load_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
-    }
-  };
+  uint4 wv[kDownUnroll][kDownRows];  // one trip of the stream (load_trip)
   const auto set_rows = [&] {
     const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(be.e) * D * F;
 #pragma unroll
@@ -386,7 +369,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bool preloaded = early && be.e >= 0 && d0 < D && be.begin < be.end;
   if (preloaded) {
     set_rows();
-    load_trip(lane * 8);
+    load_trip(wv, wr, lane * 8, kGemvStep, F);
   }
   pdl_wait();  // the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
@@ -404,7 +387,7 @@ __global__ void __launch_bounds__(kGemvThreads)
       for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
     for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
       // The first trip of the first pass may have gone out before the wait.
-      if (!(preloaded && s0 == be.begin && k0 == lane * 8)) load_trip(k0);
+      if (!(preloaded && s0 == be.begin && k0 == lane * 8)) load_trip(wv, wr, k0, kGemvStep, F);
 #pragma unroll
       for (int u = 0; u < kDownUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
