@@ -197,7 +197,9 @@ class Backend {
                             Tensor& out) = 0;
 
   // out = x @ w^T (+ bias).   x act [n, K]; w [M, K] any dtype; bias [M] or undefined;
-  // out act [n, M] (rows may be strided: a slice of a wider buffer).
+  // out act [n, M] (rows may be strided: a slice of a wider buffer). w is a weight, or another
+  // matrix that the op issued just before does not write (the products below likewise): a device
+  // backend may start fetching it while that op still runs.
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) = 0;
 
   // out += x @ w^T (+ bias): a projection whose output is added to the residual stream, one op

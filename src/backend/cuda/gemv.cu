@@ -6,8 +6,9 @@
 // is read through L1 and reused for every row of the warp. Accumulation is fp32, reduced across the
 // warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch
 // of independent products of one shape (per-head projections) runs as one launch, an entry per
-// blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it prefetches the
-// start of its weight rows while that kernel finishes.
+// blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it requests the
+// first trip of its weight rows while that kernel finishes (early_loads()): w must not be what that
+// kernel writes, which weights never are (Backend::matmul's contract).
 //
 // Matrices with few rows (Llama's o_proj and down: 4096 rows, a warp for every two) leave the SMs
 // half empty and each warp with a long serial stream. There the warps of a block split K: the
