@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
