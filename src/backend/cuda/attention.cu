@@ -23,8 +23,9 @@
 // CUDA cores with fp32 dot products from shared memory.
 //
 // Both kernels here are launched overlapped with the kernel before (device_utils.cuh) and wait for
-// it in pdl_wait() before touching memory: q and the cache rows come from the kernels before, the
-// split counters from the previous decode launch's reset.
+// it in pdl_wait() before touching what it may write: q and this step's cache rows come from the
+// kernels before, the split counters from the previous decode launch's reset. The decode kernel
+// reads the step's metadata and block table before its wait (early_loads()).
 #include <algorithm>
 
 #include "backend/cuda/attention_prefill.h"

@@ -1,8 +1,11 @@
 // Mixture-of-experts kernels: routing (one warp per token), the sort of (token, expert) pairs by
 // expert, grouped GEMVs for the experts' gate|up (SiLU x up fused) and down products, and the
 // weighted combine. See moe.h for how they fit together. Each is launched overlapped with the
-// kernel before (device_utils.cuh) and waits for it in pdl_wait() before touching memory: the
-// grouped GEMVs cannot prefetch weights as gemv.cu does, since the expert comes from the sort.
+// kernel before (device_utils.cuh) and waits for it in pdl_wait() before touching what it may
+// write. The gate|up GEMV cannot request weights before that, as gemv.cu does, since its expert
+// comes from the order the kernel before may still be making; the down GEMV and the combine,
+// which come after it, read the order (and the down GEMV its first weights) before their wait
+// (early_loads()).
 #include <algorithm>
 #include <climits>
 
