@@ -138,11 +138,9 @@ void MoeBlock::experts(const Tensor& h, const MoeExpertWeights& experts, const T
                        Tensor& out) {
   const int64_t n = h.rows();
   PAGELLM_CHECK_MSG(n <= capacity_, "MoeBlock::experts before reserve() sized its scratch");
-  const Tensor ids = ids_.slice_rows(0, n), weights = weights_.slice_rows(0, n);
-  if (order_.defined())
-    backend_.moe_experts_ordered(h, ids, weights, order_, experts, shared, out);  // [n, D]
-  else
-    backend_.moe_experts(h, ids, weights, experts, shared, out);
+  // Without an order (a backend that groups nothing) this is moe_experts (Backend's default).
+  backend_.moe_experts_ordered(h, ids_.slice_rows(0, n), weights_.slice_rows(0, n), order_, experts,
+                               shared, out);  // [n, D]
 }
 
 }  // namespace pagellm
