@@ -265,7 +265,9 @@ if [ $model_built = 1 ]; then
   # the projections (the fold's extra rounding of the weights puts 3 of the 13 golden fixtures
   # just outside their bound: docs/PERF.md, eleventh round).
   # (The golden suite's name carries its instantiation prefix: AllArchitectures/GoldenCuda.)
-  for run in 'none */GoldenCuda.*:EngineCuda.*' 'fold EngineCuda.*'; do
+  # PAGELLM_CHECK_FUSION_RUNS: other runs, "FUSIONS FILTER" each, separated by ";".
+  IFS=';' read -ra fusion_runs <<<"${PAGELLM_CHECK_FUSION_RUNS:-none */GoldenCuda.*:EngineCuda.*;fold EngineCuda.*}"
+  for run in "${fusion_runs[@]}"; do
     fusions=${run%% *}
     t=$(now)
     PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \
