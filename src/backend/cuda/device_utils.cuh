@@ -54,24 +54,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(t);
 }
 
-// RMSNorm's arithmetic on one 16-byte piece of a row, shared by norm.cu's 16-byte kernel and the
-// GEMV's staged norm (gemv.cu) so that both round alike: the piece's sum of squares, in order
-// from zero; 1 / rms of a row of d elements from its sum; and each element normalized, then
-// scaled by its weight.
-__device__ __forceinline__ float sum_squares8(const float (&v)[8]) {
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s += v[i] * v[i];
-  return s;
-}
-__device__ __forceinline__ float rms_inverse(float sum_squares, int64_t d, float eps) {
-  return rsqrtf(sum_squares / static_cast<float>(d) + eps);
-}
-__device__ __forceinline__ void norm_scale8(float (&v)[8], float inv, const float (&w)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = (v[i] * inv) * w[i];
-}
-
 // 16 bytes (8 bf16) of a weight row that is read once per pass: the load bypasses L1 so the
 // activation rows the GEMV kernels reuse stay there (gemv.cu, moe.cu).
 __device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {

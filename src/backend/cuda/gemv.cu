@@ -18,7 +18,6 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mma.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -52,86 +51,20 @@ struct GemvParams {
   int64_t m_dim;  // output columns (F for SwiGLU, whose w has 2F rows)
   int64_t k_dim;
   int64_t x_batch_stride, w_batch_stride, out_batch_stride;
-  const float* norm_w;  // GemvNorm::kStaged: the RMSNorm weight [K]
+  const float* norm_w;  // GemvNorm::kWeighted: the RMSNorm weight [K]
   float eps;
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
   bool preload;  // the first trip's weight loads before the wait (early_loads())
 };
 
-// How x is normalized on the way in. kStaged: each block first normalizes x's rows into shared
-// memory (stage_rms_norm) exactly as the RMSNorm kernel would have written them to memory, and
-// the loop reads them from there: the product is bit for bit the norm kernel's and then the plain
-// GEMV's, one kernel and one hand-over fewer on the decode step's chain. kUnit (the norm weight
-// folded into w at load): each lane sums the squares of its x pieces in a pass before the weights
-// stream (x is a few KB, read from L2 into L1, where the stream's loop finds it again); the
-// warp's lanes cover all of K, so after the warp reduction every warp scales its dot products by
-// the row's 1 / rms.
-enum class GemvNorm { kNone, kStaged, kUnit };
-
-// Writes rms_norm(x) * g of the block's N rows of K elements to xs, bit for bit what
-// rms_norm_bf16x8_kernel (norm.cu) writes: that kernel's block has a thread per 16-byte piece
-// (bf16x8_threads(K), up to 1024), each summing its piece's squares, summed per warp and then
-// across the warps in block_sum. Here thread t plays that kernel's threads t, t + 256, ...: its
-// q-th piece belongs to that block's warp (t / 32 + 8q), whose lanes are this warp's lanes, so
-// the warp sum of each q is that warp's sum, and the warps' sums are added as block_sum adds
-// them. The rows land in xs by cp.async, all of them in one round trip, and are normalized in
-// place (each thread its own pieces). Needs all threads of the block (it synchronizes).
-template <int N>
-__device__ void stage_rms_norm(const bf16* x, int64_t ldx, const float* __restrict__ g, float eps,
-                               int64_t k_dim, bf16* xs) {
-  constexpr int kPer = kGemvStagedMaxK / 8 / kGemvThreads;  // pieces per thread, at most
-  __shared__ float warp_sums[N][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t pieces = k_dim / 8;
-  const int norm_warps = static_cast<int>((pieces + 31) / 32);  // that kernel's warps
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-#pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const int64_t piece = threadIdx.x + q * kGemvThreads;
-      if (piece < pieces)
-        cp_async_16(smem_u32(xs + j * k_dim + piece * 8), x + j * ldx + piece * 8, true);
-    }
-  }
-  cp_async_commit();
-  cp_async_wait<0>();  // this thread's pieces (the only ones it reads before the barrier)
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-#pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const int64_t piece = threadIdx.x + q * kGemvThreads;
-      float ss = 0.0f;  // a thread past the row's end sums nothing, as in that kernel
-      if (piece < pieces) {
-        float v[8];
-        unpack_bf16x8(*reinterpret_cast<const uint4*>(xs + j * k_dim + piece * 8), v);
-        ss = sum_squares8(v);
-      }
-      ss = warp_sum(ss);
-      if (lane == 0 && warp + q * kGemvWarps < norm_warps) warp_sums[j][warp + q * kGemvWarps] = ss;
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const float inv =
-        rms_inverse(warp_sum(lane < norm_warps ? warp_sums[j][lane] : 0.0f), k_dim, eps);
-#pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const int64_t piece = threadIdx.x + q * kGemvThreads;
-      if (piece >= pieces) break;
-      uint4* dst = reinterpret_cast<uint4*>(xs + j * k_dim + piece * 8);
-      float v[8], w[8];
-      unpack_bf16x8(*dst, v);
-      const float4* gp = reinterpret_cast<const float4*>(g + piece * 8);
-      const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
-      w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
-      w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
-      norm_scale8(v, inv, w);
-      *dst = pack_bf16x8(v);
-    }
-  }
-  __syncthreads();
-}
+// How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
+// also sums their squares; the warp's lanes cover all of K, so after the warp reduction every
+// warp has each row's full sum of squares and scales its dot products by the row's 1 / rms. No
+// pass over x of its own, and every warp gets the same scale, so the output does not depend on
+// the launch. kUnit (the norm weight folded into w at load): the same sums, taken in a pass over
+// the lane's x pieces before the weights stream (x is a few KB, read from L2 into L1, where the
+// stream's loop finds it again), so the streaming loop is the plain product's.
+enum class GemvNorm { kNone, kWeighted, kUnit };
 
 __host__ __device__ constexpr bool is_swiglu(GemvEpilogue e) {
   return e == GemvEpilogue::kSwiGlu;
@@ -158,10 +91,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   TOut* out = static_cast<TOut*>(p.out) + blockIdx.y * p.out_batch_stride;
   const int64_t m0 =
       (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * kOutPerWarp;
-  // A group past the last row has nothing to read; with a split (or a staged norm) its warps
-  // still meet the others at the barriers below.
+  // A group past the last row has nothing to read; with a split its warps still meet the others
+  // at the barrier below.
   const bool active = m0 < p.m_dim;
-  if (!active && split == 1 && kNorm != GemvNorm::kStaged) return;
+  if (!active && split == 1) return;
   const int64_t k_dim = p.k_dim;
   float acc[kGemvRows][N];
 #pragma unroll
@@ -197,23 +130,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   // while this grid's last blocks drain.
   pdl_allow_next();
 
-  // kStaged: x's rows normalized, in this block's shared memory; the loop reads x from there.
-  extern __shared__ uint4 gemv_staged[];
-  const bf16* xs = reinterpret_cast<const bf16*>(gemv_staged);
-  if constexpr (kNorm == GemvNorm::kStaged) {
-    stage_rms_norm<N>(x, p.ldx, p.norm_w, p.eps, k_dim, reinterpret_cast<bf16*>(gemv_staged));
-    if (!active && split == 1) return;
-  }
-  const auto x_piece = [&](int j, int64_t k) {
-    if constexpr (kNorm == GemvNorm::kStaged)
-      return *reinterpret_cast<const uint4*>(xs + j * k_dim + k);
-    else
-      return __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k));
-  };
-
   if constexpr (kNorm == GemvNorm::kUnit) {
     // The sums of squares over the pieces the loop below will read (so a split's parts add up
-    // to the row's), their loads issued kGemvUnroll at a time.
+    // as kWeighted's do), their loads issued kGemvUnroll at a time.
     for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
@@ -222,7 +141,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           float xf[8];
-          unpack_bf16x8(x_piece(j, k), xf);
+          unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k)), xf);
 #pragma unroll
           for (int e = 0; e < 8; ++e) ss[j] = fmaf(xf[e], xf[e], ss[j]);
         }
@@ -235,17 +154,49 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * piece_step;
       if (k >= k_dim) break;
+      if constexpr (kNorm == GemvNorm::kWeighted) {
+        float g[8], wf[kGemvRows][8];
+        const float4* gp = reinterpret_cast<const float4*>(p.norm_w + k);
+        const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
+        g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w;
+        g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const uint4 xv = x_piece(j, k);
+        for (int r = 0; r < kGemvRows; ++r) unpack_bf16x8(wv[u][r], wf[r]);
+          // Each piece's sums start from zero and are added at the end, as dot8 does: chained
+          // through acc directly, every FMA of an iteration would wait for the one before it, and
+          // that latency adds to each trip's wait for its loads (7% slower streaming).
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+        for (int j = 0; j < N; ++j) {
+          float xf[8];
+          unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k)), xf);
+          float sq = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            sq = fmaf(xf[e], xf[e], sq);
+            xf[e] *= g[e];
+          }
+          ss[j] += sq;
+#pragma unroll
+          for (int r = 0; r < kGemvRows; ++r) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d = fmaf(wf[r][e], xf[e], d);
+            acc[r][j] += d;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k));
+#pragma unroll
+          for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+        }
       }
     }
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    if constexpr (kNorm == GemvNorm::kUnit) ss[j] = warp_sum(ss[j]);
+    if constexpr (kNorm != GemvNorm::kNone) ss[j] = warp_sum(ss[j]);
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) acc[r][j] = warp_sum(acc[r][j]);
   }
@@ -272,11 +223,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     }
   }
   if (lane != 0) return;
-  float scale[N];  // 1 / rms of each x row for kUnit (1 otherwise)
+  float scale[N];  // 1 / rms of each x row (1 without the norm)
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     scale[j] = 1.0f;
-    if constexpr (kNorm == GemvNorm::kUnit)
+    if constexpr (kNorm != GemvNorm::kNone)
       scale[j] = rsqrtf(ss[j] / static_cast<float>(k_dim) + p.eps);
   }
 #pragma unroll
@@ -331,37 +282,26 @@ int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
   return best;
 }
 
-// One wave of gemv_kernel<N, TOut, kNorm, kEpi>: the blocks every SM holds at once (from the
-// kernel's registers) times the SMs, asked of the runtime once per kernel rather than at every
-// launch (a process's GPUs are taken to be of one kind).
-template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
-int64_t gemv_wave() {
-  static const int64_t wave = [] {
-    int device = 0, n_sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, gemv_kernel<N, TOut, kNorm, kEpi>, kGemvThreads, 0));
-    return static_cast<int64_t>(std::max(per_sm, 1)) * n_sms;
-  }();
-  return wave;
-}
-
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
-  // The staged norm's rows of x (within kGemvStagedBytes, so no opt-in to more is needed).
-  const size_t smem = kNorm == GemvNorm::kStaged ? static_cast<size_t>(N * p.k_dim * 2) : 0;
+  const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
   if (p.k_split == 0) {
-    // The staged norm splits K as the plain product would (its wave), so that its sums are
-    // added in the same order and its output is that product's, bit for bit.
-    constexpr GemvNorm kSplitAs = kNorm == GemvNorm::kStaged ? GemvNorm::kNone : kNorm;
-    p.k_split = k_split_for(ceil_div(p.m_dim, kOutPerWarp) * batch, p.k_dim,
-                            gemv_wave<N, TOut, kSplitAs, kEpi>());
+    // One wave: the blocks every SM holds at once (from this kernel's registers) times the SMs,
+    // asked of the runtime once per kernel rather than at every launch (a process's GPUs are
+    // taken to be of one kind).
+    static const int64_t wave = [&] {
+      int device = 0, n_sms = 0, per_sm = 0;
+      CUDA_CHECK(cudaGetDevice(&device));
+      CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0));
+      return static_cast<int64_t>(std::max(per_sm, 1)) * n_sms;
+    }();
+    p.k_split = k_split_for(ceil_div(p.m_dim, kOutPerWarp) * batch, p.k_dim, wave);
   }
   const int64_t rows_per_block = kGemvWarps / p.k_split * kOutPerWarp;
   const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
-  launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi>, grid, dim3(kGemvThreads), smem, stream, p);
+  launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, p);
 }
 
 // The bf16 kernel for a norm's epilogue, among the combinations gemv_fusion_supported allows.
@@ -388,8 +328,8 @@ void launch_fused(const GemvParams& p, DType out_dtype, GemvNorm norm, GemvEpilo
                   int64_t batch, cudaStream_t stream) {
   if (out_dtype == DType::kF32) {
     launch_n<N, float, GemvNorm::kNone, GemvEpilogue::kStore>(p, batch, stream);
-  } else if (norm == GemvNorm::kStaged) {
-    launch_epilogue<N, GemvNorm::kStaged>(p, epi, batch, stream);
+  } else if (norm == GemvNorm::kWeighted) {
+    launch_epilogue<N, GemvNorm::kWeighted>(p, epi, batch, stream);
   } else if (norm == GemvNorm::kUnit) {
     launch_epilogue<N, GemvNorm::kUnit>(p, epi, batch, stream);
   } else {
@@ -464,10 +404,6 @@ bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& ou
   if (f.k_split != 0 && f.k_split != 1 && f.k_split != 2 && f.k_split != 4 && f.k_split != 8)
     return false;
   if (f.unit_norm && f.norm_w != nullptr) return false;
-  // The staged norm holds x's rows in shared memory and stands in for the 16-byte RMSNorm
-  // kernel, whose rows are at most kGemvStagedMaxK wide.
-  if (f.norm_w != nullptr && (x.cols > kGemvStagedMaxK || x.n_rows * x.cols * 2 > kGemvStagedBytes))
-    return false;
   const bool norm = f.norm_w != nullptr || f.unit_norm;
   if (!norm && f.epilogue == GemvEpilogue::kStore) return true;
   // The fused forms: bf16 out; a norm (a weight 16-byte aligned, as the kernel reads it) with a
@@ -484,7 +420,7 @@ void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bia
   p.norm_w = fusion.norm_w;
   p.eps = fusion.eps;
   p.k_split = fusion.k_split;  // 0: launch_n's rule
-  const GemvNorm norm = fusion.norm_w != nullptr ? GemvNorm::kStaged
+  const GemvNorm norm = fusion.norm_w != nullptr ? GemvNorm::kWeighted
                         : fusion.unit_norm       ? GemvNorm::kUnit
                                                  : GemvNorm::kNone;
   launch_rows(x.n_rows, p, out.dtype, norm, fusion.epilogue, 1, stream);

@@ -112,22 +112,14 @@ void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, 
 constexpr int64_t kGemvMaxRows = 8;
 bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 // The transformer block's fused forms (CudaBackend::matmul_add, rms_norm_matmul,
-// rms_norm_swiglu), each writing bf16: with norm_w (f32 [K], 16-byte aligned) each block first
-// writes x's rows RMS-normalized and scaled by it to its shared memory, bit for bit as
-// launch_rms_norm would write them (K up to 8192, n * K * 2 bytes up to 32 KB), and the product
-// reads them there; with unit_norm they are RMS-normalized with a
+// rms_norm_swiglu), each writing bf16: with norm_w (f32 [K], 16-byte aligned) x's rows are
+// RMS-normalized and scaled by it on the way in; with unit_norm they are RMS-normalized with a
 // weight of ones (the model folded the norm weight into w's columns at load), each row's sum of
 // squares taken in a pass over x before w streams, so the stream is the plain product's. kAdd
 // adds the product to out; kSwiGlu takes w as [gate; up] of 2F rows and writes silu(gate) * up to
 // out [n, F]. Supported: plain (f32 or bf16 out), kAdd without a norm, SwiGLU with or without
 // one, a norm with kStore (gemv_fusion_supported).
 enum class GemvEpilogue { kStore, kAdd, kSwiGlu };
-// The norm with norm_w holds x's normalized rows, n * K bf16, in shared memory: up to this many
-// bytes (with the kernel's static shared memory, within the 48 KB that need no opt-in), and K up to
-// the 16-byte RMSNorm kernel's 8 * 1024, whose block it stands in for. Larger x:
-// gemv_fusion_supported is false (the norm runs apart).
-constexpr int64_t kGemvStagedBytes = 32 * 1024;
-constexpr int64_t kGemvStagedMaxK = 8 * 1024;
 struct GemvFusion {
   const float* norm_w = nullptr;
   bool unit_norm = false;  // normalize with a weight of ones (norm_w null)

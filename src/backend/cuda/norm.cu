@@ -93,8 +93,7 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
 // 16-byte boundaries, each thread holding 8 contiguous elements (one vector load of x and of the
 // residual, one store of each result) instead of 8 scattered 2-byte accesses, its weights loaded
 // before the block-wide reduction. kAdd: the fused residual add (res is ignored without it). out
-// may alias x: each thread reads its elements before anyone writes. The GEMV's staged norm
-// (gemv.cu) reproduces this kernel's sums bit for bit: change the two together.
+// may alias x: each thread reads its elements before anyone writes.
 template <typename TW, bool kAdd>
 __global__ void rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
                                        const TW* __restrict__ w, float eps, bf16* out, int64_t ldo,
@@ -121,12 +120,14 @@ __global__ void rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res, in
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) wv[i] = to_float(w[c + i]);
-    ss = sum_squares8(v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   }
   ss = block_sum(ss, scratch);
-  const float inv = rms_inverse(ss, d, eps);
+  const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
   if (mine) {
-    norm_scale8(v, inv, wv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (v[i] * inv) * wv[i];
     *reinterpret_cast<uint4*>(out + r * ldo + c) = pack_bf16x8(v);
   }
 }
