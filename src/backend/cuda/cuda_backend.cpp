@@ -4,13 +4,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_views.h"
+#include "core/log.h"
 
 namespace pagellm {
 namespace cuda {
@@ -221,6 +224,33 @@ bool side_branches_enabled() {
 
 }  // namespace
 
+// PAGELLM_ABLATE_OPS (cuda_backend.h): a comma-separated list of op names (the Backend methods:
+// attention, rope_store_kv, rms_norm, add_rms_norm, matmul, matmul_add, rms_norm_matmul,
+// rms_norm_swiglu, matmul_swiglu, batched_matmul, silu_mul, rope, moe_experts, moe_order): those
+// ops return at once and launch nothing. A benchmark's decode step without an op, against the whole
+// step, is what that op costs in place: inside the CUDA graph, overlapped with its neighbours under
+// programmatic launch, which timing the ops one by one (bench --profile) cannot show. The outputs
+// are wrong, so it is for timing only and says so once, as a warning. Leaving out an op that
+// decides what later ops read (moe_route) changes their work too: not a measurement.
+bool ablated(std::string_view op) {
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> list;
+    const char* v = std::getenv("PAGELLM_ABLATE_OPS");
+    std::string_view rest = v != nullptr ? v : "";
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      if (comma != 0) list.emplace_back(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    if (!list.empty())
+      PAGELLM_LOG_WARN(
+          "PAGELLM_ABLATE_OPS=%s: these ops launch nothing, outputs are wrong (for timing only)",
+          v);
+    return list;
+  }();
+  return !ops.empty() && std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
 bool CudaBackend::advance_side(Side from, Side to, const char* misuse) {
   PAGELLM_CHECK_MSG(side_ == from, misuse);
   side_ = to;
@@ -385,6 +415,7 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out)
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  if (ablated("rms_norm")) return;
   check_on_device(x, "x");
   check_on_device(w, "w");
   check_on_device(out, "out");
@@ -396,6 +427,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& 
 
 void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                                Tensor& out) {
+  if (ablated("add_rms_norm")) return;
   check_on_device(x, "x");
   check_on_device(residual, "residual");
   check_on_device(w, "w");
@@ -438,6 +470,7 @@ CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const 
 }
 
 void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  if (ablated("matmul")) return;
   const MatmulOperands m = matmul_operands(x, w, bias, out, "matmul");
   if (w.dtype == DType::kBF16) {
     gemm_->run(m.x, m.w, m.bias, m.bias_dtype, m.out);
@@ -448,6 +481,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
 
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& scratch,
                              Tensor& out) {
+  if (ablated("matmul_add")) return;
   const MatmulOperands m = matmul_operands(x, w, bias, out, "matmul_add");
   check_on_device(scratch, "scratch");
   if (w.dtype == DType::kBF16) {
@@ -541,18 +575,21 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
 
 void CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 Tensor& gate_up, Tensor& out) {
+  if (ablated("matmul_swiglu")) return;
   if (fused_gemv(x, nullptr, 0.0f, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
   Backend::matmul_swiglu(x, w, bias, gate_up, out);
 }
 
 void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                                   const Tensor& bias, Tensor& h, Tensor& out) {
+  if (ablated("rms_norm_matmul")) return;
   if (fused_gemv(x, &norm_w, eps, w, bias, out, GemvEpilogue::kStore, out)) return;
   Backend::rms_norm_matmul(x, norm_w, eps, w, bias, h, out);
 }
 
 void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                                   const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) {
+  if (ablated("rms_norm_swiglu")) return;
   if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
   // The norm in the GEMV and SiLU apart, when only the norm's fusion is on.
   if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kStore, gate_up)) {
@@ -564,6 +601,7 @@ void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float e
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  if (ablated("batched_matmul")) return;
   check_on_device(x, "x");
   check_on_device(w, "w");
   check_on_device(out, "out");
@@ -602,6 +640,7 @@ void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) 
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
+  if (ablated("rope")) return;
   check_on_device(x, "x");
   check_on_device(cos_sin, "cos_sin");
   PAGELLM_CHECK_MSG(x.dtype == DType::kBF16, "rope: x must be bf16");
@@ -615,6 +654,7 @@ void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
 void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
                                 bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
                                 Tensor& v_cache) {
+  if (ablated("rope_store_kv")) return;
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k, "k"},
                                 {&v, "v"},
@@ -648,6 +688,7 @@ void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Ten
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                             const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
+  if (ablated("attention")) return;
   if (meta.n_seqs == 0) return;
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k_cache, "k_cache"},
@@ -731,6 +772,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  if (ablated("silu_mul")) return;
   check_on_device(gate, "gate");
   check_on_device(up, "up");
   check_on_device(out, "out");

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -31,6 +32,10 @@ namespace pagellm::cuda {
 
 class Gemm;
 struct MoeWorkspace;
+
+// Whether PAGELLM_ABLATE_OPS names the op (a Backend method's name): it then returns at once,
+// launching nothing, so that a benchmark measures what the op costs in place. For timing only.
+bool ablated(std::string_view op);
 
 class CudaBackend final : public Backend {
  public:

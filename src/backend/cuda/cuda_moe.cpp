@@ -101,6 +101,7 @@ void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
 
 void CudaBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                               const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
+  if (ablated("moe_experts")) return;
   moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto);
 }
 
@@ -109,6 +110,7 @@ int64_t CudaBackend::moe_order_bytes(int64_t n_pairs, int64_t n_experts) const {
 }
 
 void CudaBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
+  if (ablated("moe_order")) return;
   check_device_tensor(ids, "ids");
   check_device_tensor(order, "order");
   PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.ndim == 2,
@@ -130,6 +132,7 @@ void CudaBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order)
 void CudaBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
                                       const Tensor& order, const MoeExpertWeights& experts,
                                       const Tensor& shared, Tensor& out) {
+  if (ablated("moe_experts")) return;
   check_device_tensor(order, "order");
   PAGELLM_CHECK_MSG(dtype_bytes(order.dtype, order.numel()) >=
                         moe_order_layout_bytes(ids.numel(), experts.n_experts()),
