@@ -69,7 +69,9 @@ for h in nlohmann/json.hpp boost/version.hpp gtest/gtest.h gmock/gmock.h utf8pro
   has_header "$h" || missing+=("$h")
 done
 cmake_extra=()
-if [ ${#missing[@]} -gt 0 ]; then
+# Prebuilt binaries need none of them: gpu-prebuild.sh puts the shared libraries they link beside
+# them (.carry/prebuilt/lib), so .carry/pkg need not travel with them.
+if [ ${#missing[@]} -gt 0 ] && [ -z "$prebuilt" ]; then
   echo "== dependencies missing on this system: ${missing[*]}"
   root=$repo/.carry/root
   if [ ! -d "$root" ]; then

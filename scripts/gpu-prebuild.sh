@@ -4,8 +4,8 @@
 # from (scripts/source-hash.sh). A GPU machine then runs them instead of building them:
 #
 #   scripts/gpu-prebuild.sh                                           # here
-#   PAGELLM_CHECK_PREBUILT=.carry/prebuilt scripts/gpu-check.sh       # there, carrying .carry/pkg
-#                                                                     # and .carry/prebuilt
+#   PAGELLM_CHECK_PREBUILT=.carry/prebuilt scripts/gpu-check.sh       # there, carrying
+#                                                                     # .carry/prebuilt alone
 #
 # which saves each GPU run its build (~80 s of ~16 cores). gpu-check refuses binaries whose
 # hash is not that of the sources beside them. Environment: PAGELLM_BUILD_DIR (default
