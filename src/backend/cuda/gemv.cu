@@ -15,12 +15,9 @@
 // k_split warps of a row group take interleaved 512-byte pieces of its rows, and the group's
 // partial sums meet in shared memory in a fixed order (the result does not depend on timing).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mma.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -79,37 +76,6 @@ template <GemvEpilogue kEpi>
 __device__ __forceinline__ int64_t weight_row(int64_t m0, int r, int64_t m_dim) {
   if constexpr (kEpi == GemvEpilogue::kSwiGlu) return m0 + r * m_dim;
   return min(m0 + r, m_dim - 1);
-}
-
-// The warp's outputs from its rows' sums (lane 0): kStore writes x.w (+ bias) to out, kAdd adds
-// it to out, kSwiGlu writes silu(gate) * up from the gate and up rows.
-template <int N, typename TOut, GemvEpilogue kEpi>
-__device__ __forceinline__ void store_outputs(const GemvParams& p, TOut* out, int64_t m0,
-                                              const float (&acc)[kGemvRows][N]) {
-  if constexpr (is_swiglu(kEpi)) {
-    const float bg = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 0, p.m_dim));
-    const float bu = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 1, p.m_dim));
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      // silu(g) = g / (1 + e^-g), as activation.cu computes it.
-      const float g = acc[0][j] + bg, u = acc[1][j] + bu;
-      out[j * p.ldo + m0] = from_float<TOut>(g / (1.0f + expf(-g)) * u);
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) {
-      const int64_t m = m0 + r;
-      if (m >= p.m_dim) break;
-      const float b = bias_at(p.bias, p.bias_dtype, m);
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        TOut* o = out + j * p.ldo + m;
-        float v = acc[r][j] + b;
-        if constexpr (kEpi == GemvEpilogue::kAdd) v += to_float(*o);
-        *o = from_float<TOut>(v);
-      }
-    }
-  }
 }
 
 // kEpi: kStore writes x.w (+ bias); kAdd adds it to out; kSwiGlu gives each warp the rows m and
@@ -269,224 +235,30 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[r][j] *= scale[j];
   }
-  store_outputs<N, TOut, kEpi>(p, out, m0, acc);
-}
-
-// The streaming form (gemv_stream_kernel): one block per SM, whose warps stream their rows
-// through a ring of kStreamStages pieces each in shared memory, filled by cp.async, so a warp has
-// that many 512-byte pieces of each of its two rows in flight while holding none of them in
-// registers. The loop the classic kernel above runs (a trip of loads into registers, then its
-// math) has one trip in flight per warp and needs three blocks an SM to cover the memory latency;
-// a GEMV then fills every SM, the next kernel's blocks find no room until its blocks leave, and
-// each projection of a decode step starts its stream only as the one before drains (about 6 us a
-// projection, docs/PERF.md fourteenth round). Here a GEMV holds one block an SM (96 KB of ring):
-// the next GEMV's block is resident beside it and fills its own ring before its wait, so the
-// hand-over costs no memory round trip; and the blocks loop over the row groups, so the rows
-// spread over the grid to within one group per block instead of whole waves. The loop is kept
-// short (pointers advanced, not recomputed; x unpacked once per piece): with one block an SM
-// its warps issue every instruction of it.
-constexpr int kStreamThreads = 512;
-constexpr int kStreamWarps = kStreamThreads / 32;
-constexpr int kStreamStages = 6;  // pieces (512 bytes of each of a warp's rows) a warp's ring holds
-constexpr size_t kStreamSmem =
-    static_cast<size_t>(kStreamStages) * kStreamWarps * kGemvRows * 32 * sizeof(uint4);
-
-// The ring's copy, commit and wait (mma.cuh's cp.async, with a memory clobber: the compiler must
-// not move the ring's reads across them, as a slot is read and then refilled by the same thread).
-__device__ __forceinline__ void ring_copy(uint4* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void ring_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void ring_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-template <int N, typename TOut, GemvEpilogue kEpi>
-__global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const GemvParams p) {
-  extern __shared__ uint4 ring[];  // [warp][stage][row][lane]
-  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
-  constexpr int64_t kStep = 32 * 8;  // elements of one piece of a row (a warp's 16-byte loads)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int split = p.k_split;
-  const int part = warp & (split - 1);  // which of the group's interleaved K pieces
-  const int slot = warp / split;        // which of the group's row pairs
-  const int64_t m_dim = p.m_dim, k_dim = p.k_dim;
-  const int64_t per_group = kStreamWarps / split;  // row pairs (warps' rows) per group
-  const int64_t pairs = (m_dim + kOutPerWarp - 1) / kOutPerWarp;
-  const int64_t groups = (pairs + per_group - 1) / per_group;
-  const int iters =
-      blockIdx.x < groups ? static_cast<int>((groups - 1 - blockIdx.x) / gridDim.x + 1) : 0;
-  // This warp's pieces of a group's K: part, part + split, ... (split * pieces covers K).
-  const int pieces = static_cast<int>(((k_dim + kStep - 1) / kStep + split - 1) / split);
-  const int total = iters * pieces;
-  const int64_t piece_step = kStep * split;         // elements from one of its pieces to the next
-  const int64_t k_first = part * kStep + lane * 8;  // this lane's first element of a row
-  const int64_t m_first = (blockIdx.x * per_group + slot) * kOutPerWarp;  // first group's row
-  const int64_t m_step = static_cast<int64_t>(gridDim.x) * per_group * kOutPerWarp;
-  uint4* my_ring = ring + static_cast<size_t>(warp) * kStreamStages * kGemvRows * 32 + lane;
-
-  // The fill side: this lane's next piece of each row, as pointers advanced piece by piece.
-  const bf16* src[kGemvRows];
-  int64_t fill_m0 = m_first, fill_k = k_first;
-  int fill_piece = 0, fill_stage = 0, fill_left = total;
-  const auto point = [&] {
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r)
-      src[r] = p.w + weight_row<kEpi>(min(fill_m0, m_dim - 1), r, m_dim) * p.ldw + k_first;
-  };
-  point();
-  // Copies one piece into its ring slot (zeros past the rows or K: nothing read) and commits
-  // the copies as one group; past the warp's last piece an empty group, so that the count of
-  // groups pending stays the loop's.
-  const auto issue = [&] {
-    if (fill_left > 0) {
-      const bool ok = fill_m0 < m_dim && fill_k < k_dim;
-#pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
-        ring_copy(my_ring + (fill_stage * kGemvRows + r) * 32, ok ? src[r] : p.w, ok);
-        src[r] += piece_step;
-      }
-      fill_k += piece_step;
-      if (++fill_piece == pieces) {
-        fill_piece = 0, fill_k = k_first, fill_m0 += m_step;
-        point();
-      }
-      fill_stage = fill_stage + 1 == kStreamStages ? 0 : fill_stage + 1;
-      // The block's last copies are out: the next kernel may now start and fill its own ring
-      // while this one's drains. Not sooner: its warps would wait beside this block's for the
-      // whole stream, taking issue slots this loop needs.
-      if (--fill_left == 0) pdl_allow_next();
-    }
-    ring_commit();
-  };
-  // The weights do not depend on the kernel before (launch_overlapped): the ring fills while it
-  // runs (early_loads()).
-  if (p.preload)
-    for (int s = 0; s < kStreamStages - 1; ++s) issue();
-  pdl_wait();
-  if (!p.preload)
-    for (int s = 0; s < kStreamStages - 1; ++s) issue();
-
-  TOut* out = static_cast<TOut*>(p.out);
-  float acc[kGemvRows][N];
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r)
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[r][j] = 0.0f;
-  int64_t use_m0 = m_first, use_k = k_first;
-  int use_piece = 0, use_stage = 0;
-  for (int f = 0; f < total; ++f) {
-    const bool use_ok = use_m0 < m_dim && use_k < k_dim;
-    uint4 xv[N];  // requested before the wait, so its (L1) latency overlaps it
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-      xv[j] = use_ok ? __ldg(reinterpret_cast<const uint4*>(p.x + j * p.ldx + use_k))
-                     : make_uint4(0, 0, 0, 0);
-    ring_wait<kStreamStages - 2>();  // this lane's copies of piece f have landed
-    float wf[kGemvRows][8];
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r)
-      unpack_bf16x8(my_ring[(use_stage * kGemvRows + r) * 32], wf[r]);
-    // Piece f + kStreamStages - 1, into the slot the last iteration read (each lane reads back
-    // only what it copied itself, so no barrier: the slot's reads are done).
-    issue();
-    // The sums in dot8's order (so a split as the classic kernel's gives its bits).
+  if constexpr (is_swiglu(kEpi)) {
+    const float bg = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 0, p.m_dim));
+    const float bu = bias_at(p.bias, p.bias_dtype, weight_row<kEpi>(m0, 1, p.m_dim));
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      float xf[8];
-      unpack_bf16x8(xv[j], xf);
+      // silu(g) = g / (1 + e^-g), as activation.cu computes it.
+      const float g = acc[0][j] + bg, u = acc[1][j] + bu;
+      out[j * p.ldo + m0] = from_float<TOut>(g / (1.0f + expf(-g)) * u);
+    }
+  } else {
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
-        float d = 0.0f;
+    for (int r = 0; r < kGemvRows; ++r) {
+      const int64_t m = m0 + r;
+      if (m >= p.m_dim) break;
+      const float b = bias_at(p.bias, p.bias_dtype, m);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) d = fmaf(wf[r][e], xf[e], d);
-        acc[r][j] += d;
+      for (int j = 0; j < N; ++j) {
+        TOut* o = out + j * p.ldo + m;
+        float v = acc[r][j] + b;
+        if constexpr (kEpi == GemvEpilogue::kAdd) v += to_float(*o);
+        *o = from_float<TOut>(v);
       }
     }
-    use_stage = use_stage + 1 == kStreamStages ? 0 : use_stage + 1;
-    use_k += piece_step;
-    if (++use_piece < pieces) continue;
-      // The group's last piece: its sums, across the warp and then (split) the group's warps in
-      // part order, as the classic kernel adds them.
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-#pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) acc[r][j] = warp_sum(acc[r][j]);
-    if (split > 1) {
-      __shared__ float partial[kStreamWarps][kGemvRows][N];
-      if (lane == 0)
-#pragma unroll
-        for (int j = 0; j < N; ++j)
-#pragma unroll
-          for (int r = 0; r < kGemvRows; ++r) partial[warp][r][j] = acc[r][j];
-      __syncthreads();
-      if (part == 0)
-        for (int q = 1; q < split; ++q)
-#pragma unroll
-          for (int j = 0; j < N; ++j)
-#pragma unroll
-            for (int r = 0; r < kGemvRows; ++r) acc[r][j] += partial[warp + q][r][j];
-      __syncthreads();  // partial is reused by the next group
-    }
-    if (lane == 0 && part == 0 && use_m0 < m_dim) store_outputs<N, TOut, kEpi>(p, out, use_m0, acc);
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r)
-#pragma unroll
-      for (int j = 0; j < N; ++j) acc[r][j] = 0.0f;
-    use_piece = 0, use_k = k_first, use_m0 += m_step;
   }
-  ring_wait<0>();  // no copy may land after the block exits (only empty groups are pending)
-}
-
-// The streaming kernel's split of K among a row group's warps, for `pairs` warps' rows over a
-// grid of `grid` blocks: the split (1, 2, 4 or 8) whose row groups spread most evenly over the
-// blocks (the most a block takes against the mean), the smaller on a tie (1 when K has fewer
-// pieces than the split).
-int stream_split_for(int64_t pairs, int64_t k_dim, int64_t grid) {
-  constexpr int64_t kStep = 32 * 8;
-  int best = 1;
-  double best_ratio = 0.0;
-  for (int split = 1; split <= 8 && k_dim >= kStep * split; split *= 2) {
-    const int64_t groups = (pairs * split + kStreamWarps - 1) / kStreamWarps;
-    const int64_t iters = (groups + grid - 1) / grid;
-    const double ratio = static_cast<double>(iters * grid) / static_cast<double>(groups);
-    if (split == 1 || ratio < best_ratio - 0.01) best = split, best_ratio = ratio;
-  }
-  return best;
-}
-
-// Whether single products (no norm, one batch entry) take the streaming kernel: on by default;
-// PAGELLM_GEMV_STREAM=0 keeps them on the classic one (to measure the difference).
-bool gemv_stream_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_STREAM");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
-}
-
-template <int N, typename TOut, GemvEpilogue kEpi>
-void launch_stream(GemvParams p, cudaStream_t stream) {
-  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
-  const auto kernel = gemv_stream_kernel<N, TOut, kEpi>;
-  static const int64_t n_sms = [&] {
-    int device = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kStreamSmem)));
-    return static_cast<int64_t>(sms);
-  }();
-  const int64_t pairs = ceil_div(p.m_dim, kOutPerWarp);
-  if (p.k_split == 0) p.k_split = stream_split_for(pairs, p.k_dim, n_sms);
-  const int64_t groups = (pairs * p.k_split + kStreamWarps - 1) / kStreamWarps;
-  const dim3 grid(static_cast<unsigned>(std::min(groups, n_sms)));
-  launch_overlapped(kernel, grid, dim3(kStreamThreads), kStreamSmem, stream, p);
 }
 
 // Warps per row group for `groups` row groups (over all batch entries) of k_dim, when a wave of
@@ -512,12 +284,6 @@ int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
 
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
-  if constexpr (kNorm == GemvNorm::kNone) {
-    if (batch == 1 && gemv_stream_enabled()) {
-      launch_stream<N, TOut, kEpi>(p, stream);
-      return;
-    }
-  }
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
   if (p.k_split == 0) {
