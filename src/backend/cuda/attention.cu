@@ -234,7 +234,7 @@ template <int DMAX, bool kAligned, int kG>
 __device__ __forceinline__ void attend_split(const AttentionArgs& a, const DecodePlan& p,
                                              unsigned char* smem, int s, int kvh, int q_tok,
                                              int32_t begin, int32_t n_tok, int split, int64_t slot0,
-                                             int n_parts, bool staged, float* __restrict__ part_acc,
+                                             int n_parts, float* __restrict__ part_acc,
                                              float* __restrict__ part_ml,
                                              int32_t* __restrict__ counters) {
   constexpr int L = DMAX / 8;             // lanes per cache row
@@ -255,9 +255,9 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   const int h0 = kvh * G;
   const int bs = a.block_size;
   const int begin_in = begin % bs;  // the split's first key within its first block
-  // The row bases (staged: already in shared memory, the decode kernel wrote them before its
+  // The row bases (p.early: already in shared memory, the decode kernel wrote them before its
   // wait, and a barrier followed).
-  if (!staged) {
+  if (!p.early) {
     stage_block_bases(a, p, smem, s, kvh, begin, n_tok);
     __syncthreads();
   }
@@ -607,8 +607,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   if (!attends) return;
   const int64_t slot0 = (static_cast<int64_t>(s) * a.hkv + kvh) * p.n_splits;
   attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off, n_tok, split, slot0,
-                                   min(p.n_splits, (span + my_chunk - 1) / my_chunk), p.early,
-                                   part_acc, part_ml, counters);
+                                   min(p.n_splits, (span + my_chunk - 1) / my_chunk), part_acc,
+                                   part_ml, counters);
 }
 
 template <int DMAX>
