@@ -137,10 +137,14 @@ fi
 build_target() {  # name, targets...
   local name=$1; shift
   local t=$(now) limit
-  if [ -n "$prebuilt" ]; then  # the prebuilt folder has test_ops, test_model and pagellm only
+  if [ -n "$prebuilt" ]; then  # test_ops, test_model, pagellm and the benches gpu-prebuild built
     local target path
     for target in "$@"; do
-      path=$([ "$target" = pagellm ] && echo "$build/tools/pagellm" || echo "$build/tests/$target")
+      case $target in
+        pagellm) path=$build/tools/pagellm ;;
+        *_bench) path=$build/bench/$target ;;
+        *) path=$build/tests/$target ;;
+      esac
       if [ ! -x "$path" ]; then record "build $name" "not prebuilt"; return 1; fi
     done
     record "build $name" "prebuilt"

@@ -4,6 +4,7 @@
 // of one token: x [1, K] . w[M, K]^T, bf16. The weights rotate through copies filling three L2s, so
 // each call streams its matrix from HBM as decode does, and the calls are replayed from a CUDA
 // graph (launched overlapped, as in a decode step's graph), so host launch time does not count.
+// BM_GemvLayerChain runs a layer's four projections back to back instead (the hand-overs).
 // Reported per call:
 //   time   CUDA events around one replay of kCalls calls, / kCalls
 //   GB/s   the weight bytes over the time (the ceiling: 4.25 TB/s device copy on an H200)
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,18 +45,54 @@ constexpr Shape kShapes[] = {
     {"v2-lite shared down", 2048, 2816, cuda::GemvEpilogue::kAdd},
 };
 
+// Captures `record` (the launches of one replay) into a graph on `stream`, replays it once to
+// warm up, then once per benchmark iteration between two events; returns the mean seconds a
+// replay took (each iteration's time reported as one replay's over `per`).
+double time_replays(benchmark::State& state, cudaStream_t stream,
+                    const std::function<void()>& record, double per) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  record();
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t ev[2];
+  for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  double total_s = 0.0;
+  for (auto _ : state) {
+    CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    CUDA_CHECK(cudaEventSynchronize(ev[1]));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    state.SetIterationTime(ms / 1e3 / per);
+    total_s += ms / 1e3;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return total_s / static_cast<double>(std::max<int64_t>(state.iterations(), 1));
+}
+
+bool have_device(benchmark::State& state) {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    cudaGetLastError();
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
 // Times kCalls launches of one product (the weights [m, k], x [rows, k], out [rows, out_cols])
 // with `fusion` (and, with norm_weight, the norm's weight loaded as x streams), replayed from a
 // graph, and reports them under `label`.
 void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
                cuda::GemvFusion fusion, bool norm_weight, const std::string& label,
                int64_t rows = 1) {
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    cudaGetLastError();
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!have_device(state)) return;
   int l2_bytes = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
   const size_t w_bytes = static_cast<size_t>(m * k) * 2;
@@ -83,34 +121,16 @@ void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
     const cuda::RowView wv{static_cast<char*>(w) + (i % copies) * w_bytes, DType::kBF16, m, k, k};
     cuda::launch_gemv(xv, wv, nullptr, DType::kF32, ov, stream, fusion);
   };
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCalls; ++i) call(i);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t ev[2];
-  for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
-  CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-  double total_s = 0.0;
-  for (auto _ : state) {
-    CUDA_CHECK(cudaEventRecord(ev[0], stream));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaEventRecord(ev[1], stream));
-    CUDA_CHECK(cudaEventSynchronize(ev[1]));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    const double per_call = ms / 1e3 / kCalls;
-    state.SetIterationTime(per_call);
-    total_s += per_call;
-  }
-  const double per_call_s = total_s / static_cast<double>(std::max<int64_t>(state.iterations(), 1));
+  const double per_call_s = time_replays(
+                                state, stream,
+                                [&] {
+                                  for (int i = 0; i < kCalls; ++i) call(i);
+                                },
+                                kCalls) /
+                            kCalls;
   state.counters["us"] = per_call_s * 1e6;
   state.counters["GB/s"] = static_cast<double>(w_bytes) / per_call_s * 1e-9;
   state.SetLabel(label);
-  for (auto& e : ev) cudaEventDestroy(e);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   cudaFree(w);
   cudaFree(x);
@@ -193,6 +213,78 @@ BENCHMARK(BM_GemvRows)
     ->ArgsProduct({{0, 3}, {2, 3, 4, 5, 6, 7, 8}})
     ->UseManualTime()
     ->Iterations(20);
+
+// A decode layer's projections back to back, with nothing between them (the step's attention,
+// RoPE and norms left out, as PAGELLM_ABLATE_OPS leaves them out of a step): Llama-3-8B's q|k|v,
+// o_proj (+ residual), gate|up with SwiGLU and down (+ residual), or DeepSeek-V2-Lite's q|kv_a,
+// o_proj and shared experts, for kChainLayers layers each with its own weights (more than the L2
+// holds), replayed from a graph with programmatic launch as a decode step runs them. What it
+// measures is the hand-over from one projection to the next: the chain's time against its bytes
+// at 4.4 TB/s (what the LM head's long GEMV streams), per GEMV. In a Llama-3-8B step the GEMVs
+// alone take ~6 us a projection more than their bytes (docs/PERF.md, fourteenth round).
+struct ChainStep {
+  int64_t m, k, out_cols;
+  cuda::GemvEpilogue epilogue;
+};
+constexpr int kChainLayers = 8;
+constexpr double kStreamRate = 4.4e12;  // bytes/s: the LM head's GEMV alone on the H200
+
+void BM_GemvLayerChain(benchmark::State& state) {
+  if (!have_device(state)) return;
+  using E = cuda::GemvEpilogue;
+  const std::vector<ChainStep> llama = {{6144, 4096, 6144, E::kStore},
+                                        {4096, 4096, 4096, E::kAdd},
+                                        {28672, 4096, 14336, E::kSwiGlu},
+                                        {4096, 14336, 4096, E::kAdd}};
+  const std::vector<ChainStep> v2_lite = {{3648, 2048, 3648, E::kStore},
+                                          {2048, 2048, 2048, E::kAdd},
+                                          {5632, 2048, 2816, E::kSwiGlu},
+                                          {2048, 2816, 2048, E::kAdd}};
+  const bool is_llama = state.range(0) == 0;
+  const std::vector<ChainStep>& steps = is_llama ? llama : v2_lite;
+  size_t layer_bytes = 0, act = 0;
+  for (const ChainStep& c : steps) {
+    layer_bytes += static_cast<size_t>(c.m * c.k) * 2;
+    act = std::max<size_t>(act, static_cast<size_t>(std::max(c.k, c.out_cols)) * 2);
+  }
+  void* w = nullptr;
+  void* x = nullptr;
+  void* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&w, layer_bytes * kChainLayers));
+  CUDA_CHECK(cudaMalloc(&x, act));
+  CUDA_CHECK(cudaMalloc(&out, act));
+  CUDA_CHECK(cudaMemset(w, 0x3c, layer_bytes * kChainLayers));  // finite bf16 values
+  CUDA_CHECK(cudaMemset(x, 0x3c, act));
+  CUDA_CHECK(cudaMemset(out, 0, act));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto record = [&] {
+    char* wl = static_cast<char*>(w);
+    for (int l = 0; l < kChainLayers; ++l) {
+      for (const ChainStep& c : steps) {
+        cuda::GemvFusion f;
+        f.epilogue = c.epilogue;
+        cuda::launch_gemv(cuda::RowView{x, DType::kBF16, 1, c.k, c.k},
+                          cuda::RowView{wl, DType::kBF16, c.m, c.k, c.k}, nullptr, DType::kF32,
+                          cuda::RowView{out, DType::kBF16, 1, c.out_cols, c.out_cols}, stream, f);
+        wl += c.m * c.k * 2;
+      }
+    }
+  };
+  const double layer_s = time_replays(state, stream, record, kChainLayers) / kChainLayers;
+  const double n_gemvs = static_cast<double>(steps.size());
+  state.counters["us/layer"] = layer_s * 1e6;
+  state.counters["TB/s"] = static_cast<double>(layer_bytes) / layer_s * 1e-12;
+  state.counters["us/GEMV over"] =
+      (layer_s - static_cast<double>(layer_bytes) / kStreamRate) / n_gemvs * 1e6;
+  state.SetLabel(is_llama ? "llama-3-8b q|k|v, o_proj, gate|up, down"
+                          : "v2-lite q|kv_a, o_proj, shared gate|up, shared down");
+  cudaStreamDestroy(stream);
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(out);
+}
+BENCHMARK(BM_GemvLayerChain)->Arg(0)->Arg(1)->UseManualTime()->Iterations(20);
 
 }  // namespace
 }  // namespace pagellm
