@@ -224,22 +224,31 @@ bool side_branches_enabled() {
 
 }  // namespace
 
-// PAGELLM_ABLATE_OPS (cuda_backend.h): a comma-separated list of op names (the Backend methods:
-// attention, rope_store_kv, rms_norm, add_rms_norm, matmul, matmul_add, rms_norm_matmul,
-// rms_norm_swiglu, matmul_swiglu, batched_matmul, silu_mul, rope, moe_experts, moe_order): those
-// ops return at once and launch nothing. A benchmark's decode step without an op, against the whole
-// step, is what that op costs in place: inside the CUDA graph, overlapped with its neighbours under
-// programmatic launch, which timing the ops one by one (bench --profile) cannot show. The outputs
-// are wrong, so it is for timing only and says so once, as a warning. Leaving out an op that
-// decides what later ops read (moe_route) changes their work too: not a measurement.
+// PAGELLM_ABLATE_OPS (cuda_backend.h): a comma-separated list of op names (Backend methods, those
+// of kKnown below): those ops return at once and launch nothing. A benchmark's decode step without
+// an op, against the whole step, is what that op costs in place: inside the CUDA graph, overlapped
+// with its neighbours under programmatic launch, which timing the ops one by one (bench --profile)
+// cannot show. The outputs are wrong, so it is for timing only and says so once, as a warning.
+// Leaving out an op that decides what later ops read (moe_route) changes their work too: not a
+// measurement.
 bool ablated(std::string_view op) {
   static const std::vector<std::string> ops = [] {
+    constexpr std::string_view kKnown[] = {"attention",       "rope_store_kv",   "rms_norm",
+                                           "add_rms_norm",    "matmul",          "matmul_add",
+                                           "rms_norm_matmul", "rms_norm_swiglu", "matmul_swiglu",
+                                           "batched_matmul",  "silu_mul",        "rope",
+                                           "moe_experts",     "moe_order"};
     std::vector<std::string> list;
     const char* v = std::getenv("PAGELLM_ABLATE_OPS");
     std::string_view rest = v != nullptr ? v : "";
     while (!rest.empty()) {
       const size_t comma = rest.find(',');
-      if (comma != 0) list.emplace_back(rest.substr(0, comma));
+      const std::string_view name = rest.substr(0, comma);
+      if (std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown))
+        list.emplace_back(name);
+      else if (!name.empty())  // a typo would otherwise measure the whole step as "without" it
+        PAGELLM_LOG_WARN("PAGELLM_ABLATE_OPS: no op named '%.*s' can be left out",
+                         static_cast<int>(name.size()), name.data());
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
     if (!list.empty())
