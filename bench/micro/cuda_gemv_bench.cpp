@@ -217,16 +217,17 @@ BENCHMARK(BM_GemvRows)
 // A decode layer's projections back to back, with nothing between them (the step's attention,
 // RoPE and norms left out, as PAGELLM_ABLATE_OPS leaves them out of a step): Llama-3-8B's q|k|v,
 // o_proj (+ residual), gate|up with SwiGLU and down (+ residual), or DeepSeek-V2-Lite's q|kv_a,
-// o_proj and shared experts, for kChainLayers layers each with its own weights (more than the L2
-// holds), replayed from a graph with programmatic launch as a decode step runs them. What it
-// measures is the hand-over from one projection to the next: the chain's time against its bytes
-// at 4.4 TB/s (what the LM head's long GEMV streams), per GEMV. In a Llama-3-8B step the GEMVs
-// alone take ~6 us a projection more than their bytes (docs/PERF.md, fourteenth round).
+// o_proj and shared experts, for a number of layers (8 or 32, the second argument) each with its
+// own weights (more than the L2 holds; 32 spread them over as many GB as a step's), constant or
+// random (the third: 1 for random values, as the dummy checkpoints' weights), replayed from a graph
+// with programmatic launch as a decode step runs them. What it measures is the hand-over from one
+// projection to the next: the chain's time against its bytes at 4.4 TB/s (what the LM head's long
+// GEMV streams), per GEMV. In a Llama-3-8B step the GEMVs alone take ~6 us a projection more than
+// their bytes (docs/PERF.md, fourteenth round).
 struct ChainStep {
   int64_t m, k, out_cols;
   cuda::GemvEpilogue epilogue;
 };
-constexpr int kChainLayers = 8;
 constexpr double kStreamRate = 4.4e12;  // bytes/s: the LM head's GEMV alone on the H200
 
 void BM_GemvLayerChain(benchmark::State& state) {
@@ -241,6 +242,8 @@ void BM_GemvLayerChain(benchmark::State& state) {
                                           {5632, 2048, 2816, E::kSwiGlu},
                                           {2048, 2816, 2048, E::kAdd}};
   const bool is_llama = state.range(0) == 0;
+  const int layers = static_cast<int>(state.range(1));
+  const bool random = state.range(2) != 0;
   const std::vector<ChainStep>& steps = is_llama ? llama : v2_lite;
   size_t layer_bytes = 0, act = 0;
   for (const ChainStep& c : steps) {
@@ -250,17 +253,23 @@ void BM_GemvLayerChain(benchmark::State& state) {
   void* w = nullptr;
   void* x = nullptr;
   void* out = nullptr;
-  CUDA_CHECK(cudaMalloc(&w, layer_bytes * kChainLayers));
+  CUDA_CHECK(cudaMalloc(&w, layer_bytes * layers));
   CUDA_CHECK(cudaMalloc(&x, act));
   CUDA_CHECK(cudaMalloc(&out, act));
-  CUDA_CHECK(cudaMemset(w, 0x3c, layer_bytes * kChainLayers));  // finite bf16 values
+  if (random) {
+    cuda::launch_fill_random(w, DType::kBF16, static_cast<int64_t>(layer_bytes / 2) * layers, 1,
+                             -0.05f, 0.05f, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    CUDA_CHECK(cudaMemset(w, 0x3c, layer_bytes * layers));  // finite bf16 values
+  }
   CUDA_CHECK(cudaMemset(x, 0x3c, act));
   CUDA_CHECK(cudaMemset(out, 0, act));
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const auto record = [&] {
     char* wl = static_cast<char*>(w);
-    for (int l = 0; l < kChainLayers; ++l) {
+    for (int l = 0; l < layers; ++l) {
       for (const ChainStep& c : steps) {
         cuda::GemvFusion f;
         f.epilogue = c.epilogue;
@@ -271,20 +280,24 @@ void BM_GemvLayerChain(benchmark::State& state) {
       }
     }
   };
-  const double layer_s = time_replays(state, stream, record, kChainLayers) / kChainLayers;
+  const double layer_s = time_replays(state, stream, record, layers) / layers;
   const double n_gemvs = static_cast<double>(steps.size());
   state.counters["us/layer"] = layer_s * 1e6;
   state.counters["TB/s"] = static_cast<double>(layer_bytes) / layer_s * 1e-12;
   state.counters["us/GEMV over"] =
       (layer_s - static_cast<double>(layer_bytes) / kStreamRate) / n_gemvs * 1e6;
-  state.SetLabel(is_llama ? "llama-3-8b q|k|v, o_proj, gate|up, down"
-                          : "v2-lite q|kv_a, o_proj, shared gate|up, shared down");
+  state.SetLabel(std::string(is_llama ? "llama-3-8b q|k|v, o_proj, gate|up, down"
+                                      : "v2-lite q|kv_a, o_proj, shared gate|up, shared down") +
+                 (random ? ", random weights" : ", constant weights"));
   cudaStreamDestroy(stream);
   cudaFree(w);
   cudaFree(x);
   cudaFree(out);
 }
-BENCHMARK(BM_GemvLayerChain)->Arg(0)->Arg(1)->UseManualTime()->Iterations(20);
+BENCHMARK(BM_GemvLayerChain)
+    ->ArgsProduct({{0, 1}, {8, 32}, {0, 1}})
+    ->UseManualTime()
+    ->Iterations(20);
 
 }  // namespace
 }  // namespace pagellm
