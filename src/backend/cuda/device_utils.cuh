@@ -64,14 +64,6 @@ __device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
   return v;
 }
 
-// Asks L2 to fetch [p, p + bytes) from memory without waiting for it (sm_90's bulk prefetch; a
-// no-op before): p 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void l2_prefetch_bulk(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // One trip of a weight stream (the decode GEMVs): U 16-byte pieces of each of R rows, a lane's
 // pieces `step` elements apart from k0 on, all loads issued before any is used; pieces at or past
 // k_end are zeros, not loaded.

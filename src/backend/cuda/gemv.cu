@@ -15,24 +15,12 @@
 // k_split warps of a row group take interleaved 512-byte pieces of its rows, and the group's
 // partial sums meet in shared memory in a fixed order (the result does not depend on timing).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace pagellm::cuda {
 namespace {
-
-// PAGELLM_GEMV_L2_AHEAD: bytes of each weight row (past the first trip) a GEMV block requests into
-// L2 before its wait (default 0: none), to measure whether the kernel before's tail hides them.
-int64_t gemv_l2_ahead() {
-  static const int64_t elements = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_L2_AHEAD");
-    const long long bytes = v == nullptr ? 0 : std::atoll(v);
-    return bytes > 0 ? static_cast<int64_t>(bytes / 16 * 8) : int64_t{0};  // 16-byte multiples
-  }();
-  return elements;
-}
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
@@ -67,7 +55,6 @@ struct GemvParams {
   float eps;
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
   bool preload;  // the first trip's weight loads before the wait (early_loads())
-  int64_t l2_ahead;  // elements of each row past the first trip pulled into L2 before the wait
 };
 
 // How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
@@ -130,16 +117,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   // following it. Otherwise the first kGemvPrefetch elements of each row are pulled into L2.
   if (p.preload) {
     if (active) load_trip(wv, wr, k_first, piece_step, k_dim);
-    // And the rows' next l2_ahead elements into L2 (one bulk request a row, from the group's
-    // first warp): blocks that start while the kernel before drains keep the memory busy with
-    // what they will read after the wait.
-    const int64_t k_ahead = static_cast<int64_t>(split) * kStep * kGemvUnroll;
-    const int64_t k_end = min(k_dim, k_ahead + p.l2_ahead);
-    if (active && part == 0 && lane < kGemvRows && k_ahead < k_end) {
-      const bf16* row = w + weight_row<kEpi>(m0, lane, p.m_dim) * p.ldw + k_ahead;
-      const unsigned bytes = static_cast<unsigned>((k_end - k_ahead) * sizeof(bf16));
-      l2_prefetch_bulk(row, bytes);
-    }
   } else if (active && part == 0) {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
@@ -405,7 +382,6 @@ GemvParams params_of(const RowView& x, const RowView& w, const void* bias, DType
   p.m_dim = m_dim;
   p.k_dim = x.cols;
   p.preload = early_loads();
-  p.l2_ahead = gemv_l2_ahead();
   return p;
 }
 
