@@ -15,6 +15,7 @@
 // k_split warps of a row group take interleaved 512-byte pieces of its rows, and the group's
 // partial sums meet in shared memory in a fixed order (the result does not depend on timing).
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -80,8 +81,8 @@ __device__ __forceinline__ int64_t weight_row(int64_t m0, int r, int64_t m_dim) 
 
 // kEpi: kStore writes x.w (+ bias); kAdd adds it to out; kSwiGlu gives each warp the rows m and
 // m + F ([gate; up]) and writes silu(gate) * up to column m.
-template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
+template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi, int kMinBlocks>
+__global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const GemvParams p) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split;
@@ -282,10 +283,22 @@ int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
   return best;
 }
 
-template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
-void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
+// PAGELLM_GEMV_MIN_BLOCKS: blocks an SM must hold of the one-row kernels (1, the default, lets
+// the compiler take the registers it wants: 70, 3 blocks; 4 caps them at 64, with a 4-byte spill;
+// 6 would spill ~500 bytes), to measure whether more warps in flight help.
+int gemv_min_blocks() {
+  static const int v = [] {
+    const char* e = std::getenv("PAGELLM_GEMV_MIN_BLOCKS");
+    const int b = e == nullptr ? 1 : std::atoi(e);
+    return b == 4 ? b : 1;
+  }();
+  return v;
+}
+
+template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi, int kMinBlocks>
+void launch_variant(GemvParams p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
-  const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi>;
+  const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks>;
   if (p.k_split == 0) {
     // One wave: the blocks every SM holds at once (from this kernel's registers) times the SMs,
     // asked of the runtime once per kernel rather than at every launch (a process's GPUs are
@@ -302,6 +315,19 @@ void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
   const int64_t rows_per_block = kGemvWarps / p.k_split * kOutPerWarp;
   const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
   launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, p);
+}
+
+template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
+void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
+  if constexpr (N == 1) {
+    switch (gemv_min_blocks()) {
+      case 4:
+        return launch_variant<N, TOut, kNorm, kEpi, 4>(p, batch, stream);
+      default:
+        break;
+    }
+  }
+  launch_variant<N, TOut, kNorm, kEpi, 1>(p, batch, stream);
 }
 
 // The bf16 kernel for a norm's epilogue, among the combinations gemv_fusion_supported allows.
