@@ -262,72 +262,88 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
   }
 }
 
-// Warps per row group for `groups` row groups (over all batch entries) of k_dim, when a wave of
-// the kernel is `wave` blocks: the split (1, 2 or 4) whose grid fills its last wave best, the
-// smaller on a tie; no split for grids of four waves or more, where the last wave's idle SMs are
-// a small part of the time. On the H200 this picks the fastest of the three for 7 of 10 Llama-3-8B
-// and DeepSeek-V2-Lite decode projections (bench/micro/cuda_gemv_bench, docs/PERF.md), and one
-// within 9% of it for the others. A rule of the shape, not a timing, so that every process rounds
-// the same way.
-int k_split_for(int64_t groups, int64_t k_dim, int64_t wave) {
+// How a GEMV launch divides its work: the warps sharing each row group's K, and how full the
+// grid's last wave is (1: every slot of it busy).
+struct GemvPlan {
+  int k_split = 1;
+  double fill = 0.0;
+};
+
+// The plan for `groups` row groups (over all batch entries) of k_dim, when a wave of the kernel is
+// `wave` blocks; `forced` (non-zero) fixes the split. The split (1, 2 or 4) whose grid fills its
+// last wave best, the smaller on a tie; no split for grids of four waves or more, where the last
+// wave's idle SMs are a small part of the time; never so fine that a warp's part of a row is less
+// than one trip of loads (a warp with less waits as long for less: DeepSeek-V2-Lite's 2048-wide
+// o_proj and shared gate|up at a split of 4 measured 20% slower than at 1 or 2). A rule of the
+// shape, not a timing, so that every process rounds the same way.
+GemvPlan plan_for(int64_t groups, int64_t k_dim, int64_t wave, int forced) {
   const auto blocks = [&](int split) { return (groups * split + kGemvWarps - 1) / kGemvWarps; };
-  if (blocks(1) >= 4 * wave) return 1;
   const auto fill = [&](int split) {
     const int64_t b = blocks(split);
     return static_cast<double>(b) / static_cast<double>((b + wave - 1) / wave * wave);
   };
-  constexpr int64_t kStep = 32 * 8;  // elements of one warp-wide load: the least a warp can take
-  int best = 1;
-  for (int split = 2; split <= 4 && k_dim >= kStep * split; split *= 2)
-    if (fill(split) > fill(best) + 0.01) best = split;
+  if (forced != 0) return {forced, fill(forced)};
+  if (blocks(1) >= 4 * wave) return {1, fill(1)};
+  constexpr int64_t kTrip = 32 * 8 * kGemvUnroll;  // elements of one trip of a warp's loads
+  GemvPlan best{1, fill(1)};
+  for (int split = 2; split <= 4 && k_dim >= kTrip * split; split *= 2)
+    if (fill(split) > best.fill + 0.01) best = {split, fill(split)};
   return best;
 }
 
-// PAGELLM_GEMV_MIN_BLOCKS: blocks an SM must hold of the one-row kernels (1, the default, lets
-// the compiler take the registers it wants: 70, 3 blocks; 4 caps them at 64, with a 4-byte spill;
-// 6 would spill ~500 bytes), to measure whether more warps in flight help.
-int gemv_min_blocks() {
+// One wave of `kernel`: the blocks every SM holds at once (from its registers) times the SMs.
+template <typename Kernel>
+int64_t wave_of(Kernel kernel) {
+  int device = 0, n_sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0));
+  return static_cast<int64_t>(std::max(per_sm, 1)) * n_sms;
+}
+
+template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi, int kMinBlocks>
+void launch_variant(GemvParams p, int k_split, int64_t batch, cudaStream_t stream) {
+  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
+  p.k_split = k_split;
+  const int64_t rows_per_block = kGemvWarps / k_split * kOutPerWarp;
+  const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
+  launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks>, grid, dim3(kGemvThreads), 0,
+                    stream, p);
+}
+
+// PAGELLM_GEMV_MIN_BLOCKS=1 or 4 forces one of the two one-row kernels (to measure them apart);
+// unset, launch_n picks.
+int gemv_min_blocks_forced() {
   static const int v = [] {
     const char* e = std::getenv("PAGELLM_GEMV_MIN_BLOCKS");
-    const int b = e == nullptr ? 1 : std::atoi(e);
-    return b == 4 ? b : 1;
+    const int b = e == nullptr ? 0 : std::atoi(e);
+    return b == 1 || b == 4 ? b : 0;
   }();
   return v;
 }
 
-template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi, int kMinBlocks>
-void launch_variant(GemvParams p, int64_t batch, cudaStream_t stream) {
-  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
-  const auto kernel = gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks>;
-  if (p.k_split == 0) {
-    // One wave: the blocks every SM holds at once (from this kernel's registers) times the SMs,
-    // asked of the runtime once per kernel rather than at every launch (a process's GPUs are
-    // taken to be of one kind).
-    static const int64_t wave = [&] {
-      int device = 0, n_sms = 0, per_sm = 0;
-      CUDA_CHECK(cudaGetDevice(&device));
-      CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0));
-      return static_cast<int64_t>(std::max(per_sm, 1)) * n_sms;
-    }();
-    p.k_split = k_split_for(ceil_div(p.m_dim, kOutPerWarp) * batch, p.k_dim, wave);
-  }
-  const int64_t rows_per_block = kGemvWarps / p.k_split * kOutPerWarp;
-  const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
-  launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, p);
-}
-
+// One row of x has two kernels: the compiler's choice of registers (70 for most, so 3 blocks an
+// SM) and one capped at 64 (4 blocks an SM, a 4-byte spill). Their waves differ, so the same shape
+// fills them differently; each launch takes the kernel whose plan fills its last wave better (the
+// uncapped one on a tie). On the H200 the capped one with its split runs Llama-3-8B's down in 32.1
+// us against 34.5, gate|up in 53.8 against 57.4 and V2-Lite's q|kv_a in 4.9 against 6.7, and the
+// rule keeps the uncapped one for V2-Lite's o_proj and shared experts, where the capped one is
+// slower (docs/PERF.md, fifteenth round). The waves are asked of the runtime once per kernel (a
+// process's GPUs are taken to be of one kind).
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
-void launch_n(GemvParams p, int64_t batch, cudaStream_t stream) {
+void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
+  constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
+  const int64_t groups = ceil_div(p.m_dim, kOutPerWarp) * batch;
+  static const int64_t wave = wave_of(gemv_kernel<N, TOut, kNorm, kEpi, 1>);
+  const GemvPlan plan = plan_for(groups, p.k_dim, wave, p.k_split);
   if constexpr (N == 1) {
-    switch (gemv_min_blocks()) {
-      case 4:
-        return launch_variant<N, TOut, kNorm, kEpi, 4>(p, batch, stream);
-      default:
-        break;
-    }
+    static const int64_t wave_capped = wave_of(gemv_kernel<N, TOut, kNorm, kEpi, 4>);
+    const GemvPlan capped = plan_for(groups, p.k_dim, wave_capped, p.k_split);
+    const int forced = gemv_min_blocks_forced();
+    if (forced == 4 || (forced == 0 && capped.fill > plan.fill + 0.01))
+      return launch_variant<N, TOut, kNorm, kEpi, 4>(p, capped.k_split, batch, stream);
   }
-  launch_variant<N, TOut, kNorm, kEpi, 1>(p, batch, stream);
+  launch_variant<N, TOut, kNorm, kEpi, 1>(p, plan.k_split, batch, stream);
 }
 
 // The bf16 kernel for a norm's epilogue, among the combinations gemv_fusion_supported allows.
