@@ -270,12 +270,12 @@ struct GemvPlan {
 };
 
 // The plan for `groups` row groups (over all batch entries) of k_dim, when a wave of the kernel is
-// `wave` blocks; `forced` (non-zero) fixes the split. The split (1, 2 or 4) whose grid fills its
-// last wave best, the smaller on a tie; no split for grids of four waves or more, where the last
-// wave's idle SMs are a small part of the time; never so fine that a warp's part of a row is less
-// than one trip of loads (a warp with less waits as long for less: DeepSeek-V2-Lite's 2048-wide
-// o_proj and shared gate|up at a split of 4 measured 20% slower than at 1 or 2). A rule of the
-// shape, not a timing, so that every process rounds the same way.
+// `wave` blocks; `forced` (non-zero) fixes the split. Otherwise the split (1, 2 or 4) whose grid
+// fills its last wave best, the smaller on a tie, but for grids of four waves or more, where the
+// last wave's idle SMs are a small part of the time (below); never so fine that a warp's part of a
+// row is less than one trip of loads (a warp with less waits as long for less: DeepSeek-V2-Lite's
+// 2048-wide o_proj and shared gate|up at a split of 4 measured 20% slower than at 1 or 2). A rule
+// of the shape, not a timing, so that every process rounds the same way.
 GemvPlan plan_for(int64_t groups, int64_t k_dim, int64_t wave, int forced) {
   const auto blocks = [&](int split) { return (groups * split + kGemvWarps - 1) / kGemvWarps; };
   const auto fill = [&](int split) {
@@ -283,8 +283,15 @@ GemvPlan plan_for(int64_t groups, int64_t k_dim, int64_t wave, int forced) {
     return static_cast<double>(b) / static_cast<double>((b + wave - 1) / wave * wave);
   };
   if (forced != 0) return {forced, fill(forced)};
-  if (blocks(1) >= 4 * wave) return {1, fill(1)};
   constexpr int64_t kTrip = 32 * 8 * kGemvUnroll;  // elements of one trip of a warp's loads
+  // Grids of many waves: the finest split that leaves each warp a trip at least. A warp of one
+  // trip issues all its loads at once and its block ends a round trip later, so the SMs' slots
+  // turn over fast: Llama-3-8B's LM head streams in 228 us at a split of 4 against 237-242 at
+  // 1, gate|up with SwiGLU in 53.8 us against 57.0-58.3 (H200, docs/PERF.md fifteenth round).
+  int finest = 1;
+  while (finest < 4 && k_dim >= kTrip * finest * 2) finest *= 2;
+  if (blocks(finest) >= 4 * wave) return {finest, fill(finest)};
+  if (blocks(1) >= 4 * wave) return {1, fill(1)};
   GemvPlan best{1, fill(1)};
   for (int split = 2; split <= 4 && k_dim >= kTrip * split; split *= 2)
     if (fill(split) > best.fill + 0.01) best = {split, fill(split)};
