@@ -16,7 +16,6 @@
 // partial sums meet in shared memory in a fixed order (the result does not depend on timing).
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -25,14 +24,15 @@
 namespace pagellm::cuda {
 namespace {
 
-// PAGELLM_GEMV_DEEP=1: every GEMV also copies its second trip into shared memory before the wait
-// (GemvParams::deep), to measure it.
-bool gemv_deep() {
-  static const bool on = [] {
+// PAGELLM_GEMV_DEEP: 1, every GEMV whose warps stream more than one trip also copies its second
+// trip into shared memory before the wait (GemvParams::deep); 2, only those that add to the
+// residual (o_proj, down); to measure them.
+int gemv_deep() {
+  static const int mode = [] {
     const char* v = std::getenv("PAGELLM_GEMV_DEEP");
-    return v != nullptr && std::string_view(v) == "1";
+    return v == nullptr ? 0 : std::atoi(v);
   }();
-  return on;
+  return mode;
 }
 
 constexpr int kGemvThreads = 256;
@@ -353,6 +353,10 @@ template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi, int kMinBlock
 void launch_variant(GemvParams p, int k_split, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   p.k_split = k_split;
+  constexpr int64_t kTrip = 32 * 8 * kGemvUnroll;
+  const int deep_mode = gemv_deep();
+  p.deep = p.preload && p.k_dim > kTrip * k_split &&
+           (deep_mode == 1 || (deep_mode == 2 && kEpi == GemvEpilogue::kAdd));
   const int64_t rows_per_block = kGemvWarps / k_split * kOutPerWarp;
   const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
   const size_t smem = p.deep ? static_cast<size_t>(kGemvWarps) * kGemvDeepBytes : 0;
@@ -473,7 +477,6 @@ GemvParams params_of(const RowView& x, const RowView& w, const void* bias, DType
   p.m_dim = m_dim;
   p.k_dim = x.cols;
   p.preload = early_loads();
-  p.deep = gemv_deep();
   return p;
 }
 
