@@ -19,27 +19,14 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mma.cuh"
 
 namespace pagellm::cuda {
 namespace {
-
-// PAGELLM_GEMV_DEEP: 1, every GEMV whose warps stream more than one trip also copies its second
-// trip into shared memory before the wait (GemvParams::deep); 2, only those that add to the
-// residual (o_proj, down); to measure them.
-int gemv_deep() {
-  static const int mode = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_DEEP");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
-  return mode;
-}
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvRows = 2;    // output rows per warp
 constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
-constexpr int kGemvDeepBytes = kGemvUnroll * kGemvRows * 32 * 16;  // a warp's second trip
 constexpr int64_t kGemvPrefetch = 512;  // elements per row pulled into L2 before the wait (1 KB:
                                         // ~17 MB over all resident blocks, a few us of DRAM time)
 
@@ -69,7 +56,6 @@ struct GemvParams {
   float eps;
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
   bool preload;  // the first trip's weight loads before the wait (early_loads())
-  bool deep;     // with preload: the second trip copied into shared memory before the wait too
 };
 
 // How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
@@ -130,26 +116,8 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
   // may go out before the wait. p.preload: the first trip's loads themselves, into the registers
   // the loop uses, so the stream's first memory round trip overlaps that kernel's end instead of
   // following it. Otherwise the first kGemvPrefetch elements of each row are pulled into L2.
-  // p.deep: the second trip as well, copied into this warp's part of the dynamic shared memory
-  // (kGemvDeepBytes a warp; each lane later reads back only its own pieces), so that a GEMV whose
-  // blocks wait beside a long, light kernel (o_proj beside attention) has twice the bytes on their
-  // way when it ends.
-  extern __shared__ uint4 deep_trip[];  // [warp][u][r][lane]
-  const int64_t trip_step = piece_step * kGemvUnroll;
-  const bool deep = p.preload && p.deep && active && k_first + trip_step < k_dim;
   if (p.preload) {
     if (active) load_trip(wv, wr, k_first, piece_step, k_dim);
-    if (deep) {
-#pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
-        const int64_t k = k_first + trip_step + u * piece_step;
-#pragma unroll
-        for (int r = 0; r < kGemvRows; ++r)
-          cp_async_16(smem_u32(&deep_trip[((warp * kGemvUnroll + u) * kGemvRows + r) * 32 + lane]),
-                      k < k_dim ? wr[r] + k : wr[r], k < k_dim);
-      }
-      cp_async_commit();
-    }
   } else if (active && part == 0) {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
@@ -182,16 +150,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
     }
   }
   for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
-    if (deep && k0 == k_first + trip_step) {
-      cp_async_wait<0>();
-#pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u)
-#pragma unroll
-        for (int r = 0; r < kGemvRows; ++r)
-          wv[u][r] = deep_trip[((warp * kGemvUnroll + u) * kGemvRows + r) * 32 + lane];
-    } else if (!p.preload || k0 != k_first) {
-      load_trip(wv, wr, k0, piece_step, k_dim);
-    }
+    if (!p.preload || k0 != k_first) load_trip(wv, wr, k0, piece_step, k_dim);
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * piece_step;
@@ -353,14 +312,9 @@ template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi, int kMinBlock
 void launch_variant(GemvParams p, int k_split, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   p.k_split = k_split;
-  constexpr int64_t kTrip = 32 * 8 * kGemvUnroll;
-  const int deep_mode = gemv_deep();
-  p.deep = p.preload && p.k_dim > kTrip * k_split &&
-           (deep_mode == 1 || (deep_mode == 2 && kEpi == GemvEpilogue::kAdd));
   const int64_t rows_per_block = kGemvWarps / k_split * kOutPerWarp;
   const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
-  const size_t smem = p.deep ? static_cast<size_t>(kGemvWarps) * kGemvDeepBytes : 0;
-  launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks>, grid, dim3(kGemvThreads), smem,
+  launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks>, grid, dim3(kGemvThreads), 0,
                     stream, p);
 }
 
