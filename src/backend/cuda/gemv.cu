@@ -269,14 +269,15 @@ struct GemvPlan {
   double fill = 0.0;
 };
 
-// The plan for `groups` row groups (over all batch entries) of k_dim, when a wave of the kernel is
-// `wave` blocks; `forced` (non-zero) fixes the split. Otherwise the split (1, 2 or 4) whose grid
-// fills its last wave best, the smaller on a tie, but for grids of four waves or more, where the
-// last wave's idle SMs are a small part of the time (below); never so fine that a warp's part of a
-// row is less than one trip of loads (a warp with less waits as long for less: DeepSeek-V2-Lite's
-// 2048-wide o_proj and shared gate|up at a split of 4 measured 20% slower than at 1 or 2). A rule
-// of the shape, not a timing, so that every process rounds the same way.
-GemvPlan plan_for(int64_t groups, int64_t k_dim, int64_t wave, int forced) {
+// The plan for `groups` row groups (over all batch entries) of k_dim and `rows` rows of x, when a
+// wave of the kernel is `wave` blocks; `forced` (non-zero) fixes the split. Otherwise the split
+// (1, 2 or 4) whose grid fills its last wave best, the smaller on a tie, but for grids of four
+// waves or more, where the last wave's idle SMs are a small part of the time (below); for one row
+// of x never so fine that a warp's part of a row is less than one trip of loads (a warp with less
+// waits as long for less: DeepSeek-V2-Lite's 2048-wide o_proj and shared gate|up at a split of 4
+// measured 20% slower than at 1 or 2). A rule of the shape, not a timing, so that every process
+// rounds the same way.
+GemvPlan plan_for(int64_t groups, int64_t k_dim, int rows, int64_t wave, int forced) {
   const auto blocks = [&](int split) { return (groups * split + kGemvWarps - 1) / kGemvWarps; };
   const auto fill = [&](int split) {
     const int64_t b = blocks(split);
@@ -287,13 +288,18 @@ GemvPlan plan_for(int64_t groups, int64_t k_dim, int64_t wave, int forced) {
   // Grids of many waves: the finest split that leaves each warp a trip at least. A warp of one
   // trip issues all its loads at once and its block ends a round trip later, so the SMs' slots
   // turn over fast: Llama-3-8B's LM head streams in 228 us at a split of 4 against 237-242 at
-  // 1, gate|up with SwiGLU in 53.8 us against 57.0-58.3 (H200, docs/PERF.md fifteenth round).
+  // 1, gate|up with SwiGLU in 53.8 us against 57.0-58.3. With several rows of x a warp of one
+  // trip is slower (q|k|v at 2, 3, 6, 7 and 8 rows: 9-15%), and one of several trips faster
+  // (down at 4 and 5 rows: 41.8 and 42.1 us against 49.3 and 65.6) (H200, docs/PERF.md fifteenth
+  // round).
   int finest = 1;
   while (finest < 4 && k_dim >= kTrip * finest * 2) finest *= 2;
-  if (blocks(finest) >= 4 * wave) return {finest, fill(finest)};
+  if (blocks(finest) >= 4 * wave && (rows == 1 || k_dim > kTrip * finest))
+    return {finest, fill(finest)};
   if (blocks(1) >= 4 * wave) return {1, fill(1)};
+  const int64_t least = rows == 1 ? kTrip : 32 * 8;  // a warp's least part of a row
   GemvPlan best{1, fill(1)};
-  for (int split = 2; split <= 4 && k_dim >= kTrip * split; split *= 2)
+  for (int split = 2; split <= 4 && k_dim >= least * split; split *= 2)
     if (fill(split) > best.fill + 0.01) best = {split, fill(split)};
   return best;
 }
@@ -342,10 +348,10 @@ void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
   const int64_t groups = ceil_div(p.m_dim, kOutPerWarp) * batch;
   static const int64_t wave = wave_of(gemv_kernel<N, TOut, kNorm, kEpi, 1>);
-  const GemvPlan plan = plan_for(groups, p.k_dim, wave, p.k_split);
+  const GemvPlan plan = plan_for(groups, p.k_dim, N, wave, p.k_split);
   if constexpr (N == 1) {
     static const int64_t wave_capped = wave_of(gemv_kernel<N, TOut, kNorm, kEpi, 4>);
-    const GemvPlan capped = plan_for(groups, p.k_dim, wave_capped, p.k_split);
+    const GemvPlan capped = plan_for(groups, p.k_dim, N, wave_capped, p.k_split);
     const int forced = gemv_min_blocks_forced();
     if (forced == 4 || (forced == 0 && capped.fill > plan.fill + 0.01))
       return launch_variant<N, TOut, kNorm, kEpi, 4>(p, capped.k_split, batch, stream);
