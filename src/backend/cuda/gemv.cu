@@ -335,14 +335,14 @@ int gemv_min_blocks_forced() {
   return v;
 }
 
-// One row of x has two kernels: the compiler's choice of registers (70 for most, so 3 blocks an
-// SM) and one capped at 64 (4 blocks an SM, a 4-byte spill). Their waves differ, so the same shape
-// fills them differently; each launch takes the kernel whose plan fills its last wave better (the
-// uncapped one on a tie). On the H200 the capped one with its split runs Llama-3-8B's down in 32.1
-// us against 34.5, gate|up in 53.8 against 57.4 and V2-Lite's q|kv_a in 4.9 against 6.7, and the
-// rule keeps the uncapped one for V2-Lite's o_proj and shared experts, where the capped one is
-// slower (docs/PERF.md, fifteenth round). The waves are asked of the runtime once per kernel (a
-// process's GPUs are taken to be of one kind).
+// One row of x has two kernels: the compiler's choice of registers (70-80, so 3 blocks an SM) and
+// one capped at 64 (4 blocks an SM; a spill of 4-16 bytes, 60 for the weighted norm's). Their waves
+// differ, so the same shape fills them differently; each launch takes the kernel whose plan fills
+// its last wave better (the uncapped one on a tie). On the H200 the capped one with its split runs
+// Llama-3-8B's down in 32.1 us against 34.5, gate|up (at the many-waves split) in 53.7 against
+// 57.4 and V2-Lite's q|kv_a in 4.9 against 6.7, and the rule keeps the uncapped one for V2-Lite's
+// o_proj and shared experts, where the capped one is slower (docs/PERF.md, fifteenth round). The
+// waves are asked of the runtime once per kernel (a process's GPUs are taken to be of one kind).
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
