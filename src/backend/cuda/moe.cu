@@ -8,6 +8,7 @@
 // (early_loads()).
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/moe.h"
@@ -278,11 +279,14 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
 }
 
 // act[s, f] = silu(gate_e[f] . h[token(s)]) * (up_e[f] . h[token(s)]) for the slots s of expert e,
-// f in this warp's rows. The weight rows are streamed once per TOK slots. Its expert comes from the
-// order, which the kernel before may still be making (the sort, or, when the order was made in a
-// side branch, the branch's last kernel: a captured join is a programmatic edge too), so nothing
-// is read before the wait.
-template <int TOK>
+// f in this warp group's rows. The weight rows are streamed once per TOK slots. Its expert comes
+// from the order, which the kernel before may still be making (the sort, or, when the order was
+// made in a side branch, the branch's last kernel: a captured join is a programmatic edge too), so
+// nothing is read before the wait. With SPLIT > 1 (one slot a pass only) the SPLIT warps of a group
+// share its rows: part q reads the trips q, q + SPLIT, ... of K, and the group's first warp adds
+// the others' sums in part order (through shared memory) before it stores. Fewer trips a warp and
+// more blocks turn the SMs' slots over sooner (as in gemv.cu's one-row kernel).
+template <int TOK, int SPLIT>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
   pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
@@ -291,8 +295,10 @@ __global__ void __launch_bounds__(kGemvThreads)
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
-  const int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGateUpRows;
-  if (f0 >= F) return;
+  const int64_t f0 =
+      (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / SPLIT) + warp / SPLIT) * kGateUpRows;
+  // A group past the last row still meets the others at the split's barriers.
+  if (SPLIT == 1 && f0 >= F) return;
   const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
   const bf16* wg[kGateUpRows];
   const bf16* wu[kGateUpRows];
@@ -302,18 +308,21 @@ __global__ void __launch_bounds__(kGemvThreads)
     wg[r] = base + f * D;
     wu[r] = base + (F + f) * D;
   }
+  constexpr int64_t kTrip = kGemvStep * kGateUpUnroll;
+  const int64_t k_first = lane * 8 + (warp % SPLIT) * kTrip;
   bf16* act = static_cast<bf16*>(ws.act);
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
     const int cnt = min(TOK, be.end - s0);
     int32_t tok[TOK];
 #pragma unroll
     for (int j = 0; j < TOK; ++j) tok[j] = ws.slot_token[s0 + min(j, cnt - 1)];
-    float ag[kGateUpRows][TOK], au[kGateUpRows][TOK];
+    // [r]: gate row r, [kGateUpRows + r]: up row r (one array, so the split adds them as one).
+    float acc[2 * kGateUpRows][TOK];
 #pragma unroll
-    for (int r = 0; r < kGateUpRows; ++r)
+    for (int r = 0; r < 2 * kGateUpRows; ++r)
 #pragma unroll
-      for (int j = 0; j < TOK; ++j) ag[r][j] = au[r][j] = 0.0f;
-    for (int64_t k0 = lane * 8; k0 < D; k0 += kGemvStep * kGateUpUnroll) {
+      for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
+    for (int64_t k0 = k_first; k0 < D; k0 += kTrip * SPLIT) {
       uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
       load_trip(vg, wg, k0, kGemvStep, D);
       load_trip(vu, wu, k0, kGemvStep, D);
@@ -327,21 +336,42 @@ __global__ void __launch_bounds__(kGemvThreads)
           const uint4 xv = __ldg(reinterpret_cast<const uint4*>(h + tok[j] * ldh + k));
 #pragma unroll
           for (int r = 0; r < kGateUpRows; ++r) {
-            ag[r][j] += dot8(vg[u][r], xv);
-            au[r][j] += dot8(vu[u][r], xv);
+            acc[r][j] += dot8(vg[u][r], xv);
+            acc[kGateUpRows + r][j] += dot8(vu[u][r], xv);
           }
         }
       }
     }
 #pragma unroll
+    for (int r = 0; r < 2 * kGateUpRows; ++r)
+#pragma unroll
+      for (int j = 0; j < TOK; ++j) acc[r][j] = warp_sum(acc[r][j]);
+    if constexpr (SPLIT > 1) {
+      static_assert(TOK == 1, "the split adds one slot's sums");
+      __shared__ float partial[kGemvWarps][2 * kGateUpRows];
+      if (warp % SPLIT != 0 && lane == 0) {
+#pragma unroll
+        for (int r = 0; r < 2 * kGateUpRows; ++r) partial[warp][r] = acc[r][0];
+      }
+      __syncthreads();
+      if (warp % SPLIT == 0) {
+        for (int q = 1; q < SPLIT; ++q) {
+#pragma unroll
+          for (int r = 0; r < 2 * kGateUpRows; ++r) acc[r][0] += partial[warp + q][r];
+        }
+      }
+      __syncthreads();  // the next pass writes partial again
+    }
+    if (warp % SPLIT != 0 || lane != 0) continue;
+#pragma unroll
     for (int j = 0; j < TOK; ++j) {
-      if (j >= cnt) break;  // cnt is the same for the whole warp
+      if (j >= cnt) break;  // cnt is the same for the whole block
 #pragma unroll
       for (int r = 0; r < kGateUpRows; ++r) {
-        const float g = warp_sum(ag[r][j]), u = warp_sum(au[r][j]);
+        const float g = acc[r][j], u = acc[kGateUpRows + r][j];
         const int64_t f = f0 + r;
         // silu(g) = g / (1 + e^-g), as the activation kernel computes it.
-        if (lane == 0 && f < F)
+        if (f < F)
           act[static_cast<int64_t>(s0 + j) * 2 * F + f] =
               from_float<bf16>(g / (1.0f + expf(-g)) * u);
       }
@@ -584,26 +614,58 @@ void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// The gate|up kernel's K split at one slot a pass: the finest (1, 2, 4) that leaves every warp a
+// whole trip of its rows (V2-Lite's 2048: 2; Mixtral's 4096: 4). Measured on the H200 at batch 1
+// (cuda_moe_bench, docs/PERF.md): V2-Lite's routed experts 35.3 -> 33.2 us a layer, Mixtral's
+// unchanged; the down kernel (~3 trips a warp at V2-Lite's 1408) and wider passes lost with a
+// split, so they have none. PAGELLM_MOE_GEMV_SPLIT=1|2|4 forces it (A/B runs, tests).
+int gate_up_split(int64_t hidden) {
+  static const int forced = [] {
+    const char* e = std::getenv("PAGELLM_MOE_GEMV_SPLIT");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
+  }();
+  if (forced != 0) return forced;
+  int split = 1;
+  while (split < 4 && hidden >= 2 * split * kGemvStep * kGateUpUnroll) split *= 2;
+  return split;
+}
+
+}  // namespace
+
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
                              cudaStream_t stream) {
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
-  const dim3 grid(ceil_div(w.inter, kGemvWarps * kGateUpRows), static_cast<unsigned>(max_active));
+  const int pass = gemv_pass_tokens(max_tokens);
+  const int split = pass == 1 ? gate_up_split(w.hidden) : 1;
+  const dim3 grid(ceil_div(w.inter, kGemvWarps / split * kGateUpRows),
+                  static_cast<unsigned>(max_active));
   const auto* x = static_cast<const bf16*>(h);
-  switch (gemv_pass_tokens(max_tokens)) {
-    case 1:
-      launch_overlapped(moe_gate_up_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+  const auto go = [&](auto kernel) {
+    launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+  };
+  switch (pass * 10 + split) {
+    case 11:
+      go(moe_gate_up_kernel<1, 1>);
       break;
-    case 2:
-      launch_overlapped(moe_gate_up_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+    case 12:
+      go(moe_gate_up_kernel<1, 2>);
       break;
-    case 4:
-      launch_overlapped(moe_gate_up_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
+    case 14:
+      go(moe_gate_up_kernel<1, 4>);
+      break;
+    case 21:
+      go(moe_gate_up_kernel<2, 1>);
+      break;
+    case 41:
+      go(moe_gate_up_kernel<4, 1>);
       break;
     default:
-      launch_overlapped(moe_gate_up_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
-                        x, ldh, ws);
+      go(moe_gate_up_kernel<kMoeGemvTokens, 1>);
   }
   CUDA_CHECK_LAUNCH();
 }
