@@ -247,8 +247,8 @@ if [ $ops_built = 1 ]; then
   else
     record "memcheck (reduced ops)" "skipped: no compute-sanitizer"
   fi
-  # Racecheck (shared-memory hazards between a block's threads): label, gtest filter, sanitizer
-  # options.
+  # Racecheck (shared-memory hazards between a block's threads): label, gtest filter, more
+  # sanitizer options.
   racecheck() {
     local label=$1 filter=$2 log=$logs/racecheck-${1//[^a-zA-Z]/_}.log
     shift 2
@@ -275,10 +275,10 @@ if [ $ops_built = 1 ]; then
   filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionDecode.MergedSplitsWithPadding'
   filter+=':AttentionPrefill.SlidingWindowAndSoftcap:FusedProjection.GemvKSplits'
   racecheck "attention, GEMV" "$filter"
-  # The routed experts' gate|up GEMV with its K split forced on, alone (the tests' shared experts
-  # and larger steps run cuBLASLt kernels, not this project's to check).
-  PAGELLM_MOE_GEMV_SPLIT=2 racecheck "MoE gate|up split" \
-    'MoeExperts.DeepSeekV2LiteShape:MoeExperts.ExpertsWithoutTokens' --kernel-name kns=moe_gate_up
+  # Not the routed experts' split gate|up GEMV: every MoE op test also runs the per-expert
+  # cuBLASLt path, whose kernels racecheck reports hazards in, and this compute-sanitizer
+  # (2025.3.1) fails with an internal error when told to skip them (--kernel-name or
+  # --kernel-name-exclude). Its forced splits pass the op tests above and memcheck (docs/PERF.md).
 fi
 
 # --- golden model tests (CPU) ---
