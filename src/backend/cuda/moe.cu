@@ -619,7 +619,7 @@ namespace {
 // The gate|up kernel's K split at one slot a pass: the finest (1, 2, 4) that leaves every warp a
 // whole trip of its rows (V2-Lite's 2048: 2; Mixtral's 4096: 4). Measured on the H200 at batch 1
 // (cuda_moe_bench, docs/PERF.md): V2-Lite's routed experts 35.3 -> 33.2 us a layer, Mixtral's
-// unchanged; the down kernel (~3 trips a warp at V2-Lite's 1408) and wider passes lost with a
+// 176 -> 170; the down kernel (~3 trips a warp at V2-Lite's 1408) and wider passes lost with a
 // split, so they have none. PAGELLM_MOE_GEMV_SPLIT=1|2|4 forces it (A/B runs, tests).
 int gate_up_split(int64_t hidden) {
   static const int forced = [] {
@@ -648,7 +648,7 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
   const auto go = [&](auto kernel) {
     launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
   };
-  switch (pass * 10 + split) {
+  switch (pass * 10 + split) {  // (pass width, split) as two digits
     case 11:
       go(moe_gate_up_kernel<1, 1>);
       break;
