@@ -292,8 +292,7 @@ GemvPlan plan_for(int64_t groups, int64_t k_dim, int rows, int64_t wave, int for
   // trip is slower (q|k|v at 2, 3, 6, 7 and 8 rows: 9-15%), and one of several trips faster
   // (down at 4 and 5 rows: 41.8 and 42.1 us against 49.3 and 65.6) (H200, docs/PERF.md fifteenth
   // round).
-  int finest = 1;
-  while (finest < 4 && k_dim >= kTrip * finest * 2) finest *= 2;
+  const int finest = finest_whole_trip_split(k_dim, kTrip);
   if (blocks(finest) >= 4 * wave && (rows == 1 || k_dim > kTrip * finest))
     return {finest, fill(finest)};
   if (blocks(1) >= 4 * wave) return {1, fill(1)};

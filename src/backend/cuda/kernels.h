@@ -27,6 +27,15 @@ inline bool rows_aligned16(const RowView& v) {
   return v.ld % 8 == 0 && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
 }
 
+// The finest split of a row's K between warps (1, 2 or 4) that still leaves each warp at least one
+// whole trip of loads (`trip` elements): the GEMV's rule for grids of many waves (gemv.cu) and the
+// routed experts' gate|up rule at one token (moe.cu).
+inline int finest_whole_trip_split(int64_t k_dim, int64_t trip) {
+  int split = 1;
+  while (split < 4 && k_dim >= trip * split * 2) split *= 2;
+  return split;
+}
+
 // --- embedding.cu ---
 // out[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros (ids are
 // validated on the host before a step; this only keeps a bad id from reading out of bounds).

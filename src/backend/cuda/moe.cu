@@ -627,10 +627,7 @@ int gate_up_split(int64_t hidden) {
     const int v = e != nullptr ? std::atoi(e) : 0;
     return v == 1 || v == 2 || v == 4 ? v : 0;
   }();
-  if (forced != 0) return forced;
-  int split = 1;
-  while (split < 4 && hidden >= 2 * split * kGemvStep * kGateUpUnroll) split *= 2;
-  return split;
+  return forced != 0 ? forced : finest_whole_trip_split(hidden, kGemvStep * kGateUpUnroll);
 }
 
 }  // namespace
