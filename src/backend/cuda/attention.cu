@@ -27,6 +27,7 @@
 // kernels before, the split counters from the previous decode launch's reset. The decode kernel
 // reads the step's metadata and block table before its wait (early_loads()).
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
@@ -87,6 +88,17 @@ struct DecodePlan {
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
+// The shortest split the plan makes: kMinChunk, or PAGELLM_DECODE_MIN_CHUNK (a multiple of 32
+// from 32 to kMaxChunk; to measure the batch-1 trade between more blocks and a longer merge).
+int64_t min_chunk() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("PAGELLM_DECODE_MIN_CHUNK");
+    const int64_t c = e != nullptr ? std::atoll(e) : 0;
+    return c >= 32 && c <= kMaxChunk && c % 32 == 0 ? c : int64_t{kMinChunk};
+  }();
+  return v;
+}
+
 // Shared memory of one decode block for a chunk of `chunk` keys (layout above attend_split).
 // The scores region also holds the merge weights of the last split ([G][n_splits]), so it is
 // sized for max(chunk, n_splits) (scores_cap).
@@ -114,7 +126,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   const int64_t want_splits = std::max<int64_t>(1, (2 * n_sms + items - 1) / items);
   int64_t chunk = (max_len + want_splits - 1) / want_splits;
   chunk = (chunk + 31) / 32 * 32;
-  chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(kMinChunk, cap), cap);
+  chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(min_chunk(), cap), cap);
   p.chunk = static_cast<int>(chunk);
   p.fill_splits = static_cast<int>(want_splits);  // <= 2 * n_sms
   p.blk_cap = static_cast<int>(chunk / bs + 2);

@@ -37,6 +37,7 @@
 // Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
 // per step (8 words each) fall in distinct banks. The tensor-core kernel is described above it.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -664,6 +665,17 @@ bool mla_mma_ok(const AttentionArgs& a, int v_offset) {
          mma_smem_bytes(a.head_dim) <= static_cast<size_t>(kSmemHardLimit);
 }
 
+// PAGELLM_MLA_MAX_SPLITS caps the splits of a token's context (to measure the batch-1 trade
+// between more blocks and more partial sums to merge); 0 or unset: kMaxSplits.
+int64_t max_splits() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("PAGELLM_MLA_MAX_SPLITS");
+    const int64_t c = e != nullptr ? std::atoll(e) : 0;
+    return c >= 1 && c <= kMaxSplits ? c : int64_t{kMaxSplits};
+  }();
+  return v;
+}
+
 MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   MlaLayout L;
   L.d = a.head_dim;
@@ -679,7 +691,7 @@ MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   // About one wave of two blocks per SM; no split shorter than one key tile.
   const int64_t blocks = std::max<int64_t>(1, n_tokens * a.hkv * L.head_tiles);
   const int64_t want = (2 * static_cast<int64_t>(n_sms) + blocks - 1) / blocks;
-  const int64_t most = std::min<int64_t>(kMaxSplits, (max_len + kTile - 1) / kTile);
+  const int64_t most = std::min<int64_t>(max_splits(), (max_len + kTile - 1) / kTile);
   L.n_splits = static_cast<int>(std::clamp<int64_t>(want, 1, most));
   L.mma = mla_mma_ok(a, L.v_offset);
   L.early = L.mma && early_loads();
