@@ -76,6 +76,11 @@ struct DecodePlan {
   // even when the plan's bound (a graph's max_model_len) allows more splits: at 512 sequences
   // planned for 8192 tokens, a 640-token context is one piece, not 7 merged pieces of 96 keys.
   int fill_splits = 1;
+  // The shortest piece a sequence cuts (min_chunk(), a multiple of 32): a launch planned for a
+  // long bound (a graph's context tier) has short chunks to spare, and without this floor a
+  // 600-token context planned for 8,192 became 19 pieces of 32 keys instead of the 10 of 64 that
+  // a launch planned for its own length makes.
+  int min_chunk = 32;
   int blk_cap = 0;  // cache blocks a split's keys can touch: chunk / block_size + 2
   // ceil(2^32 / (2 * block_size)): __umulhi(2q + 1, blk_magic) == q / block_size for the in-split
   // positions q (< block_size + chunk; exact while (2q + 1) * 2 * block_size < 2^32, so block
@@ -129,6 +134,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   chunk = std::clamp<int64_t>(chunk, std::min<int64_t>(min_chunk(), cap), cap);
   p.chunk = static_cast<int>(chunk);
   p.fill_splits = static_cast<int>(want_splits);  // <= 2 * n_sms
+  p.min_chunk = static_cast<int>(min_chunk());
   p.blk_cap = static_cast<int>(chunk / bs + 2);
   p.blk_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + 2 * bs - 1) / (2 * bs));
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
@@ -598,9 +604,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int32_t lo = a.window > 0 ? max(0, len - a.window) : 0;
   const int32_t span = len - lo;
   // This sequence's chunk: its span over the splits it may take (the grid's, at most as many as
-  // fill the GPU), rounded up to 32 keys, and at most the plan's chunk (which sizes shared memory).
+  // fill the GPU), rounded up to 32 keys, at least the plan's floor, and at most the plan's chunk
+  // (which sizes shared memory).
   const int splits = min(p.n_splits, p.fill_splits);
-  const int32_t my_chunk = min(p.chunk, (max(span, 1) + splits - 1) / splits + 31 & ~31);
+  const int32_t my_chunk =
+      min(p.chunk, max(p.min_chunk, (max(span, 1) + splits - 1) / splits + 31 & ~31));
   const int32_t off = split * my_chunk;
   // Only the splits holding keys take part (and count in the merge). Uniform over the block.
   const bool attends = has_query && span > 0 && off < span;
