@@ -56,6 +56,9 @@ the memory bandwidth measured in the same run.
   --output-len N        generated tokens, >= 2 (128)
   --iters N             timed repetitions after one warm-up; the best is reported (3)
   --seed N              seed of the random prompt (0)
+  --max-model-len N     plan the decode graphs for contexts up to N tokens, as a server of that
+                        max_model_len does (its decode attention is planned for the context
+                        tier the step falls in); default and least: input + output
   --json                also print one JSON object as the last line
   --profile             then time every op of one prefill of --input-len tokens and of one decode
                         step at the end of the prompt, and print a table per step: op and shape,
@@ -81,8 +84,9 @@ Result<double> peak_tflops(const Args& a, const std::string& backend_name) {
 }
 
 int bench_latency(int argc, char** argv) {
-  std::vector<std::string> spec = {"model", "device", "load-format", "input-len", "output-len",
-                                   "iters", "json!", "seed", "profile!", "peak-tflops", "help!"};
+  std::vector<std::string> spec = {"model",      "device",      "load-format",   "input-len",
+                                   "output-len", "iters",       "json!",         "seed",
+                                   "profile!",   "peak-tflops", "max-model-len", "help!"};
   Args a("bench latency", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
   if (a.flag("help")) {
@@ -102,14 +106,17 @@ int bench_latency(int argc, char** argv) {
   const double load_s = seconds_since(t_load);
   ServingModel& m = **sm;
   auto in = a.get_int("input-len", 128), out = a.get_int("output-len", 128), it = a.get_int("iters", 3);
-  if (!in.ok() || !out.ok() || !it.ok() || *in < 1 || *out < 2 || *it < 1)
+  auto max_len = a.get_int("max-model-len", 0);
+  if (!in.ok() || !out.ok() || !it.ok() || !max_len.ok() || *in < 1 || *out < 2 || *it < 1 ||
+      *max_len > INT32_MAX)
     return fail("bench latency", invalid_argument("--input-len >= 1, --output-len >= 2, --iters >= 1"));
   auto peak = peak_tflops(a, m.backend->name());
   if (!peak.ok()) return fail("bench latency", peak.status());
   const int64_t V = m.model->config().vocab_size;
   std::mt19937_64 rng(a.get_int("seed", 0).ok() ? *a.get_int("seed", 0) : 0);
   const auto prompt = random_tokens(rng, *in, V);
-  SequenceRunner runner(*m.model, *m.backend, static_cast<int32_t>(*in + *out), 16, 2048);
+  SequenceRunner runner(*m.model, *m.backend,
+                        static_cast<int32_t>(std::max<int64_t>(*in + *out, *max_len)), 16, 2048);
 
   auto argmax = [&](std::span<const float> row) {
     return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
