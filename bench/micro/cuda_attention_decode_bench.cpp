@@ -84,6 +84,7 @@ void BM_DecodeAttentionMla(benchmark::State& state) {
       ->Args({1, 513, 8192})              \
       ->Args({1, 4096, 4096})             \
       ->Args({1, 32768, 32768})           \
+      ->Args({1, 131072, 131072})         \
       ->Args({64, 1024, 1024})            \
       ->Args({256, 640, 768})             \
       ->Args({512, 640, 768})             \

@@ -238,8 +238,8 @@ TEST(AttentionDecode, GraphBatchesAndPadding) {
   }
 }
 
-// Merged splits, padding and a graph over 20 sequences of short contexts: small enough for the
-// sanitizers of scripts/gpu-check.sh.
+// Merged splits, padding and a graph over 20 sequences of short contexts, then one long context
+// whose pieces outnumber its blocks: small enough for the sanitizers of scripts/gpu-check.sh.
 TEST(AttentionDecode, MergedSplitsWithPadding) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4900;
@@ -255,6 +255,13 @@ TEST(AttentionDecode, MergedSplitsWithPadding) {
   run_attention_case(cuda, cpu, ++seed, c);
   c.kv_bound = 4096;
   run_attention_case(cuda, cpu, ++seed, c);
+  // A long context among them, planned for a long bound: 32 pieces of 1,024 keys a (sequence, KV
+  // head) planned, 4 blocks each (the grid does not grow with the bound), so the 6,000-key
+  // context's 6 pieces are walked two to a block and merged across blocks and walks.
+  AttnCase walk = c;
+  walk.seqs.push_back(Seq{1, 6000});
+  walk.kv_bound = 32768;
+  run_attention_case(cuda, cpu, ++seed, walk);
 }
 
 TEST(AttentionPrefill, RaggedWithCachedPrefixes) {

@@ -44,6 +44,7 @@ constexpr int kDecodeMinBlocks = 4;    // resident decode blocks per SM the regi
 constexpr int kDecodeLoads = 4;  // 16-byte row loads per lane per group (two groups in flight)
 constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
+constexpr int kMaxWalk = 8;            // pieces of its context one decode block may walk
 constexpr int kMaxDecodeBlockSize = 16384;  // DecodePlan::blk_magic's range
 constexpr int kSmemSoftBudget = 64 * 1024;
 constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
@@ -87,6 +88,9 @@ struct DecodePlan {
   // sizes up to kMaxDecodeBlockSize), one multiply instead of a division or a branch per row.
   uint32_t blk_magic = 0;
   int64_t slots = 0;  // partial results the workspace holds (0: one split, nothing is merged)
+  // Blocks per (sequence, KV head): block x attends pieces x, x + grid_splits, ... of its
+  // sequence's context (see plan_decode), so the grid does not grow with the bound.
+  int grid_splits = 1;
   size_t smem = 0;
   bool early = false;  // the row bases staged before the wait (early_loads())
 };
@@ -95,6 +99,17 @@ int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 // The shortest split the plan makes: kMinChunk, or PAGELLM_DECODE_MIN_CHUNK (a multiple of 32
 // from 32 to kMaxChunk; to measure the batch-1 trade between more blocks and a longer merge).
+// The most pieces a block walks: kMaxWalk, or PAGELLM_DECODE_MAX_WALK (1 to 64; 1 gives every
+// piece a block, the grid of before the walk, to measure it).
+int64_t max_walk() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("PAGELLM_DECODE_MAX_WALK");
+    const int64_t w = e != nullptr ? std::atoll(e) : 0;
+    return w >= 1 && w <= 64 ? w : int64_t{kMaxWalk};
+  }();
+  return v;
+}
+
 int64_t min_chunk() {
   static const int64_t v = [] {
     const char* e = std::getenv("PAGELLM_DECODE_MIN_CHUNK");
@@ -138,6 +153,15 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   p.blk_cap = static_cast<int>(chunk / bs + 2);
   p.blk_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + 2 * bs - 1) / (2 * bs));
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
+  // A launch planned for a long bound (a graph's 131,072-key context tier) has n_splits pieces of
+  // every (sequence, KV head), nearly all empty for short contexts; each was a block that left at
+  // once, and at 512 sequences those 524K blocks doubled the call (docs/PERF.md). So a block walks
+  // up to max_walk() pieces, while the grid keeps at least two waves of the blocks the SMs hold
+  // at once (so at batch 1 every piece of a 131,072-key context still has its own block).
+  const int64_t resident = 2 * static_cast<int64_t>(n_sms) * kDecodeMinBlocks;
+  p.grid_splits = static_cast<int>(std::min<int64_t>(
+      p.n_splits,
+      std::max((p.n_splits + max_walk() - 1) / max_walk(), (resident + items - 1) / items)));
   p.slots = p.n_splits > 1 ? items * p.n_splits : 0;
   p.smem = static_cast<size_t>(
       decode_smem_bytes(p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs));
@@ -252,7 +276,7 @@ template <int DMAX, bool kAligned, int kG>
 __device__ __forceinline__ void attend_split(const AttentionArgs& a, const DecodePlan& p,
                                              unsigned char* smem, int s, int kvh, int q_tok,
                                              int32_t begin, int32_t n_tok, int split, int64_t slot0,
-                                             int n_parts, float* __restrict__ part_acc,
+                                             int n_parts, bool staged, float* __restrict__ part_acc,
                                              float* __restrict__ part_ml,
                                              int32_t* __restrict__ counters) {
   constexpr int L = DMAX / 8;             // lanes per cache row
@@ -273,9 +297,9 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   const int h0 = kvh * G;
   const int bs = a.block_size;
   const int begin_in = begin % bs;  // the split's first key within its first block
-  // The row bases (p.early: already in shared memory, the decode kernel wrote them before its
+  // The row bases (staged: already in shared memory, the decode kernel wrote them before its
   // wait, and a barrier followed).
-  if (!p.early) {
+  if (!staged) {
     stage_block_bases(a, p, smem, s, kvh, begin, n_tok);
     __syncthreads();
   }
@@ -587,17 +611,19 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
 }
 
-// A decode launch (see DecodePlan): block (split, KV head, sequence) attends over its split.
+// A decode launch (see DecodePlan): block (x, KV head, sequence) attends over pieces x,
+// x + grid_splits, ... of its sequence's context, one after the other; each piece writes its own
+// partial result (or the output, when it is the only one), and the last piece to finish merges.
 template <int DMAX, bool kAligned, int kG>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     decode_kernel(AttentionArgs a, DecodePlan p, float* __restrict__ part_acc,
                   float* __restrict__ part_ml, int32_t* __restrict__ counters) {
   extern __shared__ __align__(16) unsigned char decode_smem[];
   const int G = kG > 0 ? kG : a.hq / a.hkv;
-  const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
+  const int first = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
   // The step's metadata (uploaded before the step; no kernel of it writes them) and, with
-  // p.early, the split's row bases are read before the wait, so the chain after it starts with
-  // the rows themselves. Every thread still waits before leaving (device_utils.cuh).
+  // p.early, the first piece's row bases are read before the wait, so the chain after it starts
+  // with the rows themselves. Every thread still waits before leaving (device_utils.cuh).
   const int q_tok = a.cu_seqlens_q[s];
   const bool has_query = a.cu_seqlens_q[s + 1] - q_tok > 0;  // in this step
   const int32_t len = a.seq_lens_kv[s];
@@ -609,26 +635,30 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int splits = min(p.n_splits, p.fill_splits);
   const int32_t my_chunk =
       min(p.chunk, max(p.min_chunk, (max(span, 1) + splits - 1) / splits + 31 & ~31));
-  const int32_t off = split * my_chunk;
-  // Only the splits holding keys take part (and count in the merge). Uniform over the block.
-  const bool attends = has_query && span > 0 && off < span;
-  const int32_t n_tok = min(my_chunk, span - off);
-  if (p.early && attends) {
-    stage_block_bases(a, p, decode_smem, s, kvh, lo + off, n_tok);
+  // The pieces holding keys (they alone count in the merge); this block takes the first of them
+  // that it attends. Uniform over the block.
+  const int n_parts = span > 0 ? min(p.n_splits, (span + my_chunk - 1) / my_chunk) : 0;
+  const bool attends = has_query && first < n_parts;
+  const bool staged = p.early && attends;
+  if (staged) {
+    stage_block_bases(a, p, decode_smem, s, kvh, lo + first * my_chunk,
+                      min(my_chunk, span - first * my_chunk));
     __syncthreads();
   }
   pdl_wait();        // the kernel before may still be running (launch_overlapped)
   pdl_allow_next();  // the output projection's GEMV may start fetching its weights
   if (!has_query) return;
   if (span <= 0) {  // a padding sequence of a graph batch: a query, no context
-    if (split == 0) zero_heads(a, q_tok, kvh * G, G);
+    if (first == 0) zero_heads(a, q_tok, kvh * G, G);
     return;
   }
-  if (!attends) return;
   const int64_t slot0 = (static_cast<int64_t>(s) * a.hkv + kvh) * p.n_splits;
-  attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off, n_tok, split, slot0,
-                                   min(p.n_splits, (span + my_chunk - 1) / my_chunk), part_acc,
-                                   part_ml, counters);
+  for (int piece = first; piece < n_parts; piece += p.grid_splits) {
+    const int32_t off = piece * my_chunk;
+    attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off,
+                                     min(my_chunk, span - off), piece, slot0, n_parts,
+                                     staged && piece == first, part_acc, part_ml, counters);
+  }
 }
 
 template <int DMAX>
@@ -775,8 +805,8 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, in
   if (p.smem > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
-  launch_overlapped(kernel, dim3(p.n_splits, a.hkv, a.n_seqs), dim3(kDecodeThreads), p.smem, stream,
-                    a, p, part_acc, part_ml, counters);
+  launch_overlapped(kernel, dim3(p.grid_splits, a.hkv, a.n_seqs), dim3(kDecodeThreads), p.smem,
+                    stream, a, p, part_acc, part_ml, counters);
   CUDA_CHECK_LAUNCH();
 }
 
