@@ -23,7 +23,8 @@
 # PAGELLM_OFFLINE_SEQS / PAGELLM_OFFLINE_TOKENS set the Llama offline runs' max-num-seqs (512) and
 # max-num-batched-tokens (16384); PAGELLM_CHECK_KERNEL_BENCH=1 builds and runs the attention kernel
 # and MoE micro-benchmarks (bench/micro/cuda_*_bench; Google Benchmark is carried;
-# PAGELLM_KERNEL_BENCHES names a subset; PAGELLM_KERNEL_BENCH_RUN=0 builds them without running).
+# PAGELLM_KERNEL_BENCHES names a subset, PAGELLM_KERNEL_BENCH_FILTER their rows;
+# PAGELLM_KERNEL_BENCH_RUN=0 builds them without running).
 # PAGELLM_CHECK_PREBUILT=DIR runs the binaries scripts/gpu-prebuild.sh built on another machine
 # (DIR/tests/test_ops, DIR/tests/test_model, DIR/tools/pagellm) instead of configuring and
 # building, after checking that they were built from these sources (scripts/source-hash.sh);
@@ -495,7 +496,10 @@ if [ "${PAGELLM_CHECK_KERNEL_BENCH:-0}" = 1 ]; then
     [ "${PAGELLM_KERNEL_BENCH_RUN:-1}" = 1 ] || continue  # 0: build only (scripts/ab-bench.sh)
     t=$(now)
     echo "== $b"
-    timeout "$(step_limit 150)" "$build/bench/$b" >"$logs/$b.log" 2>&1
+    # PAGELLM_KERNEL_BENCH_FILTER: a Google Benchmark filter for every bench run (a few rows).
+    timeout "$(step_limit 150)" "$build/bench/$b" \
+      ${PAGELLM_KERNEL_BENCH_FILTER:+--benchmark_filter="$PAGELLM_KERNEL_BENCH_FILTER"} \
+      >"$logs/$b.log" 2>&1
     rc=$?
     grep -E "^BM_" "$logs/$b.log" | sed 's/^/  /'
     record "$b" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
