@@ -108,8 +108,10 @@ int bench_latency(int argc, char** argv) {
   auto in = a.get_int("input-len", 128), out = a.get_int("output-len", 128), it = a.get_int("iters", 3);
   auto max_len = a.get_int("max-model-len", 0);
   if (!in.ok() || !out.ok() || !it.ok() || !max_len.ok() || *in < 1 || *out < 2 || *it < 1 ||
-      *max_len > INT32_MAX)
-    return fail("bench latency", invalid_argument("--input-len >= 1, --output-len >= 2, --iters >= 1"));
+      *max_len < 0 || *max_len > INT32_MAX)
+    return fail("bench latency",
+                invalid_argument("--input-len >= 1, --output-len >= 2, --iters >= 1, "
+                                 "0 <= --max-model-len < 2^31"));
   auto peak = peak_tflops(a, m.backend->name());
   if (!peak.ok()) return fail("bench latency", peak.status());
   const int64_t V = m.model->config().vocab_size;

@@ -97,8 +97,6 @@ struct DecodePlan {
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-// The shortest split the plan makes: kMinChunk, or PAGELLM_DECODE_MIN_CHUNK (a multiple of 32
-// from 32 to kMaxChunk; to measure the batch-1 trade between more blocks and a longer merge).
 // The most pieces a block walks: kMaxWalk, or PAGELLM_DECODE_MAX_WALK (1 to 64; 1 gives every
 // piece a block, the grid of before the walk, to measure it).
 int64_t max_walk() {
@@ -110,6 +108,8 @@ int64_t max_walk() {
   return v;
 }
 
+// The shortest split the plan makes: kMinChunk, or PAGELLM_DECODE_MIN_CHUNK (a multiple of 32
+// from 32 to kMaxChunk; to measure the batch-1 trade between more blocks and a longer merge).
 int64_t min_chunk() {
   static const int64_t v = [] {
     const char* e = std::getenv("PAGELLM_DECODE_MIN_CHUNK");
