@@ -27,12 +27,12 @@
 // kernels before, the split counters from the previous decode launch's reset. The decode kernel
 // reads the step's metadata and block table before its wait (early_loads()).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -100,22 +100,17 @@ int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 // The most pieces a block walks: kMaxWalk, or PAGELLM_DECODE_MAX_WALK (1 to 64; 1 gives every
 // piece a block, the grid of before the walk, to measure it).
 int64_t max_walk() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("PAGELLM_DECODE_MAX_WALK");
-    const int64_t w = e != nullptr ? std::atoll(e) : 0;
-    return w >= 1 && w <= 64 ? w : int64_t{kMaxWalk};
-  }();
+  static const int64_t v =
+      tuning_knob("PAGELLM_DECODE_MAX_WALK", kMaxWalk, [](int64_t w) { return w >= 1 && w <= 64; });
   return v;
 }
 
 // The shortest split the plan makes: kMinChunk, or PAGELLM_DECODE_MIN_CHUNK (a multiple of 32
 // from 32 to kMaxChunk; to measure the batch-1 trade between more blocks and a longer merge).
 int64_t min_chunk() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("PAGELLM_DECODE_MIN_CHUNK");
-    const int64_t c = e != nullptr ? std::atoll(e) : 0;
-    return c >= 32 && c <= kMaxChunk && c % 32 == 0 ? c : int64_t{kMinChunk};
-  }();
+  static const int64_t v = tuning_knob("PAGELLM_DECODE_MIN_CHUNK", kMinChunk, [](int64_t c) {
+    return c >= 32 && c <= kMaxChunk && c % 32 == 0;
+  });
   return v;
 }
 

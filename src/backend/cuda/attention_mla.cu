@@ -37,11 +37,11 @@
 // Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
 // per step (8 words each) fall in distinct banks. The tensor-core kernel is described above it.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -668,11 +668,8 @@ bool mla_mma_ok(const AttentionArgs& a, int v_offset) {
 // PAGELLM_MLA_MAX_SPLITS caps the splits of a token's context (to measure the batch-1 trade
 // between more blocks and more partial sums to merge); 0 or unset: kMaxSplits.
 int64_t max_splits() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("PAGELLM_MLA_MAX_SPLITS");
-    const int64_t c = e != nullptr ? std::atoll(e) : 0;
-    return c >= 1 && c <= kMaxSplits ? c : int64_t{kMaxSplits};
-  }();
+  static const int64_t v = tuning_knob("PAGELLM_MLA_MAX_SPLITS", kMaxSplits,
+                                       [](int64_t c) { return c >= 1 && c <= kMaxSplits; });
   return v;
 }
 

@@ -15,10 +15,10 @@
 // k_split warps of a row group take interleaved 512-byte pieces of its rows, and the group's
 // partial sums meet in shared memory in a fixed order (the result does not depend on timing).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -326,11 +326,8 @@ void launch_variant(GemvParams p, int k_split, int64_t batch, cudaStream_t strea
 // PAGELLM_GEMV_MIN_BLOCKS=1 or 4 forces one of the two one-row kernels (to measure them apart);
 // unset, launch_n picks.
 int gemv_min_blocks_forced() {
-  static const int v = [] {
-    const char* e = std::getenv("PAGELLM_GEMV_MIN_BLOCKS");
-    const int b = e == nullptr ? 0 : std::atoi(e);
-    return b == 1 || b == 4 ? b : 0;
-  }();
+  static const int v = static_cast<int>(
+      tuning_knob("PAGELLM_GEMV_MIN_BLOCKS", 0, [](int64_t b) { return b == 1 || b == 4; }));
   return v;
 }
 

@@ -8,10 +8,10 @@
 // (early_loads()).
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -622,11 +622,8 @@ namespace {
 // 176 -> 170; the down kernel (~3 trips a warp at V2-Lite's 1408) and wider passes lost with a
 // split, so they have none. PAGELLM_MOE_GEMV_SPLIT=1|2|4 forces it (A/B runs, tests).
 int gate_up_split(int64_t hidden) {
-  static const int forced = [] {
-    const char* e = std::getenv("PAGELLM_MOE_GEMV_SPLIT");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v == 1 || v == 2 || v == 4 ? v : 0;
-  }();
+  static const int forced = static_cast<int>(tuning_knob(
+      "PAGELLM_MOE_GEMV_SPLIT", 0, [](int64_t v) { return v == 1 || v == 2 || v == 4; }));
   return forced != 0 ? forced : finest_whole_trip_split(hidden, kGemvStep * kGateUpUnroll);
 }
 
