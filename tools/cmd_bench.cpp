@@ -3,10 +3,13 @@
 //                     the machine's measured memory bandwidth (measured in the same run);
 //                     --profile adds the per-op time table of a prefill and of a decode step
 //   bench throughput  offline throughput of many requests through the engine (like vLLM's
-//                     benchmark_throughput): requests/s, total and output tokens/s, KV and prefix
-//                     cache statistics; --json prints one JSON object as the last stdout line
-//   bench serve       open-loop load against an OpenAI-compatible server (tools/cmd_bench_serve.cpp)
-//   bench cost        $ per million tokens of `bench serve` reports (tools/cmd_bench_serve.cpp)
+//                     benchmark_throughput): requests/s, total and output tokens/s, mean time to
+//                     the first token and per output token, KV and prefix cache statistics;
+//                     --temperature T (1.0; 0 greedy); --sequential submits one request at a time
+//                     (the first one's TTFT on a fresh engine); --json prints one JSON object last
+//   bench serve       open-loop load against an OpenAI-compatible server
+//   (tools/cmd_bench_serve.cpp) bench cost        $ per million tokens of `bench serve` reports
+//   (tools/cmd_bench_serve.cpp)
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -59,6 +62,10 @@ the memory bandwidth measured in the same run.
   --max-model-len N     plan the decode graphs for contexts up to N tokens, as a server of that
                         max_model_len does (its decode attention is planned for the context
                         tier the step falls in); default and least: input + output
+  --sampling device|host  how each next token is picked (greedy): on the device, as the serving
+                        engine does there (only the token id comes back), or on the host from
+                        the downloaded logits row, as the engine does on the CPU (default: device
+                        where the backend samples, else host)
   --json                also print one JSON object as the last line
   --profile             then time every op of one prefill of --input-len tokens and of one decode
                         step at the end of the prompt, and print a table per step: op and shape,
@@ -84,9 +91,9 @@ Result<double> peak_tflops(const Args& a, const std::string& backend_name) {
 }
 
 int bench_latency(int argc, char** argv) {
-  std::vector<std::string> spec = {"model",      "device",      "load-format",   "input-len",
-                                   "output-len", "iters",       "json!",         "seed",
-                                   "profile!",   "peak-tflops", "max-model-len", "help!"};
+  std::vector<std::string> spec = {
+      "model", "device",   "load-format", "input-len",     "output-len", "iters", "json!",
+      "seed",  "profile!", "peak-tflops", "max-model-len", "sampling",   "help!"};
   Args a("bench latency", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
   if (a.flag("help")) {
@@ -120,8 +127,32 @@ int bench_latency(int argc, char** argv) {
   SequenceRunner runner(*m.model, *m.backend,
                         static_cast<int32_t>(std::max<int64_t>(*in + *out, *max_len)), 16, 2048);
 
-  auto argmax = [&](std::span<const float> row) {
-    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  const std::string sampling =
+      a.get_or("sampling", m.backend->supports_sampling() ? "device" : "host");
+  if (sampling != "device" && sampling != "host")
+    return fail("bench latency", invalid_argument("--sampling must be device or host"));
+  if (sampling == "device" && !m.backend->supports_sampling())
+    return fail("bench latency", invalid_argument("--sampling device: the " + m.backend->name() +
+                                                  " backend samples on the host"));
+  // Feeds tokens and returns the greedy next token. On the device the logits stay there and one
+  // sampling kernel picks the token, as the engine's step does; on the host the last row comes
+  // back whole (vocab f32 values) and is scanned there.
+  DeviceSampleRow greedy;
+  greedy.flags = kSampleGreedy;
+  auto next_token = [&](std::span<const int32_t> tokens) -> Result<int32_t> {
+    if (sampling == "host") {
+      auto lg = runner.feed(tokens, LogitsWanted::kLast);
+      if (!lg.ok()) return lg.status();
+      return static_cast<int32_t>(std::max_element(lg->begin(), lg->end()) - lg->begin());
+    }
+    auto lg = runner.feed_on_device(tokens);
+    if (!lg.ok()) return lg.status();
+    DeviceSampleResult r;
+    m.backend->sample(*lg, &greedy, 1, nullptr, 0, &r);
+    if (r.status != DeviceSampleStatus::kOk)
+      return internal_error("device sampling failed (status " +
+                            std::to_string(static_cast<int>(r.status)) + ")");
+    return r.token;
   };
   // The bandwidth ceiling first: its large copies evict the caches, which the timed runs warm.
   Backend& device = m.profiler ? m.profiler->inner() : *m.backend;
@@ -131,16 +162,16 @@ int bench_latency(int argc, char** argv) {
   for (int64_t i = 0; i < *it + 1; ++i) {  // the first pass warms up
     runner.reset();
     auto t0 = Clock::now();
-    auto lg = runner.feed(prompt, LogitsWanted::kLast);
-    if (!lg.ok()) return fail("bench latency", lg.status());
+    auto first = next_token(prompt);
+    if (!first.ok()) return fail("bench latency", first.status());
     const double prefill = seconds_since(t0);
-    int32_t tok = argmax(*lg);
+    int32_t tok = *first;
     t0 = Clock::now();
     double first_decode = 0;
     for (int64_t k = 1; k < *out; ++k) {
-      auto next = runner.feed(std::vector<int32_t>{tok}, LogitsWanted::kLast);
+      auto next = next_token(std::span<const int32_t>(&tok, 1));
       if (!next.ok()) return fail("bench latency", next.status());
-      tok = argmax(*next);
+      tok = *next;
       if (k == 1) first_decode = seconds_since(t0);
     }
     const double decode = seconds_since(t0);
@@ -159,7 +190,8 @@ int bench_latency(int argc, char** argv) {
   const double bytes_per_token = static_cast<double>(m.model->decode_weight_bytes()) + kv_bytes;
   const double achieved = bytes_per_token * decode_tps / 1e9;
   std::printf("model            %s\n", m.path.c_str());
-  std::printf("backend          %s, load %.2f s\n", m.backend->name().c_str(), load_s);
+  std::printf("backend          %s, load %.2f s, sampling on the %s\n", m.backend->name().c_str(),
+              load_s, sampling.c_str());
   // The profiling decorator records no graphs, so every step of this run is eager: the decode
   // figures are those of launching each op, not of graph replay.
   if (profile) std::printf("mode             eager (--profile: no CUDA graphs in any step)\n");
@@ -181,12 +213,12 @@ int bench_latency(int argc, char** argv) {
     for (int pass = 0; pass < 2; ++pass) {
       runner.reset();
       prof.start();
-      auto lg = runner.feed(prompt, LogitsWanted::kLast);
-      if (!lg.ok()) return fail("bench latency", lg.status());
+      auto first = next_token(prompt);
+      if (!first.ok()) return fail("bench latency", first.status());
       prefill_ops = prof.stop();
-      const int32_t tok = argmax(*lg);
+      const int32_t tok = *first;
       prof.start();
-      auto next = runner.feed(std::vector<int32_t>{tok}, LogitsWanted::kLast);
+      auto next = next_token(std::span<const int32_t>(&tok, 1));
       if (!next.ok()) return fail("bench latency", next.status());
       decode_ops = prof.stop();
     }
@@ -201,10 +233,15 @@ int bench_latency(int argc, char** argv) {
                 format_op_table(*decode_table).c_str());
   }
   if (a.flag("json")) {
-    nlohmann::json j = {{"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
-                        {"decode_gb_per_s", achieved}, {"memory_bandwidth_gb_per_s", bw},
-                        {"bandwidth_fraction", achieved / bw}, {"input_len", *in},
-                        {"output_len", *out}, {"load_seconds", load_s}};
+    nlohmann::json j = {{"prefill_tokens_per_s", prefill_tps},
+                        {"decode_tokens_per_s", decode_tps},
+                        {"decode_gb_per_s", achieved},
+                        {"memory_bandwidth_gb_per_s", bw},
+                        {"bandwidth_fraction", achieved / bw},
+                        {"input_len", *in},
+                        {"output_len", *out},
+                        {"load_seconds", load_s},
+                        {"sampling", sampling}};
     if (profile)
       j["profile"] = {{"prefill", op_table_json(*prefill_table)}, {"decode", op_table_json(*decode_table)}};
     std::printf("%s\n", j.dump().c_str());
@@ -215,9 +252,9 @@ int bench_latency(int argc, char** argv) {
 int bench_throughput(int argc, char** argv) {
   // --profile: every op of the whole run timed (eager, no CUDA graphs), summed per op kind and
   // weight shape: where an offline run's time goes.
-  std::vector<std::string> spec = {"num-prompts",       "input-len", "output-len",
-                                   "dataset",           "json!",     "seed",
-                                   "shared-prefix-len", "profile!",  "peak-tflops"};
+  std::vector<std::string> spec = {"num-prompts", "input-len",   "output-len",        "dataset",
+                                   "json!",       "seed",        "shared-prefix-len", "profile!",
+                                   "peak-tflops", "temperature", "sequential!"};
   add_model_options(spec);
   Args a("bench throughput", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench throughput", s);
@@ -238,6 +275,10 @@ int bench_throughput(int argc, char** argv) {
   if (!n.ok() || !in.ok() || !out.ok() || !shared.ok() || *n < 1 || *in < 1 || *out < 1 ||
       *shared < 0 || *shared > *in)
     return fail("bench throughput", invalid_argument("sizes must be positive, shared prefix <= input"));
+  // Sampling: 1.0 by default, as vLLM's offline benchmark samples; 0 is greedy.
+  auto temperature = a.get_double("temperature", 1.0);
+  if (!temperature.ok() || *temperature < 0)
+    return fail("bench throughput", invalid_argument("--temperature must be >= 0"));
   const int64_t V = m.model->config().vocab_size;
   std::mt19937_64 rng(0);
 
@@ -272,7 +313,7 @@ int bench_throughput(int argc, char** argv) {
     }
   }
   for (auto& r : reqs) {
-    r.params.temperature = 1.0f;
+    r.params.temperature = static_cast<float>(*temperature);
     r.params.seed = 0;
     r.params.ignore_eos = true;
     r.detokenize = false;
@@ -301,11 +342,35 @@ int bench_throughput(int argc, char** argv) {
   std::mutex mu;
   std::condition_variable cv;
   int64_t done = 0, failed = 0, prompt_tokens = 0, output_tokens = 0;
+  // Each request's submission, first and last token times and token count: its time to the first
+  // token and mean time per output token after it (the inter-token latency a streaming client
+  // sees).
+  struct TokenTimes {
+    Clock::time_point submitted, first, last;
+    int64_t n = 0;
+  };
+  std::vector<TokenTimes> times(reqs.size());
+  // --sequential: each request is submitted when the one before has finished (one at a time, as a
+  // single client would), so the first request's TTFT, on an engine that has served nothing yet,
+  // compares with the same request's on a warm one.
+  const bool sequential = a.flag("sequential");
   const auto t0 = Clock::now();
-  for (auto& r : reqs) {
-    auto id = (*engine)->submit(r, [&](EngineOutput&& ev) {
-      if (!ev.request_done) return;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EngineRequest& r = reqs[i];
+    if (sequential) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done == static_cast<int64_t>(i); });
+    }
+    times[i].submitted = Clock::now();
+    auto id = (*engine)->submit(r, [&, i](EngineOutput&& ev) {
       std::lock_guard<std::mutex> lock(mu);
+      if (!ev.token_ids.empty()) {
+        TokenTimes& t = times[i];
+        t.last = Clock::now();
+        if (t.n == 0) t.first = t.last;
+        t.n += static_cast<int64_t>(ev.token_ids.size());
+      }
+      if (!ev.request_done) return;
       ++done;
       if (!ev.error.ok()) ++failed;
       prompt_tokens += ev.prompt_tokens;
@@ -333,10 +398,34 @@ int bench_throughput(int argc, char** argv) {
   const double rps = reqs.size() / elapsed;
   const double total_tps = (prompt_tokens + output_tokens) / elapsed;
   const double out_tps = output_tokens / elapsed;
+  double ttft_sum = 0, tpot_sum = 0;
+  int64_t n_ttft = 0, n_tpot = 0;
+  for (const TokenTimes& t : times) {
+    if (t.n == 0) continue;
+    ttft_sum += std::chrono::duration<double>(t.first - t.submitted).count();
+    ++n_ttft;
+    if (t.n < 2) continue;
+    tpot_sum +=
+        std::chrono::duration<double>(t.last - t.first).count() / static_cast<double>(t.n - 1);
+    ++n_tpot;
+  }
+  const double ttft_ms = n_ttft ? 1e3 * ttft_sum / n_ttft : 0,
+               tpot_ms = n_tpot ? 1e3 * tpot_sum / n_tpot : 0;
   std::printf("requests         %zu (%lld failed) in %.2f s\n", reqs.size(),
               static_cast<long long>(failed), elapsed);
   std::printf("throughput       %.2f requests/s, %.1f total tok/s, %.1f output tok/s\n", rps,
               total_tps, out_tps);
+  std::printf("latency          mean TTFT %.2f ms, mean TPOT %.3f ms (%.1f tok/s a request)\n",
+              ttft_ms, tpot_ms, tpot_ms > 0 ? 1e3 / tpot_ms : 0.0);
+  const double first_ttft_ms =
+      times[0].n > 0
+          ? 1e3 * std::chrono::duration<double>(times[0].first - times[0].submitted).count()
+          : 0;
+  if (sequential && times[0].n > 0 && n_ttft > 1) {
+    const double later_ms = (ttft_ms * n_ttft - first_ttft_ms) / (n_ttft - 1);
+    std::printf("first request    TTFT %.2f ms, %.2fx the later requests' mean of %.2f ms\n",
+                first_ttft_ms, later_ms > 0 ? first_ttft_ms / later_ms : 0.0, later_ms);
+  }
   std::printf("engine           %lld steps, busy %.1f%%, %lld preemptions, max-num-seqs %d\n",
               static_cast<long long>(st.steps), 100.0 * st.busy_seconds / elapsed,
               static_cast<long long>(st.scheduler.n_preemptions), cfg->scheduler.max_num_seqs);
@@ -353,6 +442,9 @@ int bench_throughput(int argc, char** argv) {
                         {"num_requests", reqs.size()},
                         {"failed", failed},
                         {"elapsed_s", elapsed},
+                        {"mean_ttft_ms", ttft_ms},
+                        {"mean_tpot_ms", tpot_ms},
+                        {"first_ttft_ms", first_ttft_ms},
                         {"prompt_tokens", prompt_tokens},
                         {"output_tokens", output_tokens},
                         {"max_num_seqs", cfg->scheduler.max_num_seqs},

@@ -21,8 +21,7 @@ SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
   if (use_graphs) graphs_ = DecodeGraphs::create(model, backend, cache_, block_size, 1, max_len);
 }
 
-Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tokens,
-                                                    LogitsWanted wanted) {
+Status SequenceRunner::check_tokens(std::span<const int32_t> tokens) const {
   if (tokens.empty()) return invalid_argument("feed: no tokens");
   if (length_ + static_cast<int64_t>(tokens.size()) > max_len_) {
     return out_of_range("sequence of " + std::to_string(length_ + tokens.size()) +
@@ -33,31 +32,61 @@ Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tok
       return out_of_range("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                           std::to_string(vocab_) + ")");
   }
-  const int64_t n_rows = wanted == LogitsWanted::kAll ? tokens.size() : wanted == LogitsWanted::kLast;
-  logits_.resize(n_rows * vocab_);
+  return Status::ok_status();
+}
+
+// The chunk of at most max_chunk_ tokens from `begin`, continuing the sequence; `wanted` asks
+// for the last chunk's last row (kLast) or every row (kAll).
+SeqChunk SequenceRunner::chunk_at(std::span<const int32_t> tokens, size_t begin,
+                                  LogitsWanted wanted) {
+  const int32_t n = static_cast<int32_t>(std::min<size_t>(max_chunk_, tokens.size() - begin));
+  const bool last_chunk = begin + n == tokens.size();
+  SeqChunk c;
+  c.tokens = tokens.data() + begin;
+  c.n_tokens = n;
+  c.start_pos = length_;
+  c.block_table = block_table_.data();
+  c.n_blocks = static_cast<int32_t>(block_table_.size());
+  c.logits = wanted == LogitsWanted::kAll                    ? LogitsWanted::kAll
+             : (wanted == LogitsWanted::kLast && last_chunk) ? LogitsWanted::kLast
+                                                             : LogitsWanted::kNone;
+  return c;
+}
+
+Result<Tensor> SequenceRunner::feed_on_device(std::span<const int32_t> tokens) {
+  PAGELLM_RETURN_IF_ERROR(check_tokens(tokens));
+  Tensor last;
+  for (size_t begin = 0; begin < tokens.size(); begin += max_chunk_) {
+    const SeqChunk c = chunk_at(tokens, begin, LogitsWanted::kLast);
+    if (graphs_ && graphs_->accepts({c})) {
+      last = graphs_->run({c});
+    } else {
+      model_.forward(builder_.build({c}), cache_, nullptr);
+      if (c.logits == LogitsWanted::kLast) last = model_.last_logits();
+    }
+    length_ += c.n_tokens;
+  }
+  return last;
+}
+
+Result<std::span<const float>> SequenceRunner::feed(std::span<const int32_t> tokens,
+                                                    LogitsWanted wanted) {
+  if (wanted == LogitsWanted::kLast) {
+    auto last = feed_on_device(tokens);
+    if (!last.ok()) return last.status();
+    logits_.resize(vocab_);
+    download_(*last, logits_.data());
+    return std::span<const float>(logits_.data(), logits_.size());
+  }
+  PAGELLM_RETURN_IF_ERROR(check_tokens(tokens));
+  logits_.resize(wanted == LogitsWanted::kAll ? tokens.size() * vocab_ : 0);
   int64_t row = 0;
   for (size_t begin = 0; begin < tokens.size(); begin += max_chunk_) {
-    const int32_t n = static_cast<int32_t>(std::min<size_t>(max_chunk_, tokens.size() - begin));
-    const bool last_chunk = begin + n == tokens.size();
-    SeqChunk c;
-    c.tokens = tokens.data() + begin;
-    c.n_tokens = n;
-    c.start_pos = length_;
-    c.block_table = block_table_.data();
-    c.n_blocks = static_cast<int32_t>(block_table_.size());
-    c.logits = wanted == LogitsWanted::kAll                 ? LogitsWanted::kAll
-               : (wanted == LogitsWanted::kLast && last_chunk) ? LogitsWanted::kLast
-                                                               : LogitsWanted::kNone;
-    if (graphs_ && graphs_->accepts({c})) {
-      const Tensor logits = graphs_->run({c});
-      download_(logits, logits_.data());
-      length_ += 1;
-      return std::span<const float>(logits_.data(), logits_.size());
-    }
+    const SeqChunk c = chunk_at(tokens, begin, wanted);
     const StepBatch& b = builder_.build({c});
     model_.forward(b, cache_, logits_.data() + row * vocab_);
     row += b.n_logits;
-    length_ += n;
+    length_ += c.n_tokens;
   }
   return std::span<const float>(logits_.data(), logits_.size());
 }

@@ -28,12 +28,18 @@ class SequenceRunner {
   // [rows, vocab]) of the last token (kLast), of every fed token (kAll), or nothing (kNone).
   // Fails when the sequence would exceed max_len.
   Result<std::span<const float>> feed(std::span<const int32_t> tokens, LogitsWanted wanted);
+  // The same with kLast, the logits left on the backend's device (act [1, vocab], valid until the
+  // next feed): what a serving engine samples from on a device backend, with no download.
+  Result<Tensor> feed_on_device(std::span<const int32_t> tokens);
 
   int32_t length() const { return length_; }
   int32_t max_len() const { return max_len_; }
   void reset() { length_ = 0; }
 
  private:
+  Status check_tokens(std::span<const int32_t> tokens) const;
+  SeqChunk chunk_at(std::span<const int32_t> tokens, size_t begin, LogitsWanted wanted);
+
   Model& model_;
   Backend& backend_;
   int32_t max_len_;
