@@ -336,10 +336,23 @@ void Engine::profile_run() {
   c.n_blocks = static_cast<int32_t>(table.size());
   const Tensor logits = run_model({c});
   warm_up_sampling(logits);
+  // Then steps of 1 to 8 tokens and of every power of two below n: a step size's first run
+  // chooses its GEMM kernels (the GEMV or cuBLASLt, timed for 3 to 8 rows), and cuBLASLt's first
+  // call of a kernel it has not run yet holds the host 3-4 ms while it loads it. Left to the
+  // first request of each size, that doubled its time to the first token (a 512-token prompt
+  // after a 2,047-token profile step: 23.7 ms against 11.9, docs/PERF.md).
+  std::vector<int32_t> sizes;
+  for (int32_t k = 1; k < n; k = k < 8 ? k + 1 : 2 * k) sizes.push_back(k);
+  for (int32_t k : sizes) {
+    c.n_tokens = k;
+    run_model({c});
+  }
   backend_.synchronize();
   cache_ = KvCache{};
-  PAGELLM_LOG_INFO("profile run: a %d-token step in %.2f s", n,
-                   std::chrono::duration<double>(Clock::now() - t0).count());
+  PAGELLM_LOG_INFO(
+      "profile run: a %d-token step, then %zu warm-up steps of 1 to %d tokens, in %.2f s", n,
+      sizes.size(), sizes.empty() ? 0 : sizes.back(),
+      std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 void Engine::warm_up_sampling(const Tensor& logits) {
@@ -544,6 +557,8 @@ void Engine::step() {
     }
   }
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  PAGELLM_LOG_DEBUG("step: %lld tokens of %zu sequences in %.3f ms",
+                    static_cast<long long>(plan.n_tokens), plan.seqs.size(), dt * 1e3);
   publish_stats();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.generation_tokens_total += n_generated;
