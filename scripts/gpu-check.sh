@@ -382,6 +382,13 @@ PY
         record "nsys decode kernels" "skipped: no nsys or no time"
       fi
     fi
+    # The first request's time to the first token on a fresh engine against the later ones'
+    # (issue 6: within 1.5x), one request at a time: the issue's 512-token prompt, and 437
+    # tokens, a length whose cuBLASLt kernels the start-up steps do not load.
+    for n in 512 437; do
+      run_bench ttft-llama3-8b-$n throughput --model $cfg/llama-3-8b.json --load-format dummy \
+        --device cuda --num-prompts 4 --input-len $n --output-len 4 --temperature 0 --sequential
+    done
     run_bench latency-llama2-7b latency --model $cfg/llama-2-7b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
     # PAGELLM_CHECK_MOE=1: the Mixtral-8x7B shape (93 GB of random bf16 weights, routed experts on
@@ -523,6 +530,9 @@ if "profile" in j:
 elif "decode_tokens_per_s" in j:
     print(f"  {label:<24} decode {j['decode_tokens_per_s']:8.1f} tok/s ({100*j['bandwidth_fraction']:.0f}% of "
           f"{j['memory_bandwidth_gb_per_s']:.0f} GB/s), prefill {j['prefill_tokens_per_s']:9.1f} tok/s, load {j['load_seconds']:.1f} s")
+elif label.startswith("ttft-") and j.get("later_ttft_ms"):
+    print(f"  {label:<24} first request's TTFT {j['first_ttft_ms']:.2f} ms, "
+          f"{j['first_ttft_ms'] / j['later_ttft_ms']:.2f}x the later ones' {j['later_ttft_ms']:.2f} ms")
 else:
     print(f"  {label:<24} {j['requests_per_s']:.2f} req/s, {j['total_tokens_per_s']:.0f} total tok/s, "
           f"{j['output_tokens_per_s']:.0f} output tok/s, {j['failed']} failed")

@@ -421,10 +421,12 @@ int bench_throughput(int argc, char** argv) {
       times[0].n > 0
           ? 1e3 * std::chrono::duration<double>(times[0].first - times[0].submitted).count()
           : 0;
-  if (sequential && times[0].n > 0 && n_ttft > 1) {
-    const double later_ms = (ttft_ms * n_ttft - first_ttft_ms) / (n_ttft - 1);
+  // The mean TTFT of the requests after the first (0 unless both it and they have tokens).
+  const double later_ms =
+      times[0].n > 0 && n_ttft > 1 ? (ttft_ms * n_ttft - first_ttft_ms) / (n_ttft - 1) : 0;
+  if (sequential && later_ms > 0) {
     std::printf("first request    TTFT %.2f ms, %.2fx the later requests' mean of %.2f ms\n",
-                first_ttft_ms, later_ms > 0 ? first_ttft_ms / later_ms : 0.0, later_ms);
+                first_ttft_ms, first_ttft_ms / later_ms, later_ms);
   }
   std::printf("engine           %lld steps, busy %.1f%%, %lld preemptions, max-num-seqs %d\n",
               static_cast<long long>(st.steps), 100.0 * st.busy_seconds / elapsed,
@@ -445,6 +447,7 @@ int bench_throughput(int argc, char** argv) {
                         {"mean_ttft_ms", ttft_ms},
                         {"mean_tpot_ms", tpot_ms},
                         {"first_ttft_ms", first_ttft_ms},
+                        {"later_ttft_ms", later_ms},
                         {"prompt_tokens", prompt_tokens},
                         {"output_tokens", output_tokens},
                         {"max_num_seqs", cfg->scheduler.max_num_seqs},
