@@ -7,9 +7,8 @@
 //                     the first token and per output token, KV and prefix cache statistics;
 //                     --temperature T (1.0; 0 greedy); --sequential submits one request at a time
 //                     (the first one's TTFT on a fresh engine); --json prints one JSON object last
-//   bench serve       open-loop load against an OpenAI-compatible server
-//   (tools/cmd_bench_serve.cpp) bench cost        $ per million tokens of `bench serve` reports
-//   (tools/cmd_bench_serve.cpp)
+//   bench serve       open-loop load against an OpenAI-compatible server (cmd_bench_serve.cpp)
+//   bench cost        $ per million tokens of `bench serve` reports (cmd_bench_serve.cpp)
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
