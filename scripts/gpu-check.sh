@@ -384,7 +384,8 @@ PY
     fi
     # The first request's time to the first token on a fresh engine against the later ones'
     # (issue 6: within 1.5x), one request at a time: the issue's 512-token prompt, and 437
-    # tokens, a length whose cuBLASLt kernels the start-up steps do not load.
+    # tokens, a length between the sizes of the start-up steps (cuBLASLt may pick it a kernel
+    # none of them loaded: docs/PERF.md, eighteenth round).
     for n in 512 437; do
       run_bench ttft-llama3-8b-$n throughput --model $cfg/llama-3-8b.json --load-format dummy \
         --device cuda --num-prompts 4 --input-len $n --output-len 4 --temperature 0 --sequential
