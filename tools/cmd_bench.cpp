@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "backend/op_profile.h"
 #include "backend/profiling_backend.h"
+#include "bench/stats.h"
 #include "runtime/engine.h"
 #include "runtime/sequence_runner.h"
 #include "runtime/serving_model.h"
@@ -138,8 +139,9 @@ int bench_latency(int argc, char** argv) {
   // back whole (vocab f32 values) and is scanned there.
   DeviceSampleRow greedy;
   greedy.flags = kSampleGreedy;
+  const bool on_host = sampling == "host";
   auto next_token = [&](std::span<const int32_t> tokens) -> Result<int32_t> {
-    if (sampling == "host") {
+    if (on_host) {
       auto lg = runner.feed(tokens, LogitsWanted::kLast);
       if (!lg.ok()) return lg.status();
       return static_cast<int32_t>(std::max_element(lg->begin(), lg->end()) - lg->begin());
@@ -341,14 +343,10 @@ int bench_throughput(int argc, char** argv) {
   std::mutex mu;
   std::condition_variable cv;
   int64_t done = 0, failed = 0, prompt_tokens = 0, output_tokens = 0;
-  // Each request's submission, first and last token times and token count: its time to the first
-  // token and mean time per output token after it (the inter-token latency a streaming client
-  // sees).
-  struct TokenTimes {
-    Clock::time_point submitted, first, last;
-    int64_t n = 0;
-  };
-  std::vector<TokenTimes> times(reqs.size());
+  // Each request's time to its first token and to its last, from its submission, and its token
+  // count (bench/stats.h's RequestResult): TTFT, and TPOT as a streaming client sees it.
+  std::vector<Clock::time_point> submitted(reqs.size());
+  std::vector<bench::RequestResult> timing(reqs.size());
   // --sequential: each request is submitted when the one before has finished (one at a time, as a
   // single client would), so the first request's TTFT, on an engine that has served nothing yet,
   // compares with the same request's on a warm one.
@@ -360,14 +358,15 @@ int bench_throughput(int argc, char** argv) {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return done == static_cast<int64_t>(i); });
     }
-    times[i].submitted = Clock::now();
+    submitted[i] = Clock::now();
     auto id = (*engine)->submit(r, [&, i](EngineOutput&& ev) {
       std::lock_guard<std::mutex> lock(mu);
       if (!ev.token_ids.empty()) {
-        TokenTimes& t = times[i];
-        t.last = Clock::now();
-        if (t.n == 0) t.first = t.last;
-        t.n += static_cast<int64_t>(ev.token_ids.size());
+        bench::RequestResult& t = timing[i];
+        t.latency_s = seconds_since(submitted[i]);
+        if (t.output_tokens == 0) t.ttft_s = t.latency_s;
+        t.ok = true;
+        t.output_tokens += static_cast<int64_t>(ev.token_ids.size());
       }
       if (!ev.request_done) return;
       ++done;
@@ -397,32 +396,24 @@ int bench_throughput(int argc, char** argv) {
   const double rps = reqs.size() / elapsed;
   const double total_tps = (prompt_tokens + output_tokens) / elapsed;
   const double out_tps = output_tokens / elapsed;
-  double ttft_sum = 0, tpot_sum = 0;
-  int64_t n_ttft = 0, n_tpot = 0;
-  for (const TokenTimes& t : times) {
-    if (t.n == 0) continue;
-    ttft_sum += std::chrono::duration<double>(t.first - t.submitted).count();
-    ++n_ttft;
-    if (t.n < 2) continue;
-    tpot_sum +=
-        std::chrono::duration<double>(t.last - t.first).count() / static_cast<double>(t.n - 1);
-    ++n_tpot;
+  std::vector<double> ttfts_ms, tpots_ms;  // of the requests that produced tokens
+  for (const bench::RequestResult& t : timing) {
+    if (t.output_tokens == 0) continue;
+    ttfts_ms.push_back(1e3 * t.ttft_s);
+    if (const auto tpot = bench::tpot_s(t)) tpots_ms.push_back(1e3 * *tpot);
   }
-  const double ttft_ms = n_ttft ? 1e3 * ttft_sum / n_ttft : 0,
-               tpot_ms = n_tpot ? 1e3 * tpot_sum / n_tpot : 0;
+  const double ttft_ms = bench::summarize(ttfts_ms).mean, tpot_ms = bench::summarize(tpots_ms).mean;
+  // The first request's TTFT, and the mean of the later ones' (0 unless both have tokens).
+  const bool first_has_tokens = timing[0].output_tokens > 0;
+  const double first_ttft_ms = first_has_tokens ? ttfts_ms[0] : 0;
+  const double later_ms =
+      first_has_tokens ? bench::summarize({ttfts_ms.begin() + 1, ttfts_ms.end()}).mean : 0;
   std::printf("requests         %zu (%lld failed) in %.2f s\n", reqs.size(),
               static_cast<long long>(failed), elapsed);
   std::printf("throughput       %.2f requests/s, %.1f total tok/s, %.1f output tok/s\n", rps,
               total_tps, out_tps);
   std::printf("latency          mean TTFT %.2f ms, mean TPOT %.3f ms (%.1f tok/s a request)\n",
               ttft_ms, tpot_ms, tpot_ms > 0 ? 1e3 / tpot_ms : 0.0);
-  const double first_ttft_ms =
-      times[0].n > 0
-          ? 1e3 * std::chrono::duration<double>(times[0].first - times[0].submitted).count()
-          : 0;
-  // The mean TTFT of the requests after the first (0 unless both it and they have tokens).
-  const double later_ms =
-      times[0].n > 0 && n_ttft > 1 ? (ttft_ms * n_ttft - first_ttft_ms) / (n_ttft - 1) : 0;
   if (sequential && later_ms > 0) {
     std::printf("first request    TTFT %.2f ms, %.2fx the later requests' mean of %.2f ms\n",
                 first_ttft_ms, first_ttft_ms / later_ms, later_ms);
