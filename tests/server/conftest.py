@@ -5,6 +5,7 @@ Llama (token ids only), the same with a byte-level tokenizer (text, fast), and t
 (SmolLM2-135M-Instruct, installed by scripts/setup.sh). A missing binary or model is a failure,
 not a skip: these tests are how we know the server works.
 """
+import atexit
 import os
 import re
 import signal
@@ -38,11 +39,20 @@ def default_model_path():
     return path
 
 
+def _remove_log(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class Server:
-    """One `pagellm serve` process. stderr (the log) goes to a file, read by log()."""
+    """One `pagellm serve` process. stderr (the log) goes to a file, read by log(); the file is
+    removed when the test session ends (a failing test has quoted what it needs of it by then)."""
 
     def __init__(self, args, env=None, startup_timeout=60):
         self.log_file = tempfile.NamedTemporaryFile(prefix="pagellm-serve-", suffix=".log", delete=False)
+        atexit.register(_remove_log, self.log_file.name)
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.args = [pagellm_bin(), "serve", "--port", "0", *args]
