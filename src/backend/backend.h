@@ -143,6 +143,11 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, int64_t nbytes) = 0;
   virtual void copy(void* dst, const void* src, int64_t nbytes) = 0;  // device to device
   virtual void synchronize() = 0;
+  // Loads, now, kernels that a step of up to max_tokens tokens may pick and that this backend
+  // would otherwise load on their first use, for the product shapes the steps run so far have
+  // shown (the engine calls it after its profile step). It runs them against those products'
+  // weights, which must still be alive. Device backends; by default nothing.
+  virtual void preload_kernels(int64_t max_tokens) { (void)max_tokens; }
   // Makes a weight usable by this backend: CPU returns the view itself (mmap'd, zero-copy) or a
   // converted copy kept in `storage`; device backends upload. `dtype` is the wanted storage type
   // (e.g. keep Q4_1, or convert f32 to bf16); kF32 for norms and other small vectors.

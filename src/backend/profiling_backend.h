@@ -102,6 +102,7 @@ class ProfilingBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, int64_t nbytes) override;
   void copy(void* dst, const void* src, int64_t nbytes) override;
   void synchronize() override { inner_->synchronize(); }
+  void preload_kernels(int64_t max_tokens) override { inner_->preload_kernels(max_tokens); }
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override {
     return inner_->upload_weight(host, dtype, storage);

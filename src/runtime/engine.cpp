@@ -347,6 +347,9 @@ void Engine::profile_run() {
     c.n_tokens = k;
     run_model({c});
   }
+  // Then the GEMM kernels a step of any other size may pick, loaded now (Backend::preload_kernels:
+  // a later row count whose own kernel was never loaded takes a preloaded one).
+  backend_.preload_kernels(n);
   backend_.synchronize();
   cache_ = KvCache{};
   PAGELLM_LOG_INFO(

@@ -25,29 +25,55 @@ struct MatmulCase {
 // sums, about 1e-5 of the rms at K = 4096; the floor (5% of the rms) covers cancelling outputs.
 constexpr Tol kF32OutTol{1e-3, 5e-2, "f32 output: fp32 summation order only"};
 
-void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCase& c) {
+// A case's weight and bias, random, on the host (as the CPU reference reads them) and uploaded.
+struct MatmulWeights {
+  std::vector<float> w, bias;
+  std::vector<uint8_t> w_bytes;  // the weight as stored on the host in w_dtype
+  Tensor w_host, w_dev, b_dev;
+  std::unique_ptr<Buffer> w_storage, b_storage;
+};
+
+std::unique_ptr<MatmulWeights> upload_matmul_weights(Backend& cuda, uint64_t seed,
+                                                     const MatmulCase& c) {
+  Rng rng(seed ^ 0x77eu);
+  auto W = std::make_unique<MatmulWeights>();
+  W->w = random_bf16_values(rng, c.m * c.k);
+  W->bias = random_bf16_values(rng, c.m, 4.0f);
+  // Both backends read exactly these values.
+  W->w_bytes.resize(dtype_bytes(c.w_dtype, c.m * c.k));
+  from_f32(c.w_dtype, W->w.data(), W->w_bytes.data(), c.m * c.k);
+  W->w_host = Tensor(W->w_bytes.data(), c.w_dtype, {c.m, c.k});
+  auto w_dev = cuda.upload_weight(W->w_host, c.w_dtype, W->w_storage);
+  if (!w_dev.ok()) {
+    ADD_FAILURE() << w_dev.status().to_string();
+    return nullptr;
+  }
+  W->w_dev = *w_dev;
+  if (c.bias) {
+    auto b = cuda.upload_weight(host_f32(W->bias, {c.m}), c.bias_dtype, W->b_storage);
+    if (!b.ok()) {
+      ADD_FAILURE() << b.status().to_string();
+      return nullptr;
+    }
+    W->b_dev = *b;
+  }
+  return W;
+}
+
+// matmul (or the GEMV) of random x rows with the case's weights W, against the CPU reference.
+void check_matmul(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCase& c,
+                  const MatmulWeights& W) {
   Rng rng(seed);
   const int64_t ldx = c.k + c.x_offset + (c.x_offset ? 3 : 0);
   const int64_t ldo = c.m + c.out_offset + c.out_pad;
   std::vector<float> xw = random_bf16_values(rng, c.n * ldx);
-  std::vector<float> wv = random_bf16_values(rng, c.m * c.k);
-  std::vector<float> bias = random_bf16_values(rng, c.m, 4.0f);
-  // The weight as stored on the host in w_dtype; both backends read exactly these values.
-  std::vector<uint8_t> w_bytes(dtype_bytes(c.w_dtype, c.m * c.k));
-  from_f32(c.w_dtype, wv.data(), w_bytes.data(), c.m * c.k);
-  Tensor w_host(w_bytes.data(), c.w_dtype, {c.m, c.k});
+  std::vector<float> bias = W.bias;  // a copy: the reference takes a mutable view
+  const Tensor& w_host = W.w_host;
+  const Tensor* w_dev = &W.w_dev;
+  const Tensor& b_dev = W.b_dev;
 
   auto x_dev = upload_bf16(cuda, xw);
   Tensor x_t = x_dev->view(DType::kBF16, {c.n, ldx}).slice_cols(c.x_offset, c.x_offset + c.k);
-  std::unique_ptr<Buffer> w_storage, b_storage;
-  auto w_dev = cuda.upload_weight(w_host, c.w_dtype, w_storage);
-  ASSERT_TRUE(w_dev.ok()) << w_dev.status().to_string();
-  Tensor b_dev;
-  if (c.bias) {
-    auto b = cuda.upload_weight(host_f32(bias, {c.m}), c.bias_dtype, b_storage);
-    ASSERT_TRUE(b.ok());
-    b_dev = *b;
-  }
   const int64_t esz = c.out_dtype == DType::kF32 ? 4 : 2;
   DevBuf out(cuda, c.n * ldo * esz);  // filled with the 0xA5 sentinel, slice and padding alike
   Tensor out_t = out.view(c.out_dtype, {c.n, ldo}).slice_cols(c.out_offset, c.out_offset + c.m);
@@ -109,6 +135,11 @@ void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCas
   }
   EXPECT_TRUE(compare(what, got, want, c.out_dtype == DType::kF32 ? kF32OutTol : kBf16Tol,
                       slack.empty() ? nullptr : &slack));
+}
+
+void run_matmul_case(Backend& cuda, Backend& cpu, uint64_t seed, const MatmulCase& c) {
+  const auto W = upload_matmul_weights(cuda, seed, c);
+  if (W) check_matmul(cuda, cpu, seed, c, *W);
 }
 
 TEST(Matmul, OddSizesBf16) {
@@ -200,6 +231,35 @@ TEST(Matmul, RepeatedShapeIsStable) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 2500;
   for (int i = 0; i < 3; ++i) run_matmul_case(cuda, cpu, seed, {19, 4096, 4096});
+}
+
+// After Backend::preload_kernels a new row count's product may run its bucket's preloaded
+// cuBLASLt algorithm instead of the heuristic's own (gemm.h): it must be as exact. A backend of
+// its own, since preloading runs the products seen so far against their weights, which must be
+// alive (those of the other tests are gone). Row counts on both sides of the 1,024-row bucket
+// step, with and without the bias epilogue, bf16 and f32 outputs.
+TEST(Matmul, AfterKernelPreload) {
+  PAGELLM_REQUIRE_CUDA();
+  (void)cuda;
+  auto own = make_cuda_backend(0);
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
+  Backend& be = **own;
+  uint64_t seed = base_seed() + 2600;
+  const MatmulCase shapes[] = {{64, 1024, 1024, DType::kBF16, DType::kBF16, DType::kF32, true},
+                               {64, 512, 768, DType::kBF16, DType::kF32}};
+  std::vector<std::unique_ptr<MatmulWeights>> weights;
+  for (const MatmulCase& c : shapes) {
+    weights.push_back(upload_matmul_weights(be, ++seed, c));
+    ASSERT_NE(weights.back(), nullptr);
+    check_matmul(be, cpu, ++seed, c, *weights.back());  // the shape's first plan
+  }
+  be.preload_kernels(1100);
+  for (int64_t n : {9, 77, 333, 517, 1030})
+    for (size_t i = 0; i < weights.size(); ++i) {
+      MatmulCase c = shapes[i];
+      c.n = n;
+      check_matmul(be, cpu, ++seed, c, *weights[i]);
+    }
 }
 
 }  // namespace

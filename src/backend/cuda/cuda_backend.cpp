@@ -330,6 +330,11 @@ int32_t* CudaBackend::ensure_attention_counters(int64_t count) {
   return static_cast<int32_t*>(attn_counters_->data());
 }
 
+void CudaBackend::preload_kernels(int64_t max_tokens) {
+  gemm_->preload_kernels(max_tokens);
+  side_gemm_->preload_kernels(max_tokens);
+}
+
 std::unique_ptr<OpGraph> CudaBackend::capture(const std::function<void()>& record) {
   // Thread-local mode: only this thread's capture-unsafe calls (a synchronize, an allocation) fail
   // the capture; other threads of the process are unaffected.

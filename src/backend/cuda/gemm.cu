@@ -10,10 +10,14 @@
 #include "backend/cuda/gemm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/tuning_knob.h"
+#include "core/log.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -34,6 +38,27 @@ uint32_t batched_alignment_of(const void* p, int64_t stride_elems, int64_t elem_
   const uint64_t step = static_cast<uint64_t>(stride_elems) * static_cast<uint64_t>(elem_bytes);
   while (a > 1 && step % a != 0) a >>= 1;
   return a;
+}
+
+// preload_kernels: the row counts it plans for, the buckets (9 to max_rows rows cut into
+// multiples of 8 up to 1,024 rows, of 64 up to 4,096 and of 256 above, each planned for its top
+// row count), and the rows it runs each kernel on. Every multiple of 8 for all sizes would have
+// start-up plan thousands of buckets; these stay within a few percent of any row count, so a
+// bucket's kernel suits all of its rows.
+constexpr int64_t kPreloadRows = 64;
+int64_t bucket_top(int64_t n) {
+  const int64_t q = n <= 1024 ? 8 : n <= 4096 ? 64 : 256;
+  return (n + q - 1) / q * q;
+}
+// PAGELLM_GEMM_PRELOAD=0: no preloading, every plan the heuristic's (to measure what it buys).
+bool preload_enabled() {
+  static const bool on =
+      tuning_knob("PAGELLM_GEMM_PRELOAD", 1, [](int64_t v) { return v == 0 || v == 1; }) == 1;
+  return on;
+}
+
+bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
 }
 
 cudaDataType_t cuda_type(DType t) {
@@ -209,7 +234,143 @@ Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias,
   if (!try_make_plan(p, x, w, bias, bias_dtype, out, align) &&
       !(bias != nullptr && try_make_plan(p, x, w, nullptr, bias_dtype, out, align)))
     p.use_fallback = true;
+  if (!p.use_fallback && x.n_rows > kGemvMaxRows)
+    settle_algo(p,
+                Shape{x.cols,
+                      w.n_rows,
+                      x.ld,
+                      w.ld,
+                      out.ld,
+                      out.dtype,
+                      bias_dtype,
+                      w.data,
+                      bias,
+                      {align[0], align[1], align[2], align[3]}},
+                x.n_rows);
   return plans_.emplace(key, p).first->second;
+}
+
+bool Gemm::algo_fits(const Plan& p, const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t check{};
+  return cublasLtMatmulAlgoCheck(handle_, p.desc, p.a, p.b, p.d, p.d, &algo, &check) ==
+             CUBLAS_STATUS_SUCCESS &&
+         check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes;
+}
+
+// Which weights (of this shape) a plan reads does not matter, only whether it has a bias.
+bool Gemm::Shape::operator==(const Shape& o) const {
+  return k_dim == o.k_dim && m_dim == o.m_dim && ldx == o.ldx && ldw == o.ldw && ldo == o.ldo &&
+         out_dtype == o.out_dtype && bias_dtype == o.bias_dtype &&
+         (bias != nullptr) == (o.bias != nullptr) && std::equal(align, align + 4, o.align) &&
+         batch == o.batch && stride_x == o.stride_x && stride_w == o.stride_w &&
+         stride_out == o.stride_out;
+}
+
+Gemm::KernelKey Gemm::kernel_of(const Plan& p, const Shape& s) {
+  return KernelKey{p.algo, s.out_dtype, p.bias_in_epilogue ? s.bias_dtype : DType::kF32,
+                   p.bias_in_epilogue, s.batch > 1};
+}
+
+bool Gemm::KernelKey::operator==(const KernelKey& o) const {
+  return same_algo(algo, o.algo) && out_dtype == o.out_dtype && bias_dtype == o.bias_dtype &&
+         bias_in_epilogue == o.bias_in_epilogue && batched == o.batched;
+}
+
+bool Gemm::loaded(const KernelKey& k) const {
+  return std::find(loaded_.begin(), loaded_.end(), k) != loaded_.end();
+}
+
+void Gemm::settle_algo(Plan& p, const Shape& shape, int64_t n) {
+  auto it = std::find_if(shapes_.begin(), shapes_.end(),
+                         [&](const KnownShape& known) { return known.shape == shape; });
+  if (it == shapes_.end()) it = shapes_.insert(shapes_.end(), KnownShape{shape, {}});
+  KernelKey k = kernel_of(p, shape);
+  if (!it->buckets.empty() && !loaded(k)) {
+    // The heuristic's kernel for exactly n rows was never run: its first call would hold the host
+    // while cuBLASLt loads it. The bucket's kernel, loaded by preload_kernels, runs instead.
+    const auto b = it->buckets.find(bucket_top(n));
+    if (b != it->buckets.end() && b->second.bias_in_epilogue == p.bias_in_epilogue &&
+        algo_fits(p, b->second.algo)) {
+      p.algo = b->second.algo;
+      k = kernel_of(p, shape);
+    }
+  }
+  if (loaded(k)) return;
+  if (!it->buckets.empty())
+    PAGELLM_LOG_DEBUG("gemm: %lld x %lld x %lld (batch %lld) runs a kernel not preloaded",
+                      static_cast<long long>(n), static_cast<long long>(shape.k_dim),
+                      static_cast<long long>(shape.m_dim), static_cast<long long>(shape.batch));
+  loaded_.push_back(k);  // the plan runs right after: its kernel is loaded then
+}
+
+void Gemm::preload_kernels(int64_t max_rows) {
+  if (!preload_enabled() || shapes_.empty() || max_rows <= kGemvMaxRows) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t loaded_before = loaded_.size();
+  // Scratch for x and out of every shape on kPreloadRows rows (all batch entries).
+  const auto extent = [](const Shape& s, int64_t ld, int64_t stride, int64_t cols) {
+    return (s.batch - 1) * stride + (kPreloadRows - 1) * ld + cols;
+  };
+  int64_t x_bytes = 0, out_bytes = 0;
+  for (const auto& [s, buckets] : shapes_) {
+    x_bytes = std::max(x_bytes, extent(s, s.ldx, s.stride_x, s.k_dim) * 2);
+    out_bytes =
+        std::max(out_bytes, extent(s, s.ldo, s.stride_out, s.m_dim) * dtype_bytes(s.out_dtype, 1));
+  }
+  void* xs = nullptr;
+  void* os = nullptr;
+  if (cudaMalloc(&xs, x_bytes) != cudaSuccess || cudaMalloc(&os, out_bytes) != cudaSuccess) {
+    cudaGetLastError();  // no room: the kernels load on first use, as before
+    if (xs != nullptr) cudaFree(xs);
+    return;
+  }
+  CUDA_CHECK(cudaMemsetAsync(xs, 0, x_bytes, stream_));
+  CUDA_CHECK(cudaMemsetAsync(os, 0, out_bytes, stream_));  // read by the accumulating runs
+  int64_t n_plans = 0;
+  for (KnownShape& known : shapes_) {
+    const Shape& s = known.shape;
+    const RowView w{const_cast<void*>(s.w), DType::kBF16, s.m_dim, s.k_dim, s.ldw};
+    const GemmBatch batch{s.batch, s.stride_x, s.stride_w, s.stride_out};
+    // A plan for `rows` rows of the scratch, made as plan_for or run_batched makes one (the bias
+    // in the epilogue where cuBLASLt takes it).
+    const auto make = [&](Plan& p, int64_t rows) {
+      const RowView x{xs, DType::kBF16, rows, s.k_dim, s.ldx};
+      const RowView out{os, s.out_dtype, rows, s.m_dim, s.ldo};
+      return try_make_plan(p, x, w, s.bias, s.bias_dtype, out, s.align, batch) ||
+             (s.bias != nullptr &&
+              try_make_plan(p, x, w, nullptr, s.bias_dtype, out, s.align, batch));
+    };
+    for (int64_t top = bucket_top(kGemvMaxRows + 1); top < bucket_top(max_rows) + 1;
+         top = bucket_top(top + 1)) {
+      Plan bucket;  // the heuristic's choice for the bucket's top row count
+      ++n_plans;
+      if (!make(bucket, top)) continue;
+      known.buckets[top] = BucketAlgo{bucket.algo, bucket.bias_in_epilogue};
+      const KernelKey k = kernel_of(bucket, s);
+      destroy(bucket);
+      if (loaded(k)) continue;
+      loaded_.push_back(k);
+      Plan run;  // the same algorithm on kPreloadRows rows
+      if (!make(run, kPreloadRows)) continue;
+      if (run.bias_in_epilogue == k.bias_in_epilogue && algo_fits(run, k.algo)) {
+        run.algo = k.algo;
+        // Both the plain product and the accumulating one (run_add: beta = 1), in case the
+        // library keeps a kernel for each.
+        for (const bool accumulate : {false, true})
+          run_plan(run, RowView{xs, DType::kBF16, kPreloadRows, s.k_dim, s.ldx}, w,
+                   k.bias_in_epilogue ? s.bias : nullptr, s.bias_dtype,
+                   RowView{os, s.out_dtype, kPreloadRows, s.m_dim, s.ldo}, accumulate);
+      }
+      destroy(run);
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaFree(xs);
+  cudaFree(os);
+  PAGELLM_LOG_DEBUG(
+      "gemm: %zu kernels preloaded for %zu shapes (%lld bucket plans) in %.1f ms",
+      loaded_.size() - loaded_before, shapes_.size(), static_cast<long long>(n_plans),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 std::vector<cublasLtMatmulAlgo_t> Gemm::candidates(const RowView& x, const RowView& w,
@@ -324,6 +485,23 @@ void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& 
     if (!try_make_plan(p, x, w, nullptr, DType::kF32, out, align,
                        GemmBatch{batch, x_batch_stride, w_batch_stride, out_batch_stride}))
       p.use_fallback = true;
+    else if (x.n_rows > kGemvMaxRows)
+      settle_algo(p,
+                  Shape{x.cols,
+                        w.n_rows,
+                        x.ld,
+                        w.ld,
+                        out.ld,
+                        out.dtype,
+                        DType::kF32,
+                        w.data,
+                        nullptr,
+                        {align[0], align[1], align[2], 0u},
+                        batch,
+                        x_batch_stride,
+                        w_batch_stride,
+                        out_batch_stride},
+                  x.n_rows);
     it = batched_plans_.emplace(key, p).first;
   }
   const Plan& p = it->second;

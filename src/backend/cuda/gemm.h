@@ -58,6 +58,16 @@ class Gemm {
                    int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
                    int64_t batch);
 
+  // Loads, now, the cuBLASLt kernels that later run(), run_add() or run_batched() calls of the
+  // shapes seen so far (above the GEMV's rows) may take for up to max_rows rows of x, so that no
+  // step pays for one: cuBLASLt's first call of a kernel holds the host 3-4 ms while it loads it.
+  // Row counts are cut into buckets; the heuristic's kernel for each bucket's top runs once, on
+  // kPreloadRows rows of scratch against the shape's own weights. A later plan for a row count
+  // keeps the heuristic's own choice when that kernel has run before, and otherwise takes its
+  // bucket's. Call it after a step of every shape (the engine's profile step), before the memory
+  // is handed out. PAGELLM_GEMM_PRELOAD=0 turns it off.
+  void preload_kernels(int64_t max_rows);
+
   // Number of cached plans (one per distinct problem shape, strides and alignments).
   size_t n_plans() const { return plans_.size() + batched_plans_.size(); }
 
@@ -108,6 +118,44 @@ class Gemm {
                      const GemmBatch& batch = GemmBatch{}, int want = 1,
                      std::vector<cublasLtMatmulAlgo_t>* all = nullptr);
   static void destroy(Plan& p);
+  // Whether `algo` runs p's exact shape (cublasLtMatmulAlgoCheck) within the workspace.
+  bool algo_fits(const Plan& p, const cublasLtMatmulAlgo_t& algo);
+
+  // A shape run(), run_add() or run_batched() has planned above the GEMV's rows: everything of a
+  // plan's key but the row count, and the weights and bias of its first plan (the model's, alive
+  // as long as the backend's user), for preload_kernels; then the algorithm it chose for each
+  // bucket.
+  struct BucketAlgo {
+    cublasLtMatmulAlgo_t algo;
+    bool bias_in_epilogue;
+  };
+  struct Shape {
+    int64_t k_dim = 0, m_dim = 0, ldx = 0, ldw = 0, ldo = 0;
+    DType out_dtype = DType::kBF16, bias_dtype = DType::kF32;
+    const void* w = nullptr;
+    const void* bias = nullptr;
+    uint32_t align[4] = {};
+    int64_t batch = 1, stride_x = 0, stride_w = 0, stride_out = 0;  // GemmBatch's
+    bool operator==(const Shape& o) const;
+  };
+  struct KnownShape {
+    Shape shape;
+    std::map<int64_t, BucketAlgo> buckets;  // by the bucket's top row count
+  };
+  std::vector<KnownShape> shapes_;
+  // What picks a cuBLASLt kernel: an algorithm's bytes, and what else is compiled in.
+  struct KernelKey {
+    cublasLtMatmulAlgo_t algo;
+    DType out_dtype, bias_dtype;
+    bool bias_in_epilogue, batched;
+    bool operator==(const KernelKey& o) const;
+  };
+  static KernelKey kernel_of(const Plan& p, const Shape& s);
+  bool loaded(const KernelKey& k) const;
+  // Records a new cuBLASLt plan's shape and kernel (n rows of x); once the shape's buckets are
+  // planned, a plan whose kernel has never run takes its bucket's instead.
+  void settle_algo(Plan& p, const Shape& shape, int64_t n);
+  std::vector<KernelKey> loaded_;  // the kernels run so far
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
