@@ -235,18 +235,7 @@ Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias,
       !(bias != nullptr && try_make_plan(p, x, w, nullptr, bias_dtype, out, align)))
     p.use_fallback = true;
   if (!p.use_fallback && x.n_rows > kGemvMaxRows)
-    settle_algo(p,
-                Shape{x.cols,
-                      w.n_rows,
-                      x.ld,
-                      w.ld,
-                      out.ld,
-                      out.dtype,
-                      bias_dtype,
-                      w.data,
-                      bias,
-                      {align[0], align[1], align[2], align[3]}},
-                x.n_rows);
+    settle_algo(p, shape_of(x, w, out, bias, bias_dtype, align, GemmBatch{}), x.n_rows);
   return plans_.emplace(key, p).first->second;
 }
 
@@ -255,6 +244,17 @@ bool Gemm::algo_fits(const Plan& p, const cublasLtMatmulAlgo_t& algo) {
   return cublasLtMatmulAlgoCheck(handle_, p.desc, p.a, p.b, p.d, p.d, &algo, &check) ==
              CUBLAS_STATUS_SUCCESS &&
          check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes;
+}
+
+Gemm::Shape Gemm::shape_of(const RowView& x, const RowView& w, const RowView& out, const void* bias,
+                           DType bias_dtype, const uint32_t align[4], const GemmBatch& batch) {
+  return Shape{x.cols,         w.n_rows,
+               x.ld,           w.ld,
+               out.ld,         out.dtype,
+               bias_dtype,     w.data,
+               bias,           {align[0], align[1], align[2], align[3]},
+               batch.count,    batch.stride_x,
+               batch.stride_w, batch.stride_out};
 }
 
 // Which weights (of this shape) a plan reads does not matter, only whether it has a bias.
@@ -487,20 +487,8 @@ void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& 
       p.use_fallback = true;
     else if (x.n_rows > kGemvMaxRows)
       settle_algo(p,
-                  Shape{x.cols,
-                        w.n_rows,
-                        x.ld,
-                        w.ld,
-                        out.ld,
-                        out.dtype,
-                        DType::kF32,
-                        w.data,
-                        nullptr,
-                        {align[0], align[1], align[2], 0u},
-                        batch,
-                        x_batch_stride,
-                        w_batch_stride,
-                        out_batch_stride},
+                  shape_of(x, w, out, nullptr, DType::kF32, align,
+                           GemmBatch{batch, x_batch_stride, w_batch_stride, out_batch_stride}),
                   x.n_rows);
     it = batched_plans_.emplace(key, p).first;
   }

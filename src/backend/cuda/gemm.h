@@ -138,6 +138,8 @@ class Gemm {
     int64_t batch = 1, stride_x = 0, stride_w = 0, stride_out = 0;  // GemmBatch's
     bool operator==(const Shape& o) const;
   };
+  static Shape shape_of(const RowView& x, const RowView& w, const RowView& out, const void* bias,
+                        DType bias_dtype, const uint32_t align[4], const GemmBatch& batch);
   struct KnownShape {
     Shape shape;
     std::map<int64_t, BucketAlgo> buckets;  // by the bucket's top row count
