@@ -340,7 +340,7 @@ void Gemm::preload_kernels(int64_t max_rows) {
              (s.bias != nullptr &&
               try_make_plan(p, x, w, nullptr, s.bias_dtype, out, s.align, batch));
     };
-    for (int64_t top = bucket_top(kGemvMaxRows + 1); top < bucket_top(max_rows) + 1;
+    for (int64_t top = bucket_top(kGemvMaxRows + 1); top <= bucket_top(max_rows);
          top = bucket_top(top + 1)) {
       Plan bucket;  // the heuristic's choice for the bucket's top row count
       ++n_plans;
@@ -349,7 +349,6 @@ void Gemm::preload_kernels(int64_t max_rows) {
       const KernelKey k = kernel_of(bucket, s);
       destroy(bucket);
       if (loaded(k)) continue;
-      loaded_.push_back(k);
       Plan run;  // the same algorithm on kPreloadRows rows
       if (!make(run, kPreloadRows)) continue;
       if (run.bias_in_epilogue == k.bias_in_epilogue && algo_fits(run, k.algo)) {
@@ -360,6 +359,7 @@ void Gemm::preload_kernels(int64_t max_rows) {
           run_plan(run, RowView{xs, DType::kBF16, kPreloadRows, s.k_dim, s.ldx}, w,
                    k.bias_in_epilogue ? s.bias : nullptr, s.bias_dtype,
                    RowView{os, s.out_dtype, kPreloadRows, s.m_dim, s.ldo}, accumulate);
+        loaded_.push_back(k);  // only once it has run: a kernel that could not stays lazy
       }
       destroy(run);
     }
