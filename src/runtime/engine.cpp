@@ -337,10 +337,11 @@ void Engine::profile_run() {
   const Tensor logits = run_model({c});
   warm_up_sampling(logits);
   // Then steps of 1 to 8 tokens and of every power of two below n: a step size's first run
-  // chooses its GEMM kernels (the GEMV or cuBLASLt, timed for 3 to 8 rows), and cuBLASLt's first
-  // call of a kernel it has not run yet holds the host 3-4 ms while it loads it. Left to the
-  // first request of each size, that doubled its time to the first token (a 512-token prompt
-  // after a 2,047-token profile step: 23.7 ms against 11.9, docs/PERF.md).
+  // chooses its GEMM kernels (the GEMV or cuBLASLt, timed for 3 to 8 rows) and loads the kernels
+  // that size runs, which left to the first request of each size had doubled its time to the
+  // first token (a 512-token prompt after a 2,047-token profile step: 23.7 ms against 11.9,
+  // docs/PERF.md). The preload below covers cuBLASLt's kernels for the sizes in between; whether
+  // the power-of-two steps are still needed beside it is not yet measured.
   std::vector<int32_t> sizes;
   for (int32_t k = 1; k < n; k = k < 8 ? k + 1 : 2 * k) sizes.push_back(k);
   for (int32_t k : sizes) {
