@@ -448,6 +448,11 @@ int bench_throughput(int argc, char** argv) {
   std::printf("engine           %lld steps, busy %.1f%%, %lld preemptions, max-num-seqs %d\n",
               static_cast<long long>(st.steps), 100.0 * st.busy_seconds / elapsed,
               static_cast<long long>(st.scheduler.n_preemptions), cfg->scheduler.max_num_seqs);
+  std::printf(
+      "host work        %.1f%% of the run, %.3f ms a step (scheduling and packing before a "
+      "step's forward, its tokens' handling after: the device idles meanwhile)\n",
+      100.0 * st.host_seconds / elapsed,
+      st.steps > 0 ? 1e3 * st.host_seconds / static_cast<double>(st.steps) : 0.0);
   std::printf("kv cache         %lld blocks of %lld bytes\n", static_cast<long long>(st.n_kv_blocks),
               static_cast<long long>(st.kv_block_bytes));
   std::printf("prefix cache     %lld of %lld prompt tokens hit (%.1f%%)\n",
@@ -471,7 +476,9 @@ int bench_throughput(int argc, char** argv) {
                         {"preemptions", st.scheduler.n_preemptions},
                         {"prefix_cache_queries", st.scheduler.prefix.queries},
                         {"prefix_cache_hits", st.scheduler.prefix.hits},
-                        {"kv_blocks", st.n_kv_blocks}};
+                        {"kv_blocks", st.n_kv_blocks},
+                        {"engine_steps", st.steps},
+                        {"engine_host_seconds", st.host_seconds}};
     if (run_table) j["profile"] = op_table_json(*run_table);
     std::printf("%s\n", j.dump().c_str());
   }

@@ -434,6 +434,7 @@ void Engine::step() {
     chunks.push_back(c);
   }
   const int64_t V = model_.config().vocab_size;
+  const auto t_forward = Clock::now();  // the device idles from the last step's tokens to here
   const Tensor device_logits = run_model(chunks);  // [n_logits, V] on the backend's device
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
@@ -490,6 +491,7 @@ void Engine::step() {
   }
   std::vector<SampleOutput> outs(rows.size());
   if (!rows.empty()) sample(device_logits, on_device, rows, sample_rows, outs);
+  const auto t_tokens = Clock::now();  // and from here to the next step's forward
 
   // Stop decisions, text, events.
   std::vector<SampledToken> results;
@@ -560,7 +562,9 @@ void Engine::step() {
       finish_request(*it->second, info);
     }
   }
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t_end = Clock::now();
+  const double dt = std::chrono::duration<double>(t_end - t0).count();
+  const double host = std::chrono::duration<double>((t_forward - t0) + (t_end - t_tokens)).count();
   PAGELLM_LOG_DEBUG("step: %lld tokens of %zu sequences in %.3f ms",
                     static_cast<long long>(plan.n_tokens), plan.seqs.size(), dt * 1e3);
   publish_stats();
@@ -568,6 +572,7 @@ void Engine::step() {
   stats_.generation_tokens_total += n_generated;
   stats_.steps += 1;
   stats_.busy_seconds += dt;
+  stats_.host_seconds += host;
   const auto& bounds = EngineStats::kIterationTokenBuckets;
   const size_t bucket = static_cast<size_t>(
       std::lower_bound(bounds.begin(), bounds.end(), plan.n_tokens) - bounds.begin());

@@ -97,6 +97,11 @@ struct EngineStats {
   int64_t generation_tokens_total = 0;
   int64_t steps = 0;
   double busy_seconds = 0;  // time spent inside steps
+  // Of that, the host's own work with nothing queued on the device: scheduling and packing a step
+  // before its forward is queued, and handling its sampled tokens once they are back (text,
+  // stop checks, events). On a device backend the device idles meanwhile, so this is the share
+  // of a step that overlapping host and device work could win back.
+  double host_seconds = 0;
   // Tokens computed per step (prefill chunks + decodes), as a histogram with upper bounds
   // kIterationTokenBuckets (counts per bucket, not cumulative; the last entry counts larger steps):
   // vllm:iteration_tokens_total.

@@ -200,6 +200,9 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
   sample(out, "pagellm:engine_steps_total", l, static_cast<double>(es.steps));
   header(out, "pagellm:engine_busy_seconds_total", "counter", "Seconds the engine spent in steps.");
   sample(out, "pagellm:engine_busy_seconds_total", l, es.busy_seconds);
+  header(out, "pagellm:engine_host_seconds_total", "counter",
+         "Seconds of steps spent on host work with no device work queued.");
+  sample(out, "pagellm:engine_host_seconds_total", l, es.host_seconds);
   header(out, "pagellm:kv_cache_blocks", "gauge", "KV-cache blocks in the pool.");
   sample(out, "pagellm:kv_cache_blocks", l, static_cast<double>(es.n_kv_blocks));
   return out;
