@@ -148,6 +148,11 @@ class Backend {
   // shown (the engine calls it after its profile step). It runs them against those products'
   // weights, which must still be alive. Device backends; by default nothing.
   virtual void preload_kernels(int64_t max_tokens) { (void)max_tokens; }
+  // Host work the backend put off to keep it off a step's path (CUDA: the exact GEMM plans of row
+  // counts first run on a preloaded kernel), done now for as long as the device is still busy
+  // with what is queued, so it only fills time the host would spend waiting. Call it after
+  // queuing a step and before waiting for its results. True while such work remains.
+  virtual bool background_work() { return false; }
   // Makes a weight usable by this backend: CPU returns the view itself (mmap'd, zero-copy) or a
   // converted copy kept in `storage`; device backends upload. `dtype` is the wanted storage type
   // (e.g. keep Q4_1, or convert f32 to bf16); kF32 for norms and other small vectors.

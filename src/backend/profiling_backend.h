@@ -103,6 +103,7 @@ class ProfilingBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t nbytes) override;
   void synchronize() override { inner_->synchronize(); }
   void preload_kernels(int64_t max_tokens) override { inner_->preload_kernels(max_tokens); }
+  bool background_work() override { return inner_->background_work(); }
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override {
     return inner_->upload_weight(host, dtype, storage);

@@ -436,6 +436,7 @@ void Engine::step() {
   const int64_t V = model_.config().vocab_size;
   const auto t_forward = Clock::now();  // the device idles from the last step's tokens to here
   const Tensor device_logits = run_model(chunks);  // [n_logits, V] on the backend's device
+  backend_.background_work();                      // while the device runs the step just queued
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.

@@ -66,6 +66,7 @@ Result<Tensor> SequenceRunner::feed_on_device(std::span<const int32_t> tokens) {
     }
     length_ += c.n_tokens;
   }
+  backend_.background_work();  // while the device runs what was just queued
   return last;
 }
 

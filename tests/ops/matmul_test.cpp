@@ -254,7 +254,30 @@ TEST(Matmul, AfterKernelPreload) {
     check_matmul(be, cpu, ++seed, c, *weights.back());  // the shape's first plan
   }
   be.preload_kernels(1100);
-  for (int64_t n : {9, 77, 333, 517, 1030})
+  const int64_t rows[] = {9, 77, 333, 517, 1030};
+  for (int64_t n : rows)
+    for (size_t i = 0; i < weights.size(); ++i) {
+      MatmulCase c = shapes[i];
+      c.n = n;
+      check_matmul(be, cpu, ++seed, c, *weights[i]);
+    }
+  // Those row counts ran on their buckets' kernels without a heuristic query, and wait for their
+  // own plans (Backend::background_work), which are made only while the device is busy: with it
+  // idle nothing happens; with copies queued they are all made; then every row count again, on
+  // whichever kernel its refined plan kept.
+  be.synchronize();
+  ASSERT_TRUE(be.background_work()) << "no plan was made from a bucket";
+  ASSERT_TRUE(be.background_work()) << "a plan was refined with the device idle";
+  constexpr int64_t kBusyBytes = 512ll << 20;
+  const auto busy = be.allocate(2 * kBusyBytes);
+  int rounds = 0;
+  do {
+    for (int i = 0; i < 4; ++i)
+      be.copy(busy->data(), static_cast<char*>(busy->data()) + kBusyBytes, kBusyBytes);
+  } while (be.background_work() && ++rounds < 100);
+  EXPECT_LT(rounds, 100) << "plans still waiting after 100 rounds of queued copies";
+  be.synchronize();
+  for (int64_t n : rows)
     for (size_t i = 0; i < weights.size(); ++i) {
       MatmulCase c = shapes[i];
       c.n = n;

@@ -335,6 +335,12 @@ void CudaBackend::preload_kernels(int64_t max_tokens) {
   side_gemm_->preload_kernels(max_tokens);
 }
 
+bool CudaBackend::background_work() {
+  // While the main stream (the step's) still runs; the side branch's products join it.
+  const bool main_left = gemm_->refine_plans(stream_);
+  return side_gemm_->refine_plans(stream_) || main_left;
+}
+
 std::unique_ptr<OpGraph> CudaBackend::capture(const std::function<void()>& record) {
   // Thread-local mode: only this thread's capture-unsafe calls (a synchronize, an allocation) fail
   // the capture; other threads of the process are unaffected.

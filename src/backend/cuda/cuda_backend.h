@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t nbytes) override;
   void synchronize() override;
   void preload_kernels(int64_t max_tokens) override;
+  bool background_work() override;
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override;
   // Folds with PAGELLM_GEMV_FUSIONS's "fold" (off by default; cuda_backend.cpp says why) and bf16

@@ -148,9 +148,8 @@ void Gemm::destroy(Plan& p) {
   p = Plan{};
 }
 
-bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
-                         DType bias_dtype, const RowView& out, const uint32_t align[4],
-                         const GemmBatch& batch, int want, std::vector<cublasLtMatmulAlgo_t>* all) {
+void Gemm::make_descriptors(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                            DType bias_dtype, const RowView& out, const GemmBatch& batch) {
   const int64_t n = x.n_rows, k_dim = x.cols, m_dim = w.n_rows;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -166,6 +165,7 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
   }
+  p.bias_in_epilogue = bias != nullptr;
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k_dim, m_dim, w.ld));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k_dim, n, x.ld));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(out.dtype), m_dim, n, out.ld));
@@ -180,7 +180,10 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
           layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
     }
   }
+}
 
+bool Gemm::query_algos(const Plan& p, const uint32_t align[4], int want,
+                       std::vector<cublasLtMatmulAlgo_t>& algos) {
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws_bytes = kWorkspaceBytes;
@@ -206,17 +209,92 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
         st != CUBLAS_STATUS_INVALID_VALUE)
       cublas_failed(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    return false;
+  }
+  algos.clear();
+  for (int i = 0; i < n_results; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i].algo);
+  return true;
+}
+
+bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                         DType bias_dtype, const RowView& out, const uint32_t align[4],
+                         const GemmBatch& batch, int want, std::vector<cublasLtMatmulAlgo_t>* all) {
+  make_descriptors(p, x, w, bias, bias_dtype, out, batch);
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (!query_algos(p, align, want, algos)) {
     destroy(p);
     return false;
   }
-  p.algo = results[0].algo;
-  if (all != nullptr) {
-    all->clear();
-    for (int i = 0; i < n_results; ++i)
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) all->push_back(results[i].algo);
-  }
-  p.bias_in_epilogue = bias != nullptr;
+  p.algo = algos[0];
+  if (all != nullptr) *all = std::move(algos);
   return true;
+}
+
+bool Gemm::plan_from_bucket(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                            DType bias_dtype, const RowView& out, const uint32_t align[4],
+                            const GemmBatch& batch) {
+  if (x.n_rows <= kGemvMaxRows) return false;
+  const Shape shape = shape_of(x, w, out, bias, bias_dtype, align, batch);
+  const auto known = std::find_if(shapes_.begin(), shapes_.end(),
+                                  [&](const KnownShape& k) { return k.shape == shape; });
+  if (known == shapes_.end()) return false;
+  const auto b = known->buckets.find(bucket_top(x.n_rows));
+  // A bucket planned without the bias epilogue (cuBLASLt had none with it) would need other
+  // descriptors: such plans are made as before.
+  if (b == known->buckets.end() || b->second.bias_in_epilogue != (bias != nullptr)) return false;
+  Plan q;
+  make_descriptors(q, x, w, bias, bias_dtype, out, batch);
+  q.algo = b->second.algo;
+  if (!loaded(kernel_of(q, shape)) || !algo_fits(q, q.algo)) {
+    destroy(q);
+    return false;
+  }
+  q.provisional = true;
+  p = q;
+  return true;
+}
+
+void Gemm::refine(Plan& p, const Shape& shape, const uint32_t align[4]) {
+  p.provisional = false;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (!query_algos(p, align, 1, algos)) return;  // the bucket's algorithm stays
+  Plan exact = p;
+  exact.algo = algos[0];
+  if (loaded(kernel_of(exact, shape))) p.algo = exact.algo;
+}
+
+void Gemm::refine_if_capturing(Plan& p) {
+  if (!p.provisional) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+  if (capturing == cudaStreamCaptureStatusNone) return;
+  for (size_t i = pending_head_; i < pending_.size(); ++i) {
+    if (pending_[i].plan == &p) {
+      refine(p, pending_[i].shape, pending_[i].align);  // its pending entry then does nothing
+      return;
+    }
+  }
+}
+
+bool Gemm::refine_plans(cudaStream_t busy) {
+  while (pending_head_ < pending_.size()) {
+    // Only while the device still has queued work: then the host would only wait.
+    const cudaError_t st = cudaStreamQuery(busy);
+    if (st != cudaErrorNotReady) {
+      if (st != cudaSuccess) return true;  // an error of earlier work: its own check reports it
+      break;
+    }
+    PendingPlan& next = pending_[pending_head_++];
+    if (next.plan->provisional) refine(*next.plan, next.shape, next.align);
+  }
+  // "Not ready" is an answer, not an error; keep it out of the runtime's last error.
+  if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+  if (pending_head_ == pending_.size()) {
+    pending_.clear();
+    pending_head_ = 0;
+  }
+  return pending_head_ < pending_.size();
 }
 
 Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
@@ -229,8 +307,18 @@ Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias,
                 align[0], align[1],   align[2],
                 align[3]};
   auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
+  if (it != plans_.end()) {
+    refine_if_capturing(it->second);
+    return it->second;
+  }
   Plan p;
+  if (plan_from_bucket(p, x, w, bias, bias_dtype, out, align, GemmBatch{})) {
+    Plan& kept = plans_.emplace(key, p).first->second;
+    pending_.push_back({&kept,
+                        shape_of(x, w, out, bias, bias_dtype, align, GemmBatch{}),
+                        {align[0], align[1], align[2], align[3]}});
+    return kept;
+  }
   if (!try_make_plan(p, x, w, bias, bias_dtype, out, align) &&
       !(bias != nullptr && try_make_plan(p, x, w, nullptr, bias_dtype, out, align)))
     p.use_fallback = true;
@@ -480,16 +568,19 @@ void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& 
                        x_batch_stride, w_batch_stride, out_batch_stride,
                        align[0],       align[1],       align[2]};
   auto it = batched_plans_.find(key);
-  if (it == batched_plans_.end()) {
-    Plan p;
-    if (!try_make_plan(p, x, w, nullptr, DType::kF32, out, align,
-                       GemmBatch{batch, x_batch_stride, w_batch_stride, out_batch_stride}))
+  const GemmBatch entries{batch, x_batch_stride, w_batch_stride, out_batch_stride};
+  if (it != batched_plans_.end()) {
+    refine_if_capturing(it->second);
+  } else if (Plan p; plan_from_bucket(p, x, w, nullptr, DType::kF32, out, align, entries)) {
+    it = batched_plans_.emplace(key, p).first;
+    pending_.push_back({&it->second,
+                        shape_of(x, w, out, nullptr, DType::kF32, align, entries),
+                        {align[0], align[1], align[2], align[3]}});
+  } else {
+    if (!try_make_plan(p, x, w, nullptr, DType::kF32, out, align, entries))
       p.use_fallback = true;
     else if (x.n_rows > kGemvMaxRows)
-      settle_algo(p,
-                  shape_of(x, w, out, nullptr, DType::kF32, align,
-                           GemmBatch{batch, x_batch_stride, w_batch_stride, out_batch_stride}),
-                  x.n_rows);
+      settle_algo(p, shape_of(x, w, out, nullptr, DType::kF32, align, entries), x.n_rows);
     it = batched_plans_.emplace(key, p).first;
   }
   const Plan& p = it->second;

@@ -62,11 +62,21 @@ class Gemm {
   // shapes seen so far (above the GEMV's rows) may take for up to max_rows rows of x, so that no
   // step pays for one: cuBLASLt's first call of a kernel holds the host 3-4 ms while it loads it.
   // Row counts are cut into buckets; the heuristic's kernel for each bucket's top runs once, on
-  // kPreloadRows rows of scratch against the shape's own weights. A later plan for a row count
-  // keeps the heuristic's own choice when that kernel has run before, and otherwise takes its
-  // bucket's. Call it after a step of every shape (the engine's profile step), before the memory
-  // is handed out. PAGELLM_GEMM_PRELOAD=0 turns it off.
+  // kPreloadRows rows of scratch against the shape's own weights. A later row count runs its
+  // bucket's kernel first, then (refine_plans) the heuristic's own choice when that kernel has
+  // run before, and otherwise its bucket's still. Call it after a step of every shape (the
+  // engine's profile step), before the memory is handed out. PAGELLM_GEMM_PRELOAD=0 turns it off.
   void preload_kernels(int64_t max_rows);
+
+  // After preload_kernels, a row count first seen on a step's path runs its bucket's loaded
+  // kernel at once: cuBLASLt's heuristic takes 120-210 us a query on an H200, and a prompt
+  // routed over many experts (a plan per expert's row count) queried hundreds per step. The
+  // exact plan is made here instead, one query at a time while `busy` (the stream the step was
+  // queued on) still has work, so it costs no step time; the next call of that row count takes
+  // the heuristic's choice if its kernel is loaded (settle_algo's rule). True while plans remain
+  // to refine. A graph recording refines a plan it meets at once, so no recording keeps a
+  // bucket's kernel.
+  bool refine_plans(cudaStream_t busy);
 
   // Number of cached plans (one per distinct problem shape, strides and alignments).
   size_t n_plans() const { return plans_.size() + batched_plans_.size(); }
@@ -96,6 +106,7 @@ class Gemm {
     bool bias_in_epilogue = false;  // otherwise added by a separate kernel
     bool use_fallback = false;      // cuBLASLt had no algorithm: the tiled kernel runs instead
     bool use_gemv = false;          // decode-sized n: gemv.cu measured faster than cuBLASLt
+    bool provisional = false;       // its bucket's algorithm until refine_plans() queries its own
   };
   // For n <= kGemvMaxRows: times cuBLASLt's plan and the GEMV kernel on this call's buffers (a few
   // runs each, on the first call of a shape, which the engine makes op by op before recording
@@ -117,6 +128,20 @@ class Gemm {
                      DType bias_dtype, const RowView& out, const uint32_t align[4],
                      const GemmBatch& batch = GemmBatch{}, int want = 1,
                      std::vector<cublasLtMatmulAlgo_t>* all = nullptr);
+  // try_make_plan's two halves: the descriptors (the bias epilogue when bias is set), then the
+  // heuristic's first `want` algorithms for them (false: none; p is left as it was).
+  void make_descriptors(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                        DType bias_dtype, const RowView& out, const GemmBatch& batch);
+  bool query_algos(const Plan& p, const uint32_t align[4], int want,
+                   std::vector<cublasLtMatmulAlgo_t>& algos);
+  // A new plan for n rows of a preloaded shape, on its bucket's loaded kernel without asking the
+  // heuristic, queued for refine_plans(). False (p untouched) when the shape has no fitting
+  // bucket: the caller plans as before preloading.
+  bool plan_from_bucket(Plan& p, const RowView& x, const RowView& w, const void* bias,
+                        DType bias_dtype, const RowView& out, const uint32_t align[4],
+                        const GemmBatch& batch);
+  // A plan being recorded into a graph is refined first (Plan::provisional).
+  void refine_if_capturing(Plan& p);
   static void destroy(Plan& p);
   // Whether `algo` runs p's exact shape (cublasLtMatmulAlgoCheck) within the workspace.
   bool algo_fits(const Plan& p, const cublasLtMatmulAlgo_t& algo);
@@ -158,6 +183,16 @@ class Gemm {
   // planned, a plan whose kernel has never run takes its bucket's instead.
   void settle_algo(Plan& p, const Shape& shape, int64_t n);
   std::vector<KernelKey> loaded_;  // the kernels run so far
+  // Plans made from a bucket, oldest first, for refine_plans() (the maps' nodes never move).
+  struct PendingPlan {
+    Plan* plan;
+    Shape shape;
+    uint32_t align[4];
+  };
+  // The heuristic's own choice for a provisional plan, kept if its kernel is loaded.
+  void refine(Plan& p, const Shape& shape, const uint32_t align[4]);
+  std::vector<PendingPlan> pending_;
+  size_t pending_head_ = 0;  // pending_[0, head) are refined
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

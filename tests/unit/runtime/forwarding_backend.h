@@ -28,6 +28,7 @@ class ForwardingBackend : public Backend {
   void copy(void* d, const void* s, int64_t n) override { in_.copy(d, s, n); }
   void synchronize() override { in_.synchronize(); }
   void preload_kernels(int64_t max_tokens) override { in_.preload_kernels(max_tokens); }
+  bool background_work() override { return in_.background_work(); }
   Result<Tensor> upload_weight(const Tensor& h, DType t, std::unique_ptr<Buffer>& s) override {
     return in_.upload_weight(h, t, s);
   }
