@@ -340,8 +340,11 @@ void Engine::profile_run() {
   // chooses its GEMM kernels (the GEMV or cuBLASLt, timed for 3 to 8 rows) and loads the kernels
   // that size runs, which left to the first request of each size had doubled its time to the
   // first token (a 512-token prompt after a 2,047-token profile step: 23.7 ms against 11.9,
-  // docs/PERF.md). The preload below covers cuBLASLt's kernels for the sizes in between; whether
-  // the power-of-two steps are still needed beside it is not yet measured.
+  // docs/PERF.md). The preload below covers cuBLASLt's kernels for the sizes in between; without
+  // the power-of-two steps the first request's TTFT measured the same (100 to 1,500 tokens,
+  // Llama-3-8B and DeepSeek-V2-Lite, docs/PERF.md "Twentieth round"), but they also run the
+  // step-size dependent paths once (the routed experts' grouped GEMM between their one-token
+  // GEMV and the per-expert GEMMs the profile step takes), for 0.2-0.5 s of start-up.
   std::vector<int32_t> sizes;
   for (int32_t k = 1; k < n; k = k < 8 ? k + 1 : 2 * k) sizes.push_back(k);
   for (int32_t k : sizes) {
