@@ -417,6 +417,10 @@ PY
         --load-format dummy --device cuda --input-len 512 --output-len 8 --iters 1
       run_bench ttft-deepseek-v2-lite-437 throughput --model $cfg/deepseek-v2-lite.json \
         --input-len 437 "${ttft_args[@]}"
+      # 1,500 tokens: enough per expert for the per-expert cuBLASLt GEMMs, a plan per expert's
+      # row count (each queried on the step's path until the twentieth round: 2.7-3x).
+      run_bench ttft-deepseek-v2-lite-1500 throughput --model $cfg/deepseek-v2-lite.json \
+        --input-len 1500 "${ttft_args[@]}"
       # 16 prompts of 1000 tokens per step: the routed experts' GEMMs grow with the step, and
       # the per-layer wait for the routing counts is paid once per step.
       run_bench throughput-deepseek-v2-lite throughput --model $cfg/deepseek-v2-lite.json \
@@ -533,14 +537,18 @@ if "profile" in j:
         return f"{name} ops {p['sum_ms']:.2f} ms{wall}"
     print(f"  {label:<24} {step('prefill')}, {step('decode')} (tables in the log)")
 elif "decode_tokens_per_s" in j:
-    print(f"  {label:<24} decode {j['decode_tokens_per_s']:8.1f} tok/s ({100*j['bandwidth_fraction']:.0f}% of "
+    queued = j.get("decode_back_to_back_tokens_per_s")
+    queued = f" (queued {queued:.1f})" if queued else ""
+    print(f"  {label:<24} decode {j['decode_tokens_per_s']:8.1f} tok/s{queued} ({100*j['bandwidth_fraction']:.0f}% of "
           f"{j['memory_bandwidth_gb_per_s']:.0f} GB/s), prefill {j['prefill_tokens_per_s']:9.1f} tok/s, load {j['load_seconds']:.1f} s")
 elif label.startswith("ttft-") and j.get("later_ttft_ms"):
     print(f"  {label:<24} first request's TTFT {j['first_ttft_ms']:.2f} ms, "
           f"{j['first_ttft_ms'] / j['later_ttft_ms']:.2f}x the later ones' {j['later_ttft_ms']:.2f} ms")
 else:
+    host = j.get("engine_host_seconds")
+    host = f", host work {100 * host / j['elapsed_s']:.1f}%" if host is not None and j.get("elapsed_s") else ""
     print(f"  {label:<24} {j['requests_per_s']:.2f} req/s, {j['total_tokens_per_s']:.0f} total tok/s, "
-          f"{j['output_tokens_per_s']:.0f} output tok/s, {j['failed']} failed")
+          f"{j['output_tokens_per_s']:.0f} output tok/s, {j['failed']} failed{host}")
 PY
   done
 fi
