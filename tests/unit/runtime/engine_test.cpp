@@ -113,6 +113,30 @@ TEST_F(EngineTest, PromptLogprobsMatchAcrossChunkSizes) {
   for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_NEAR(runs[0][i], runs[1][i], 1e-4) << i;
 }
 
+// Every step counts: a prompt of one step, then a step per further token. The host's own part
+// (scheduling, packing, handling tokens; not the forward or the sampling) is within the steps'
+// time, and here (the CPU runs the forward inside the step) well below it.
+TEST_F(EngineTest, StepStatsCountHostWorkWithinBusyTime) {
+  std::mt19937 rng(13);
+  auto e = make_engine();
+  ASSERT_NE(e, nullptr);
+  Collected out;
+  Waiter w;
+  ASSERT_TRUE(e->submit(greedy(random_prompt(rng, 20), 5), w.callback(&out)).ok());
+  w.wait(1);
+  // The stats are published at the end of the step whose event ended the request.
+  EngineStats st = e->stats();
+  for (int i = 0; i < 500 && st.steps < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    st = e->stats();
+  }
+  EXPECT_EQ(st.steps, 5);
+  EXPECT_EQ(st.generation_tokens_total, 5);
+  EXPECT_GT(st.busy_seconds, 0.0);
+  EXPECT_GT(st.host_seconds, 0.0);
+  EXPECT_LT(st.host_seconds, st.busy_seconds);
+}
+
 TEST_F(EngineTest, SeededSamplingReproducibleAndNSharesPrompt) {
   std::mt19937 rng(3);
   const auto prompt = random_prompt(rng, 20);
