@@ -13,6 +13,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_views.h"
+#include "backend/cuda/tuning_knob.h"
 #include "core/log.h"
 
 namespace pagellm {
@@ -437,7 +438,28 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out)
   launch_embedding(rows_of(table), ids.ptr<int32_t>(), rows_of(out), stream_);
 }
 
+namespace {
+
+// Whether a norm op lets the kernel after it launch before the norm's own wait (launch_rms_norm's
+// release_early). DeepSeek-V2-Lite's batch-1 decode gains ~2% by it (its latent norm before RoPE,
+// the norms before its small projections), Mixtral and the models' last norm nothing measurable;
+// the norm before a Llama projection loses by it, so the ops that run a norm and then their own
+// projection (rms_norm_matmul, rms_norm_swiglu) never release it (docs/PERF.md). 1 by default;
+// PAGELLM_NORM_EARLY_RELEASE=0 turns it off, to measure.
+bool norm_release_early() {
+  static const bool on =
+      tuning_knob("PAGELLM_NORM_EARLY_RELEASE", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  return on;
+}
+
+}  // namespace
+
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  run_rms_norm(x, w, eps, out, norm_release_early());
+}
+
+void CudaBackend::run_rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out,
+                               bool release_early) {
   if (ablated("rms_norm")) return;
   check_on_device(x, "x");
   check_on_device(w, "w");
@@ -445,7 +467,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& 
   PAGELLM_CHECK(is_float_type(x.dtype) && out.dtype == x.dtype && is_float_type(w.dtype));
   PAGELLM_CHECK(w.numel() == x.cols() && w.is_contiguous());
   PAGELLM_CHECK(out.rows() == x.rows() && out.cols() == x.cols());
-  launch_rms_norm(rows_of(x), w.data, w.dtype, eps, rows_of(out), stream_);
+  launch_rms_norm(rows_of(x), w.data, w.dtype, eps, rows_of(out), stream_, release_early);
 }
 
 void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
@@ -459,7 +481,8 @@ void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& 
   PAGELLM_CHECK(is_float_type(w.dtype) && w.numel() == x.cols() && w.is_contiguous());
   PAGELLM_CHECK(residual.rows() == x.rows() && residual.cols() == x.cols());
   PAGELLM_CHECK(out.rows() == x.rows() && out.cols() == x.cols());
-  launch_add_rms_norm(rows_of(x), rows_of(residual), w.data, w.dtype, eps, rows_of(out), stream_);
+  launch_add_rms_norm(rows_of(x), rows_of(residual), w.data, w.dtype, eps, rows_of(out), stream_,
+                      norm_release_early());
 }
 
 CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const Tensor& w,
@@ -607,7 +630,9 @@ void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float e
                                   const Tensor& bias, Tensor& h, Tensor& out) {
   if (ablated("rms_norm_matmul")) return;
   if (fused_gemv(x, &norm_w, eps, w, bias, out, GemvEpilogue::kStore, out)) return;
-  Backend::rms_norm_matmul(x, norm_w, eps, w, bias, h, out);
+  // Apart: the norm, which lets the projection launch only after its wait (norm_release_early).
+  run_rms_norm(x, norm_w, eps, h, false);
+  matmul(h, w, bias, out);
 }
 
 void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
@@ -620,7 +645,8 @@ void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float e
     silu_mul(gate_up.slice_cols(0, f), gate_up.slice_cols(f, 2 * f), out);
     return;
   }
-  Backend::rms_norm_swiglu(x, norm_w, eps, w, bias, h, gate_up, out);
+  run_rms_norm(x, norm_w, eps, h, false);  // as in rms_norm_matmul
+  matmul_swiglu(h, w, bias, gate_up, out);
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {

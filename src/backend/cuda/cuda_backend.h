@@ -165,6 +165,8 @@ class CudaBackend final : public Backend {
                   const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
   // Whether norm_w is a weight of ones fold_norm_weight handed out.
   bool is_unit_norm(const Tensor& norm_w) const;
+  // rms_norm's checks and launch; release_early as launch_rms_norm's (kernels.h).
+  void run_rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out, bool release_early);
 
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);

@@ -166,15 +166,27 @@ inline bool pdl_supported() {
 // before pdl_wait(), so those loads overlap the kernel before instead of lengthening the chain
 // after it: weights, the step's metadata (copied from the host before the step), KV rows of
 // earlier steps, and what kernels two back wrote (the kernel before let this one start only after
-// its own wait). A side branch's join is no exception: captured into a graph it is a programmatic
-// edge too, so the branch's last kernel may still be running (moe.cu's gate|up kernel). On by
-// default; PAGELLM_EARLY_LOADS=0 turns it off (to measure what it gains, or to rule it out).
+// its own wait; not so after a kernel that releases first, pdl_wait_and_release). A side branch's
+// join is no exception: captured into a graph it is a programmatic edge too, so the branch's last
+// kernel may still be running (moe.cu's gate|up kernel). On by default; PAGELLM_EARLY_LOADS=0 turns
+// it off (to measure what it gains, or to rule it out).
 inline bool early_loads() {
   static const bool on = [] {
     const char* v = std::getenv("PAGELLM_EARLY_LOADS");
     return v == nullptr || std::string_view(v) != "0";
   }();
   return on;
+}
+
+// The start of a kernel launched overlapped: waits for the kernel before (pdl_wait) and lets the
+// successor launch (pdl_allow_next), after the wait as the rule above has it or, with
+// release_first, before it. Released first, the successor may start while the kernel before
+// this one still runs, so it must not read what that kernel writes before its own wait, which
+// early_loads() otherwise allows (launch_rms_norm says where the norms do it).
+__device__ __forceinline__ void pdl_wait_and_release(bool release_first) {
+  if (release_first) pdl_allow_next();
+  pdl_wait();
+  if (!release_first) pdl_allow_next();
 }
 
 // Launches `kernel` on `stream` so that it may overlap the kernel queued before it (see pdl_wait;

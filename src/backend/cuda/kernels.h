@@ -44,13 +44,20 @@ void launch_embedding(const RowView& table, const int32_t* ids, const RowView& o
 
 // --- norm.cu ---
 // out = x / rms(x) * w per row (out may alias x); w f32, bf16 or f16 [cols].
+// release_early: the kernel after may launch as soon as this one is resident, before it waits
+// for the kernel before (pdl_wait_and_release, device_utils.cuh), so the successor's launch and
+// early loads overlap that kernel's tail too. The successor must then read nothing before its
+// own wait but weights, the step's metadata and earlier steps' cache rows: what the kernel two
+// back writes may still be in flight. A GEMV whose grid is wider than the SMs' free slots
+// loses by it (its blocks land unevenly while that kernel drains: docs/PERF.md).
 void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
-                     cudaStream_t stream);
+                     cudaStream_t stream, bool release_early);
 // residual += x (rounded to the residual's dtype, bf16: the residual stream is kept in the
 // activation type, as vLLM does); out = rms_norm(residual) * w computed from that rounded
 // residual. out may alias x.
+// release_early: as launch_rms_norm's.
 void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* w, DType w_dtype,
-                         float eps, const RowView& out, cudaStream_t stream);
+                         float eps, const RowView& out, cudaStream_t stream, bool release_early);
 // w[m, c] *= g[c] for every row of w (bf16, rounded once), g f32 [w.cols]: a norm weight folded
 // into the projection after the norm (Backend::fold_norm_weight), at load.
 void launch_scale_columns(const RowView& w, const float* g, cudaStream_t stream);

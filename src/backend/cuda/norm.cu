@@ -15,10 +15,12 @@ namespace {
 // `x` (aliasing) is safe: each element is read and written by the same thread, read first.
 template <typename T, typename TW>
 __global__ void rms_norm_kernel(const T* x, int64_t ldx, const TW* __restrict__ w, float eps,
-                                T* out, int64_t ldo, int64_t d) {
+                                T* out, int64_t ldo, int64_t d, bool release) {
   __shared__ float scratch[32];
-  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();  // a GEMV reading this output may start fetching its weights
+  // First: the kernel before may still be running (launch_overlapped). The kernel after (a GEMV
+  // reading this output starts fetching its weights) may launch once this one waits, or with
+  // `release` at once (launch_rms_norm).
+  pdl_wait_and_release(release);
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
   T* orow = out + r * ldo;
@@ -41,10 +43,12 @@ constexpr int kNormPer = 8;
 template <typename T, typename TW>
 __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr,
                                     const TW* __restrict__ w, float eps, T* out, int64_t ldo,
-                                    int64_t d) {
+                                    int64_t d, bool release) {
   __shared__ float scratch[32];
-  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();  // a GEMV reading this output may start fetching its weights
+  // First: the kernel before may still be running (launch_overlapped). The kernel after (a GEMV
+  // reading this output starts fetching its weights) may launch once this one waits, or with
+  // `release` at once (launch_rms_norm).
+  pdl_wait_and_release(release);
   const int64_t r = blockIdx.x;
   const T* xr = x + r * ldx;
   T* rr = res + r * ldr;
@@ -97,10 +101,12 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t ldx, T* res, int64_t ldr
 template <typename TW, bool kAdd>
 __global__ void rms_norm_bf16x8_kernel(const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
                                        const TW* __restrict__ w, float eps, bf16* out, int64_t ldo,
-                                       int64_t d) {
+                                       int64_t d, bool release) {
   __shared__ float scratch[32];
-  pdl_wait();        // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();  // a GEMV reading this output may start fetching its weights
+  // First: the kernel before may still be running (launch_overlapped). The kernel after (a GEMV
+  // reading this output starts fetching its weights) may launch once this one waits, or with
+  // `release` at once (launch_rms_norm).
+  pdl_wait_and_release(release);
   const int64_t r = blockIdx.x, c = threadIdx.x * 8;
   const bool mine = c < d;
   float v[8], wv[8];
@@ -171,7 +177,7 @@ int bf16x8_threads(int64_t d) {
 }
 
 void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, bool release_early) {
   if (x.n_rows == 0) return;
   if (bf16x8_rows(x) && bf16x8_rows(out)) {
     dispatch_float_type(w_dtype, [&](auto tw) {
@@ -179,7 +185,7 @@ void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, 
       launch_overlapped(rms_norm_bf16x8_kernel<TW, false>, static_cast<unsigned>(x.n_rows),
                         bf16x8_threads(x.cols), 0, stream, static_cast<const bf16*>(x.data), x.ld,
                         static_cast<bf16*>(nullptr), int64_t{0}, static_cast<const TW*>(w), eps,
-                        static_cast<bf16*>(out.data), out.ld, x.cols);
+                        static_cast<bf16*>(out.data), out.ld, x.cols, release_early);
       CUDA_CHECK_LAUNCH();
     });
     return;
@@ -190,14 +196,15 @@ void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, 
       using TW = decltype(tw);
       launch_overlapped(rms_norm_kernel<T, TW>, static_cast<unsigned>(x.n_rows),
                         norm_threads(x.cols), 0, stream, static_cast<const T*>(x.data), x.ld,
-                        static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols);
+                        static_cast<const TW*>(w), eps, static_cast<T*>(out.data), out.ld, x.cols,
+                        release_early);
       CUDA_CHECK_LAUNCH();
     });
   });
 }
 
 void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* w, DType w_dtype,
-                         float eps, const RowView& out, cudaStream_t stream) {
+                         float eps, const RowView& out, cudaStream_t stream, bool release_early) {
   if (x.n_rows == 0) return;
   if (bf16x8_rows(x) && bf16x8_rows(residual) && bf16x8_rows(out)) {
     dispatch_float_type(w_dtype, [&](auto tw) {
@@ -205,7 +212,7 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
       launch_overlapped(rms_norm_bf16x8_kernel<TW, true>, static_cast<unsigned>(x.n_rows),
                         bf16x8_threads(x.cols), 0, stream, static_cast<const bf16*>(x.data), x.ld,
                         static_cast<bf16*>(residual.data), residual.ld, static_cast<const TW*>(w),
-                        eps, static_cast<bf16*>(out.data), out.ld, x.cols);
+                        eps, static_cast<bf16*>(out.data), out.ld, x.cols, release_early);
       CUDA_CHECK_LAUNCH();
     });
     return;
@@ -217,7 +224,7 @@ void launch_add_rms_norm(const RowView& x, const RowView& residual, const void* 
       launch_overlapped(add_rms_norm_kernel<T, TW>, static_cast<unsigned>(x.n_rows),
                         add_norm_threads(x.cols), 0, stream, static_cast<const T*>(x.data), x.ld,
                         static_cast<T*>(residual.data), residual.ld, static_cast<const TW*>(w), eps,
-                        static_cast<T*>(out.data), out.ld, x.cols);
+                        static_cast<T*>(out.data), out.ld, x.cols, release_early);
       CUDA_CHECK_LAUNCH();
     });
   });
