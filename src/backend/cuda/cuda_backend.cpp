@@ -438,24 +438,14 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out)
   launch_embedding(rows_of(table), ids.ptr<int32_t>(), rows_of(out), stream_);
 }
 
-namespace {
-
-// Whether a norm op lets the kernel after it launch before the norm's own wait (launch_rms_norm's
-// release_early). DeepSeek-V2-Lite's batch-1 decode gains ~2% by it (its latent norm before RoPE,
-// the norms before its small projections), Mixtral and the models' last norm nothing measurable;
-// the norm before a Llama projection loses by it, so the ops that run a norm and then their own
-// projection (rms_norm_matmul, rms_norm_swiglu) never release it (docs/PERF.md). 1 by default;
-// PAGELLM_NORM_EARLY_RELEASE=0 turns it off, to measure.
-bool norm_release_early() {
-  static const bool on =
-      tuning_knob("PAGELLM_NORM_EARLY_RELEASE", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
-  return on;
-}
-
-}  // namespace
-
+// The norm ops called alone let the kernel after them launch before the norm's own wait
+// (launch_rms_norm's release_early): DeepSeek-V2-Lite's batch-1 decode gains 2-3% by it (its
+// latent norm before RoPE, the norms before its small projections), Mixtral and the models' last
+// norm nothing measurable. The norm before a Llama projection loses 1-1.5% by it, so the ops that
+// run a norm and then their own projection (rms_norm_matmul, rms_norm_swiglu) never release it
+// (docs/PERF.md "Twenty-first round").
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
-  run_rms_norm(x, w, eps, out, norm_release_early());
+  run_rms_norm(x, w, eps, out, early_release());
 }
 
 void CudaBackend::run_rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out,
@@ -482,7 +472,7 @@ void CudaBackend::add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& 
   PAGELLM_CHECK(residual.rows() == x.rows() && residual.cols() == x.cols());
   PAGELLM_CHECK(out.rows() == x.rows() && out.cols() == x.cols());
   launch_add_rms_norm(rows_of(x), rows_of(residual), w.data, w.dtype, eps, rows_of(out), stream_,
-                      norm_release_early());
+                      early_release());
 }
 
 CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const Tensor& w,
@@ -630,7 +620,7 @@ void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float e
                                   const Tensor& bias, Tensor& h, Tensor& out) {
   if (ablated("rms_norm_matmul")) return;
   if (fused_gemv(x, &norm_w, eps, w, bias, out, GemvEpilogue::kStore, out)) return;
-  // Apart: the norm, which lets the projection launch only after its wait (norm_release_early).
+  // Apart: the norm, which lets the projection launch only after its wait (see rms_norm).
   run_rms_norm(x, norm_w, eps, h, false);
   matmul(h, w, bias, out);
 }

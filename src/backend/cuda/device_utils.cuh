@@ -182,7 +182,7 @@ inline bool early_loads() {
 // successor launch (pdl_allow_next), after the wait as the rule above has it or, with
 // release_first, before it. Released first, the successor may start while the kernel before
 // this one still runs, so it must not read what that kernel writes before its own wait, which
-// early_loads() otherwise allows (launch_rms_norm says where the norms do it).
+// early_loads() otherwise allows (who releases first: early_release() in tuning_knob.h).
 __device__ __forceinline__ void pdl_wait_and_release(bool release_first) {
   if (release_first) pdl_allow_next();
   pdl_wait();

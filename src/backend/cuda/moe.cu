@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                        int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
                        int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
-                       bf16* __restrict__ out, int64_t ld_out, bool vec, bool early) {
+                       bf16* __restrict__ out, int64_t ld_out, bool vec, bool early, bool release) {
   __shared__ int pair_e[kMoeMaxTopK], pair_s[kMoeMaxTopK];
   __shared__ float pair_w[kMoeMaxTopK];
   __shared__ int order_slot[kMoeMaxTopK];
@@ -508,8 +508,10 @@ __global__ void __launch_bounds__(kCombineThreads)
   // kernel runs at all (device_utils.cuh), so with `early` (early_loads()) the block's first
   // token's are ordered before the wait; only the expert rows come from the kernel before.
   if (early) order_pairs(blockIdx.x);
-  pdl_wait();  // the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
+  // The kernel before may still be running (launch_overlapped). With `release` (early_release())
+  // the kernel after (the next layer's norm, which reads nothing before its wait) may launch at
+  // once: behind this one-block kernel its launch had little to hide behind.
+  pdl_wait_and_release(release);
   const bf16* y = static_cast<const bf16*>(ws.xy);
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     if (!early || t != blockIdx.x) order_pairs(t);
@@ -697,7 +699,8 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
                    (shared.data == nullptr || (aligned16(shared.data) && shared.ld % 8 == 0));
   launch_overlapped(moe_combine_kernel, dim3(grid), dim3(kCombineThreads), 0, stream, ids, weights,
                     n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
-                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec, early_loads());
+                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec, early_loads(),
+                    early_release());
   CUDA_CHECK_LAUNCH();
 }
 
