@@ -54,7 +54,7 @@ Batch-1 prefill and decode speed of one sequence, and the achieved GB/s of a dec
 the memory bandwidth measured in the same run. Also the same decode steps queued back to back
 without sampling ("decode, queued"): the device's own time a step, so that the difference to the
 decode figure is what a token costs around the forward pass (sampling, the token's trip to the
-host, the host's work before the next step).
+host, the host's work before the next step); not with --profile.
   --model PATH          model folder, .gguf file, or config.json with --load-format dummy
   --device cpu|cuda     (cpu)
   --load-format F       auto | dummy: random weights of the config's shape (auto)
@@ -188,9 +188,10 @@ int bench_latency(int argc, char** argv) {
   // waiting for it: the host queues step k + 1 while the device runs step k, so this is the
   // device's own time a step. Its difference from the decode above is what a token costs outside
   // the forward pass: the sampling kernel, the token's trip to the host and the host's work
-  // before it queues the next step.
+  // before it queues the next step. Not with --profile: its steps are eager and timed op by op,
+  // so nothing would be queued.
   double best_back_to_back = 1e30;
-  for (int64_t i = 0; i < std::min<int64_t>(*it, 2); ++i) {
+  for (int64_t i = 0; i < (profile ? 0 : std::min<int64_t>(*it, 2)); ++i) {
     runner.reset();
     auto first = next_token(prompt);
     if (!first.ok()) return fail("bench latency", first.status());
@@ -222,10 +223,11 @@ int bench_latency(int argc, char** argv) {
               best_prefill * 1e3, prefill_tps);
   std::printf("decode           %lld tokens: %.2f ms/token, %.1f tok/s\n",
               static_cast<long long>(*out - 1), best_decode * 1e3 / (*out - 1), decode_tps);
-  std::printf(
-      "decode, queued   %.2f ms/token, %.1f tok/s (steps back to back, no sampling: the "
-      "device's step)\n",
-      best_back_to_back * 1e3 / (*out - 1), (*out - 1) / best_back_to_back);
+  if (!profile)
+    std::printf(
+        "decode, queued   %.2f ms/token, %.1f tok/s (steps back to back, no sampling: the "
+        "device's step)\n",
+        best_back_to_back * 1e3 / (*out - 1), (*out - 1) / best_back_to_back);
   std::printf("bytes/token      %.1f MB weights + %.1f MB KV\n", m.model->decode_weight_bytes() / 1e6,
               kv_bytes / 1e6);
   std::printf("achieved         %.1f GB/s of %.1f GB/s measured (%.0f%%)\n", achieved, bw,
@@ -263,7 +265,6 @@ int bench_latency(int argc, char** argv) {
     nlohmann::json j = {{"prefill_tokens_per_s", prefill_tps},
                         {"decode_tokens_per_s", decode_tps},
                         {"decode_gb_per_s", achieved},
-                        {"decode_back_to_back_tokens_per_s", (*out - 1) / best_back_to_back},
                         {"memory_bandwidth_gb_per_s", bw},
                         {"bandwidth_fraction", achieved / bw},
                         {"input_len", *in},
@@ -272,6 +273,8 @@ int bench_latency(int argc, char** argv) {
                         {"sampling", sampling}};
     if (profile)
       j["profile"] = {{"prefill", op_table_json(*prefill_table)}, {"decode", op_table_json(*decode_table)}};
+    else
+      j["decode_back_to_back_tokens_per_s"] = (*out - 1) / best_back_to_back;
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;
