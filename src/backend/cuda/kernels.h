@@ -48,8 +48,8 @@ void launch_embedding(const RowView& table, const int32_t* ids, const RowView& o
 // for the kernel before (pdl_wait_and_release, device_utils.cuh), so the successor's launch and
 // early loads overlap that kernel's tail too. The successor must then read nothing before its
 // own wait but weights, the step's metadata and earlier steps' cache rows: what the kernel two
-// back writes may still be in flight. A GEMV whose grid is wider than the SMs' free slots
-// loses by it (its blocks land unevenly while that kernel drains: docs/PERF.md).
+// back writes may still be in flight. A large projection's GEMV after the norm loses by it
+// (Llama's, 1-1.5%; likely its blocks land unevenly while that kernel drains: docs/PERF.md).
 void launch_rms_norm(const RowView& x, const void* w, DType w_dtype, float eps, const RowView& out,
                      cudaStream_t stream, bool release_early);
 // residual += x (rounded to the residual's dtype, bf16: the residual stream is kept in the
