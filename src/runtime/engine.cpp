@@ -571,6 +571,8 @@ void Engine::step() {
   const double host = std::chrono::duration<double>((t_forward - t0) + (t_end - t_tokens)).count();
   PAGELLM_LOG_DEBUG("step: %lld tokens of %zu sequences in %.3f ms",
                     static_cast<long long>(plan.n_tokens), plan.seqs.size(), dt * 1e3);
+  const int32_t n_tokens = plan.n_tokens;
+  scheduler_->recycle(std::move(plan));  // its buffers serve the next step's plan
   publish_stats();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.generation_tokens_total += n_generated;
@@ -579,9 +581,9 @@ void Engine::step() {
   stats_.host_seconds += host;
   const auto& bounds = EngineStats::kIterationTokenBuckets;
   const size_t bucket = static_cast<size_t>(
-      std::lower_bound(bounds.begin(), bounds.end(), plan.n_tokens) - bounds.begin());
+      std::lower_bound(bounds.begin(), bounds.end(), n_tokens) - bounds.begin());
   stats_.iteration_tokens[bucket] += 1;
-  stats_.iteration_tokens_sum += plan.n_tokens;
+  stats_.iteration_tokens_sum += n_tokens;
 }
 
 void Engine::sample(const Tensor& logits, bool on_device, const std::vector<SampleRow>& rows,

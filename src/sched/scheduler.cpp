@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <unordered_set>
+#include <utility>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -248,18 +248,17 @@ void Scheduler::emit(Request* r, Sequence& s, int32_t n, bool is_prefill) {
   const int32_t begin = s.n_computed;
   const int32_t end = begin + n;
   Entry e{r, {}};
+  if (!spare_seqs_.empty()) {  // a recycled sequence's buffers; every field is set below
+    e.seq = std::move(spare_seqs_.back());
+    spare_seqs_.pop_back();
+  }
   ScheduledSeq& q = e.seq;
+  q.copies.clear();
   s.table.prepare_write(mgr_, begin, end, &q.copies);
   q.request_id = r->id;
   q.seq_index = s.index;
   q.is_prefill = is_prefill;
   q.token_ids.assign(s.tokens.begin() + begin, s.tokens.begin() + end);
-  q.positions.resize(n);
-  q.slots.resize(n);
-  for (int32_t i = 0; i < n; ++i) {
-    q.positions[i] = begin + i;
-    q.slots[i] = s.table.slot(begin + i);
-  }
   q.block_table = s.table.blocks();
   q.context_len = end;
   q.needs_logits = end == s.n_tokens();
@@ -456,7 +455,8 @@ void Scheduler::maybe_form_batch(double now_ms) {
 
 SchedulePlan Scheduler::schedule(double now_ms) {
   PAGELLM_CHECK_MSG(in_flight_.empty(), "schedule() called while a step is in flight");
-  SchedulePlan plan;
+  SchedulePlan plan = std::move(spare_plan_);  // empty: recycle() cleared it
+  spare_plan_ = SchedulePlan{};
   plan_ = &plan;
   entries_.clear();
   budget_ = config_.max_num_batched_tokens;
@@ -508,23 +508,43 @@ SchedulePlan Scheduler::schedule(double now_ms) {
   return plan;
 }
 
+void Scheduler::recycle(SchedulePlan&& plan) {
+  for (ScheduledSeq& q : plan.seqs) spare_seqs_.push_back(std::move(q));
+  plan.seqs.clear();
+  plan.copies.clear();
+  plan.preempted.clear();
+  plan.failed.clear();
+  plan.n_tokens = 0;
+  plan.n_decode_seqs = 0;
+  spare_plan_ = std::move(plan);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Step results
 
 std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToken> results) {
-  std::unordered_map<RequestId, std::vector<const SampledToken*>> by_request;
-  for (const SampledToken& t : results) by_request[t.request_id].push_back(&t);
+  // The results by (request, sequence), for lookups: one sort of their indices into a buffer
+  // that keeps its capacity, where a map of vectors had cost a few allocations per sequence each
+  // step (docs/PERF.md, the engine's host work).
+  by_sequence_.resize(results.size());
+  for (size_t i = 0; i < results.size(); ++i) by_sequence_[i] = static_cast<uint32_t>(i);
+  const auto key = [&](uint32_t i) {
+    return std::pair(results[i].request_id, results[i].seq_index);
+  };
+  std::sort(by_sequence_.begin(), by_sequence_.end(),
+            [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
   auto take = [&](RequestId id, int32_t seq_index) -> const SampledToken* {
-    auto it = by_request.find(id);
-    if (it == by_request.end()) return nullptr;
-    for (const SampledToken* t : it->second) {
-      if (t->seq_index == seq_index) return t;
-    }
-    return nullptr;
+    const auto it =
+        std::lower_bound(by_sequence_.begin(), by_sequence_.end(), std::pair(id, seq_index),
+                         [&](uint32_t i, const auto& k) { return key(i) < k; });
+    return it != by_sequence_.end() && key(*it) == std::pair(id, seq_index) ? &results[*it]
+                                                                            : nullptr;
   };
 
-  std::vector<RequestId> touched;  // in plan order, each once
-  std::unordered_set<RequestId> touched_set;
+  // The requests that sampled, in plan order; a request's sequences are consecutive there, so
+  // skipping a repeat of the last id keeps each once (a repeat further on would only be skipped
+  // below: the request is finished and forgotten, or still live, at its first visit).
+  std::vector<RequestId> touched;
   auto append = [&](Request* r, Sequence& s, const SampledToken& t) {
     s.tokens.push_back(t.token);
     FinishReason reason = t.finish;
@@ -550,7 +570,7 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     s.table.register_computed(mgr_, s.tokens, s.n_computed, r->extra_hash);
     if (r->has_parked()) maybe_unpark(r, s.n_computed);  // s is the leader: the only one active
     if (!f.needs_logits) continue;
-    if (touched_set.insert(r->id).second) touched.push_back(r->id);
+    if (touched.empty() || touched.back() != r->id) touched.push_back(r->id);
     if (!r->forked) {
       // First sample of the prompt: n tokens from one row; sequence j gets sample j and a table
       // sharing all of sequence 0's blocks (the partial last block is copied on first write).

@@ -15,8 +15,9 @@
 //             cu_seqlens_q     prefix sums of seqs[i].token_ids.size()
 //             seq_lens_kv[i]   seqs[i].context_len
 //             block_tables[i]  seqs[i].block_table, padded to the widest row
-//             positions        concatenation of seqs[i].positions (RoPE positions)
-//             slot_mapping     concatenation of seqs[i].slots (rope_store_kv)
+//             positions        each token's position (context_len - n_q + i: RoPE)
+//             slot_mapping     each token's KV slot, from its position and block_table
+//                              (rope_store_kv)
 //         forward; take logits of the last token of every seq with needs_logits
 //         sample seqs[i].n_samples tokens from that row (n_samples > 1 only for the first sample
 //             of an n > 1 request: sample j goes to sequence j), decide stop conditions
@@ -84,9 +85,9 @@ struct ScheduledSeq {
   RequestId request_id = 0;
   int32_t seq_index = 0;
   bool is_prefill = false;             // a prompt chunk (or recompute); false: a decode token
-  std::vector<int32_t> token_ids;      // [n_q] tokens whose KV this step computes
-  std::vector<int32_t> positions;      // [n_q] their positions: context_len - n_q + i
-  std::vector<int32_t> slots;          // [n_q] KV slot = block * block_size + offset
+  // [n_q] tokens whose KV this step computes, at positions context_len - n_q + i, each into
+  // KV slot block_table[p / block_size] * block_size + p % block_size of its position p.
+  std::vector<int32_t> token_ids;
   std::vector<BlockId> block_table;    // the sequence's whole table after this step's allocation
   int32_t context_len = 0;             // tokens with KV once this step ran (seq_lens_kv)
   bool needs_logits = false;           // the chunk ends at the last known token
@@ -152,6 +153,9 @@ class Scheduler {
   // is non-empty a step is in flight until on_step_done(); calling schedule() again before that is
   // a programmer error. The plan copies everything it needs (valid after later calls).
   SchedulePlan schedule(double now_ms = 0.0);
+  // Optional: hands a plan the caller is done with back, so the next ones reuse its buffers (a
+  // sequence's tokens and block table each step had been a few allocations a sequence).
+  void recycle(SchedulePlan&& plan);
   // Reports the step's sampled tokens: for every scheduled sequence with needs_logits,
   // n_samples tokens (seq_index 0..n_samples-1 for a first sample of n > 1, else the sequence's
   // own index). Appends them, registers the newly full blocks in the prefix cache, finishes
@@ -225,6 +229,10 @@ class Scheduler {
   int32_t budget_ = 0;
   SchedulePlan* plan_ = nullptr;
   std::vector<InFlight> in_flight_;
+  std::vector<uint32_t> by_sequence_;  // on_step_done's lookup order, kept for its capacity
+  // What recycle() kept: an emptied plan and its sequences' storage (overwritten by emit()).
+  SchedulePlan spare_plan_;
+  std::vector<ScheduledSeq> spare_seqs_;
 };
 
 }  // namespace pagellm

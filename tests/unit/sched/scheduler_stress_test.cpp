@@ -69,16 +69,13 @@ class KvSim {
       ASSERT_EQ(q.needs_logits, q.context_len == seq.n_tokens());
       // What attention reads: every earlier position holds this sequence's token.
       for (int p = 0; p < start; ++p) {
-        const int32_t slot = q.block_table[p / bs_] * bs_ + p % bs_;
-        ASSERT_EQ(cell_[slot].first, seq.tokens[p]) << "position " << p;
-        ASSERT_EQ(cell_[slot].second, p) << "position " << p;
+        ASSERT_EQ(cell_[slot(q, p)].first, seq.tokens[p]) << "position " << p;
+        ASSERT_EQ(cell_[slot(q, p)].second, p) << "position " << p;
       }
       for (int i = 0; i < n; ++i) {
         const int p = start + i;
-        ASSERT_EQ(q.positions[i], p);
         ASSERT_EQ(q.token_ids[i], seq.tokens[p]);
-        ASSERT_EQ(q.slots[i], q.block_table[p / bs_] * bs_ + p % bs_);
-        ASSERT_TRUE(written.insert(q.slots[i]).second) << "slot written twice in one step";
+        ASSERT_TRUE(written.insert(slot(q, p)).second) << "slot written twice in one step";
         // Never write into a block someone else can read (that is what copy-on-write is for).
         ASSERT_EQ(mgr.ref_count(q.block_table[p / bs_]), 1) << "write into a shared block";
       }
@@ -86,11 +83,20 @@ class KvSim {
     ASSERT_EQ(n_tokens, plan.n_tokens);
     ASSERT_LE(n_tokens, s.config().max_num_batched_tokens);
     for (const ScheduledSeq& q : plan.seqs) {
-      for (size_t i = 0; i < q.slots.size(); ++i) cell_[q.slots[i]] = {q.token_ids[i], q.positions[i]};
+      const int n = static_cast<int>(q.token_ids.size());
+      for (int i = 0; i < n; ++i) {
+        const int p = q.context_len - n + i;
+        cell_[slot(q, p)] = {q.token_ids[i], p};
+      }
     }
   }
 
  private:
+  // Where position p of q's sequence keeps its KV (what the engine's step batch computes).
+  int32_t slot(const ScheduledSeq& q, int p) const {
+    return q.block_table[p / bs_] * bs_ + p % bs_;
+  }
+
   int bs_;
   std::vector<std::pair<int32_t, int32_t>> cell_;  // [n_blocks * bs] (token, position)
 };

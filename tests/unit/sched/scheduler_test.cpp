@@ -270,7 +270,7 @@ RequestSpec spec(RequestId id, int prompt_len, int max_tokens, int n = 1) {
   return s;
 }
 
-TEST(Scheduler, PlanCarriesPositionsSlotsTablesAndCopyOnWriteForParallelSamples) {
+TEST(Scheduler, PlanCarriesTokensTablesAndCopyOnWriteForParallelSamples) {
   auto s = make(sched_cfg(64, 8), kv_cfg(16, 4));
   ASSERT_TRUE(s->add_request(spec(1, 6, 2, 3)).ok());
   SchedulePlan p = s->schedule();
@@ -278,9 +278,8 @@ TEST(Scheduler, PlanCarriesPositionsSlotsTablesAndCopyOnWriteForParallelSamples)
   const ScheduledSeq& q = p.seqs[0];
   EXPECT_TRUE(q.is_prefill && q.needs_logits);
   EXPECT_EQ(q.n_samples, 3);
-  EXPECT_EQ(q.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(q.token_ids.size(), 6u);  // positions 0..5: context_len - n_q + i
   EXPECT_EQ(q.block_table, (std::vector<BlockId>{0, 1}));
-  EXPECT_EQ(q.slots, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(q.context_len, 6);
   std::vector<SampledToken> r = {{1, 0, 50}, {1, 1, 51}, {1, 2, 52}};
   EXPECT_TRUE(s->on_step_done(r).empty());
@@ -300,10 +299,8 @@ TEST(Scheduler, PlanCarriesPositionsSlotsTablesAndCopyOnWriteForParallelSamples)
     EXPECT_EQ(d.seq_index, j);
     EXPECT_FALSE(d.is_prefill);
     EXPECT_EQ(d.token_ids, std::vector<int32_t>{50 + j});
-    EXPECT_EQ(d.positions, std::vector<int32_t>{6});
-    EXPECT_EQ(d.context_len, 7);
+    EXPECT_EQ(d.context_len, 7);  // the token at position 6: slot block_table[1] * 4 + 2
     EXPECT_EQ(d.block_table[0], 0);
-    EXPECT_EQ(d.slots[0], d.block_table[1] * 4 + 2);
     if (j < 2) {
       EXPECT_EQ(d.block_table[1], p.copies[j].dst);
     }
