@@ -509,7 +509,13 @@ SchedulePlan Scheduler::schedule(double now_ms) {
 }
 
 void Scheduler::recycle(SchedulePlan&& plan) {
-  for (ScheduledSeq& q : plan.seqs) spare_seqs_.push_back(std::move(q));
+  // A prompt chunk's tokens (up to max_num_batched_tokens) are not kept: most sequences a step
+  // are decodes of one token, and spares that each once held a long chunk would add up.
+  constexpr size_t kKeptTokens = 256;
+  for (ScheduledSeq& q : plan.seqs) {
+    if (q.token_ids.capacity() > kKeptTokens) q.token_ids = {};
+    spare_seqs_.push_back(std::move(q));
+  }
   plan.seqs.clear();
   plan.copies.clear();
   plan.preempted.clear();
