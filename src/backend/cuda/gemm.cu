@@ -231,14 +231,18 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
   return true;
 }
 
+Gemm::KnownShape* Gemm::find_shape(const Shape& shape) {
+  const auto it = std::find_if(shapes_.begin(), shapes_.end(),
+                               [&](const KnownShape& k) { return k.shape == shape; });
+  return it == shapes_.end() ? nullptr : &*it;
+}
+
 bool Gemm::plan_from_bucket(Plan& p, const RowView& x, const RowView& w, const void* bias,
-                            DType bias_dtype, const RowView& out, const uint32_t align[4],
-                            const GemmBatch& batch) {
+                            DType bias_dtype, const RowView& out, const GemmBatch& batch,
+                            const Shape& shape) {
   if (x.n_rows <= kGemvMaxRows) return false;
-  const Shape shape = shape_of(x, w, out, bias, bias_dtype, align, batch);
-  const auto known = std::find_if(shapes_.begin(), shapes_.end(),
-                                  [&](const KnownShape& k) { return k.shape == shape; });
-  if (known == shapes_.end()) return false;
+  const KnownShape* known = find_shape(shape);
+  if (known == nullptr) return false;
   const auto b = known->buckets.find(bucket_top(x.n_rows));
   // A bucket planned without the bias epilogue (cuBLASLt had none with it) would need other
   // descriptors: such plans are made as before.
@@ -255,10 +259,15 @@ bool Gemm::plan_from_bucket(Plan& p, const RowView& x, const RowView& w, const v
   return true;
 }
 
-void Gemm::refine(Plan& p, const Shape& shape, const uint32_t align[4]) {
+Gemm::Plan& Gemm::keep_provisional(Plan& kept, const Shape& shape) {
+  pending_.push_back({&kept, shape});
+  return kept;
+}
+
+void Gemm::refine(Plan& p, const Shape& shape) {
   p.provisional = false;
   std::vector<cublasLtMatmulAlgo_t> algos;
-  if (!query_algos(p, align, 1, algos)) return;  // the bucket's algorithm stays
+  if (!query_algos(p, shape.align, 1, algos)) return;  // the bucket's algorithm stays
   Plan exact = p;
   exact.algo = algos[0];
   if (loaded(kernel_of(exact, shape))) p.algo = exact.algo;
@@ -271,7 +280,7 @@ void Gemm::refine_if_capturing(Plan& p) {
   if (capturing == cudaStreamCaptureStatusNone) return;
   for (size_t i = pending_head_; i < pending_.size(); ++i) {
     if (pending_[i].plan == &p) {
-      refine(p, pending_[i].shape, pending_[i].align);  // its pending entry then does nothing
+      refine(p, pending_[i].shape);  // its pending entry then does nothing
       return;
     }
   }
@@ -286,7 +295,7 @@ bool Gemm::refine_plans(cudaStream_t busy) {
       break;
     }
     PendingPlan& next = pending_[pending_head_++];
-    if (next.plan->provisional) refine(*next.plan, next.shape, next.align);
+    if (next.plan->provisional) refine(*next.plan, next.shape);
   }
   // "Not ready" is an answer, not an error; keep it out of the runtime's last error.
   if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
@@ -311,19 +320,14 @@ Gemm::Plan& Gemm::plan_for(const RowView& x, const RowView& w, const void* bias,
     refine_if_capturing(it->second);
     return it->second;
   }
+  const Shape shape = shape_of(x, w, out, bias, bias_dtype, align, GemmBatch{});
   Plan p;
-  if (plan_from_bucket(p, x, w, bias, bias_dtype, out, align, GemmBatch{})) {
-    Plan& kept = plans_.emplace(key, p).first->second;
-    pending_.push_back({&kept,
-                        shape_of(x, w, out, bias, bias_dtype, align, GemmBatch{}),
-                        {align[0], align[1], align[2], align[3]}});
-    return kept;
-  }
+  if (plan_from_bucket(p, x, w, bias, bias_dtype, out, GemmBatch{}, shape))
+    return keep_provisional(plans_.emplace(key, p).first->second, shape);
   if (!try_make_plan(p, x, w, bias, bias_dtype, out, align) &&
       !(bias != nullptr && try_make_plan(p, x, w, nullptr, bias_dtype, out, align)))
     p.use_fallback = true;
-  if (!p.use_fallback && x.n_rows > kGemvMaxRows)
-    settle_algo(p, shape_of(x, w, out, bias, bias_dtype, align, GemmBatch{}), x.n_rows);
+  if (!p.use_fallback && x.n_rows > kGemvMaxRows) settle_algo(p, shape, x.n_rows);
   return plans_.emplace(key, p).first->second;
 }
 
@@ -369,9 +373,8 @@ bool Gemm::loaded(const KernelKey& k) const {
 }
 
 void Gemm::settle_algo(Plan& p, const Shape& shape, int64_t n) {
-  auto it = std::find_if(shapes_.begin(), shapes_.end(),
-                         [&](const KnownShape& known) { return known.shape == shape; });
-  if (it == shapes_.end()) it = shapes_.insert(shapes_.end(), KnownShape{shape, {}});
+  KnownShape* it = find_shape(shape);
+  if (it == nullptr) it = &shapes_.emplace_back(KnownShape{shape, {}});
   KernelKey k = kernel_of(p, shape);
   if (!it->buckets.empty() && !loaded(k)) {
     // The heuristic's kernel for exactly n rows was never run: its first call would hold the host
@@ -571,17 +574,19 @@ void Gemm::run_batched(const RowView& x, int64_t x_batch_stride, const RowView& 
   const GemmBatch entries{batch, x_batch_stride, w_batch_stride, out_batch_stride};
   if (it != batched_plans_.end()) {
     refine_if_capturing(it->second);
-  } else if (Plan p; plan_from_bucket(p, x, w, nullptr, DType::kF32, out, align, entries)) {
-    it = batched_plans_.emplace(key, p).first;
-    pending_.push_back({&it->second,
-                        shape_of(x, w, out, nullptr, DType::kF32, align, entries),
-                        {align[0], align[1], align[2], align[3]}});
   } else {
-    if (!try_make_plan(p, x, w, nullptr, DType::kF32, out, align, entries))
-      p.use_fallback = true;
-    else if (x.n_rows > kGemvMaxRows)
-      settle_algo(p, shape_of(x, w, out, nullptr, DType::kF32, align, entries), x.n_rows);
-    it = batched_plans_.emplace(key, p).first;
+    const Shape shape = shape_of(x, w, out, nullptr, DType::kF32, align, entries);
+    Plan p;
+    if (plan_from_bucket(p, x, w, nullptr, DType::kF32, out, entries, shape)) {
+      it = batched_plans_.emplace(key, p).first;
+      keep_provisional(it->second, shape);
+    } else {
+      if (!try_make_plan(p, x, w, nullptr, DType::kF32, out, align, entries))
+        p.use_fallback = true;
+      else if (x.n_rows > kGemvMaxRows)
+        settle_algo(p, shape, x.n_rows);
+      it = batched_plans_.emplace(key, p).first;
+    }
   }
   const Plan& p = it->second;
   if (p.use_fallback) {

@@ -108,6 +108,7 @@ class Gemm {
     bool use_gemv = false;          // decode-sized n: gemv.cu measured faster than cuBLASLt
     bool provisional = false;       // its bucket's algorithm until refine_plans() queries its own
   };
+  struct Shape;  // what a plan's kernel depends on, below the preload's members
   // For n <= kGemvMaxRows: times cuBLASLt's plan and the GEMV kernel on this call's buffers (a few
   // runs each, on the first call of a shape, which the engine makes op by op before recording
   // graphs) and keeps the faster. During a graph recording it cannot time, and keeps cuBLASLt.
@@ -134,12 +135,13 @@ class Gemm {
                         DType bias_dtype, const RowView& out, const GemmBatch& batch);
   bool query_algos(const Plan& p, const uint32_t align[4], int want,
                    std::vector<cublasLtMatmulAlgo_t>& algos);
-  // A new plan for n rows of a preloaded shape, on its bucket's loaded kernel without asking the
-  // heuristic, queued for refine_plans(). False (p untouched) when the shape has no fitting
-  // bucket: the caller plans as before preloading.
+  // A new plan for n rows of a preloaded shape (`shape`, shape_of's for these operands), on its
+  // bucket's loaded kernel without asking the heuristic; the caller keeps it with
+  // keep_provisional(). False (p untouched) when the shape has no fitting bucket: the caller
+  // plans as before preloading.
   bool plan_from_bucket(Plan& p, const RowView& x, const RowView& w, const void* bias,
-                        DType bias_dtype, const RowView& out, const uint32_t align[4],
-                        const GemmBatch& batch);
+                        DType bias_dtype, const RowView& out, const GemmBatch& batch,
+                        const Shape& shape);
   // A plan being recorded into a graph is refined first (Plan::provisional).
   void refine_if_capturing(Plan& p);
   static void destroy(Plan& p);
@@ -170,6 +172,7 @@ class Gemm {
     std::map<int64_t, BucketAlgo> buckets;  // by the bucket's top row count
   };
   std::vector<KnownShape> shapes_;
+  KnownShape* find_shape(const Shape& shape);  // null when not yet seen
   // What picks a cuBLASLt kernel: an algorithm's bytes, and what else is compiled in.
   struct KernelKey {
     cublasLtMatmulAlgo_t algo;
@@ -187,10 +190,11 @@ class Gemm {
   struct PendingPlan {
     Plan* plan;
     Shape shape;
-    uint32_t align[4];
   };
+  // Queues `kept`, a plan from plan_from_bucket now in one of the maps, for refine_plans().
+  Plan& keep_provisional(Plan& kept, const Shape& shape);
   // The heuristic's own choice for a provisional plan, kept if its kernel is loaded.
-  void refine(Plan& p, const Shape& shape, const uint32_t align[4]);
+  void refine(Plan& p, const Shape& shape);
   std::vector<PendingPlan> pending_;
   size_t pending_head_ = 0;  // pending_[0, head) are refined
 
