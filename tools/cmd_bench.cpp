@@ -51,10 +51,13 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t voca
 
 constexpr const char* kLatencyHelp = R"(usage: pagellm bench latency [options]
 Batch-1 prefill and decode speed of one sequence, and the achieved GB/s of a decode step against
-the memory bandwidth measured in the same run. Also the same decode steps queued back to back
-without sampling ("decode, queued"): the device's own time a step, so that the difference to the
-decode figure is what a token costs around the forward pass (sampling, the token's trip to the
-host, the host's work before the next step); not with --profile.
+the memory bandwidth measured in the same run. With device sampling the decode is pipelined as
+the serving engine runs it: each step is queued before the host has read the token it takes
+(the device hands it over), and its tokens must equal those of one step-by-step pass. Also the
+same decode steps queued back to back without sampling ("decode, queued"): the device's own time
+a step, so that the difference to the decode figure is what a token costs around the forward
+pass (the sampling kernel, and whatever of the token's trip the pipeline does not hide); not with
+--profile.
   --model PATH          model folder, .gguf file, or config.json with --load-format dummy
   --device cpu|cuda     (cpu)
   --load-format F       auto | dummy: random weights of the config's shape (auto)
@@ -158,12 +161,40 @@ int bench_latency(int argc, char** argv) {
                             std::to_string(static_cast<int>(r.status)) + ")");
     return r.token;
   };
+  // Decoding pipelined, as the serving engine does on a device: each step is queued before the
+  // token it reads has reached the host (the device hands it over: SequenceRunner::feed_sampled),
+  // and the host reads every token one step late. Step by step (each token read before the next
+  // step is queued) where sampling is on the host, and once before the timed passes, whose tokens
+  // the pipelined passes must reproduce.
+  const bool pipelined = !on_host;
+  auto decode_pipelined = [&](int32_t first, std::vector<int32_t>& tokens) -> Status {
+    auto lg = runner.feed_on_device(std::span<const int32_t>(&first, 1));
+    if (!lg.ok()) return lg.status();
+    uint64_t ticket = m.backend->sample_async(*lg, &greedy, 1, nullptr, 0);
+    for (int64_t k = 1; k < *out; ++k) {
+      uint64_t next = 0;
+      if (k + 1 < *out) {
+        auto l = runner.feed_sampled(ticket);
+        if (!l.ok()) return l.status();
+        next = m.backend->sample_async(*l, &greedy, 1, nullptr, 0);
+      }
+      DeviceSampleResult r;
+      m.backend->sample_results(ticket, &r);
+      if (r.status != DeviceSampleStatus::kOk)
+        return internal_error("device sampling failed (status " +
+                              std::to_string(static_cast<int>(r.status)) + ")");
+      tokens.push_back(r.token);
+      ticket = next;
+    }
+    return Status::ok_status();
+  };
   // The bandwidth ceiling first: its large copies evict the caches, which the timed runs warm.
   Backend& device = m.profiler ? m.profiler->inner() : *m.backend;
   const double bw = measure_memory_bandwidth_gbs(device);
   // best_first_decode: the decode step right after the prompt, the step --profile times.
   double best_prefill = 1e30, best_decode = 1e30, best_first_decode = 1e30;
-  for (int64_t i = 0; i < *it + 1; ++i) {  // the first pass warms up
+  std::vector<int32_t> step_by_step_tokens, tokens;
+  for (int64_t i = 0; i < *it + 1; ++i) {  // the first pass warms up, step by step
     runner.reset();
     auto t0 = Clock::now();
     auto first = next_token(prompt);
@@ -172,17 +203,40 @@ int bench_latency(int argc, char** argv) {
     int32_t tok = *first;
     t0 = Clock::now();
     double first_decode = 0;
-    for (int64_t k = 1; k < *out; ++k) {
-      auto next = next_token(std::span<const int32_t>(&tok, 1));
-      if (!next.ok()) return fail("bench latency", next.status());
-      tok = *next;
-      if (k == 1) first_decode = seconds_since(t0);
+    tokens.clear();
+    if (pipelined && i > 0) {
+      if (Status s = decode_pipelined(tok, tokens); !s.ok()) return fail("bench latency", s);
+    } else {
+      for (int64_t k = 1; k < *out; ++k) {
+        auto next = next_token(std::span<const int32_t>(&tok, 1));
+        if (!next.ok()) return fail("bench latency", next.status());
+        tok = *next;
+        tokens.push_back(tok);
+        if (k == 1) first_decode = seconds_since(t0);
+      }
     }
     const double decode = seconds_since(t0);
-    if (i == 0) continue;
+    if (i == 0) {
+      step_by_step_tokens = tokens;
+      continue;
+    }
+    if (tokens != step_by_step_tokens)
+      return fail("bench latency", internal_error("the pipelined decode picked other tokens than "
+                                                  "the step-by-step decode of the same prompt"));
     best_prefill = std::min(best_prefill, prefill);
     best_decode = std::min(best_decode, decode);
-    best_first_decode = std::min(best_first_decode, first_decode);
+    if (!pipelined) best_first_decode = std::min(best_first_decode, first_decode);
+  }
+  // --profile's reference for the first decode step: one step by itself.
+  if (profile && pipelined) {
+    runner.reset();
+    auto first = next_token(prompt);
+    if (!first.ok()) return fail("bench latency", first.status());
+    const int32_t tok = *first;
+    const auto t0 = Clock::now();
+    auto next = next_token(std::span<const int32_t>(&tok, 1));
+    if (!next.ok()) return fail("bench latency", next.status());
+    best_first_decode = seconds_since(t0);
   }
   // The same decode steps back to back, each fed the prompt's next token without sampling or
   // waiting for it: the host queues step k + 1 while the device runs step k, so this is the
@@ -221,8 +275,10 @@ int bench_latency(int argc, char** argv) {
   if (profile) std::printf("mode             eager (--profile: no CUDA graphs in any step)\n");
   std::printf("prefill          %lld tokens: %.1f ms, %.1f tok/s\n", static_cast<long long>(*in),
               best_prefill * 1e3, prefill_tps);
-  std::printf("decode           %lld tokens: %.2f ms/token, %.1f tok/s\n",
-              static_cast<long long>(*out - 1), best_decode * 1e3 / (*out - 1), decode_tps);
+  std::printf("decode           %lld tokens: %.2f ms/token, %.1f tok/s (%s)\n",
+              static_cast<long long>(*out - 1), best_decode * 1e3 / (*out - 1), decode_tps,
+              pipelined ? "pipelined: each step queued before the host reads the token before it"
+                        : "step by step");
   if (!profile)
     std::printf(
         "decode, queued   %.2f ms/token, %.1f tok/s (steps back to back, no sampling: the "
@@ -270,7 +326,8 @@ int bench_latency(int argc, char** argv) {
                         {"input_len", *in},
                         {"output_len", *out},
                         {"load_seconds", load_s},
-                        {"sampling", sampling}};
+                        {"sampling", sampling},
+                        {"pipelined", pipelined}};
     if (profile)
       j["profile"] = {{"prefill", op_table_json(*prefill_table)}, {"decode", op_table_json(*decode_table)}};
     else

@@ -94,6 +94,7 @@ class NullDeviceBackend final : public Backend {
       out[i].token = 1000 + i;
     }
   }
+  void take_sampled_tokens(Tensor&, uint64_t) override {}  // no tokens on a null device
 
  private:
   uintptr_t next_ = uintptr_t{1} << 40;

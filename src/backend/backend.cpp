@@ -41,6 +41,43 @@ class HostOpTimer final : public OpTimer {
 
 std::unique_ptr<OpTimer> Backend::make_op_timer() { return std::make_unique<HostOpTimer>(*this); }
 
+Backend::HostSampleSlot& Backend::host_sample_slot(uint64_t ticket) {
+  HostSampleSlot& slot = host_samples_[ticket % kSampleSlots];
+  PAGELLM_CHECK_MSG(ticket != 0 && slot.ticket == ticket,
+                    "sampled results asked for after their slot was reused");
+  return slot;
+}
+
+uint64_t Backend::sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                               const DeviceSampleEdit* edits, int32_t n_edits) {
+  const uint64_t ticket = ++host_sample_tickets_;
+  HostSampleSlot& slot = host_samples_[ticket % kSampleSlots];
+  slot.ticket = ticket;
+  slot.results.assign(static_cast<size_t>(std::max(n_rows, 0)), DeviceSampleResult{});
+  if (n_rows > 0) sample(logits, rows, n_rows, edits, n_edits, slot.results.data());
+  return ticket;
+}
+
+void Backend::sample_results(uint64_t ticket, DeviceSampleResult* out) {
+  const HostSampleSlot& slot = host_sample_slot(ticket);
+  std::copy(slot.results.begin(), slot.results.end(), out);
+}
+
+void Backend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
+  // A synchronous backend's memory is the host's (test doubles that report a device included).
+  PAGELLM_CHECK_MSG(tokens.dtype == DType::kI32, "take_sampled_tokens: tokens must be i32");
+  const HostSampleSlot& slot = host_sample_slot(ticket);
+  int32_t* t = static_cast<int32_t*>(tokens.data);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    if (t[i] >= 0) continue;
+    const int64_t row = -(int64_t{t[i]} + 1);
+    const bool ok = row < static_cast<int64_t>(slot.results.size()) &&
+                    slot.results[row].status == DeviceSampleStatus::kOk &&
+                    slot.results[row].token >= 0;
+    t[i] = ok ? slot.results[row].token : 0;
+  }
+}
+
 namespace {
 
 // Entry b of a [B, rows, cols] view, as a 2-D [rows, cols] view with the same row stride.

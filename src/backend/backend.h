@@ -11,6 +11,7 @@
 //   validated before it reaches a step.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -354,6 +355,31 @@ class Backend {
     (void)logits, (void)rows, (void)n_rows, (void)edits, (void)n_edits, (void)out;
     PAGELLM_CHECK_MSG(false, "sample() called on a backend without device sampling");
   }
+
+  // Pipelined sampling: the next step queued before this one's tokens reach the host.
+  // sample_async() queues what sample() does and returns a ticket at once; sample_results()
+  // waits for that call's results. take_sampled_tokens() lets the next step read the tokens
+  // where they already are: every negative entry t of `tokens` (a step's i32 token ids on this
+  // device) becomes the token of result row -(t + 1) of the ticket's call (0 where that row
+  // failed or does not exist, so a discarded step still reads a valid embedding row). Each
+  // ticket's results must be read before kSampleSlots more calls are queued.
+  // The defaults serve a synchronous backend (and test doubles): sample() at once, the results
+  // kept on the host, the substitution on host memory.
+  static constexpr int kSampleSlots = 2;
+  virtual uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                                const DeviceSampleEdit* edits, int32_t n_edits);
+  virtual void sample_results(uint64_t ticket, DeviceSampleResult* out);
+  virtual void take_sampled_tokens(Tensor& tokens, uint64_t ticket);
+
+ private:
+  // The defaults' results, by ticket % kSampleSlots.
+  struct HostSampleSlot {
+    uint64_t ticket = 0;
+    std::vector<DeviceSampleResult> results;
+  };
+  HostSampleSlot& host_sample_slot(uint64_t ticket);
+  std::array<HostSampleSlot, kSampleSlots> host_samples_;
+  uint64_t host_sample_tickets_ = 0;
 };
 
 // The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded

@@ -371,4 +371,13 @@ void ProfilingBackend::sample(const Tensor& logits, const DeviceSampleRow* rows,
         [&] { inner_->sample(logits, rows, n_rows, edits, n_edits, out); });
 }
 
+uint64_t ProfilingBackend::sample_async(const Tensor& logits, const DeviceSampleRow* rows,
+                                        int32_t n_rows, const DeviceSampleEdit* edits,
+                                        int32_t n_edits) {
+  uint64_t ticket = 0;
+  timed([&] { return op_cost::sample(logits, n_rows, n_edits); },
+        [&] { ticket = inner_->sample_async(logits, rows, n_rows, edits, n_edits); });
+  return ticket;
+}
+
 }  // namespace pagellm

@@ -155,6 +155,14 @@ class ProfilingBackend final : public Backend {
   bool supports_sampling() const override { return inner_->supports_sampling(); }
   void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit* edits,
               int32_t n_edits, DeviceSampleResult* out) override;
+  uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                        const DeviceSampleEdit* edits, int32_t n_edits) override;
+  void sample_results(uint64_t ticket, DeviceSampleResult* out) override {
+    inner_->sample_results(ticket, out);
+  }
+  void take_sampled_tokens(Tensor& tokens, uint64_t ticket) override {
+    inner_->take_sampled_tokens(tokens, ticket);
+  }
 
   std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
 

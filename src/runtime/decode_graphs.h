@@ -45,8 +45,9 @@ class DecodeGraphs {
   bool accepts(const std::vector<SeqChunk>& seqs) const;
 
   // Runs an accepted step; returns its logits on the device, rows [0, seqs.size()) in order
-  // (act [seqs.size(), vocab]), valid until the next step.
-  Tensor run(const std::vector<SeqChunk>& seqs);
+  // (act [seqs.size(), vocab]), valid until the next step. With a sampling ticket, negative
+  // token ids are that call's sampled tokens (Backend::take_sampled_tokens).
+  Tensor run(const std::vector<SeqChunk>& seqs, uint64_t sampled_ticket = 0);
 
   // Records every bucket now, largest first, with padding-only batches (nothing is stored), so the
   // first real step of any size replays at once.

@@ -192,7 +192,8 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_ || !inbox_.empty() || !aborts_.empty() || scheduler_->has_unfinished();
+        return stop_ || !inbox_.empty() || !aborts_.empty() || scheduler_->has_unfinished() ||
+               pending_.ticket != 0;
       });
       if (stop_) {
         // Abort everything still live so every stream ends.
@@ -206,6 +207,7 @@ void Engine::loop() {
       stopping = stop_;
     }
     if (stopping) {
+      if (pending_.ticket != 0) read_pending();  // its events, and the requests it completed
       std::vector<uint64_t> ids;
       for (auto& [id, l] : live_) ids.push_back(id);
       for (uint64_t id : ids) {
@@ -214,7 +216,7 @@ void Engine::loop() {
       }
       return;
     }
-    if (scheduler_->has_unfinished()) step();
+    if (scheduler_->has_unfinished() || pending_.ticket != 0) step();
   }
 }
 
@@ -309,10 +311,14 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
   live_.erase(live.id);  // destroys `live`
 }
 
-Tensor Engine::run_model(const std::vector<SeqChunk>& chunks) {
-  if (graphs_ && graphs_->accepts(chunks)) return graphs_->run(chunks);
+Tensor Engine::run_model(const std::vector<SeqChunk>& chunks, uint64_t sampled_ticket) {
+  if (graphs_ && graphs_->accepts(chunks)) return graphs_->run(chunks, sampled_ticket);
   if (!builder_) builder_ = std::make_unique<StepBatchBuilder>(backend_, config_.block_size);
   const StepBatch& batch = builder_->build(chunks);
+  if (sampled_ticket != 0) {
+    Tensor ids = batch.token_ids;
+    backend_.take_sampled_tokens(ids, sampled_ticket);
+  }
   model_.forward(batch, cache_, nullptr);
   return batch.n_logits > 0 ? model_.last_logits() : Tensor();
 }
@@ -391,12 +397,19 @@ void Engine::warm_up_sampling(const Tensor& logits) {
 
 void Engine::step() {
   const auto t0 = Clock::now();
+  // The device still runs the step before when that step's tokens are pending: planning this
+  // one overlaps it.
+  const bool overlapped = pending_.ticket != 0;
   SchedulePlan plan = scheduler_->schedule(now_ms());
   for (const FinishedRequest& f : plan.failed) {
     auto it = live_.find(f.id);
     if (it != live_.end()) finish_request(*it->second, f);
   }
   if (plan.empty()) {
+    if (overlapped) {
+      read_pending();
+      return;
+    }
     // Nothing runnable now (e.g. dynamic batching waiting for its batch): wait a little for an
     // arrival or an abort rather than spin.
     std::unique_lock<std::mutex> lock(mu_);
@@ -417,12 +430,20 @@ void Engine::step() {
     }
   }
 
-  // Pack the batch. A prefill chunk of a prompt_logprobs request returns logits for every row.
+  // Pack the batch. A prefill chunk of a prompt_logprobs request returns logits for every row. A
+  // decode whose input is the pending step's token reads it on the device: its id becomes
+  // -(row + 1) of that step's results (Backend::take_sampled_tokens).
   std::vector<SeqChunk> chunks;
   chunks.reserve(plan.seqs.size());
-  for (const ScheduledSeq& s : plan.seqs) {
+  bool reads_pending = false;
+  for (ScheduledSeq& s : plan.seqs) {
     Live& live = *live_.at(s.request_id);
     if (live.scheduled_time == Clock::time_point{}) live.scheduled_time = t0;
+    for (int32_t& t : s.token_ids) {
+      if (t != kPendingToken) continue;
+      t = -(pending_row(s.request_id, s.seq_index) + 1);
+      reads_pending = true;
+    }
     SeqChunk c;
     c.tokens = s.token_ids.data();
     c.n_tokens = static_cast<int32_t>(s.token_ids.size());
@@ -438,8 +459,9 @@ void Engine::step() {
   }
   const int64_t V = model_.config().vocab_size;
   const auto t_forward = Clock::now();  // the device idles from the last step's tokens to here
-  const Tensor device_logits = run_model(chunks);  // [n_logits, V] on the backend's device
-  backend_.background_work();                      // while the device runs the step just queued
+  // [n_logits, V] on the backend's device
+  const Tensor device_logits = run_model(chunks, reads_pending ? pending_.ticket : 0);
+  backend_.background_work();  // while the device runs the step just queued
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.
@@ -451,11 +473,6 @@ void Engine::step() {
   if (n_logits > 0 && !on_device) download_(device_logits, logits_.data());
 
   // Gather the rows to sample (one per sample; n > 1 duplicates the prompt's row).
-  struct Pick {
-    Live* live;
-    int32_t seq_index;
-    const ScheduledSeq* sched;
-  };
   std::vector<Pick> picks;
   std::vector<SampleRow> rows;
   std::vector<int64_t> sample_rows;  // the logits_ row each pick samples from
@@ -484,35 +501,155 @@ void Engine::step() {
     if (sample_row < 0) continue;
     for (int32_t j = 0; j < s.n_samples; ++j) {
       const int32_t idx = s.n_samples > 1 ? j : s.seq_index;
-      picks.push_back({&live, idx, &s});
+      picks.push_back({s.request_id, idx});
       sample_rows.push_back(sample_row);
     }
   }
   rows.reserve(picks.size());
+  bool reads_outputs = false;  // a row's sampling depends on its earlier tokens' values
   for (const Pick& p : picks) {
-    const Live::Seq& sq = p.live->seqs[p.seq_index];
-    rows.push_back({&p.live->req.params, p.live->req.prompt, sq.outputs, sq.seed});
+    const Live& live = *live_.at(p.request_id);
+    const Live::Seq& sq = live.seqs[p.seq_index];
+    rows.push_back({&live.req.params, live.req.prompt, sq.outputs, sq.seed});
+    reads_outputs = reads_outputs || uses_output_values(live.req.params);
   }
   std::vector<SampleOutput> outs(rows.size());
-  if (!rows.empty()) sample(device_logits, on_device, rows, sample_rows, outs);
+  uint64_t ticket = 0;
+  if (!rows.empty()) {
+    if (on_device) {
+      ticket = sample_on_device(device_logits, rows, sample_rows);
+    } else {
+      sample(device_logits, false, rows, sample_rows, outs);
+    }
+  }
+
+  // The step before's tokens, now that this step is queued behind it: their events and stops.
+  if (overlapped) read_pending();
   const auto t_tokens = Clock::now();  // and from here to the next step's forward
 
-  // Stop decisions, text, events.
+  // Planning ahead: this step's tokens stay on the device and the next step is planned and
+  // queued before the host reads them. Not when a row's sampling reads its earlier tokens'
+  // values (penalties: the next step's row would be packed before they are known).
+  const bool ahead = ticket != 0 && !reads_outputs && scheduler_->can_plan_ahead();
+  int64_t n_generated = 0;
+  if (ahead) {
+    std::vector<SampledToken> results;
+    results.reserve(picks.size());
+    for (const Pick& p : picks) {
+      auto it = live_.find(p.request_id);
+      if (it == live_.end()) continue;
+      Live::Seq& sq = it->second->seqs[p.seq_index];
+      if (sq.stop->finished()) continue;  // stopped by the step before
+      sq.outputs.push_back(kPendingToken);
+      results.push_back({p.request_id, p.seq_index, kPendingToken, FinishReason::kNone});
+    }
+    n_generated = static_cast<int64_t>(results.size());
+    // Requests that reach max_tokens with this step complete here; they are reported once their
+    // last tokens are read.
+    pending_.finished = scheduler_->on_step_done(results);
+    pending_.ticket = ticket;
+    pending_.picks = std::move(picks);
+    std::swap(pending_.packed, packed_);
+    pending_.rows.clear();
+    for (size_t k = 0; k < pending_.picks.size(); ++k)
+      pending_.rows.push_back({pending_.picks[k], static_cast<int32_t>(k)});
+    std::sort(pending_.rows.begin(), pending_.rows.end());
+  } else {
+    if (ticket != 0) read_device_samples(ticket, packed_, outs);
+    std::vector<SampledToken> results;
+    std::vector<uint64_t> failed;
+    n_generated = emit_tokens(picks, outs, false, results, failed);
+    std::vector<FinishedRequest> finished = scheduler_->on_step_done(results);
+    for (const FinishedRequest& f : finished) {
+      auto it = live_.find(f.id);
+      if (it != live_.end()) finish_request(*it->second, f);
+    }
+    fail_sampling(failed);
+  }
+  const auto t_end = Clock::now();
+  const double dt = std::chrono::duration<double>(t_end - t0).count();
+  // The host's work while the device idles: none before the forward when the step before was
+  // still running, none after it when the next step is planned ahead.
+  const double host = (overlapped ? 0.0 : std::chrono::duration<double>(t_forward - t0).count()) +
+                      (ahead ? 0.0 : std::chrono::duration<double>(t_end - t_tokens).count());
+  PAGELLM_LOG_DEBUG("step: %lld tokens of %zu sequences in %.3f ms%s",
+                    static_cast<long long>(plan.n_tokens), plan.seqs.size(), dt * 1e3,
+                    ahead ? " (next planned ahead)" : "");
+  const int32_t n_tokens = plan.n_tokens;
+  scheduler_->recycle(std::move(plan));  // its buffers serve the next step's plan
+  publish_stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.generation_tokens_total += n_generated;
+  stats_.steps += 1;
+  stats_.busy_seconds += dt;
+  stats_.host_seconds += host;
+  const auto& bounds = EngineStats::kIterationTokenBuckets;
+  const size_t bucket = static_cast<size_t>(
+      std::lower_bound(bounds.begin(), bounds.end(), n_tokens) - bounds.begin());
+  stats_.iteration_tokens[bucket] += 1;
+  stats_.iteration_tokens_sum += n_tokens;
+}
+
+bool Engine::uses_output_values(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+int32_t Engine::pending_row(uint64_t request_id, int32_t seq_index) const {
+  const Pick key{request_id, seq_index};
+  const auto it =
+      std::lower_bound(pending_.rows.begin(), pending_.rows.end(), std::pair(key, int32_t{0}),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+  PAGELLM_CHECK_MSG(it != pending_.rows.end() && it->first == key,
+                    "a pending token's step has no row for its sequence");
+  return it->second;
+}
+
+void Engine::read_pending() {
+  std::vector<SampleOutput> outs(pending_.picks.size());
+  read_device_samples(pending_.ticket, pending_.packed, outs);
   std::vector<SampledToken> results;
   std::vector<uint64_t> failed;
+  emit_tokens(pending_.picks, outs, true, results, failed);
+  // Stops end their sequences now; the requests that reached max_tokens when the step was
+  // planned ahead end after their last events.
+  std::vector<FinishedRequest> finished = scheduler_->resolve_tokens(results);
+  finished.insert(finished.end(), pending_.finished.begin(), pending_.finished.end());
+  for (const FinishedRequest& f : finished) {
+    auto it = live_.find(f.id);
+    if (it != live_.end()) finish_request(*it->second, f);
+  }
+  fail_sampling(failed);
+  pending_.ticket = 0;
+  pending_.picks.clear();
+  pending_.finished.clear();
+  pending_.rows.clear();
+}
+
+int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOutput>& outs,
+                            bool resolving, std::vector<SampledToken>& results,
+                            std::vector<uint64_t>& failed) {
   int64_t n_generated = 0;
   for (size_t k = 0; k < picks.size(); ++k) {
-    Live& live = *picks[k].live;
+    auto found = live_.find(picks[k].request_id);
+    if (found == live_.end()) continue;  // aborted or failed meanwhile
+    Live& live = *found->second;
     const int32_t idx = picks[k].seq_index;
+    Live::Seq& sq = live.seqs[idx];
+    // Stopped while this step was in flight (the step before it was read after it was queued).
+    if (sq.stop->finished()) continue;
     if (!outs[k].status.ok()) {
       if (std::find(failed.begin(), failed.end(), live.id) == failed.end()) failed.push_back(live.id);
       live.prompt_logprobs.clear();
       continue;
     }
-    Live::Seq& sq = live.seqs[idx];
     const int32_t tok = outs[k].token;
-    sq.outputs.push_back(tok);
-    ++n_generated;
+    if (resolving) {
+      PAGELLM_CHECK(!sq.outputs.empty() && sq.outputs.back() == kPendingToken);
+      sq.outputs.back() = tok;
+    } else {
+      sq.outputs.push_back(tok);
+      ++n_generated;
+    }
     const int32_t n_out = static_cast<int32_t>(sq.outputs.size());
     const int32_t total = static_cast<int32_t>(live.req.prompt.size()) + n_out;
     const bool last = n_out >= *live.req.params.max_tokens || total >= max_model_len_;
@@ -552,11 +689,10 @@ void Engine::step() {
     live.cb(std::move(o));
     results.push_back({live.id, idx, tok, u.finish});
   }
-  std::vector<FinishedRequest> finished = scheduler_->on_step_done(results);
-  for (const FinishedRequest& f : finished) {
-    auto it = live_.find(f.id);
-    if (it != live_.end()) finish_request(*it->second, f);
-  }
+  return n_generated;
+}
+
+void Engine::fail_sampling(const std::vector<uint64_t>& failed) {
   for (uint64_t id : failed) {
     FinishedRequest info;
     auto it = live_.find(id);
@@ -566,44 +702,37 @@ void Engine::step() {
       finish_request(*it->second, info);
     }
   }
-  const auto t_end = Clock::now();
-  const double dt = std::chrono::duration<double>(t_end - t0).count();
-  const double host = std::chrono::duration<double>((t_forward - t0) + (t_end - t_tokens)).count();
-  PAGELLM_LOG_DEBUG("step: %lld tokens of %zu sequences in %.3f ms",
-                    static_cast<long long>(plan.n_tokens), plan.seqs.size(), dt * 1e3);
-  const int32_t n_tokens = plan.n_tokens;
-  scheduler_->recycle(std::move(plan));  // its buffers serve the next step's plan
-  publish_stats();
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.generation_tokens_total += n_generated;
-  stats_.steps += 1;
-  stats_.busy_seconds += dt;
-  stats_.host_seconds += host;
-  const auto& bounds = EngineStats::kIterationTokenBuckets;
-  const size_t bucket = static_cast<size_t>(
-      std::lower_bound(bounds.begin(), bounds.end(), n_tokens) - bounds.begin());
-  stats_.iteration_tokens[bucket] += 1;
-  stats_.iteration_tokens_sum += n_tokens;
+}
+
+SamplerConfig Engine::sampler_config() const {
+  SamplerConfig sc;
+  sc.vocab_size = static_cast<int32_t>(model_.config().vocab_size);
+  sc.eos_token_ids = model_.config().eos_token_ids;
+  return sc;
+}
+
+uint64_t Engine::sample_on_device(const Tensor& logits, const std::vector<SampleRow>& rows,
+                                  const std::vector<int64_t>& sample_rows) {
+  // One upload of the rows and their sparse edits, one kernel, one download of the results.
+  if (!packer_) packer_ = std::make_unique<SampleBatchPacker>(sampler_config());
+  packer_->pack(rows, sample_rows, packed_);
+  return backend_.sample_async(logits, packed_.rows.data(),
+                               static_cast<int32_t>(packed_.rows.size()), packed_.edits.data(),
+                               static_cast<int32_t>(packed_.edits.size()));
+}
+
+void Engine::read_device_samples(uint64_t ticket, const PackedSampleBatch& packed,
+                                 std::vector<SampleOutput>& outs) {
+  device_results_.resize(packed.rows.size());
+  backend_.sample_results(ticket, device_results_.data());
+  SampleBatchPacker::unpack(packed, device_results_, outs);
 }
 
 void Engine::sample(const Tensor& logits, bool on_device, const std::vector<SampleRow>& rows,
                     const std::vector<int64_t>& sample_rows, std::vector<SampleOutput>& outs) {
   const int64_t V = model_.config().vocab_size;
-  auto sampler_config = [&] {
-    SamplerConfig sc;
-    sc.vocab_size = static_cast<int32_t>(V);
-    sc.eos_token_ids = model_.config().eos_token_ids;
-    return sc;
-  };
   if (on_device) {
-    // One upload of the rows and their sparse edits, one kernel, one download of the results.
-    if (!packer_) packer_ = std::make_unique<SampleBatchPacker>(sampler_config());
-    packer_->pack(rows, sample_rows, packed_);
-    device_results_.resize(rows.size());
-    backend_.sample(logits, packed_.rows.data(), static_cast<int32_t>(packed_.rows.size()),
-                    packed_.edits.data(), static_cast<int32_t>(packed_.edits.size()),
-                    device_results_.data());
-    SampleBatchPacker::unpack(packed_, device_results_, outs);
+    read_device_samples(sample_on_device(logits, rows, sample_rows), packed_, outs);
     return;
   }
   if (!sampler_) sampler_ = std::make_unique<Sampler>(sampler_config());

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <compare>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -145,15 +146,45 @@ class Engine {
   // Runs the device's sampling kernels once on `logits` ([rows, vocab] on the device), so their
   // first launch is not a request's.
   void warm_up_sampling(const Tensor& logits);
+  // A sampled row's sequence.
+  struct Pick {
+    uint64_t request_id;
+    int32_t seq_index;
+    auto operator<=>(const Pick&) const = default;
+  };
   // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
-  // on the device ([n_logits, vocab]; undefined when the step wants none).
-  Tensor run_model(const std::vector<SeqChunk>& chunks);
+  // on the device ([n_logits, vocab]; undefined when the step wants none). With a sampling
+  // ticket, negative token ids are that call's tokens (Backend::take_sampled_tokens).
+  Tensor run_model(const std::vector<SeqChunk>& chunks, uint64_t sampled_ticket = 0);
   void loop();
   void step();
   // Samples rows[k] from logits row sample_rows[k]: on the device from `logits` (the step's
   // device logits) when on_device, else on the host from logits_.
   void sample(const Tensor& logits, bool on_device, const std::vector<SampleRow>& rows,
               const std::vector<int64_t>& sample_rows, std::vector<SampleOutput>& outs);
+  SamplerConfig sampler_config() const;
+  // Device sampling in two halves: queue it (rows packed into packed_), then read the results.
+  uint64_t sample_on_device(const Tensor& logits, const std::vector<SampleRow>& rows,
+                            const std::vector<int64_t>& sample_rows);
+  void read_device_samples(uint64_t ticket, const PackedSampleBatch& packed,
+                           std::vector<SampleOutput>& outs);
+  // Whether sampling with `p` reads the values of the tokens generated before (the penalties),
+  // which a step planned ahead does not know yet.
+  static bool uses_output_values(const SamplingParams& p);
+  // The sampled tokens of picks (outs[k] is picks[k]'s) as text, stop decisions and events;
+  // appended to each sequence's outputs, or, resolving, in place of its pending token. Picks of
+  // requests gone or sequences stopped meanwhile are skipped; rows that failed go to `failed`.
+  // Returns the tokens appended.
+  int64_t emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOutput>& outs,
+                      bool resolving, std::vector<SampledToken>& results,
+                      std::vector<uint64_t>& failed);
+  // Reads the pending step's tokens (emit_tokens, Scheduler::resolve_tokens) and ends the
+  // requests it completed.
+  void read_pending();
+  // The pending step's result row for a sequence (which must have one).
+  int32_t pending_row(uint64_t request_id, int32_t seq_index) const;
+  // Ends requests whose sampling failed (non-finite logits).
+  void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();
   void finish_request(Live& live, const FinishedRequest& info);
   void publish_stats();
@@ -190,6 +221,16 @@ class Engine {
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
   PackedSampleBatch packed_;
+  // A step whose tokens are still on the device: the step after it was planned and queued
+  // before the host read them (Scheduler::can_plan_ahead). ticket 0: none.
+  struct PendingStep {
+    uint64_t ticket = 0;
+    std::vector<Pick> picks;                     // result row k is picks[k]'s token
+    std::vector<std::pair<Pick, int32_t>> rows;  // (pick, row), sorted: pending_row()'s lookup
+    PackedSampleBatch packed;                    // what unpacking its results needs
+    std::vector<FinishedRequest> finished;       // completed at max_tokens when it was planned
+  };
+  PendingStep pending_;
   std::vector<DeviceSampleResult> device_results_;
   std::vector<float> logits_;         // [n_logits, vocab] of the step
   std::vector<float> sample_logits_;  // [n_samples, vocab]: the rows being sampled

@@ -55,13 +55,31 @@ SeqChunk SequenceRunner::chunk_at(std::span<const int32_t> tokens, size_t begin,
 
 Result<Tensor> SequenceRunner::feed_on_device(std::span<const int32_t> tokens) {
   PAGELLM_RETURN_IF_ERROR(check_tokens(tokens));
+  return run_on_device(tokens, 0);
+}
+
+Result<Tensor> SequenceRunner::feed_sampled(uint64_t ticket) {
+  if (length_ + 1 > max_len_) {
+    return out_of_range("sequence of " + std::to_string(length_ + 1) +
+                        " tokens exceeds the runner's " + std::to_string(max_len_));
+  }
+  const int32_t placeholder = -1;  // result row 0 (Backend::take_sampled_tokens)
+  return run_on_device(std::span<const int32_t>(&placeholder, 1), ticket);
+}
+
+Tensor SequenceRunner::run_on_device(std::span<const int32_t> tokens, uint64_t sampled_ticket) {
   Tensor last;
   for (size_t begin = 0; begin < tokens.size(); begin += max_chunk_) {
     const SeqChunk c = chunk_at(tokens, begin, LogitsWanted::kLast);
     if (graphs_ && graphs_->accepts({c})) {
-      last = graphs_->run({c});
+      last = graphs_->run({c}, sampled_ticket);
     } else {
-      model_.forward(builder_.build({c}), cache_, nullptr);
+      const StepBatch& batch = builder_.build({c});
+      if (sampled_ticket != 0) {
+        Tensor ids = batch.token_ids;
+        backend_.take_sampled_tokens(ids, sampled_ticket);
+      }
+      model_.forward(batch, cache_, nullptr);
       if (c.logits == LogitsWanted::kLast) last = model_.last_logits();
     }
     length_ += c.n_tokens;

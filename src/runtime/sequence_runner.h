@@ -31,6 +31,10 @@ class SequenceRunner {
   // The same with kLast, the logits left on the backend's device (act [1, vocab], valid until the
   // next feed): what a serving engine samples from on a device backend, with no download.
   Result<Tensor> feed_on_device(std::span<const int32_t> tokens);
+  // feed_on_device() of one token that is still on the device: result row 0 of the sampling
+  // call `ticket` (Backend::sample_async), read there, so this step is queued before that token
+  // reaches the host.
+  Result<Tensor> feed_sampled(uint64_t ticket);
 
   int32_t length() const { return length_; }
   int32_t max_len() const { return max_len_; }
@@ -39,6 +43,8 @@ class SequenceRunner {
  private:
   Status check_tokens(std::span<const int32_t> tokens) const;
   SeqChunk chunk_at(std::span<const int32_t> tokens, size_t begin, LogitsWanted wanted);
+  // Runs `tokens` (checked) on the device; negative ids are `sampled_ticket`'s tokens.
+  Tensor run_on_device(std::span<const int32_t> tokens, uint64_t sampled_ticket);
 
   Model& model_;
   Backend& backend_;

@@ -557,12 +557,7 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     if (reason == FinishReason::kNone && s.n_tokens() - r->prompt_len >= r->max_tokens) {
       reason = FinishReason::kLength;
     }
-    if (reason != FinishReason::kNone) {
-      s.finish = reason;
-      s.table.release(mgr_);
-      s.n_computed = 0;
-      --running_seqs_;
-    }
+    if (reason != FinishReason::kNone) end_sequence(s, reason);
   };
 
   for (const InFlight& f : in_flight_) {
@@ -572,6 +567,7 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     // Aborted while the step ran, and its id already reused by a new (waiting) request.
     if (r->state != RequestState::kRunning) continue;
     Sequence& s = r->seqs[f.seq_index];
+    if (s.finished()) continue;  // stopped by resolve_tokens() after this step was planned
     // The step wrote this sequence's KV: its full blocks become findable.
     s.table.register_computed(mgr_, s.tokens, s.n_computed, r->extra_hash);
     if (r->has_parked()) maybe_unpark(r, s.n_computed);  // s is the leader: the only one active
@@ -614,6 +610,68 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     r->state = RequestState::kFinished;
     done.push_back(summarize(*r));
     forget(r);
+  }
+  maybe_check();
+  return done;
+}
+
+void Scheduler::end_sequence(Sequence& s, FinishReason reason) {
+  s.finish = reason;
+  s.table.release(mgr_);
+  s.n_computed = 0;
+  --running_seqs_;
+}
+
+bool Scheduler::finish_sequence(Request* r, Sequence& s, FinishReason reason) {
+  end_sequence(s, reason);
+  if (r->n_live() > 0) return false;
+  auto it = std::find(running_.begin(), running_.end(), r);
+  PAGELLM_CHECK(it != running_.end());
+  running_.erase(it);
+  r->state = RequestState::kFinished;
+  return true;
+}
+
+bool Scheduler::can_plan_ahead() const {
+  int32_t in_step = 0, blocks = 0;
+  for (const InFlight& f : in_flight_) {
+    const auto it = requests_.find(f.id);
+    if (it == requests_.end() || it->second->state != RequestState::kRunning) continue;
+    const Request& r = *it->second;
+    const Sequence& s = r.seqs[f.seq_index];
+    if (!f.needs_logits || (!r.forked && r.n > 1) || r.has_parked()) return false;
+    ++in_step;
+    // The next decode writes position n_computed (the token this step samples).
+    blocks += s.table.n_blocks_needed(mgr_, s.n_computed, s.n_computed + 1);
+  }
+  int32_t active = 0;
+  for (const Request* r : running_) {
+    for (const Sequence& s : r->seqs) active += r->is_active(s) ? 1 : 0;
+  }
+  return in_step > 0 && in_step == active && blocks <= mgr_.n_free();
+}
+
+std::vector<FinishedRequest> Scheduler::resolve_tokens(std::span<const SampledToken> results) {
+  std::vector<FinishedRequest> done;
+  for (const SampledToken& t : results) {
+    auto it = requests_.find(t.request_id);
+    if (it == requests_.end()) continue;  // aborted, or finished at max_tokens
+    Request* r = it->second.get();
+    if (is_terminal(r->state) || t.seq_index < 0 || t.seq_index >= r->n) continue;
+    Sequence& s = r->seqs[t.seq_index];
+    if (s.finished()) continue;
+    PAGELLM_CHECK_MSG(!s.tokens.empty() && s.tokens.back() == kPendingToken,
+                      "resolve_tokens: the sequence has no pending token");
+    PAGELLM_CHECK_MSG(t.token >= 0, "resolve_tokens: a pending token's value is missing");
+    s.tokens.back() = t.token;
+    if (t.finish == FinishReason::kNone) continue;
+    // Planning ahead preempts nothing (can_plan_ahead), so a live sequence is still running.
+    PAGELLM_CHECK_MSG(r->state == RequestState::kRunning,
+                      "resolve_tokens: a stopped sequence is not running");
+    if (finish_sequence(r, s, t.finish)) {
+      done.push_back(summarize(*r));
+      forget(r);
+    }
   }
   maybe_check();
   return done;

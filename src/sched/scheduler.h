@@ -117,6 +117,11 @@ struct SchedulePlan {
   bool empty() const { return seqs.empty(); }
 };
 
+// A token sampled but not yet read: the engine queues the next step before the host sees the
+// tokens of the one in flight (Scheduler::can_plan_ahead), reports them as kPendingToken to
+// on_step_done(), and their values with resolve_tokens() once they arrive.
+inline constexpr int32_t kPendingToken = -1;
+
 // One sampled token, as the engine reports it.
 struct SampledToken {
   RequestId request_id = 0;
@@ -162,6 +167,20 @@ class Scheduler {
   // sequences the engine stopped or that hit max_tokens, frees their blocks, and returns the
   // requests that completed (they are forgotten). Results for aborted requests are ignored.
   std::vector<FinishedRequest> on_step_done(std::span<const SampledToken> results);
+
+  // Planning ahead. True when on_step_done() may take the step in flight's tokens as
+  // kPendingToken: every running sequence is in that step, wants its logits, and will be a plain
+  // decode next (no prompt chunk left, no unforked n > 1 request, none parked), and the blocks
+  // their next tokens need are free now, so the next schedule() preempts nothing and plans
+  // kPendingToken only as a decode's input. Sequences that reach max_tokens still finish in
+  // on_step_done(). Until resolve_tokens(), a pending token is known only as a count.
+  bool can_plan_ahead() const;
+  // The values of the last on_step_done()'s pending tokens, with the engine's stop decisions
+  // (finish set: the sequence ends now, its blocks freed; a step already planned for it is
+  // ignored when it is reported). Results for sequences or requests that ended meanwhile are
+  // ignored. Must come before the next on_step_done(), whose step's KV those tokens are.
+  // Returns the requests that completed.
+  std::vector<FinishedRequest> resolve_tokens(std::span<const SampledToken> results);
 
   const Request* find(RequestId id) const;
   int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
@@ -210,6 +229,11 @@ class Scheduler {
   void remove_running(const Request* r);
   FinishedRequest summarize(const Request& r) const;
   void forget(Request* r);
+  // Ends running sequence s with `reason`: its blocks freed, no longer counted as running.
+  void end_sequence(Sequence& s, FinishReason reason);
+  // end_sequence() for sequence s of running request r; true when that was
+  // r's last live sequence (r is then finished and out of running_, not yet forgotten).
+  bool finish_sequence(Request* r, Sequence& s, FinishReason reason);
   void maybe_check() const;
 
   SchedulerConfig config_;

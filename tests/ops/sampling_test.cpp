@@ -413,5 +413,66 @@ TEST(Sampling, SharedRowsAndRowErrors) {
   EXPECT_GT(stats.errors, 0);  // the special rows did fail, as on the CPU
 }
 
+// Pipelined sampling (Backend::sample_async): two calls queued before either is read give the
+// tokens sample() gives, and take_sampled_tokens() puts a call's tokens into a step's token ids on
+// the device (0 for a failed or missing row; non-negative ids untouched; nothing outside the
+// ids written).
+TEST(Sampling, PipelinedCallsAndTheTokensTheyHandOver) {
+  PAGELLM_REQUIRE_CUDA();
+  (void)cpu;
+  constexpr int32_t kVocab = 32000, kRows = 5;
+  Rng rng(base_seed() + 9900);
+  std::vector<float> logits = random_bf16_values(rng, int64_t{kRows} * kVocab, 4.0f);
+  logits[3 * kVocab + 11] = std::numeric_limits<float>::quiet_NaN();  // row 3 fails
+  std::vector<uint16_t> bits(logits.size());
+  from_f32(DType::kBF16, logits.data(), bits.data(), static_cast<int64_t>(logits.size()));
+  DevBuf dev(cuda, static_cast<int64_t>(bits.size() * 2));
+  dev.upload(bits.data(), static_cast<int64_t>(bits.size() * 2));
+  const Tensor dl = dev.view(DType::kBF16, {kRows, kVocab});
+  std::vector<DeviceSampleRow> rows(kRows), reversed(kRows);
+  for (int32_t i = 0; i < kRows; ++i) {
+    rows[i].logits_row = i;
+    rows[i].flags = kSampleGreedy;
+    reversed[i] = rows[i];
+    reversed[i].logits_row = kRows - 1 - i;
+  }
+  std::vector<DeviceSampleResult> want(kRows), want_reversed(kRows);
+  cuda.sample(dl, rows.data(), kRows, nullptr, 0, want.data());
+  cuda.sample(dl, reversed.data(), kRows, nullptr, 0, want_reversed.data());
+  for (int32_t i = 0; i < kRows; ++i) {
+    const float* r = logits.data() + int64_t{i} * kVocab;
+    if (i == 3) {
+      EXPECT_EQ(want[i].status, DeviceSampleStatus::kNan);
+      continue;
+    }
+    ASSERT_EQ(want[i].status, DeviceSampleStatus::kOk) << "row " << i;
+    EXPECT_EQ(want[i].token, static_cast<int32_t>(std::max_element(r, r + kVocab) - r));
+  }
+
+  const uint64_t a = cuda.sample_async(dl, rows.data(), kRows, nullptr, 0);
+  const uint64_t b = cuda.sample_async(dl, reversed.data(), kRows, nullptr, 0);
+  const std::vector<int32_t> ids = {-1, 7, -3, -4, -5, -6, 42, -2};
+  DevBuf tok(cuda, static_cast<int64_t>(ids.size() * 4));
+  tok.upload(ids.data(), static_cast<int64_t>(ids.size() * 4));
+  Tensor t = tok.view(DType::kI32, {static_cast<int64_t>(ids.size())});
+  cuda.take_sampled_tokens(t, a);
+  const auto got = tok.download<int32_t>();
+  const std::vector<int32_t> expect = {
+      want[0].token,    7,  want[2].token, 0 /* row 3 failed */, want[4].token,
+      0 /* no row 5 */, 42, want[1].token};
+  EXPECT_EQ(got, expect);
+  EXPECT_TRUE(guards_ok("take_sampled_tokens", tok));
+  std::vector<DeviceSampleResult> ra(kRows), rb(kRows);
+  cuda.sample_results(b, rb.data());  // read out of order: each call has its own slot
+  cuda.sample_results(a, ra.data());
+  for (int32_t i = 0; i < kRows; ++i) {
+    EXPECT_EQ(ra[i].status, want[i].status) << "row " << i;
+    EXPECT_EQ(ra[i].token, want[i].token) << "row " << i;
+    EXPECT_EQ(rb[i].status, want_reversed[i].status) << "row " << i;
+    EXPECT_EQ(rb[i].token, want_reversed[i].token) << "row " << i;
+  }
+  n_cases_checked() += 2 * kRows + static_cast<int64_t>(ids.size());
+}
+
 }  // namespace
 }  // namespace pagellm::optest

@@ -115,6 +115,11 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   CUDA_CHECK(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming));
   CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), kSlots * kSlotBytes));
   for (auto& e : slot_events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&sample_stream_, cudaStreamNonBlocking));
+  for (SampleSlot& slot : sample_slots_) {
+    for (cudaEvent_t* e : {&slot.uploaded, &slot.sampled, &slot.done})
+      CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -122,6 +127,7 @@ CudaBackend::~CudaBackend() {
   // already gone.
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(side_stream_);
+  cudaStreamSynchronize(sample_stream_);
   gemm_.reset();
   side_gemm_.reset();
   if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
@@ -131,8 +137,13 @@ CudaBackend::~CudaBackend() {
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
   if (upload_staging_ != nullptr) cudaFree(upload_staging_);
   if (attn_workspace_ != nullptr) cudaFree(attn_workspace_);
-  if (sample_host_ != nullptr) cudaFreeHost(sample_host_);
-  if (sample_dev_ != nullptr) cudaFree(sample_dev_);
+  for (SampleSlot& slot : sample_slots_) {
+    if (slot.host != nullptr) cudaFreeHost(slot.host);
+    if (slot.dev != nullptr) cudaFree(slot.dev);
+    for (cudaEvent_t e : {slot.uploaded, slot.sampled, slot.done})
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (sample_stream_ != nullptr) cudaStreamDestroy(sample_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
 }
@@ -863,13 +874,31 @@ void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleRow*
                                     int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits,
                                     DeviceSampleResult* out, int group) {
   if (n_rows <= 0) return;
+  sample_results(enqueue_sample(logits, rows, n_rows, edits, n_edits, group), out);
+}
+
+uint64_t CudaBackend::sample_async(const Tensor& logits, const DeviceSampleRow* rows,
+                                   int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits) {
+  return enqueue_sample(logits, rows, n_rows, edits, n_edits, 0);
+}
+
+CudaBackend::SampleSlot& CudaBackend::sample_slot(uint64_t ticket) {
+  SampleSlot& slot = sample_slots_[ticket % kSampleSlots];
+  PAGELLM_CHECK_MSG(ticket != 0 && slot.ticket == ticket,
+                    "sampled results asked for after their slot was reused");
+  return slot;
+}
+
+uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow* rows,
+                                     int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits,
+                                     int group) {
   check_on_device(logits, "logits");
   PAGELLM_CHECK_MSG(
       logits.ndim == 2 && (logits.dtype == DType::kBF16 || logits.dtype == DType::kF32),
       "sample: logits must be a [n, vocab] bf16 or f32 tensor");
   const int64_t n_logit_rows = logits.size(0), vocab = logits.size(1);
   PAGELLM_CHECK_MSG(vocab > 0 && vocab < INT32_MAX, "sample: vocabulary size out of range");
-  PAGELLM_CHECK(n_edits >= 0 && (n_edits == 0 || edits != nullptr) && out != nullptr);
+  PAGELLM_CHECK(n_rows >= 0 && n_edits >= 0 && (n_edits == 0 || edits != nullptr));
   // The kernel trusts these: an edit list out of order or out of range would read out of bounds.
   for (int32_t i = 0; i < n_rows; ++i) {
     const DeviceSampleRow& r = rows[i];
@@ -886,46 +915,79 @@ void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleRow*
                         "sample: a row's edits must be sorted by token, one per token");
     }
   }
+  const uint64_t ticket = ++sample_tickets_;
+  SampleSlot& slot = sample_slots_[ticket % kSampleSlots];
+  // The slot's previous call (kSampleSlots ago) has been read, or its results are dropped: once
+  // its copies are done, the areas are free to refill.
+  if (slot.ticket != 0) CUDA_CHECK(cudaEventSynchronize(slot.done));
+  slot.ticket = ticket;
+  slot.n_rows = n_rows;
+  if (n_rows == 0) {
+    CUDA_CHECK(cudaEventRecord(slot.done, sample_stream_));
+    return ticket;
+  }
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t rows_bytes = aligned(int64_t{n_rows} * sizeof(DeviceSampleRow));
   const int64_t edits_bytes = aligned(int64_t{n_edits} * sizeof(DeviceSampleEdit));
   const int64_t results_bytes = int64_t{n_rows} * sizeof(DeviceSampleResult);
   const int64_t need = rows_bytes + edits_bytes + results_bytes;
-  if (need > sample_bytes_) {
+  if (need > slot.bytes) {
+    // A step may still read the device area (take_sampled_tokens on the main stream).
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (sample_host_ != nullptr) CUDA_CHECK(cudaFreeHost(sample_host_));
-    if (sample_dev_ != nullptr) CUDA_CHECK(cudaFree(sample_dev_));
-    sample_host_ = nullptr;
-    sample_dev_ = nullptr;
-    const int64_t bytes = std::max(need, 2 * sample_bytes_);
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), bytes));
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&sample_dev_), bytes));
-    sample_bytes_ = bytes;
+    if (slot.host != nullptr) CUDA_CHECK(cudaFreeHost(slot.host));
+    if (slot.dev != nullptr) CUDA_CHECK(cudaFree(slot.dev));
+    slot.host = nullptr;
+    slot.dev = nullptr;
+    const int64_t bytes = std::max(need, 2 * slot.bytes);
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.host), bytes));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot.dev), bytes));
+    slot.bytes = bytes;
   }
-  // The previous call waited for its copies, so the pinned area is free to refill.
-  std::memcpy(sample_host_, rows, n_rows * sizeof(DeviceSampleRow));
-  if (n_edits > 0)
-    std::memcpy(sample_host_ + rows_bytes, edits, n_edits * sizeof(DeviceSampleEdit));
-  CUDA_CHECK(cudaMemcpyAsync(sample_dev_, sample_host_, rows_bytes + edits_bytes,
-                             cudaMemcpyHostToDevice, stream_));
+  slot.results_offset = rows_bytes + edits_bytes;
+  std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
+  if (n_edits > 0) std::memcpy(slot.host + rows_bytes, edits, n_edits * sizeof(DeviceSampleEdit));
+  CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, rows_bytes + edits_bytes, cudaMemcpyHostToDevice,
+                             sample_stream_));
+  CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
   SampleLaunch l;
   l.logits = logits.data;
   l.dtype = logits.dtype;
   l.ld = logits.row_stride();
   l.vocab = static_cast<int32_t>(vocab);
-  l.rows = reinterpret_cast<const DeviceSampleRow*>(sample_dev_);
+  l.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);
   l.n_rows = n_rows;
-  l.edits = reinterpret_cast<const DeviceSampleEdit*>(sample_dev_ + rows_bytes);
-  l.results = reinterpret_cast<DeviceSampleResult*>(sample_dev_ + rows_bytes + edits_bytes);
+  l.edits = reinterpret_cast<const DeviceSampleEdit*>(slot.dev + rows_bytes);
+  l.results = reinterpret_cast<DeviceSampleResult*>(slot.dev + slot.results_offset);
   l.n_sms = n_sms_;
   l.cluster_ok = cluster_ok_;
   l.force_group = group;
   launch_sample(l, stream_);
-  char* host_results = sample_host_ + rows_bytes + edits_bytes;
-  CUDA_CHECK(
-      cudaMemcpyAsync(host_results, l.results, results_bytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::memcpy(static_cast<void*>(out), host_results, results_bytes);
+  CUDA_CHECK(cudaEventRecord(slot.sampled, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(sample_stream_, slot.sampled, 0));
+  CUDA_CHECK(cudaMemcpyAsync(slot.host + slot.results_offset, l.results, results_bytes,
+                             cudaMemcpyDeviceToHost, sample_stream_));
+  CUDA_CHECK(cudaEventRecord(slot.done, sample_stream_));
+  return ticket;
+}
+
+void CudaBackend::sample_results(uint64_t ticket, DeviceSampleResult* out) {
+  SampleSlot& slot = sample_slot(ticket);
+  CUDA_CHECK(cudaEventSynchronize(slot.done));
+  std::memcpy(static_cast<void*>(out), slot.host + slot.results_offset,
+              int64_t{slot.n_rows} * sizeof(DeviceSampleResult));
+}
+
+void CudaBackend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
+  check_on_device(tokens, "tokens");
+  PAGELLM_CHECK_MSG(tokens.dtype == DType::kI32 && tokens.ndim == 1,
+                    "take_sampled_tokens: tokens must be an i32 vector");
+  const SampleSlot& slot = sample_slot(ticket);
+  // Queued after the sampling kernel on the same stream: its results are there.
+  launch_take_sampled_tokens(static_cast<int32_t*>(tokens.data), tokens.numel(),
+                             reinterpret_cast<const DeviceSampleResult*>(
+                                 slot.n_rows > 0 ? slot.dev + slot.results_offset : nullptr),
+                             slot.n_rows, stream_);
 }
 
 }  // namespace cuda

@@ -127,6 +127,10 @@ class CudaBackend final : public Backend {
   bool supports_sampling() const override { return true; }
   void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
               const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) override;
+  uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                        const DeviceSampleEdit* edits, int32_t n_edits) override;
+  void sample_results(uint64_t ticket, DeviceSampleResult* out) override;
+  void take_sampled_tokens(Tensor& tokens, uint64_t ticket) override;
   // sample() with the blocks per row fixed (tests and benchmarks exercise every layout); 0 chooses
   // from the shape, as sample() does.
   void sample_with_group(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
@@ -213,12 +217,27 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
-  // Device sampling: the rows and edits going up and the results coming back pass through one
-  // pinned host area and one device area, grown on demand.
   bool cluster_ok_ = false;  // sm_90: thread-block clusters
-  char* sample_host_ = nullptr;
-  char* sample_dev_ = nullptr;
-  int64_t sample_bytes_ = 0;
+  // Device sampling. A call's rows and edits go up and its results come back through one of
+  // kSampleSlots pinned host areas and device areas (grown on demand), so a call can be queued
+  // while the one before is unread (sample_async). Both copies run on a stream of their own:
+  // the rows go up while the step still runs, and the step after the sampling kernel need not
+  // wait for the results' trip to the host.
+  struct SampleSlot {
+    char* host = nullptr;
+    char* dev = nullptr;
+    int64_t bytes = 0;
+    uint64_t ticket = 0;  // the call using it; 0: none yet
+    int32_t n_rows = 0;
+    int64_t results_offset = 0;  // of the results, in both areas
+    cudaEvent_t uploaded = nullptr, sampled = nullptr, done = nullptr;
+  };
+  SampleSlot& sample_slot(uint64_t ticket);
+  uint64_t enqueue_sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                          const DeviceSampleEdit* edits, int32_t n_edits, int group);
+  std::array<SampleSlot, kSampleSlots> sample_slots_;
+  uint64_t sample_tickets_ = 0;
+  cudaStream_t sample_stream_ = nullptr;
 };
 
 }  // namespace pagellm::cuda

@@ -31,6 +31,7 @@
 // everything else, tokens, ranks and the top-N lists, is identical.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <climits>
@@ -1219,6 +1220,33 @@ void launch_sample(const SampleLaunch& l, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = group > 1 ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, args));
+}
+
+namespace {
+
+__global__ void take_sampled_tokens_kernel(int32_t* tokens, int64_t n,
+                                           const DeviceSampleResult* results, int32_t n_rows) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t t = tokens[i];
+    if (t >= 0) continue;
+    const int64_t row = -(int64_t{t} + 1);
+    int32_t token = 0;  // a failed or missing row: any valid id (its step is discarded)
+    if (row < n_rows && results[row].status == DeviceSampleStatus::kOk && results[row].token >= 0)
+      token = results[row].token;
+    tokens[i] = token;
+  }
+}
+
+}  // namespace
+
+void launch_take_sampled_tokens(int32_t* tokens, int64_t n, const DeviceSampleResult* results,
+                                int32_t n_rows, cudaStream_t stream) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 64));
+  take_sampled_tokens_kernel<<<blocks, kThreads, 0, stream>>>(tokens, n, results, n_rows);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace pagellm::cuda

@@ -120,8 +120,24 @@ class ContractSamplingBackend final : public ForwardingBackend {
       sample_by_contract(logits, rows[i], edits, out[i]);
     }
   }
+  // The pipelined half (Backend's defaults, counted): how many calls were unread at once, and
+  // how often a step took its tokens from a call's results.
+  uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
+                        const DeviceSampleEdit* edits, int32_t n_edits) override {
+    max_unread = std::max(max_unread, ++unread);
+    return Backend::sample_async(logits, rows, n_rows, edits, n_edits);
+  }
+  void sample_results(uint64_t ticket, DeviceSampleResult* out) override {
+    --unread;
+    Backend::sample_results(ticket, out);
+  }
+  void take_sampled_tokens(Tensor& tokens, uint64_t ticket) override {
+    ++n_taken;
+    Backend::take_sampled_tokens(tokens, ticket);
+  }
 
   int64_t n_calls = 0, n_rows_sampled = 0, n_shared_rows = 0;
+  int64_t unread = 0, max_unread = 0, n_taken = 0;
 };
 
 struct Collected {
@@ -149,8 +165,11 @@ class EngineDeviceSamplingTest : public testing::Test {
     model_ = std::move(*m);
   }
 
-  // Runs `reqs` together on an engine over `backend`; one Collected per request.
-  std::vector<Collected> run(Backend& backend, const std::vector<EngineRequest>& reqs) {
+  // Runs `reqs` together on an engine over `backend`; one Collected per request. Requests listed
+  // in `abort` are aborted once their first token is out; *final (optional) gets the engine's
+  // stats once every request is done.
+  std::vector<Collected> run(Backend& backend, const std::vector<EngineRequest>& reqs,
+                             const std::set<size_t>& abort = {}, EngineStats* final = nullptr) {
     EngineConfig cfg;
     cfg.scheduler.max_num_seqs = 32;
     cfg.scheduler.max_num_batched_tokens = 40;  // chunked prefills mixed with decodes
@@ -162,10 +181,12 @@ class EngineDeviceSamplingTest : public testing::Test {
     std::mutex mu;
     std::condition_variable cv;
     size_t n_done = 0;
+    std::vector<uint64_t> ids(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
       Collected* c = &out[i];
       auto r = (*e)->submit(reqs[i], [&, c](EngineOutput&& o) {
         std::lock_guard<std::mutex> lock(mu);
+        if (!o.token_ids.empty()) cv.notify_all();
         for (size_t k = 0; k < o.token_ids.size(); ++k) {
           c->tokens[o.seq_index].push_back(o.token_ids[k]);
           if (k < o.logprobs.size()) c->logprobs[o.seq_index].push_back(o.logprobs[k]);
@@ -180,10 +201,18 @@ class EngineDeviceSamplingTest : public testing::Test {
         }
       });
       EXPECT_TRUE(r.ok()) << r.status().to_string();
+      if (r.ok()) ids[i] = *r;
     }
     std::unique_lock<std::mutex> lock(mu);
+    for (size_t i : abort) {
+      EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120),
+                              [&] { return out[i].done || !out[i].tokens.empty(); }));
+      (*e)->abort(ids[i]);
+    }
     EXPECT_TRUE(
         cv.wait_for(lock, std::chrono::seconds(120), [&] { return n_done == reqs.size(); }));
+    lock.unlock();
+    if (final != nullptr) *final = (*e)->stats();
     return out;
   }
 
@@ -314,6 +343,75 @@ TEST_F(EngineDeviceSamplingTest, PromptLogprobsStepsSampleOnTheHost) {
     for (const auto& [seq, t] : c.tokens) n_tokens += static_cast<int64_t>(t.size());
   EXPECT_GT(contract_->n_rows_sampled, 0);
   EXPECT_LT(contract_->n_rows_sampled, n_tokens);
+}
+
+// Sampling that reads no earlier token's value (no penalties) lets the engine plan each step
+// before the host has read the tokens of the one in flight: they stay on the "device" and the
+// next step takes them there (Backend::take_sampled_tokens). Tokens, logprobs, stops (a stop
+// token, stop strings' absence, min_tokens, max_tokens), n > 1 and aborts must come out as on
+// the host path, step by step, and every block must be free at the end.
+TEST_F(EngineDeviceSamplingTest, StepsPlannedAheadGiveTheSameOutputs) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 10; ++i) {
+    EngineRequest r = request({5, 9, 33, 71, static_cast<int32_t>(12 + 7 * i)}, 500 + i);
+    SamplingParams& p = r.params;
+    p.max_tokens = 6 + 2 * i;
+    switch (i % 5) {
+      case 0:
+        p.temperature = 0.0f, p.logprobs = 2;
+        break;
+      case 1:
+        p.temperature = 0.9f, p.top_k = 20;
+        break;
+      case 2:
+        p.n = 2, p.temperature = 1.0f;
+        break;
+      case 3:
+        p.temperature = 0.8f, p.logit_bias = {{17, 3.0f}}, p.min_tokens = 3;
+        break;
+      default:
+        p.temperature = 0.7f, p.top_p = 0.9f, p.logprobs = 1;
+        break;
+    }
+    reqs.push_back(std::move(r));
+  }
+  // A stop token each request meets mid-stream: its own fourth token, seen on the host path.
+  const auto plain = run(*cpu_, reqs);
+  for (size_t i = 0; i < reqs.size(); i += 2) {
+    ASSERT_GE(plain[i].tokens.at(0).size(), 4u);
+    reqs[i].params.stop_token_ids = {plain[i].tokens.at(0)[3]};
+  }
+  EngineStats dev_stats;
+  const auto host = run(*cpu_, reqs);
+  const auto dev = run(*contract_, reqs, {}, &dev_stats);
+  expect_same(host, dev);
+  EXPECT_EQ(contract_->max_unread, 2) << "no step was planned ahead";
+  EXPECT_GT(contract_->n_taken, 0);
+  EXPECT_EQ(dev_stats.scheduler.kv_usage, 0.0);
+  int n_stopped = 0;
+  for (size_t i = 0; i < reqs.size(); i += 2) {
+    const auto f = dev[i].finish.find(0);
+    n_stopped += f != dev[i].finish.end() && f->second == FinishReason::kStop ? 1 : 0;
+  }
+  EXPECT_GT(n_stopped, 0) << "no request met its stop token";
+
+  // Aborts land while steps are planned ahead: the streams end and every block is free.
+  std::vector<EngineRequest> longer;
+  for (int i = 0; i < 6; ++i) {
+    EngineRequest r = request({3, 1, 4, 1, 5, static_cast<int32_t>(9 + i)}, 900 + i);
+    r.params.max_tokens = 40;
+    r.params.temperature = 0.0f;
+    longer.push_back(std::move(r));
+  }
+  EngineStats abort_stats;
+  const auto aborted = run(*contract_, longer, {0, 3, 4}, &abort_stats);
+  for (size_t i = 0; i < longer.size(); ++i) {
+    EXPECT_TRUE(aborted[i].done) << "request " << i;
+    if (i == 0 || i == 3 || i == 4) continue;
+    EXPECT_EQ(aborted[i].tokens.at(0).size(), 40u) << "request " << i;
+  }
+  EXPECT_EQ(abort_stats.scheduler.kv_usage, 0.0);
+  EXPECT_EQ(abort_stats.scheduler.n_running, 0);
 }
 
 }  // namespace

@@ -426,5 +426,101 @@ TEST(SchedulerDeathTest, ScheduleTwiceWithoutResultsIsAProgrammerError) {
   EXPECT_DEATH((void)s->schedule(), "in flight");
 }
 
+RequestSpec spec_of(RequestId id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  RequestSpec r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// Planning ahead: each step's tokens are reported as kPendingToken and their values come one
+// step later with resolve_tokens(). A decode planned on a pending token carries it as its input,
+// a stop resolved late ends the sequence (the step already planned for it is then ignored), and
+// the prefix cache only ever hashes resolved tokens: a later prompt with the same tokens finds
+// the blocks.
+TEST(SchedulerPlanAhead, PendingTokensResolveBeforeTheirBlocksAreCached) {
+  SchedulerConfig sc;
+  sc.paranoid = true;
+  KvCacheConfig kc{
+      .n_blocks = 16, .block_size = 4, .enable_prefix_caching = true, .paranoid = true};
+  auto made = Scheduler::create(sc, kc);
+  ASSERT_TRUE(made.ok());
+  Scheduler& s = **made;
+  const std::vector<int32_t> prompt = {11, 12, 13, 14, 15, 16};
+  ASSERT_TRUE(s.add_request(spec_of(1, prompt, 8)).ok());
+  ASSERT_TRUE(s.add_request(spec_of(2, {21, 22, 23}, 8)).ok());
+  auto pending = [](const SchedulePlan& plan) {
+    std::vector<SampledToken> r;
+    for (const ScheduledSeq& q : plan.seqs) r.push_back({q.request_id, q.seq_index, kPendingToken});
+    return r;
+  };
+
+  SchedulePlan p0 = s.schedule();  // both prompts
+  ASSERT_EQ(p0.seqs.size(), 2u);
+  ASSERT_TRUE(s.can_plan_ahead());
+  EXPECT_TRUE(s.on_step_done(pending(p0)).empty());
+  SchedulePlan p1 = s.schedule();  // both decodes, on the pending tokens
+  ASSERT_EQ(p1.seqs.size(), 2u);
+  for (const ScheduledSeq& q : p1.seqs) EXPECT_EQ(q.token_ids, std::vector<int32_t>{kPendingToken});
+  EXPECT_TRUE(s.resolve_tokens(std::vector<SampledToken>{{1, 0, 50}, {2, 0, 60}}).empty());
+  EXPECT_EQ(s.find(1)->seqs[0].tokens.back(), 50);
+  ASSERT_TRUE(s.can_plan_ahead());
+  EXPECT_TRUE(s.on_step_done(pending(p1)).empty());
+  SchedulePlan p2 = s.schedule();
+  ASSERT_EQ(p2.seqs.size(), 2u);
+  // Request 2 stops on its second token, after its third step was planned.
+  const auto done =
+      s.resolve_tokens(std::vector<SampledToken>{{1, 0, 51}, {2, 0, 61, FinishReason::kStop}});
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].id, 2u);
+  EXPECT_EQ(done[0].reasons, std::vector<FinishReason>{FinishReason::kStop});
+  EXPECT_EQ(done[0].n_output_tokens, 2);
+  EXPECT_EQ(s.find(2), nullptr);
+  ASSERT_TRUE(s.can_plan_ahead());
+  EXPECT_TRUE(s.on_step_done(pending(p2)).empty());  // request 2's result is ignored
+  SchedulePlan p3 = s.schedule();
+  ASSERT_EQ(p3.seqs.size(), 1u);
+  const auto stopped = s.resolve_tokens(std::vector<SampledToken>{{1, 0, 52, FinishReason::kStop}});
+  ASSERT_EQ(stopped.size(), 1u);
+  EXPECT_TRUE(s.on_step_done(pending(p3)).empty());
+  EXPECT_FALSE(s.has_unfinished());
+  EXPECT_EQ(s.stats().kv_usage, 0.0);
+
+  // Request 1 computed 11..16, 50, 51: two full blocks, findable under those tokens.
+  std::vector<int32_t> again = prompt;
+  again.insert(again.end(), {50, 51, 99});
+  ASSERT_TRUE(s.add_request(spec_of(3, again, 1)).ok());
+  SchedulePlan p4 = s.schedule();
+  ASSERT_EQ(p4.seqs.size(), 1u);
+  EXPECT_EQ(s.find(3)->n_cached_tokens, 8);
+}
+
+// Planning ahead is refused while a sequence still has prompt to compute or would need a block
+// that is not free: the next schedule() could then preempt.
+TEST(SchedulerPlanAhead, RefusedWhenTheNextStepCouldPreempt) {
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = 8;  // a 10-token prompt takes two steps
+  sc.max_num_seqs = 4;
+  sc.paranoid = true;
+  KvCacheConfig kc{
+      .n_blocks = 4, .block_size = 4, .enable_prefix_caching = false, .paranoid = true};
+  auto made = Scheduler::create(sc, kc);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Scheduler& s = **made;
+  ASSERT_TRUE(s.add_request(spec_of(1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 5)).ok());
+  SchedulePlan p0 = s.schedule();  // the first chunk: no logits, prompt left
+  EXPECT_FALSE(s.can_plan_ahead());
+  EXPECT_TRUE(s.on_step_done({}).empty());
+  SchedulePlan p1 = s.schedule();   // the rest of the prompt, into block 2
+  EXPECT_TRUE(s.can_plan_ahead());  // its next token, position 10, fits block 2
+  EXPECT_TRUE(s.on_step_done(std::vector<SampledToken>{{1, 0, 11}}).empty());
+  // Request 2 takes the last free block; its next token, position 4, would need another.
+  ASSERT_TRUE(s.add_request(spec_of(2, {9, 9, 9, 9}, 2)).ok());
+  SchedulePlan p2 = s.schedule();
+  ASSERT_EQ(p2.seqs.size(), 2u);
+  EXPECT_FALSE(s.can_plan_ahead());
+}
+
 }  // namespace
 }  // namespace pagellm
