@@ -10,9 +10,10 @@ void add_model_options(std::vector<std::string>& spec) {
 }
 
 void add_engine_options(std::vector<std::string>& spec) {
-  for (const char* s : {"max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-cache-memory",
-                        "gpu-memory-utilization", "block-size", "no-prefix-caching!", "batching",
-                        "max-waiting", "enforce-eager!", "host-sampling!"})
+  for (const char* s :
+       {"max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-cache-memory",
+        "gpu-memory-utilization", "block-size", "no-prefix-caching!", "batching", "max-waiting",
+        "enforce-eager!", "host-sampling!", "no-plan-ahead!"})
     spec.emplace_back(s);
 }
 
@@ -52,6 +53,7 @@ Result<EngineConfig> engine_config_from_args(const Args& a) {
   c.enable_prefix_caching = !a.flag("no-prefix-caching");
   c.enforce_eager = a.flag("enforce-eager");
   c.host_sampling = a.flag("host-sampling");
+  c.plan_ahead = !a.flag("no-plan-ahead");
   if (a.has("batching")) {
     PAGELLM_ASSIGN_OR_RETURN(c.scheduler.batching, parse_batching_policy(*a.get("batching")));
   }

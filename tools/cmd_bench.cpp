@@ -72,6 +72,8 @@ pass (the sampling kernel, and whatever of the token's trip the pipeline does no
                         engine does there (only the token id comes back), or on the host from
                         the downloaded logits row, as the engine does on the CPU (default: device
                         where the backend samples, else host)
+  --step-by-step        decode without the pipeline (each token read before the next step is
+                        queued), for comparison
   --json                also print one JSON object as the last line
   --profile             then time every op of one prefill of --input-len tokens and of one decode
                         step at the end of the prompt, and print a table per step: op and shape,
@@ -98,8 +100,8 @@ Result<double> peak_tflops(const Args& a, const std::string& backend_name) {
 
 int bench_latency(int argc, char** argv) {
   std::vector<std::string> spec = {
-      "model", "device",   "load-format", "input-len",     "output-len", "iters", "json!",
-      "seed",  "profile!", "peak-tflops", "max-model-len", "sampling",   "help!"};
+      "model", "device",   "load-format", "input-len",     "output-len", "iters",         "json!",
+      "seed",  "profile!", "peak-tflops", "max-model-len", "sampling",   "step-by-step!", "help!"};
   Args a("bench latency", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
   if (a.flag("help")) {
@@ -166,7 +168,7 @@ int bench_latency(int argc, char** argv) {
   // and the host reads every token one step late. Step by step (each token read before the next
   // step is queued) where sampling is on the host, and once before the timed passes, whose tokens
   // the pipelined passes must reproduce.
-  const bool pipelined = !on_host;
+  const bool pipelined = !on_host && !a.flag("step-by-step");
   auto decode_pipelined = [&](int32_t first, std::vector<int32_t>& tokens) -> Status {
     auto lg = runner.feed_on_device(std::span<const int32_t>(&first, 1));
     if (!lg.ok()) return lg.status();

@@ -525,12 +525,14 @@ void Engine::step() {
 
   // The step before's tokens, now that this step is queued behind it: their events and stops.
   if (overlapped) read_pending();
-  const auto t_tokens = Clock::now();  // and from here to the next step's forward
 
   // Planning ahead: this step's tokens stay on the device and the next step is planned and
   // queued before the host reads them. Not when a row's sampling reads its earlier tokens'
   // values (penalties: the next step's row would be packed before they are known).
-  const bool ahead = ticket != 0 && !reads_outputs && scheduler_->can_plan_ahead();
+  const bool ahead =
+      config_.plan_ahead && ticket != 0 && !reads_outputs && scheduler_->can_plan_ahead();
+  if (!ahead && ticket != 0) read_device_samples(ticket, packed_, outs);  // waits for the step
+  const auto t_tokens = Clock::now();  // and from here to the next step's forward
   int64_t n_generated = 0;
   if (ahead) {
     std::vector<SampledToken> results;
@@ -555,7 +557,6 @@ void Engine::step() {
       pending_.rows.push_back({pending_.picks[k], static_cast<int32_t>(k)});
     std::sort(pending_.rows.begin(), pending_.rows.end());
   } else {
-    if (ticket != 0) read_device_samples(ticket, packed_, outs);
     std::vector<SampledToken> results;
     std::vector<uint64_t> failed;
     n_generated = emit_tokens(picks, outs, false, results, failed);

@@ -53,6 +53,10 @@ struct EngineConfig {
   // Sample on the host (download the logits, CPU Sampler) even when the backend can sample on its
   // device. The tokens are the same either way; for comparison and debugging.
   bool host_sampling = false;
+  // Plan and queue each decode step before the host has read the tokens of the one in flight
+  // (they go from the sampler to the next step on the device), where sampling reads no earlier
+  // token values (no penalties). Off: every step waits for its tokens, for comparison.
+  bool plan_ahead = true;
 };
 
 struct EngineRequest {
