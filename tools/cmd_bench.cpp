@@ -507,9 +507,12 @@ int bench_throughput(int argc, char** argv) {
     std::printf("first request    TTFT %.2f ms, %.2fx the later requests' mean of %.2f ms\n",
                 first_ttft_ms, first_ttft_ms / later_ms, later_ms);
   }
-  std::printf("engine           %lld steps, busy %.1f%%, %lld preemptions, max-num-seqs %d\n",
-              static_cast<long long>(st.steps), 100.0 * st.busy_seconds / elapsed,
-              static_cast<long long>(st.scheduler.n_preemptions), cfg->scheduler.max_num_seqs);
+  std::printf(
+      "engine           %lld steps (%lld planned ahead), busy %.1f%%, %lld preemptions, "
+      "max-num-seqs %d\n",
+      static_cast<long long>(st.steps), static_cast<long long>(st.steps_planned_ahead),
+      100.0 * st.busy_seconds / elapsed, static_cast<long long>(st.scheduler.n_preemptions),
+      cfg->scheduler.max_num_seqs);
   std::printf(
       "host work        %.1f%% of the run, %.3f ms a step (scheduling and packing before a "
       "step's forward, its tokens' handling after: the device idles meanwhile)\n",
@@ -540,6 +543,7 @@ int bench_throughput(int argc, char** argv) {
                         {"prefix_cache_hits", st.scheduler.prefix.hits},
                         {"kv_blocks", st.n_kv_blocks},
                         {"engine_steps", st.steps},
+                        {"engine_steps_planned_ahead", st.steps_planned_ahead},
                         {"engine_host_seconds", st.host_seconds}};
     if (run_table) j["profile"] = op_table_json(*run_table);
     std::printf("%s\n", j.dump().c_str());

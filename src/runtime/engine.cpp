@@ -582,6 +582,7 @@ void Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.generation_tokens_total += n_generated;
   stats_.steps += 1;
+  stats_.steps_planned_ahead += ahead ? 1 : 0;
   stats_.busy_seconds += dt;
   stats_.host_seconds += host;
   const auto& bounds = EngineStats::kIterationTokenBuckets;

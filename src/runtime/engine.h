@@ -101,6 +101,9 @@ struct EngineStats {
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
   int64_t steps = 0;
+  // Steps whose tokens stayed on the device while the next step was planned and queued
+  // (EngineConfig::plan_ahead).
+  int64_t steps_planned_ahead = 0;
   double busy_seconds = 0;  // time spent inside steps
   // Of that, the host's own work with nothing queued on the device: scheduling and packing a step
   // before its forward is queued, and handling its sampled tokens once they are back (text,

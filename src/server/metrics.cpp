@@ -198,6 +198,10 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
   sample(out, "pagellm:http_connections", l, static_cast<double>(n_open_connections));
   header(out, "pagellm:engine_steps_total", "counter", "Engine steps run.");
   sample(out, "pagellm:engine_steps_total", l, static_cast<double>(es.steps));
+  header(out, "pagellm:engine_steps_planned_ahead_total", "counter",
+         "Engine steps whose tokens stayed on the device while the next step was queued.");
+  sample(out, "pagellm:engine_steps_planned_ahead_total", l,
+         static_cast<double>(es.steps_planned_ahead));
   header(out, "pagellm:engine_busy_seconds_total", "counter", "Seconds the engine spent in steps.");
   sample(out, "pagellm:engine_busy_seconds_total", l, es.busy_seconds);
   header(out, "pagellm:engine_host_seconds_total", "counter",

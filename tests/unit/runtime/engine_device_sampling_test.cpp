@@ -387,6 +387,7 @@ TEST_F(EngineDeviceSamplingTest, StepsPlannedAheadGiveTheSameOutputs) {
   expect_same(host, dev);
   EXPECT_EQ(contract_->max_unread, 2) << "no step was planned ahead";
   EXPECT_GT(contract_->n_taken, 0);
+  EXPECT_GT(dev_stats.steps_planned_ahead, 0);
   EXPECT_EQ(dev_stats.scheduler.kv_usage, 0.0);
   int n_stopped = 0;
   for (size_t i = 0; i < reqs.size(); i += 2) {
