@@ -974,8 +974,9 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
 void CudaBackend::sample_results(uint64_t ticket, DeviceSampleResult* out) {
   SampleSlot& slot = sample_slot(ticket);
   CUDA_CHECK(cudaEventSynchronize(slot.done));
-  std::memcpy(static_cast<void*>(out), slot.host + slot.results_offset,
-              int64_t{slot.n_rows} * sizeof(DeviceSampleResult));
+  if (slot.n_rows > 0)
+    std::memcpy(static_cast<void*>(out), slot.host + slot.results_offset,
+                int64_t{slot.n_rows} * sizeof(DeviceSampleResult));
 }
 
 void CudaBackend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
