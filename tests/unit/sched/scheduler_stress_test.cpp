@@ -4,10 +4,14 @@
 // writes (token, position) into the planned slots, and before every step checks that each
 // scheduled sequence's context slots hold exactly its own tokens at their positions, which is what
 // attention would read. At the end every request has finished or was aborted by the test, none was
-// failed by the scheduler, and the pool is entirely free again.
+// failed by the scheduler, and the pool is entirely free again. The plan-ahead scenarios report a
+// step's tokens as pending whenever the scheduler allows it (Scheduler::can_plan_ahead) and
+// resolve them, stops included, after the next step is planned, as the engine does on a device;
+// the simulated device then writes the pending token's value, which the host learns only later.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -28,7 +32,11 @@ struct StressParams {
   int n_requests;
   unsigned seed;
   bool expect_pressure = true;  // the scenario must preempt, copy and fill the waiting queue
+  bool plan_ahead = false;      // report tokens as pending where the scheduler allows it
 };
+
+// The values of tokens reported as kPendingToken, by (request, sequence): what the device knows.
+using PendingValues = std::map<std::pair<RequestId, int32_t>, SampledToken>;
 
 void PrintTo(const StressParams& p, std::ostream* os) { *os << p.name; }
 
@@ -36,8 +44,9 @@ class KvSim {
  public:
   KvSim(int n_blocks, int bs) : bs_(bs), cell_(static_cast<size_t>(n_blocks) * bs, {-1, -1}) {}
 
-  // Checks the plan against the scheduler's view and the simulated cache, then "runs" it.
-  void run(const SchedulePlan& plan, const Scheduler& s) {
+  // Checks the plan against the scheduler's view and the simulated cache, then "runs" it; a
+  // pending input token is written with its value from `pending`.
+  void run(const SchedulePlan& plan, const Scheduler& s, const PendingValues& pending) {
     const BlockManager& mgr = s.block_manager();
     // Copies can run as one batch: destinations are distinct and never a source.
     std::set<BlockId> srcs, dsts;
@@ -86,7 +95,13 @@ class KvSim {
       const int n = static_cast<int>(q.token_ids.size());
       for (int i = 0; i < n; ++i) {
         const int p = q.context_len - n + i;
-        cell_[slot(q, p)] = {q.token_ids[i], p};
+        int32_t token = q.token_ids[i];
+        if (token == kPendingToken) {
+          const auto it = pending.find({q.request_id, q.seq_index});
+          ASSERT_NE(it, pending.end()) << "a pending input token nobody sampled";
+          token = it->second.token;
+        }
+        cell_[slot(q, p)] = {token, p};
       }
     }
   }
@@ -149,7 +164,8 @@ TEST_P(SchedulerStress, EverythingFinishesAndThePoolIsFreeAgain) {
   std::vector<RequestSpec> retry;  // refused with 429: the client tries again later
   std::set<RequestId> live, aborted_by_us, finished;
   int n_added = 0, n_refused_full = 0, n_too_large = 0, n_preempted = 0, n_cow = 0;
-  int n_sibling_recompute = 0;
+  int n_sibling_recompute = 0, n_ahead = 0, n_late_stops = 0;
+  PendingValues pending;  // the last step's tokens, when it was planned ahead
   RequestId next_id = 1;
   int step = 0;
   const int max_steps = 200000;
@@ -201,8 +217,22 @@ TEST_P(SchedulerStress, EverythingFinishesAndThePoolIsFreeAgain) {
     n_preempted += static_cast<int>(plan.preempted.size());
     n_cow += static_cast<int>(plan.copies.size());
     for (const ScheduledSeq& q : plan.seqs) n_sibling_recompute += q.seq_index > 0 && q.is_prefill;
-    sim.run(plan, s);
+    sim.run(plan, s, pending);
     if (HasFatalFailure()) return;
+    // Planned ahead: the step before's tokens reach the host now, after this step was planned.
+    if (!pending.empty()) {
+      std::vector<SampledToken> values;
+      for (const auto& [key, t] : pending) {
+        values.push_back(t);
+        n_late_stops += t.finish != FinishReason::kNone;
+      }
+      pending.clear();
+      for (const FinishedRequest& f : s.resolve_tokens(values)) {
+        ASSERT_EQ(f.state, RequestState::kFinished);
+        ASSERT_TRUE(live.erase(f.id));
+        finished.insert(f.id);
+      }
+    }
 
     std::vector<SampledToken> results;
     for (const ScheduledSeq& q : plan.seqs) {
@@ -214,12 +244,22 @@ TEST_P(SchedulerStress, EverythingFinishesAndThePoolIsFreeAgain) {
                            .finish = coin(0.03) ? FinishReason::kStop : FinishReason::kNone});
       }
     }
+    if (P.plan_ahead && s.can_plan_ahead() && coin(0.8)) {
+      ++n_ahead;
+      for (SampledToken& t : results) {
+        pending[{t.request_id, t.seq_index}] = t;
+        t.token = kPendingToken;
+        t.finish = FinishReason::kNone;
+      }
+    }
     // Sometimes a client disconnects while the step runs.
     if (!plan.seqs.empty() && coin(0.01)) {
       RequestId id = plan.seqs[uni(0, static_cast<int>(plan.seqs.size()) - 1)].request_id;
-      ASSERT_TRUE(s.abort(id));
-      live.erase(id);
-      aborted_by_us.insert(id);
+      if (live.count(id)) {  // not stopped by the tokens resolved since it was planned
+        ASSERT_TRUE(s.abort(id));
+        live.erase(id);
+        aborted_by_us.insert(id);
+      }
     }
     for (const FinishedRequest& f : s.on_step_done(results)) {
       ASSERT_EQ(f.state, RequestState::kFinished);
@@ -256,13 +296,18 @@ TEST_P(SchedulerStress, EverythingFinishesAndThePoolIsFreeAgain) {
     EXPECT_GT(mgr.prefix_stats().hits, 0);
     EXPECT_GT(mgr.prefix_stats().evictions, 0);
   }
-  std::printf("[ stress   ] %s: %d requests (%zu finished, %zu aborted), %d steps, %d preemptions, "
-              "%d copies, %d resumed-sample chunks, %d refused (queue full), %d refused (too large), "
-              "prefix hits %lld/%lld tokens\n",
-              P.name, P.n_requests, finished.size(), aborted_by_us.size(), step, n_preempted, n_cow,
-              n_sibling_recompute,
-              n_refused_full, n_too_large, static_cast<long long>(mgr.prefix_stats().hits),
-              static_cast<long long>(mgr.prefix_stats().queries));
+  if (P.plan_ahead) {
+    EXPECT_GT(n_ahead, step / 10);
+    EXPECT_GT(n_late_stops, 0);
+  }
+  std::printf(
+      "[ stress   ] %s: %d requests (%zu finished, %zu aborted), %d steps, %d preemptions, "
+      "%d copies, %d resumed-sample chunks, %d refused (queue full), %d refused (too large), "
+      "prefix hits %lld/%lld tokens, %d steps planned ahead\n",
+      P.name, P.n_requests, finished.size(), aborted_by_us.size(), step, n_preempted, n_cow,
+      n_sibling_recompute, n_refused_full, n_too_large,
+      static_cast<long long>(mgr.prefix_stats().hits),
+      static_cast<long long>(mgr.prefix_stats().queries), n_ahead);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -274,8 +319,13 @@ INSTANTIATE_TEST_SUITE_P(
         StressParams{"continuous_prefix_bs16", 16, 32, true, "continuous", 1500, 3},
         StressParams{"continuous_prefix_bs1", 1, 40, true, "continuous", 800, 4, false},
         StressParams{"static4", 4, 48, true, "static:4", 600, 5, false},
-        StressParams{"dynamic4_3ms", 4, 48, true, "dynamic:4,3", 600, 6, false}),
-    [](const ::testing::TestParamInfo<StressParams>& info) { return std::string(info.param.name); });
+        StressParams{"dynamic4_3ms", 4, 48, true, "dynamic:4,3", 600, 6, false},
+        StressParams{"ahead_prefix_bs4", 4, 48, true, "continuous", 3000, 7, true, true},
+        StressParams{"ahead_prefix_bs16", 16, 32, true, "continuous", 1500, 8, true, true},
+        StressParams{"ahead_noprefix_bs1", 1, 40, false, "continuous", 800, 9, false, true}),
+    [](const ::testing::TestParamInfo<StressParams>& info) {
+      return std::string(info.param.name);
+    });
 
 }  // namespace
 }  // namespace pagellm
