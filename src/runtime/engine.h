@@ -3,7 +3,9 @@
 // StepBatchBuilder packs it, the model runs it over the paged KV cache, the sampler picks tokens,
 // the detokenizer and stop checker turn them into text deltas and finish decisions, and the
 // scheduler is told what happened. Aborts take effect at the top of the next step, which frees
-// the request's KV blocks before anything else runs.
+// the request's KV blocks before anything else runs. On a device that samples, a step's tokens
+// usually stay there while the next step is planned and queued (EngineConfig::plan_ahead): the
+// host reads them, and sends their events, once the device has the next step to run.
 #pragma once
 
 #include <array>

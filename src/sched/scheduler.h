@@ -23,6 +23,11 @@
 //             of an n > 1 request: sample j goes to sequence j), decide stop conditions
 //         finished = on_step_done(sampled tokens)   (stream deltas; finished requests are gone)
 //     report plan.failed (requests the scheduler gave up on, with a reason) and plan.preempted
+// Planning ahead (an engine whose tokens stay on its device until read): when can_plan_ahead()
+// after a step is queued, on_step_done() gets kPendingToken for each of its tokens, the next
+// plan takes them as its decodes' inputs, and once that next step is queued the engine reads the
+// tokens and reports their values and stop decisions with resolve_tokens(), before that next
+// step's on_step_done().
 //
 // Policy (continuous batching, the default):
 //   1. Decodes first: every running sequence whose next token is its last sampled one computes 1
