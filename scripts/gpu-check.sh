@@ -232,6 +232,7 @@ if [ $ops_built = 1 ]; then
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
     filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNorm:ScaleColumns.*'
+    filter+=':Sampling.PipelinedCallsAndTheTokensTheyHandOver'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
     limit=$(step_limit 180)
