@@ -303,7 +303,10 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
   done.finish = info.state == RequestState::kAborted ? FinishReason::kAbort : FinishReason::kNone;
   if (!info.error.empty()) done.error = Status(StatusCode::kResourceExhausted, info.error);
   done.prompt_tokens = static_cast<int32_t>(live.req.prompt.size());
-  for (auto& s : live.seqs) done.completion_tokens += static_cast<int32_t>(s.outputs.size());
+  // A token still pending (a request aborted while its step was planned ahead) was never sent.
+  for (auto& s : live.seqs)
+    done.completion_tokens += static_cast<int32_t>(
+        s.outputs.size() - std::count(s.outputs.begin(), s.outputs.end(), kPendingToken));
   done.cached_tokens = info.n_cached_tokens;
   done.scheduled_time = live.scheduled_time;
   --n_pending_;  // before the callback, so a caller woken by it sees the engine idle

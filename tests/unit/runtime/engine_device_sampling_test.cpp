@@ -147,6 +147,7 @@ struct Collected {
   std::vector<LogprobsResult> prompt_logprobs;
   bool done = false;
   Status error;
+  int32_t completion_tokens = 0;  // the usage the request_done event reports
 };
 
 class EngineDeviceSamplingTest : public testing::Test {
@@ -196,6 +197,7 @@ class EngineDeviceSamplingTest : public testing::Test {
         if (o.request_done) {
           c->done = true;
           c->error = o.error;
+          c->completion_tokens = o.completion_tokens;
           ++n_done;
           cv.notify_all();
         }
@@ -408,6 +410,9 @@ TEST_F(EngineDeviceSamplingTest, StepsPlannedAheadGiveTheSameOutputs) {
   const auto aborted = run(*contract_, longer, {0, 3, 4}, &abort_stats);
   for (size_t i = 0; i < longer.size(); ++i) {
     EXPECT_TRUE(aborted[i].done) << "request " << i;
+    // Usage counts the tokens sent, not one still pending when the abort landed.
+    EXPECT_EQ(aborted[i].completion_tokens, static_cast<int32_t>(aborted[i].tokens.at(0).size()))
+        << "request " << i;
     if (i == 0 || i == 3 || i == 4) continue;
     EXPECT_EQ(aborted[i].tokens.at(0).size(), 40u) << "request " << i;
   }
