@@ -53,7 +53,7 @@ uint64_t Backend::sample_async(const Tensor& logits, const DeviceSampleRow* rows
   const uint64_t ticket = ++host_sample_tickets_;
   HostSampleSlot& slot = host_samples_[ticket % kSampleSlots];
   slot.ticket = ticket;
-  slot.results.assign(static_cast<size_t>(std::max(n_rows, 0)), DeviceSampleResult{});
+  slot.results.resize(static_cast<size_t>(std::max(n_rows, 0)));  // sample() writes every row
   if (n_rows > 0) sample(logits, rows, n_rows, edits, n_edits, slot.results.data());
   return ticket;
 }
