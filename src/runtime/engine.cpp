@@ -35,11 +35,13 @@ struct Engine::Live {
     std::vector<int32_t> outputs;
     std::unique_ptr<IncrementalDetokenizer> detok;
     std::unique_ptr<StopChecker> stop;
+    int32_t pending_row = -1;  // its last token's row in the pending step's results, if any
   };
   std::vector<Seq> seqs;
   std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
   bool prompt_logprobs_sent = false;
   Clock::time_point scheduled_time{};  // first step that ran it (EngineOutput::scheduled_time)
+  bool done = false;                   // finish_request() ran: only retired_ still holds it
 };
 
 Engine::Engine(Model& model, Backend& backend, const Tokenizer* tokenizer,
@@ -311,7 +313,12 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
   done.scheduled_time = live.scheduled_time;
   --n_pending_;  // before the callback, so a caller woken by it sees the engine idle
   live.cb(std::move(done));
-  live_.erase(live.id);  // destroys `live`
+  // A step's picks may still point at it (the step in flight, the pending one): kept, marked
+  // done, until two steps have begun since.
+  live.done = true;
+  auto it = live_.find(live.id);
+  retired_.push_back(std::move(it->second));
+  live_.erase(it);
 }
 
 Tensor Engine::run_model(const std::vector<SeqChunk>& chunks, uint64_t sampled_ticket) {
@@ -400,6 +407,9 @@ void Engine::warm_up_sampling(const Tensor& logits) {
 
 void Engine::step() {
   const auto t0 = Clock::now();
+  // Requests finished before the step before began: no pick refers to them any more.
+  retired_before_.clear();
+  std::swap(retired_before_, retired_);
   // The device still runs the step before when that step's tokens are pending: planning this
   // one overlaps it.
   const bool overlapped = pending_.ticket != 0;
@@ -444,7 +454,9 @@ void Engine::step() {
     if (live.scheduled_time == Clock::time_point{}) live.scheduled_time = t0;
     for (int32_t& t : s.token_ids) {
       if (t != kPendingToken) continue;
-      t = -(pending_row(s.request_id, s.seq_index) + 1);
+      const int32_t pending_row = live.seqs[s.seq_index].pending_row;
+      PAGELLM_CHECK_MSG(pending_row >= 0, "a pending token's step has no row for its sequence");
+      t = -(pending_row + 1);
       reads_pending = true;
     }
     SeqChunk c;
@@ -504,14 +516,14 @@ void Engine::step() {
     if (sample_row < 0) continue;
     for (int32_t j = 0; j < s.n_samples; ++j) {
       const int32_t idx = s.n_samples > 1 ? j : s.seq_index;
-      picks.push_back({s.request_id, idx});
+      picks.push_back({&live, idx});
       sample_rows.push_back(sample_row);
     }
   }
   rows.reserve(picks.size());
   bool reads_outputs = false;  // a row's sampling depends on its earlier tokens' values
   for (const Pick& p : picks) {
-    const Live& live = *live_.at(p.request_id);
+    const Live& live = *p.live;
     const Live::Seq& sq = live.seqs[p.seq_index];
     rows.push_back({&live.req.params, live.req.prompt, sq.outputs, sq.seed});
     reads_outputs = reads_outputs || uses_output_values(live.req.params);
@@ -540,13 +552,13 @@ void Engine::step() {
   if (ahead) {
     std::vector<SampledToken> results;
     results.reserve(picks.size());
-    for (const Pick& p : picks) {
-      auto it = live_.find(p.request_id);
-      if (it == live_.end()) continue;
-      Live::Seq& sq = it->second->seqs[p.seq_index];
-      if (sq.stop->finished()) continue;  // stopped by the step before
+    for (size_t k = 0; k < picks.size(); ++k) {
+      Live& live = *picks[k].live;
+      Live::Seq& sq = live.seqs[picks[k].seq_index];
+      if (live.done || sq.stop->finished()) continue;  // ended by the step before's tokens
       sq.outputs.push_back(kPendingToken);
-      results.push_back({p.request_id, p.seq_index, kPendingToken, FinishReason::kNone});
+      sq.pending_row = static_cast<int32_t>(k);
+      results.push_back({live.id, picks[k].seq_index, kPendingToken, FinishReason::kNone});
     }
     n_generated = static_cast<int64_t>(results.size());
     // Requests that reach max_tokens with this step complete here; they are reported once their
@@ -555,10 +567,6 @@ void Engine::step() {
     pending_.ticket = ticket;
     pending_.picks = std::move(picks);
     std::swap(pending_.packed, packed_);
-    pending_.rows.clear();
-    for (size_t k = 0; k < pending_.picks.size(); ++k)
-      pending_.rows.push_back({pending_.picks[k], static_cast<int32_t>(k)});
-    std::sort(pending_.rows.begin(), pending_.rows.end());
   } else {
     std::vector<SampledToken> results;
     std::vector<uint64_t> failed;
@@ -581,6 +589,10 @@ void Engine::step() {
                     ahead ? " (next planned ahead)" : "");
   const int32_t n_tokens = plan.n_tokens;
   scheduler_->recycle(std::move(plan));  // its buffers serve the next step's plan
+  if (!ahead) {  // no pending step: no pick refers to a finished request any more
+    retired_.clear();
+    retired_before_.clear();
+  }
   publish_stats();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.generation_tokens_total += n_generated;
@@ -597,16 +609,6 @@ void Engine::step() {
 
 bool Engine::uses_output_values(const SamplingParams& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-}
-
-int32_t Engine::pending_row(uint64_t request_id, int32_t seq_index) const {
-  const Pick key{request_id, seq_index};
-  const auto it =
-      std::lower_bound(pending_.rows.begin(), pending_.rows.end(), std::pair(key, int32_t{0}),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-  PAGELLM_CHECK_MSG(it != pending_.rows.end() && it->first == key,
-                    "a pending token's step has no row for its sequence");
-  return it->second;
 }
 
 void Engine::read_pending() {
@@ -627,7 +629,6 @@ void Engine::read_pending() {
   pending_.ticket = 0;
   pending_.picks.clear();
   pending_.finished.clear();
-  pending_.rows.clear();
 }
 
 int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOutput>& outs,
@@ -635,9 +636,8 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
                             std::vector<uint64_t>& failed) {
   int64_t n_generated = 0;
   for (size_t k = 0; k < picks.size(); ++k) {
-    auto found = live_.find(picks[k].request_id);
-    if (found == live_.end()) continue;  // aborted or failed meanwhile
-    Live& live = *found->second;
+    Live& live = *picks[k].live;
+    if (live.done) continue;  // aborted or failed meanwhile
     const int32_t idx = picks[k].seq_index;
     Live::Seq& sq = live.seqs[idx];
     // Stopped while this step was in flight (the step before it was read after it was queued).
@@ -651,6 +651,7 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
     if (resolving) {
       PAGELLM_CHECK(!sq.outputs.empty() && sq.outputs.back() == kPendingToken);
       sq.outputs.back() = tok;
+      sq.pending_row = -1;
     } else {
       sq.outputs.push_back(tok);
       ++n_generated;

@@ -11,7 +11,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <compare>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -155,11 +154,10 @@ class Engine {
   // Runs the device's sampling kernels once on `logits` ([rows, vocab] on the device), so their
   // first launch is not a request's.
   void warm_up_sampling(const Tensor& logits);
-  // A sampled row's sequence.
+  // A sampled row's sequence. `live` stays valid while a step refers to it (retired_).
   struct Pick {
-    uint64_t request_id;
+    Live* live;
     int32_t seq_index;
-    auto operator<=>(const Pick&) const = default;
   };
   // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
   // on the device ([n_logits, vocab]; undefined when the step wants none). With a sampling
@@ -190,8 +188,6 @@ class Engine {
   // Reads the pending step's tokens (emit_tokens, Scheduler::resolve_tokens) and ends the
   // requests it completed.
   void read_pending();
-  // The pending step's result row for a sequence (which must have one).
-  int32_t pending_row(uint64_t request_id, int32_t seq_index) const;
   // Ends requests whose sampling failed (non-finite logits).
   void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();
@@ -224,6 +220,9 @@ class Engine {
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
+  // Finished requests a step's picks may still point at: those finished since the step before
+  // began, and those finished during it (a pending step's picks are read one step later).
+  std::vector<std::unique_ptr<Live>> retired_, retired_before_;
   std::unique_ptr<StepBatchBuilder> builder_;
   std::unique_ptr<DecodeGraphs> graphs_;   // null: eager steps only (CPU, --enforce-eager)
   LogitsDownload download_{backend_};      // logits bound for the host sampler
@@ -235,7 +234,6 @@ class Engine {
   struct PendingStep {
     uint64_t ticket = 0;
     std::vector<Pick> picks;                     // result row k is picks[k]'s token
-    std::vector<std::pair<Pick, int32_t>> rows;  // (pick, row), sorted: pending_row()'s lookup
     PackedSampleBatch packed;                    // what unpacking its results needs
     std::vector<FinishedRequest> finished;       // completed at max_tokens when it was planned
   };
