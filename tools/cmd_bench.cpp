@@ -148,6 +148,15 @@ int bench_latency(int argc, char** argv) {
   DeviceSampleRow greedy;
   greedy.flags = kSampleGreedy;
   const bool on_host = sampling == "host";
+  // The token of a device sampling call's one row.
+  auto sampled_token = [&](uint64_t ticket) -> Result<int32_t> {
+    DeviceSampleResult r;
+    m.backend->sample_results(ticket, &r);
+    if (r.status != DeviceSampleStatus::kOk)
+      return internal_error("device sampling failed (status " +
+                            std::to_string(static_cast<int>(r.status)) + ")");
+    return r.token;
+  };
   auto next_token = [&](std::span<const int32_t> tokens) -> Result<int32_t> {
     if (on_host) {
       auto lg = runner.feed(tokens, LogitsWanted::kLast);
@@ -156,12 +165,7 @@ int bench_latency(int argc, char** argv) {
     }
     auto lg = runner.feed_on_device(tokens);
     if (!lg.ok()) return lg.status();
-    DeviceSampleResult r;
-    m.backend->sample(*lg, &greedy, 1, nullptr, 0, &r);
-    if (r.status != DeviceSampleStatus::kOk)
-      return internal_error("device sampling failed (status " +
-                            std::to_string(static_cast<int>(r.status)) + ")");
-    return r.token;
+    return sampled_token(m.backend->sample_async(*lg, &greedy, 1, nullptr, 0));
   };
   // Decoding pipelined, as the serving engine does on a device: each step is queued before the
   // token it reads has reached the host (the device hands it over: SequenceRunner::feed_sampled),
@@ -180,12 +184,9 @@ int bench_latency(int argc, char** argv) {
         if (!l.ok()) return l.status();
         next = m.backend->sample_async(*l, &greedy, 1, nullptr, 0);
       }
-      DeviceSampleResult r;
-      m.backend->sample_results(ticket, &r);
-      if (r.status != DeviceSampleStatus::kOk)
-        return internal_error("device sampling failed (status " +
-                              std::to_string(static_cast<int>(r.status)) + ")");
-      tokens.push_back(r.token);
+      auto token = sampled_token(ticket);
+      if (!token.ok()) return token.status();
+      tokens.push_back(*token);
       ticket = next;
     }
     return Status::ok_status();
