@@ -95,11 +95,8 @@ Tensor DecodeGraphs::run(const std::vector<SeqChunk>& seqs, uint64_t sampled_tic
   size_builder();
   const int32_t n = static_cast<int32_t>(seqs.size());
   const Key key{bucket_for(n), tier_for(seqs)};
-  const StepBatch& batch = builder_.build_padded(seqs, key.first, table_width_, key.second);
-  if (sampled_ticket != 0) {
-    Tensor tokens = batch.token_ids;
-    backend_.take_sampled_tokens(tokens, sampled_ticket);
-  }
+  const StepBatch& batch =
+      builder_.build_padded(seqs, key.first, table_width_, key.second, sampled_ticket);
   model_.prepare(batch);  // may regrow scratch, which moves the epoch: check after it
   auto it = recordings_.find(key);
   if (it != recordings_.end() && it->second.unrecordable) {

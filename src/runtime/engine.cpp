@@ -324,11 +324,7 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
 Tensor Engine::run_model(const std::vector<SeqChunk>& chunks, uint64_t sampled_ticket) {
   if (graphs_ && graphs_->accepts(chunks)) return graphs_->run(chunks, sampled_ticket);
   if (!builder_) builder_ = std::make_unique<StepBatchBuilder>(backend_, config_.block_size);
-  const StepBatch& batch = builder_->build(chunks);
-  if (sampled_ticket != 0) {
-    Tensor ids = batch.token_ids;
-    backend_.take_sampled_tokens(ids, sampled_ticket);
-  }
+  const StepBatch& batch = builder_->build(chunks, sampled_ticket);
   model_.forward(batch, cache_, nullptr);
   return batch.n_logits > 0 ? model_.last_logits() : Tensor();
 }

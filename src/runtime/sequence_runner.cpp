@@ -74,12 +74,7 @@ Tensor SequenceRunner::run_on_device(std::span<const int32_t> tokens, uint64_t s
     if (graphs_ && graphs_->accepts({c})) {
       last = graphs_->run({c}, sampled_ticket);
     } else {
-      const StepBatch& batch = builder_.build({c});
-      if (sampled_ticket != 0) {
-        Tensor ids = batch.token_ids;
-        backend_.take_sampled_tokens(ids, sampled_ticket);
-      }
-      model_.forward(batch, cache_, nullptr);
+      model_.forward(builder_.build({c}, sampled_ticket), cache_, nullptr);
       if (c.logits == LogitsWanted::kLast) last = model_.last_logits();
     }
     length_ += c.n_tokens;

@@ -7,23 +7,27 @@ namespace pagellm {
 StepBatchBuilder::StepBatchBuilder(Backend& backend, int32_t block_size)
     : backend_(backend), block_size_(block_size) {}
 
-const StepBatch& StepBatchBuilder::build(const std::vector<SeqChunk>& seqs) {
-  return pack(seqs, 0, 0, 0);
+const StepBatch& StepBatchBuilder::build(const std::vector<SeqChunk>& seqs,
+                                         uint64_t sampled_ticket) {
+  return pack(seqs, 0, 0, 0, sampled_ticket);
 }
 
 const StepBatch& StepBatchBuilder::build_padded(const std::vector<SeqChunk>& seqs, int32_t n_seqs,
-                                                int32_t table_width, int32_t max_context) {
+                                                int32_t table_width, int32_t max_context,
+                                                uint64_t sampled_ticket) {
   PAGELLM_CHECK(static_cast<int32_t>(seqs.size()) <= n_seqs && table_width >= 1);
   for (const SeqChunk& s : seqs) {
     PAGELLM_CHECK_MSG(s.n_tokens == 1 && s.logits == LogitsWanted::kLast,
                       "a padded batch holds decode steps only");
     PAGELLM_CHECK(s.n_blocks <= table_width && s.start_pos + 1 <= max_context);
   }
-  return pack(seqs, n_seqs - static_cast<int32_t>(seqs.size()), table_width, max_context);
+  return pack(seqs, n_seqs - static_cast<int32_t>(seqs.size()), table_width, max_context,
+              sampled_ticket);
 }
 
 const StepBatch& StepBatchBuilder::pack(const std::vector<SeqChunk>& seqs, int32_t n_pad,
-                                        int32_t table_width, int32_t max_context) {
+                                        int32_t table_width, int32_t max_context,
+                                        uint64_t sampled_ticket) {
   const int32_t n_real = static_cast<int32_t>(seqs.size());
   const int32_t n_seqs = n_real + n_pad;
   int32_t n_tokens = n_pad, n_logits = n_pad, max_blocks = std::max(table_width, 1);
@@ -98,6 +102,7 @@ const StepBatch& StepBatchBuilder::pack(const std::vector<SeqChunk>& seqs, int32
     b.attn.total_qk_pairs += n * c.start_pos + n * (n + 1) / 2;  // query i sees start_pos + i + 1 keys
   }
   b.logits_rows = Tensor(base + off_lr, DType::kI32, {std::max(n_logits, 1)}, dev);
+  if (sampled_ticket != 0) backend_.take_sampled_tokens(b.token_ids, sampled_ticket);
   return b;
 }
 

@@ -32,8 +32,10 @@ struct SeqChunk {
 class StepBatchBuilder {
  public:
   StepBatchBuilder(Backend& backend, int32_t block_size);
-  // The returned batch's device tensors stay valid until the next build().
-  const StepBatch& build(const std::vector<SeqChunk>& seqs);
+  // The returned batch's device tensors stay valid until the next build(). With a sampling
+  // ticket, negative token ids are that call's sampled tokens, taken on the device once the ids
+  // are up (Backend::take_sampled_tokens): a step planned before its input tokens were read.
+  const StepBatch& build(const std::vector<SeqChunk>& seqs, uint64_t sampled_ticket = 0);
 
   // A decode step laid out for a recorded graph (runtime/decode_graphs.h): `seqs` (one token each)
   // followed by padding up to `n_seqs` sequences, and block tables `table_width` entries wide, so
@@ -41,12 +43,14 @@ class StepBatchBuilder {
   // device buffer only grows, and a first build at the largest n_seqs sizes it). Padding sequences
   // have token 0, no context and slot -1 (nothing is stored); their logits rows are computed and
   // ignored. Attention is planned for contexts up to max_context.
+  // Sampled tokens as in build().
   const StepBatch& build_padded(const std::vector<SeqChunk>& seqs, int32_t n_seqs,
-                                int32_t table_width, int32_t max_context);
+                                int32_t table_width, int32_t max_context,
+                                uint64_t sampled_ticket = 0);
 
  private:
   const StepBatch& pack(const std::vector<SeqChunk>& seqs, int32_t n_pad, int32_t table_width,
-                        int32_t max_context);
+                        int32_t max_context, uint64_t sampled_ticket);
 
   Backend& backend_;
   int32_t block_size_;

@@ -604,12 +604,7 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
     if (found == requests_.end()) continue;
     Request* r = found->second.get();
     if (r->state != RequestState::kRunning || r->n_live() > 0) continue;
-    auto it = std::find(running_.begin(), running_.end(), r);
-    PAGELLM_CHECK(it != running_.end());
-    running_.erase(it);  // running_seqs_ was decremented per sequence
-    r->state = RequestState::kFinished;
-    done.push_back(summarize(*r));
-    forget(r);
+    done.push_back(complete(r));
   }
   maybe_check();
   return done;
@@ -622,14 +617,12 @@ void Scheduler::end_sequence(Sequence& s, FinishReason reason) {
   --running_seqs_;
 }
 
-bool Scheduler::finish_sequence(Request* r, Sequence& s, FinishReason reason) {
-  end_sequence(s, reason);
-  if (r->n_live() > 0) return false;
-  auto it = std::find(running_.begin(), running_.end(), r);
-  PAGELLM_CHECK(it != running_.end());
-  running_.erase(it);
+FinishedRequest Scheduler::complete(Request* r) {
+  remove_running(r);  // no live sequence left to uncount: each was as it ended
   r->state = RequestState::kFinished;
-  return true;
+  FinishedRequest info = summarize(*r);
+  forget(r);
+  return info;
 }
 
 bool Scheduler::can_plan_ahead() const {
@@ -668,10 +661,8 @@ std::vector<FinishedRequest> Scheduler::resolve_tokens(std::span<const SampledTo
     // Planning ahead preempts nothing (can_plan_ahead), so a live sequence is still running.
     PAGELLM_CHECK_MSG(r->state == RequestState::kRunning,
                       "resolve_tokens: a stopped sequence is not running");
-    if (finish_sequence(r, s, t.finish)) {
-      done.push_back(summarize(*r));
-      forget(r);
-    }
+    end_sequence(s, t.finish);
+    if (r->n_live() == 0) done.push_back(complete(r));
   }
   maybe_check();
   return done;

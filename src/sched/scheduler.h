@@ -236,9 +236,9 @@ class Scheduler {
   void forget(Request* r);
   // Ends running sequence s with `reason`: its blocks freed, no longer counted as running.
   void end_sequence(Sequence& s, FinishReason reason);
-  // end_sequence() for sequence s of running request r; true when that was
-  // r's last live sequence (r is then finished and out of running_, not yet forgotten).
-  bool finish_sequence(Request* r, Sequence& s, FinishReason reason);
+  // Running request r, whose sequences have all ended, leaves as finished: out of running_,
+  // forgotten; returns its summary.
+  FinishedRequest complete(Request* r);
   void maybe_check() const;
 
   SchedulerConfig config_;
