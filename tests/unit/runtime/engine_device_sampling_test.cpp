@@ -11,6 +11,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -136,8 +137,28 @@ class ContractSamplingBackend final : public ForwardingBackend {
     Backend::take_sampled_tokens(tokens, ticket);
   }
 
+  // With `graphs`, a "recording" keeps its function and a replay runs it again (what a replay
+  // does on the CPU), so the engine decodes through DecodeGraphs.
+  std::unique_ptr<OpGraph> capture(const std::function<void()>& record) override {
+    if (!graphs) return Backend::capture(record);
+    struct Rerun final : OpGraph {
+      std::function<void()> f;
+      int64_t* n;
+      void replay() override {
+        ++*n;
+        f();
+      }
+    };
+    auto g = std::make_unique<Rerun>();
+    g->f = record;
+    g->n = &n_replays;
+    return g;
+  }
+
   int64_t n_calls = 0, n_rows_sampled = 0, n_shared_rows = 0;
   int64_t unread = 0, max_unread = 0, n_taken = 0;
+  bool graphs = false;
+  int64_t n_replays = 0;
 };
 
 struct Collected {
@@ -397,6 +418,15 @@ TEST_F(EngineDeviceSamplingTest, StepsPlannedAheadGiveTheSameOutputs) {
     n_stopped += f != dev[i].finish.end() && f->second == FinishReason::kStop ? 1 : 0;
   }
   EXPECT_GT(n_stopped, 0) << "no request met its stop token";
+
+  // The same through recorded decode steps: the pending tokens reach the replayed step's ids.
+  contract_->graphs = true;
+  contract_->n_taken = 0;
+  const auto replayed = run(*contract_, reqs);
+  expect_same(host, replayed);
+  EXPECT_GT(contract_->n_replays, 0) << "no decode step was replayed";
+  EXPECT_GT(contract_->n_taken, 0);
+  contract_->graphs = false;
 
   // Aborts land while steps are planned ahead: the streams end and every block is free.
   std::vector<EngineRequest> longer;
