@@ -218,6 +218,19 @@ if [ $ops_built = 1 ]; then
     record "test_ops (MoE GEMV splits 1, 2, 4)" "FAILED (see $logs/test_ops_moe_splits.log)"
   fi
 
+  # Decode attention merges its splits within a thread-block cluster where they fit one (sm_90,
+  # up to 16 blocks): the global merge it replaces, and portable cluster sizes only, forced.
+  t=$(now)
+  if PAGELLM_DECODE_CLUSTER=0 timeout "$(step_limit 60)" "$build/tests/test_ops" \
+    --gtest_filter='AttentionDecode.*' >"$logs/test_ops_decode_merge.log" 2>&1 &&
+    PAGELLM_DECODE_CLUSTER=8 timeout "$(step_limit 60)" "$build/tests/test_ops" \
+      --gtest_filter='AttentionDecode.*' >>"$logs/test_ops_decode_merge.log" 2>&1; then
+    record "test_ops (decode merge: global, clusters of 8)" "ok ($(( $(now) - t ))s)"
+  else
+    grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_decode_merge.log" | head -20
+    record "test_ops (decode merge: global, clusters of 8)" "FAILED (see $logs/test_ops_decode_merge.log)"
+  fi
+
   # Memcheck on the small cases of each op family: sanitized kernels run 10-100x slower.
   sanitizer=$(command -v compute-sanitizer || true)
   [ -z "$sanitizer" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] &&
@@ -228,6 +241,7 @@ if [ $ops_built = 1 ]; then
     filter='Add.*:SiluMul.*:GatherRows.*:AddRmsNorm.*:Rope.*:RopeStoreKv.*:UploadWeight.DequantizesBlockFormatsToBf16'
     filter+=':Matmul.OddSizesBf16:Matmul.StridedAndUnalignedOutputs:Matmul.F16AndF32WeightsFallback'
     filter+=':AttentionDecode.HeadLayoutsAndDims:AttentionDecode.Gqa32x8SplitKv:AttentionDecode.MergedSplitsWithPadding'
+    filter+=':AttentionDecode.ClusteredSplits'
     filter+=':AttentionPrefill.*'
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
@@ -257,6 +271,7 @@ if [ $ops_built = 1 ]; then
   # to skip kernels by name).
   if [ -n "$sanitizer" ] && [ "$(step_limit 120)" -ge 30 ]; then
     filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionDecode.MergedSplitsWithPadding'
+    filter+=':AttentionDecode.ClusteredSplits'
     filter+=':AttentionPrefill.SlidingWindowAndSoftcap'
     filter+=':FusedProjection.GemvKSplits:MoeExperts.GemvPathOnly'
     echo "== compute-sanitizer racecheck ($filter)"

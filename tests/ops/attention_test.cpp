@@ -264,6 +264,29 @@ TEST(AttentionDecode, MergedSplitsWithPadding) {
   run_attention_case(cuda, cpu, ++seed, walk);
 }
 
+// Batch-1 and small-batch decode as the models run it, whose splits merge within a thread-block
+// cluster on sm_90 (2 to 16 blocks: Llama-3-8B's 12 at 768 keys, Llama-2-7B's 8), with pieces
+// past a short context left empty, replayed from graphs planned for a bound. gpu-check also runs
+// every decode test with PAGELLM_DECODE_CLUSTER=0 (the global merge) and 8 (portable sizes only).
+TEST(AttentionDecode, ClusteredSplits) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 5000;
+  const auto graph_case = [](AttnCase c, int32_t bound) {
+    c.via_graph = true;
+    c.kv_bound = bound;
+    return c;
+  };
+  for (const int32_t len : {513, 768, 70, 2})  // Llama-3-8B, planned for 768 keys
+    run_attention_case(cuda, cpu, ++seed,
+                       graph_case({32, 8, 128, 128, 16, decode_seqs({len})}, 768));
+  run_attention_case(cuda, cpu, ++seed,
+                     graph_case({32, 32, 128, 128, 16, decode_seqs({640})}, 768));  // Llama-2-7B
+  run_attention_case(cuda, cpu, ++seed, {64, 8, 128, 128, 16, decode_seqs({1000, 300})});
+  run_attention_case(cuda, cpu, ++seed, {12, 4, 80, 80, 7, decode_seqs({900, 5, 64})});
+  run_attention_case(cuda, cpu, ++seed,
+                     {32, 8, 128, 128, 16, decode_seqs({400, 3, 777, 129}), 200, 20.0f, 4.0f});
+}
+
 TEST(AttentionPrefill, RaggedWithCachedPrefixes) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 4400;

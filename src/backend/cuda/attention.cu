@@ -7,7 +7,10 @@
 // the context exactly (the scores fit in shared memory), then writes either the final output
 // (one split) or its unnormalized partial sum with the split's max and sum of exponentials; the
 // last split of a (sequence, KV head) to finish, counted by an atomic, merges them all
-// (log-sum-exp rescaling) in the same launch. Splitting long contexts keeps all SMs busy at
+// (log-sum-exp rescaling) in the same launch. Where the splits of a (sequence, KV head) fit one
+// thread-block cluster (sm_90, up to 16 blocks), they merge through distributed shared memory
+// instead: no partial results in global memory, no fence, no atomic, and every block of the
+// cluster merges a share of the outputs. Splitting long contexts keeps all SMs busy at
 // small batch. The number of splits is planned on the host from max_seqlen_kv and the batch size;
 // each sequence then cuts its own context, on the device, into chunks of whole warps-worth of
 // keys: as many as fill the GPU at that batch size, or more where its context needs them (a chunk
@@ -26,6 +29,8 @@
 // it in pdl_wait() before touching what it may write: q and this step's cache rows come from the
 // kernels before, the split counters from the previous decode launch's reset. The decode kernel
 // reads the step's metadata and block table before its wait (early_loads()).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "backend/cuda/attention_prefill.h"
@@ -46,6 +51,7 @@ constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
 constexpr int kMaxWalk = 8;            // pieces of its context one decode block may walk
 constexpr int kMaxDecodeBlockSize = 16384;  // DecodePlan::blk_magic's range
+constexpr int kMaxCluster = 16;  // sm_90's largest thread-block cluster (non-portable above 8)
 constexpr int kSmemSoftBudget = 64 * 1024;
 constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
 
@@ -93,6 +99,10 @@ struct DecodePlan {
   int grid_splits = 1;
   size_t smem = 0;
   bool early = false;  // the row bases staged before the wait (early_loads())
+  // > 0: the launch runs in clusters of this many blocks, one per split of a (sequence, KV head)
+  // (grid_splits == n_splits: no walk), which merge through distributed shared memory; slots is
+  // then 0 (no workspace, no counters).
+  int cluster = 0;
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
@@ -114,14 +124,25 @@ int64_t min_chunk() {
   return v;
 }
 
+// The most blocks a clustered launch puts in one cluster: kMaxCluster on sm_90, or
+// PAGELLM_DECODE_CLUSTER (0 turns clusters off, to measure them; 2 to 16); 0 before sm_90.
+int max_cluster() {
+  static const int64_t v = tuning_knob("PAGELLM_DECODE_CLUSTER", kMaxCluster, [](int64_t c) {
+    return c == 0 || (c >= 2 && c <= kMaxCluster);
+  });
+  return device_is_sm90() ? static_cast<int>(v) : 0;
+}
+
 // Shared memory of one decode block for a chunk of `chunk` keys (layout above attend_split).
 // The scores region also holds the merge weights of the last split ([G][n_splits]), so it is
-// sized for max(chunk, n_splits) (scores_cap).
-int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int64_t scores_cap, int block_size) {
+// sized for max(chunk, n_splits) (scores_cap); a clustered launch adds its P.V sums.
+int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int64_t scores_cap, int block_size,
+                          bool clustered) {
   const int64_t tile = std::min(group, kDecodeHeadTile);
   return (chunk / block_size + 2) * 2 * static_cast<int64_t>(sizeof(void*)) +
          static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
-         static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4;
+         static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4 +
+         (clustered ? static_cast<int64_t>(group) * dmax * 4 : 0);
 }
 
 DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
@@ -132,7 +153,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   if (a.window > 0) max_len = std::min<int64_t>(max_len, a.window);
   const int bs = std::max(a.block_size, 1);
   // The longest chunk whose scores fit the soft budget (scores and block bases grow with it).
-  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs);
+  const int64_t fixed = decode_smem_bytes(p.group, p.dmax, 0, 0, bs, false);
   const int64_t per_key = static_cast<int64_t>(p.group) * 4 + (2 * sizeof(void*) + bs - 1) / bs;
   int64_t cap = (kSmemSoftBudget - fixed) / per_key / 32 * 32;
   cap = std::clamp<int64_t>(cap, 32, kMaxChunk);
@@ -157,9 +178,14 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   p.grid_splits = static_cast<int>(std::min<int64_t>(
       p.n_splits,
       std::max((p.n_splits + max_walk() - 1) / max_walk(), (resident + items - 1) / items)));
-  p.slots = p.n_splits > 1 ? items * p.n_splits : 0;
-  p.smem = static_cast<size_t>(
-      decode_smem_bytes(p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs));
+  // Every piece its own block and few enough pieces for a cluster: the splits merge in the
+  // cluster's shared memory instead of through global partials and the last block's reads
+  // (a batch-1 step's attention is a chain of latencies, and that merge was its tail).
+  if (p.n_splits > 1 && p.grid_splits == p.n_splits && p.n_splits <= max_cluster())
+    p.cluster = p.n_splits;
+  p.slots = p.n_splits > 1 && p.cluster == 0 ? items * p.n_splits : 0;
+  p.smem = static_cast<size_t>(decode_smem_bytes(
+      p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs, p.cluster > 0));
   p.early = early_loads();
   return p;
 }
@@ -250,6 +276,32 @@ __device__ __forceinline__ void stage_block_bases(const AttentionArgs& a, const 
   }
 }
 
+// A decode block's shared memory (layout above attend_split): tile is the block's accumulator
+// rows per pass over V.
+struct DecodeSmem {
+  const bf16** kbase;
+  const bf16** vbase;
+  bf16* qs;
+  float* red;
+  float* scores;
+  float* ml;
+  float* pv;  // a clustered launch's P.V sums, [G][DMAX]
+};
+
+template <int DMAX>
+__device__ __forceinline__ DecodeSmem smem_layout(const DecodePlan& p, unsigned char* smem, int G,
+                                                  int tile) {
+  DecodeSmem m;
+  m.kbase = reinterpret_cast<const bf16**>(smem);
+  m.vbase = m.kbase + p.blk_cap;
+  m.qs = reinterpret_cast<bf16*>(m.vbase + p.blk_cap);
+  m.red = reinterpret_cast<float*>(m.qs + static_cast<size_t>(G) * DMAX);
+  m.scores = m.red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
+  m.ml = m.scores + static_cast<size_t>(G) * max(p.chunk, p.n_splits);
+  m.pv = m.ml + 2 * G;
+  return m;
+}
+
 // One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, split `split` of
 // the n_parts that hold keys, whose partial results sit in workspace slots slot0 + i. kDecodeWarps
 // warps; each lane keeps the next rows' loads in flight while it uses the
@@ -260,11 +312,13 @@ __device__ __forceinline__ void stage_block_bases(const AttentionArgs& a, const 
 // head over the split, then pass 2 streams the V rows, each lane accumulating its 8 dims for a
 // tile of heads. A whole context (one part) writes the output; otherwise the part writes its
 // unnormalized sum with its max and sum of exponentials, and the last part to finish, counted
-// by an atomic, merges them all (log-sum-exp rescaling).
+// by an atomic, merges them all (log-sum-exp rescaling). In a clustered launch the sum stays in
+// shared memory (pv) for merge_in_cluster.
 //
 // Shared memory: K and V row bases of the split's cache blocks, bf16 pointers [2][blk_cap] |
 //                q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
-//                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2].
+//                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2] |
+//                clustered: the split's P.V sums f32 [G][DMAX].
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
 // P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
 template <int DMAX, bool kAligned, int kG>
@@ -283,12 +337,13 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   const int G = kG > 0 ? kG : a.hq / a.hkv, D = a.head_dim, Dv = a.head_dim_v;
   const int tile = min(G, kTile);
   const int chunk = p.chunk;  // the scores' row stride
-  const bf16** kbase = reinterpret_cast<const bf16**>(smem);
-  const bf16** vbase = kbase + p.blk_cap;
-  bf16* qs = reinterpret_cast<bf16*>(vbase + p.blk_cap);
-  float* red = reinterpret_cast<float*>(qs + static_cast<size_t>(G) * DMAX);
-  float* scores = red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
-  float* ml = scores + static_cast<size_t>(G) * max(chunk, p.n_splits);
+  const DecodeSmem sm = smem_layout<DMAX>(p, smem, G, tile);
+  const bf16** kbase = sm.kbase;
+  const bf16** vbase = sm.vbase;
+  bf16* qs = sm.qs;
+  float* red = sm.red;
+  float* scores = sm.scores;
+  float* ml = sm.ml;
   const int h0 = kvh * G;
   const int bs = a.block_size;
   const int begin_in = begin % bs;  // the split's first key within its first block
@@ -526,6 +581,8 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
         const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
         o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
+      } else if (p.cluster > 0) {
+        sm.pv[g * DMAX + e] = v;
       } else {
         const int64_t slot = my_slot * G + g;
         part_acc[slot * Dv + e] = v;
@@ -537,7 +594,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
     __syncthreads();  // red is reused by the next head tile
   }
-  if (n_parts == 1) return;
+  if (n_parts == 1 || p.cluster > 0) return;
 
   // Arrival: every thread's partials are made visible device-wide before the block counts itself;
   // the block that brings the count to n_parts merges, and sees every other block's partials.
@@ -606,6 +663,51 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
 }
 
+// The merge of a clustered launch (DecodePlan::cluster): each block of the cluster holds its
+// split's (m, l) and unnormalized P.V sums in shared memory (none for a split without keys: l = 0);
+// after the cluster's barrier every block merges its share of the G x Dv outputs, reading the
+// others' through distributed shared memory (log-sum-exp rescaling, as the global merge), and a
+// second barrier keeps each block's shared memory alive until the others have read it.
+template <int DMAX>
+__device__ __forceinline__ void merge_in_cluster(const AttentionArgs& a, const DecodeSmem& sm,
+                                                 int G, int h0, int q_tok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // release and acquire: every block's sums are visible to the others
+  const int n = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int Dv = a.head_dim_v, total = G * Dv, share = (total + n - 1) / n;
+  const int end = min(total, (rank + 1) * share);
+  for (int idx = rank * share + static_cast<int>(threadIdx.x); idx < end; idx += kDecodeThreads) {
+    const int g = idx / Dv, e = idx - g * Dv;
+    float m_all = -INFINITY, l_all = 0.0f, v = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) {
+      const float* ml = cluster.map_shared_rank(sm.ml, i);
+      const float m = ml[2 * g], l = ml[2 * g + 1];
+      const float x = cluster.map_shared_rank(sm.pv, i)[g * DMAX + e];
+      if (l > 0.0f) {
+        if (m > m_all) {                    // rescale what is summed so far to the new maximum
+          const float r = expf(m_all - m);  // 0 on the first split (m_all = -inf)
+          l_all *= r;
+          v *= r;
+          m_all = m;
+        }
+        const float w = expf(m - m_all);
+        l_all = fmaf(w, l, l_all);
+        v = fmaf(w, x, v);
+      }
+    }
+    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + (h0 + g) * a.o_stride_head;
+    o[e] = from_float<bf16>(l_all > 0.0f ? v / l_all : 0.0f);
+  }
+  cluster.sync();  // the others are done reading this block's shared memory
+#else
+  (void)a, (void)sm, (void)G, (void)h0, (void)q_tok;
+#endif
+}
+
 // A decode launch (see DecodePlan): block (x, KV head, sequence) attends over pieces x,
 // x + grid_splits, ... of its sequence's context, one after the other; each piece writes its own
 // partial result (or the output, when it is the only one), and the last piece to finish merges.
@@ -653,6 +755,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off,
                                      min(my_chunk, span - off), piece, slot0, n_parts,
                                      staged && piece == first, part_acc, part_ml, counters);
+  }
+  // A clustered launch has a block per piece (the loop above ran at most once); the pieces merge
+  // in the cluster, unless one piece held the whole context and wrote the output.
+  if (p.cluster > 0 && n_parts > 1) {
+    const DecodeSmem sm =
+        smem_layout<DMAX>(p, decode_smem, G, min(G, kG > 0 ? kG : kDecodeHeadTile));
+    if (!attends) {  // a piece past the context: nothing to merge (l = 0)
+      for (int g = threadIdx.x; g < G; g += kDecodeThreads) {
+        sm.ml[2 * g] = -INFINITY;
+        sm.ml[2 * g + 1] = 0.0f;
+      }
+    }
+    merge_in_cluster<DMAX>(a, sm, G, kvh * G, q_tok);
   }
 }
 
@@ -800,8 +915,11 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, in
   if (p.smem > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
-  launch_overlapped(kernel, dim3(p.grid_splits, a.hkv, a.n_seqs), dim3(kDecodeThreads), p.smem,
-                    stream, a, p, part_acc, part_ml, counters);
+  if (p.cluster > 8)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  launch_overlapped_in_clusters(kernel, dim3(p.grid_splits, a.hkv, a.n_seqs), dim3(kDecodeThreads),
+                                p.smem, stream, static_cast<unsigned>(std::max(p.cluster, 1)), a, p,
+                                part_acc, part_ml, counters);
   CUDA_CHECK_LAUNCH();
 }
 

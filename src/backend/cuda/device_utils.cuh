@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/check.h"
@@ -139,19 +140,14 @@ __device__ __forceinline__ void pdl_allow_next() {
 #endif
 }
 
-// Whether the current device can overlap a kernel with its predecessor (compute capability 9.0+),
-// looked up once per device. PAGELLM_CUDA_PDL=0 in the environment turns overlapping off (to
-// measure what it gains).
-inline bool pdl_supported() {
+// Whether the current device has compute capability 9.0+ (sm_90: programmatic launch,
+// thread-block clusters), looked up once per device.
+inline bool device_is_sm90() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];  // 0: not looked up, 1: no, 2: yes
-  static const bool enabled = [] {
-    const char* v = std::getenv("PAGELLM_CUDA_PDL");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  if (!enabled || dev >= kMaxDevices) return false;
+  if (dev >= kMaxDevices) return false;
   int k = known[dev].load(std::memory_order_relaxed);
   if (k == 0) {
     int major = 0;
@@ -160,6 +156,16 @@ inline bool pdl_supported() {
     known[dev].store(k, std::memory_order_relaxed);
   }
   return k == 2;
+}
+
+// Whether the current device can overlap a kernel with its predecessor (compute capability 9.0+).
+// PAGELLM_CUDA_PDL=0 in the environment turns overlapping off (to measure what it gains).
+inline bool pdl_supported() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("PAGELLM_CUDA_PDL");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled && device_is_sm90();
 }
 
 // Whether the step's kernels issue their loads of what no kernel still running can be writing
@@ -191,23 +197,38 @@ __device__ __forceinline__ void pdl_wait_and_release(bool release_first) {
 
 // Launches `kernel` on `stream` so that it may overlap the kernel queued before it (see pdl_wait;
 // the kernel must call pdl_wait() before it reads anything its predecessors write, or writes
-// anything they read). Falls back to an ordinary launch where the device cannot.
+// anything they read), in thread-block clusters of cluster_x blocks along x when cluster_x > 1
+// (sm_90; above 8 the kernel must allow non-portable sizes). Falls back to an ordinary launch
+// where the device cannot overlap.
 template <typename... Params, typename... Args>
-void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t stream, Args&&... args) {
+void launch_overlapped_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                   cudaStream_t stream, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
   if (pdl_supported()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  launch_overlapped_in_clusters(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
 }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
