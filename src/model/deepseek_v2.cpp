@@ -331,16 +331,30 @@ class DeepseekModel final : public DecoderModel {
         backend_.rms_norm(qa, L.q_a_layernorm, eps, qa);
         backend_.matmul(qa, L.q_b_proj, Tensor(), q);  // [n, H*(P+N)]
       }
+      // Absorbed: q_h -> [q_pe | q_abs_h] against the latent cache (q_absorb copies q_pe exactly:
+      // an identity block), then W_UV_h after attention. When every token attends that way the
+      // product runs as a side branch beside the latent norm, on q_pe not yet rotated, and RoPE
+      // rotates the copy instead: the same values, one latency-bound kernel fewer on the chain.
+      Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, na, P+R]
+      const auto absorb_q = [&] {
+        backend_.batched_matmul(heads_major(q.slice_rows(0, na), H, P + N), L.q_absorb,
+                                qfull_heads);
+      };
+      const bool absorb_beside = na == n;
+      if (absorb_beside) {
+        backend_.begin_side();
+        absorb_q();
+        backend_.end_side();
+      }
       backend_.rms_norm(lat_c, L.kv_a_layernorm, eps, lat_c);
+      if (absorb_beside) backend_.join_side();
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.
       Tensor v_cache = cache.k[l].slice_cols(P, P + R);  // [blocks, bs, 1, R]
-      backend_.rope_store_kv(q3, lat3, lat3_c, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
-                             cache.k[l], v_cache);
-      if (na > 0) {  // absorbed: q_h -> [q_pe | q_abs_h] against the latent cache, then W_UV_h
-        Tensor qfull_heads = heads_major(qfull, H, P + R);  // [H, na, P+R]
-        backend_.batched_matmul(heads_major(q.slice_rows(0, na), H, P + N), L.q_absorb,
-                                qfull_heads);
+      backend_.rope_store_kv(absorb_beside ? qfull3 : q3, lat3, lat3_c, cos_sin,
+                             cfg_.rope.interleaved, b.slot_mapping, cache.k[l], v_cache);
+      if (na > 0) {
+        if (!absorb_beside) absorb_q();
         backend_.attention(qfull3, cache.k[l], v_cache, meta_abs, attn_params_, attn_lat3);
         Tensor attn_v_heads = heads_major(attn_v.slice_rows(0, na), H, Vd);  // [H, na, Vd]
         backend_.batched_matmul(heads_major(attn_lat, H, R), L.w_uv, attn_v_heads);
