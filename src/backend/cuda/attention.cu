@@ -51,9 +51,13 @@ constexpr int kMaxChunk = 1024;        // KV tokens per decode split, at most
 constexpr int kMinChunk = 64;          // below this, splitting costs more than it gains
 constexpr int kMaxWalk = 8;            // pieces of its context one decode block may walk
 constexpr int kMaxDecodeBlockSize = 16384;  // DecodePlan::blk_magic's range
-constexpr int kMaxCluster = 16;  // sm_90's largest thread-block cluster (non-portable above 8)
 constexpr int kSmemSoftBudget = 64 * 1024;
 constexpr int kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block (sm_80: 163 KiB)
+constexpr int kMaxCluster = 16;  // sm_90's largest thread-block cluster (non-portable above 8)
+constexpr int kPortableCluster = 8;
+// Clusters above the portable size only for blocks of at most this much shared memory (what
+// device_cluster_limit() checks the device can schedule).
+constexpr int kLargeClusterSmem = kSmemSoftBudget + 16 * 1024;
 
 constexpr int kPrefillThreads = 128;
 constexpr int kBq = 16;  // queries per prefill tile
@@ -124,13 +128,16 @@ int64_t min_chunk() {
   return v;
 }
 
-// The most blocks a clustered launch puts in one cluster: kMaxCluster on sm_90, or
-// PAGELLM_DECODE_CLUSTER (0 turns clusters off, to measure them; 2 to 16); 0 before sm_90.
+int device_cluster_limit();  // below the kernels: it asks the device about one of them
+
+// The most blocks a clustered launch puts in one cluster: kMaxCluster, or PAGELLM_DECODE_CLUSTER
+// (0 turns clusters off, to measure them; 2 to 16), within what the device schedules
+// (device_cluster_limit(): 0 before sm_90).
 int max_cluster() {
   static const int64_t v = tuning_knob("PAGELLM_DECODE_CLUSTER", kMaxCluster, [](int64_t c) {
     return c == 0 || (c >= 2 && c <= kMaxCluster);
   });
-  return device_is_sm90() ? static_cast<int>(v) : 0;
+  return std::min(static_cast<int>(v), device_cluster_limit());
 }
 
 // Shared memory of one decode block for a chunk of `chunk` keys (layout above attend_split).
@@ -181,8 +188,11 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   // Every piece its own block and few enough pieces for a cluster: the splits merge in the
   // cluster's shared memory instead of through global partials and the last block's reads
   // (a batch-1 step's attention is a chain of latencies, and that merge was its tail).
-  if (p.n_splits > 1 && p.grid_splits == p.n_splits && p.n_splits <= max_cluster())
-    p.cluster = p.n_splits;
+  if (p.n_splits > 1 && p.grid_splits == p.n_splits && p.n_splits <= max_cluster()) {
+    const int64_t smem =
+        decode_smem_bytes(p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs, true);
+    if (p.n_splits <= kPortableCluster || smem <= kLargeClusterSmem) p.cluster = p.n_splits;
+  }
   p.slots = p.n_splits > 1 && p.cluster == 0 ? items * p.n_splits : 0;
   p.smem = static_cast<size_t>(decode_smem_bytes(
       p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs, p.cluster > 0));
@@ -896,6 +906,44 @@ DecodeKernel decode_kernel_of(bool aligned, int group) {
   }
 }
 
+// The largest cluster of decode blocks the current device schedules, looked up once per device:
+// kMaxCluster (a non-portable size) where one cluster of that many blocks of kLargeClusterSmem
+// fits (not every sm_90 part or partition need have the room), else the portable size; 0
+// before sm_90.
+int device_cluster_limit() {
+  if (!device_is_sm90()) return 0;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not looked up, else the limit + 1
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) return kPortableCluster;
+  int k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    const DecodeKernel kernel = decode_kernel<256, true, 0>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kLargeClusterSmem));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kMaxCluster);
+    cfg.blockDim = dim3(kDecodeThreads);
+    cfg.dynamicSmemBytes = kLargeClusterSmem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kMaxCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const bool fits =
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+    (void)cudaGetLastError();  // a refused query leaves no error behind
+    k = (fits ? kMaxCluster : kPortableCluster) + 1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k - 1;
+}
+
 DecodeKernel decode_kernel_of(const AttentionArgs& a, int group, int dmax) {
   const bool aligned = decode_rows_aligned(a);
   return dmax == 64    ? decode_kernel_of<64>(aligned, group)
@@ -915,7 +963,7 @@ void run_decode(const AttentionArgs& a, const DecodePlan& p, void* workspace, in
   if (p.smem > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(p.smem)));
-  if (p.cluster > 8)
+  if (p.cluster > kPortableCluster)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   launch_overlapped_in_clusters(kernel, dim3(p.grid_splits, a.hkv, a.n_seqs), dim3(kDecodeThreads),
                                 p.smem, stream, static_cast<unsigned>(std::max(p.cluster, 1)), a, p,
