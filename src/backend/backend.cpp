@@ -68,14 +68,8 @@ void Backend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
   PAGELLM_CHECK_MSG(tokens.dtype == DType::kI32, "take_sampled_tokens: tokens must be i32");
   const HostSampleSlot& slot = host_sample_slot(ticket);
   int32_t* t = static_cast<int32_t*>(tokens.data);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    if (t[i] >= 0) continue;
-    const int64_t row = -(int64_t{t[i]} + 1);
-    const bool ok = row < static_cast<int64_t>(slot.results.size()) &&
-                    slot.results[row].status == DeviceSampleStatus::kOk &&
-                    slot.results[row].token >= 0;
-    t[i] = ok ? slot.results[row].token : 0;
-  }
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    t[i] = sampled_token_for(t[i], slot.results.data(), static_cast<int64_t>(slot.results.size()));
 }
 
 namespace {

@@ -387,11 +387,6 @@ class Backend {
 // (the convention of the 4.25 TB/s H200 figure in docs/PERF.md).
 double measure_memory_bandwidth_gbs(Backend& backend);
 
-#ifdef __CUDACC__
-#define PAGELLM_BACKEND_HD __host__ __device__
-#else
-#define PAGELLM_BACKEND_HD
-#endif
 // The value fill_random puts at `index`: uniform in [lo, hi) from a splitmix64 hash.
 PAGELLM_BACKEND_HD inline float random_uniform_at(uint64_t seed, uint64_t index, float lo, float hi) {
   uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);

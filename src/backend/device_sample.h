@@ -8,6 +8,13 @@
 #include <cstdint>
 #include <type_traits>
 
+// Marks the backend headers' inline functions that host code and CUDA kernels share.
+#ifdef __CUDACC__
+#define PAGELLM_BACKEND_HD __host__ __device__
+#else
+#define PAGELLM_BACKEND_HD
+#endif
+
 namespace pagellm {
 
 // OpenAI's top_logprobs limit (the same value as kMaxLogprobs in sample/sampling_params.h, which
@@ -76,6 +83,19 @@ struct DeviceSampleResult {
   int32_t top_token[kDeviceSampleMaxTop] = {};
   float top_logprob[kDeviceSampleMaxTop] = {};
 };
+
+// The token id a step reads for its input id t (Backend::take_sampled_tokens): t itself when
+// t >= 0, else the token of row -(t + 1) of a sampling call's n_rows results, or 0 where that row
+// failed or does not exist (any valid id: such a step is discarded). The host default and the
+// CUDA kernel both use it.
+PAGELLM_BACKEND_HD inline int32_t sampled_token_for(int32_t t, const DeviceSampleResult* results,
+                                                    int64_t n_rows) {
+  if (t >= 0) return t;
+  const int64_t row = -(int64_t{t} + 1);
+  return row < n_rows && results[row].status == DeviceSampleStatus::kOk && results[row].token >= 0
+             ? results[row].token
+             : 0;
+}
 
 static_assert(std::is_trivially_copyable_v<DeviceSampleRow>);
 static_assert(std::is_trivially_copyable_v<DeviceSampleEdit>);

@@ -188,14 +188,15 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   // Every piece its own block and few enough pieces for a cluster: the splits merge in the
   // cluster's shared memory instead of through global partials and the last block's reads
   // (a batch-1 step's attention is a chain of latencies, and that merge was its tail).
-  if (p.n_splits > 1 && p.grid_splits == p.n_splits && p.n_splits <= max_cluster()) {
-    const int64_t smem =
-        decode_smem_bytes(p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs, true);
-    if (p.n_splits <= kPortableCluster || smem <= kLargeClusterSmem) p.cluster = p.n_splits;
-  }
+  const int64_t scores_cap = std::max<int64_t>(chunk, p.n_splits);
+  const int64_t clustered_smem = decode_smem_bytes(p.group, p.dmax, chunk, scores_cap, bs, true);
+  if (p.n_splits > 1 && p.grid_splits == p.n_splits && p.n_splits <= max_cluster() &&
+      (p.n_splits <= kPortableCluster || clustered_smem <= kLargeClusterSmem))
+    p.cluster = p.n_splits;
   p.slots = p.n_splits > 1 && p.cluster == 0 ? items * p.n_splits : 0;
-  p.smem = static_cast<size_t>(decode_smem_bytes(
-      p.group, p.dmax, chunk, std::max<int64_t>(chunk, p.n_splits), bs, p.cluster > 0));
+  p.smem = static_cast<size_t>(
+      p.cluster > 0 ? clustered_smem
+                    : decode_smem_bytes(p.group, p.dmax, chunk, scores_cap, bs, false));
   p.early = early_loads();
   return p;
 }
@@ -912,13 +913,8 @@ DecodeKernel decode_kernel_of(bool aligned, int group) {
 // before sm_90.
 int device_cluster_limit() {
   if (!device_is_sm90()) return 0;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // 0: not looked up, else the limit + 1
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= kMaxDevices) return kPortableCluster;
-  int k = known[dev].load(std::memory_order_relaxed);
-  if (k == 0) {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  return cached_per_device(cache, [](int) {
     const DecodeKernel kernel = decode_kernel<256, true, 0>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kLargeClusterSmem));
@@ -938,10 +934,8 @@ int device_cluster_limit() {
     const bool fits =
         cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
     (void)cudaGetLastError();  // a refused query leaves no error behind
-    k = (fits ? kMaxCluster : kPortableCluster) + 1;
-    known[dev].store(k, std::memory_order_relaxed);
-  }
-  return k - 1;
+    return fits ? kMaxCluster : kPortableCluster;
+  });
 }
 
 DecodeKernel decode_kernel_of(const AttentionArgs& a, int group, int dmax) {

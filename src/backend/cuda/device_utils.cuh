@@ -140,22 +140,31 @@ __device__ __forceinline__ void pdl_allow_next() {
 #endif
 }
 
-// Whether the current device has compute capability 9.0+ (sm_90: programmatic launch,
-// thread-block clusters), looked up once per device.
-inline bool device_is_sm90() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // 0: not looked up, 1: no, 2: yes
+// look_up(device) for the current device, computed once per device and kept in `cache` (an
+// entry holds the value + 1; 0: not looked up yet). Devices past the cache look it up each time.
+constexpr int kMaxCachedDevices = 64;
+template <typename F>
+int cached_per_device(std::atomic<int> (&cache)[kMaxCachedDevices], F look_up) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= kMaxDevices) return false;
-  int k = known[dev].load(std::memory_order_relaxed);
+  if (dev >= kMaxCachedDevices) return look_up(dev);
+  int k = cache[dev].load(std::memory_order_relaxed);
   if (k == 0) {
-    int major = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    k = major >= 9 ? 2 : 1;
-    known[dev].store(k, std::memory_order_relaxed);
+    k = look_up(dev) + 1;
+    cache[dev].store(k, std::memory_order_relaxed);
   }
-  return k == 2;
+  return k - 1;
+}
+
+// Whether the current device has compute capability 9.0+ (sm_90: programmatic launch,
+// thread-block clusters).
+inline bool device_is_sm90() {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  return cached_per_device(cache, [](int dev) {
+           int major = 0;
+           CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+           return major >= 9 ? 1 : 0;
+         }) == 1;
 }
 
 // Whether the current device can overlap a kernel with its predecessor (compute capability 9.0+).

@@ -225,8 +225,8 @@ struct SampleLaunch {
 void launch_sample(const SampleLaunch& l, cudaStream_t stream);
 // Dynamic shared memory of one sampling block whose slice of the row is `slice` tokens.
 int64_t sample_shared_bytes(int32_t slice);
-// Backend::take_sampled_tokens: every negative tokens[i] = t becomes results[-(t + 1)].token (0
-// when that row is past n_rows or failed).
+// Backend::take_sampled_tokens: every negative tokens[i] becomes sampled_token_for(tokens[i],
+// results, n_rows) (device_sample.h).
 void launch_take_sampled_tokens(int32_t* tokens, int64_t n, const DeviceSampleResult* results,
                                 int32_t n_rows, cudaStream_t stream);
 

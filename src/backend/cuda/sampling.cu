@@ -1229,12 +1229,7 @@ __global__ void take_sampled_tokens_kernel(int32_t* tokens, int64_t n,
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int32_t t = tokens[i];
-    if (t >= 0) continue;
-    const int64_t row = -(int64_t{t} + 1);
-    int32_t token = 0;  // a failed or missing row: any valid id (its step is discarded)
-    if (row < n_rows && results[row].status == DeviceSampleStatus::kOk && results[row].token >= 0)
-      token = results[row].token;
-    tokens[i] = token;
+    if (t < 0) tokens[i] = sampled_token_for(t, results, n_rows);
   }
 }
 
