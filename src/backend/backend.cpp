@@ -86,6 +86,16 @@ Tensor batch_entry(const Tensor& t, int64_t b) {
 
 }  // namespace
 
+void Backend::attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const AttentionMeta& meta, const AttentionParams& params,
+                                const Tensor& w, Tensor& attn, Tensor& out) {
+  PAGELLM_CHECK_MSG(attn.ndim == 3 && out.ndim == 3 && w.ndim == 3,
+                    "attention_project: attn and out must be [n, Hq, dim], w [Hq, M, Dv]");
+  attention(q, k_cache, v_cache, meta, params, attn);
+  Tensor out_heads = out.transpose01();  // [Hq, n, M]: head h is batch entry h
+  batched_matmul(attn.transpose01(), w, out_heads);
+}
+
 void Backend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   PAGELLM_CHECK_MSG(x.ndim == 3 && w.ndim == 3 && out.ndim == 3,
                     "batched_matmul: x, w and out must be 3-D [B, rows, cols]");

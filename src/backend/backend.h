@@ -271,6 +271,18 @@ class Backend {
                          const AttentionMeta& meta, const AttentionParams& params,
                          Tensor& out) = 0;
 
+  // Attention, then each query head's output through that head's own matrix (MLA's absorbed
+  // decode: the latent attention, then the value up-projection W_UV):
+  //   out[:, h] = attention(q, k_cache, v_cache)[:, h] @ w[h]^T
+  //   q, caches, meta, params as in attention(); w [Hq, M, Dv] f32/f16/bf16 (strided as
+  //   batched_matmul's w); out act [n, Hq, M] (strides free, last dim contiguous)
+  // attn act [n, Hq, Dv]: the attention's output rounded to the activation type, which the
+  // product reads; scratch for a backend that takes the product into the attention (contents
+  // afterwards unspecified). The default runs attention() then batched_matmul().
+  virtual void attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                 const AttentionMeta& meta, const AttentionParams& params,
+                                 const Tensor& w, Tensor& attn, Tensor& out);
+
   // out = silu(gate) * up.   gate, up act [n, F] (may be column slices of one [n, 2F] buffer)
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
 

@@ -58,7 +58,7 @@ std::string step_independent_shape(const OpSample& s) {
            (k == "m" && s.op == "gather_rows");
   };
   std::string out;
-  if (s.op == "attention") {
+  if (s.op == "attention" || s.op == "attention_project") {
     std::string seqs, q;
     for (const auto& [k, v] : fields) {
       if (k == "seqs") seqs = v;

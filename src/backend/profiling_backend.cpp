@@ -148,6 +148,20 @@ OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
                 bytes_of(q) + bytes_of(out) + kv_bytes, flops);
 }
 
+OpSample attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const AttentionMeta& meta, const Tensor& w, const Tensor& attn,
+                           const Tensor& out) {
+  // The attention's traffic and the product's weights and output (attn need not travel: a
+  // backend may keep it on chip).
+  OpSample s = attention(q, k_cache, v_cache, meta, attn);
+  const OpSample p = batched_matmul(attn.transpose01(), w, out.transpose01());
+  s.op = "attention_project";
+  s.shape += key(" m=%lld %s", ll(w.size(1)), std::string(dtype_name(w.dtype)).c_str());
+  s.bytes += bytes_of(w) + bytes_of(out);
+  s.flops += p.flops;
+  return s;
+}
+
 OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
   return make_sample("silu_mul", key("n=%lld f=%lld", ll(gate.rows()), ll(gate.cols())),
                 bytes_of(gate) + bytes_of(up) + bytes_of(out));
@@ -328,6 +342,13 @@ void ProfilingBackend::attention(const Tensor& q, const Tensor& k_cache, const T
                                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
   timed([&] { return op_cost::attention(q, k_cache, v_cache, meta, out); },
         [&] { inner_->attention(q, k_cache, v_cache, meta, params, out); });
+}
+void ProfilingBackend::attention_project(const Tensor& q, const Tensor& k_cache,
+                                         const Tensor& v_cache, const AttentionMeta& meta,
+                                         const AttentionParams& params, const Tensor& w,
+                                         Tensor& attn, Tensor& out) {
+  timed([&] { return op_cost::attention_project(q, k_cache, v_cache, meta, w, attn, out); },
+        [&] { inner_->attention_project(q, k_cache, v_cache, meta, params, w, attn, out); });
 }
 void ProfilingBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   timed([&] { return op_cost::silu_mul(gate, up, out); }, [&] { inner_->silu_mul(gate, up, out); });

@@ -51,6 +51,9 @@ OpSample rope(const Tensor& x, const Tensor& cos_sin);
 // view of the K cache's rows (MLA's latent cache) is not counted twice.
 OpSample attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                    const AttentionMeta& meta, const Tensor& out);
+OpSample attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const AttentionMeta& meta, const Tensor& w, const Tensor& attn,
+                           const Tensor& out);
 OpSample silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 OpSample add(const Tensor& a, const Tensor& b, const Tensor& out);
 OpSample gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
@@ -136,6 +139,9 @@ class ProfilingBackend final : public Backend {
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
+  void attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const AttentionMeta& meta, const AttentionParams& params, const Tensor& w,
+                         Tensor& attn, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -104,6 +105,15 @@ struct Tensor {
     t.ndim = 3;
     t.shape = {shape[0], heads, dim, 1};
     t.stride = {stride[0], dim, 1, 0};
+    return t;
+  }
+  // The same elements with dims 0 and 1 swapped (a strided view): [n, heads, dim] as
+  // [heads, n, dim], each head a batch entry of batched_matmul.
+  Tensor transpose01() const {
+    PAGELLM_CHECK(ndim >= 2);
+    Tensor t = *this;
+    std::swap(t.shape[0], t.shape[1]);
+    std::swap(t.stride[0], t.stride[1]);
     return t;
   }
   // Columns [begin, end) of the last dimension (a strided view).

@@ -116,12 +116,7 @@ MlaSplit mla_split(const StepBatch& b) {
 // Head h of an activation [n, heads * dim] as entry h of a [heads, n, dim] view: batched_matmul's
 // operand for per-head products (batch stride dim, row stride the activation's).
 Tensor heads_major(const Tensor& t, int64_t heads, int64_t dim) {
-  PAGELLM_CHECK(t.ndim == 2 && t.cols() == heads * dim);
-  Tensor v = t;
-  v.ndim = 3;
-  v.shape = {heads, t.rows(), dim, 1};
-  v.stride = {dim, t.row_stride(), 1, 0};
-  return v;
+  return t.split_heads(heads, dim).transpose01();
 }
 
 class DeepseekModel final : public DecoderModel {
@@ -305,10 +300,9 @@ class DeepseekModel final : public DecoderModel {
     const int64_t na = sp.n_abs;
     const AttentionMeta meta_abs = sp.expanded() ? absorbed_meta(b, sp) : b.attn;
     const AttentionMeta meta_exp = sp.expanded() ? expanded_meta(b, sp) : AttentionMeta{};
-    Tensor qfull = ws.qfull.slice_rows(0, na);        // [na, H*(P+R)]: per head q_pe | q_abs
-    Tensor attn_lat = ws.attn_lat.slice_rows(0, na);  // [na, H*R]
+    Tensor qfull = ws.qfull.slice_rows(0, na);  // [na, H*(P+R)]: per head q_pe | q_abs
     Tensor qfull3 = qfull.reshape({na, H, P + R});
-    Tensor attn_lat3 = attn_lat.reshape({na, H, R});
+    Tensor attn_lat3 = ws.attn_lat.slice_rows(0, na).reshape({na, H, R});
     Tensor attn_v_exp3 = attn_v.slice_rows(na, n).reshape({n - na, H, Vd});
 
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
@@ -355,9 +349,9 @@ class DeepseekModel final : public DecoderModel {
                              cfg_.rope.interleaved, b.slot_mapping, cache.k[l], v_cache);
       if (na > 0) {
         if (!absorb_beside) absorb_q();
-        backend_.attention(qfull3, cache.k[l], v_cache, meta_abs, attn_params_, attn_lat3);
-        Tensor attn_v_heads = heads_major(attn_v.slice_rows(0, na), H, Vd);  // [H, na, Vd]
-        backend_.batched_matmul(heads_major(attn_lat, H, R), L.w_uv, attn_v_heads);
+        Tensor attn_v_abs = attn_v.slice_rows(0, na).split_heads(H, Vd);  // [na, H, Vd]
+        backend_.attention_project(qfull3, cache.k[l], v_cache, meta_abs, attn_params_, L.w_uv,
+                                   attn_lat3, attn_v_abs);
       }
       if (sp.expanded()) {  // expanded: per-head keys and values of the fresh prompts
         const auto [k_exp, v_exp] = expand_kv(L, lat.slice_rows(na, n));

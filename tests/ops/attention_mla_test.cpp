@@ -6,7 +6,8 @@
 // sizes 16 and 7 over shuffled block tables; V at the front of the row, the golden fixtures' tiny
 // layout, separate V rows of head dims above 256 with GQA, a partial tile of heads, a sliding
 // window with soft-capping, a peaky softmax, padding sequences of graph batches, launches planned
-// for a context bound far past the real ones (empty splits), and a replay from a CUDA graph.
+// for a context bound far past the real ones (empty splits), and a replay from a CUDA graph;
+// attention_project (the merge with each head's product after it) on the decode batches.
 //
 // Both kernels run: the tensor-core one takes the 576/512 latent cases (V at column 64 or 0, 16,
 // 20 and 128 heads), the CUDA-core one the golden fixtures' tiny layout and separate V rows.
@@ -37,9 +38,52 @@ struct MlaCase {
   int32_t n_padding = 0;   // graph-batch padding sequences after the real ones: 1 query, no context
   bool via_graph = false;  // also record the call in a CUDA graph and replay it
   int32_t kv_bound = 0;    // > 0: meta.max_seqlen_kv (a graph's bound, past every context)
+  int32_t project_m = 0;   // > 0: also attention_project with a [hq, project_m, dv] matrix
 };
 
 constexpr int64_t kV2LiteDim = 576, kV2LiteDimV = 512, kRopeDim = 64;
+
+// attention_project on the case's batch: at decode sizes the merge of the splits applies each
+// head's matrix (mla_merge_project_kernel), elsewhere attention() then batched_matmul() run. The
+// reference multiplies the GPU's own attention output (`attn`, bf16 values, checked against the
+// CPU above) by the same matrix on the CPU, so only the product's fp32 summation order and its
+// bf16 rounding differ (kBf16Tol): the fused merge must round each latent value exactly as the
+// merge kernel does. w is a strided view as W_UV is of kv_b_proj's rows (each head's rows
+// kProjSkip rows into its block); padding tokens' outputs are zeros.
+void check_projection(Backend& cuda, Backend& cpu, Rng& rng, const MlaCase& c,
+                      const std::string& what, const Tensor& q_t, const Tensor& k_t,
+                      const Tensor& v_t, const AttentionMeta& meta, const AttentionParams& params,
+                      std::vector<float> attn) {
+  constexpr int64_t kProjSkip = 16;
+  const int64_t n = q_t.size(0), m = c.project_m, w_rows = kProjSkip + m;
+  std::vector<float> w = random_bf16_values(rng, c.hq * w_rows * c.dv);
+  auto w_dev = upload_bf16(cuda, w);
+  Tensor w_t = w_dev->view(DType::kBF16, {c.hq, w_rows, c.dv});
+  w_t.data = static_cast<char*>(w_t.data) + kProjSkip * c.dv * 2;
+  w_t.shape[1] = m;
+  DevBuf scratch(cuda, std::max<int64_t>(n, 1) * c.hq * c.dv * 2);
+  DevBuf out(cuda, std::max<int64_t>(n, 1) * c.hq * m * 2);
+  Tensor attn_t = scratch.view(DType::kBF16, {n, c.hq, c.dv});
+  Tensor out_t = out.view(DType::kBF16, {n, c.hq, m});
+  const auto call = [&] {
+    cuda.attention_project(q_t, k_t, v_t, meta, params, w_t, attn_t, out_t);
+  };
+  call();
+
+  attn.resize(n * c.hq * c.dv);
+  std::vector<float> want(n * c.hq * m);
+  Tensor want_heads = host_f32(want, {n, c.hq, m}).transpose01();
+  Tensor w_host = host_f32(w, {c.hq, w_rows, c.dv});
+  w_host.data = w.data() + kProjSkip * c.dv;
+  w_host.shape[1] = m;
+  cpu.batched_matmul(host_f32(attn, {n, c.hq, c.dv}).transpose01(), w_host, want_heads);
+  const std::string pwhat = what + " attention_project m=" + std::to_string(m);
+  std::vector<float> got = download_bf16(out);
+  got.resize(n * c.hq * m);
+  EXPECT_TRUE(compare(pwhat, got, want, kBf16Tol));
+  EXPECT_TRUE(guards_ok(pwhat, out));
+  if (c.via_graph) expect_graph_replay_matches(cuda, pwhat, call, out, got);
+}
 
 void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) {
   Rng rng(seed);
@@ -105,6 +149,7 @@ void run_mla_case(Backend& cuda, Backend& cpu, uint64_t seed, const MlaCase& c) 
   if (c.via_graph)
     expect_graph_replay_matches(
         cuda, what, [&] { cuda.attention(q_t, k_t, v_t, meta, params, out_t); }, out, got);
+  if (c.project_m > 0) check_projection(cuda, cpu, rng, c, what, q_t, k_t, v_t, meta, params, got);
 }
 
 TEST(AttentionMla, DecodeV2Lite) {
@@ -203,6 +248,48 @@ TEST(AttentionMla, GraphBatchesAndPadding) {
     bound.kv_bound = 163840;
     run_mla_case(cuda, cpu, ++seed, bound);
   }
+}
+
+TEST(AttentionMla, ProjectedMerge) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 8500;
+  const int64_t D = kV2LiteDim, Dv = kV2LiteDimV, P = kRopeDim;
+  const auto projected = [](MlaCase c, int32_t m) {
+    c.project_m = m;
+    return c;
+  };
+  // Decode steps the merge takes the product into: one token (V2-Lite's W_UV, 128 rows), five,
+  // a row count off the block's 32, V3's 128 heads, V in the first 512 columns.
+  for (int32_t bs : {16, 7}) {
+    run_mla_case(cuda, cpu, ++seed, projected({16, 1, D, Dv, P, bs, decode_seqs({300})}, 128));
+    run_mla_case(cuda, cpu, ++seed,
+                 projected({16, 1, D, Dv, P, bs, decode_seqs({1, 7, 19, 111, 300})}, 128));
+  }
+  run_mla_case(cuda, cpu, ++seed, projected({16, 1, D, Dv, P, 16, decode_seqs({33})}, 40));
+  run_mla_case(cuda, cpu, ++seed,
+               projected({128, 1, D, Dv, P, 16, decode_seqs({1, 33, 300})}, 128));
+  run_mla_case(cuda, cpu, ++seed, projected({16, 1, D, Dv, 0, 16, decode_seqs({1, 20, 299})}, 128));
+  // head_dim_v of 256 (separate V rows, GQA 4:1) and 1024 (the CUDA-core kernel).
+  run_mla_case(cuda, cpu, ++seed, projected({8, 2, 320, 256, -1, 16, decode_seqs({1, 150})}, 72));
+  run_mla_case(cuda, cpu, ++seed, projected({4, 1, 1088, 1024, 64, 16, decode_seqs({100})}, 64));
+  // Graph batches: padding tokens (zeros out), a bound far past every context (empty splits).
+  MlaCase padded = projected({16, 1, D, Dv, P, 16, decode_seqs({1, 77, 300})}, 128);
+  padded.n_padding = 5;
+  padded.via_graph = true;
+  run_mla_case(cuda, cpu, ++seed, padded);
+  MlaCase bound = projected({16, 1, D, Dv, P, 7, decode_seqs({1, 40, 300})}, 128);
+  bound.n_padding = 1;
+  bound.via_graph = true;
+  bound.kv_bound = 163840;
+  run_mla_case(cuda, cpu, ++seed, bound);
+  // Where the merge does not take it: more tokens than PAGELLM_MLA_PROJECT_TOKENS' 8, prefill,
+  // the golden fixtures' 32-dim V.
+  Rng rng(seed);
+  std::vector<Seq> many;
+  for (int i = 0; i < 12; ++i) many.push_back({1, static_cast<int32_t>(1 + rng.below(300))});
+  run_mla_case(cuda, cpu, ++seed, projected({16, 1, D, Dv, P, 16, many}, 128));
+  run_mla_case(cuda, cpu, ++seed, projected({16, 1, D, Dv, P, 16, {{23, 23}, {1, 150}}}, 128));
+  run_mla_case(cuda, cpu, ++seed, projected({4, 1, 40, 32, 8, 16, decode_seqs({1, 20})}, 16));
 }
 
 }  // namespace

@@ -600,56 +600,122 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// Merges the splits of one (token, query head) for kReduceThreads dims:
-// out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the live splits (a prefix: l_i > 0),
-// so a launch planned for a long bound (a graph recorded for max_model_len) reads only the
-// splits that hold keys.
+// The merge of one (token, query head)'s splits, shared by both merge kernels so that they give
+// the same bits: out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the live splits (a
+// prefix: l_i > 0), so a launch planned for a long bound (a graph recorded for max_model_len)
+// reads only the splits that hold keys. Warp 0 computes the weights (split_weights), then every
+// thread sums its own dims (merged_dim).
+struct SplitWeights {
+  float weight[kMaxSplits];
+  float inv_sum;  // 0: a padding token, no context
+  int n_live;
+};
+__device__ __forceinline__ void split_weights(const float* __restrict__ part_ml, int64_t base,
+                                              int n_splits, SplitWeights& w) {
+  const int lane = threadIdx.x & 31;
+  float m = -INFINITY;
+  unsigned live = 0;
+  for (int i = lane; i < n_splits; i += 32) {
+    if (part_ml[2 * (base + i) + 1] > 0.0f) {
+      m = fmaxf(m, part_ml[2 * (base + i)]);
+      live = i + 1;
+    }
+  }
+  m = warp_max(m);
+  live = __reduce_max_sync(0xffffffffu, live);
+  float l = 0.0f;
+  for (int i = lane; i < static_cast<int>(live); i += 32) {
+    const float li = part_ml[2 * (base + i) + 1];
+    const float wi = li > 0.0f ? expf(part_ml[2 * (base + i)] - m) : 0.0f;
+    w.weight[i] = wi;
+    l += wi * li;
+  }
+  l = warp_sum(l);
+  if (lane == 0) {
+    w.inv_sum = l > 0.0f ? 1.0f / l : 0.0f;
+    w.n_live = static_cast<int>(live);
+  }
+}
+__device__ __forceinline__ float merged_dim(const float* __restrict__ part_acc, int64_t base,
+                                            int dv, int e, const SplitWeights& w) {
+  float acc = 0.0f;
+  const int live = w.n_live;
+#pragma unroll 4
+  for (int i = 0; i < live; ++i) acc += w.weight[i] * part_acc[(base + i) * dv + e];
+  return acc * w.inv_sum;
+}
+
+// Merges the splits of one (token, query head) for kReduceThreads dims.
 __global__ void __launch_bounds__(kReduceThreads)
     mla_reduce_kernel(AttentionArgs a, int n_splits, const float* __restrict__ part_acc,
                       const float* __restrict__ part_ml) {
-  __shared__ float weight[kMaxSplits];
-  __shared__ float inv_sum;
-  __shared__ int n_live;
+  __shared__ SplitWeights sw;
   pdl_wait();  // launched overlapped: the partial results come from the kernel before
   pdl_allow_next();
   const int e = blockIdx.x * kReduceThreads + threadIdx.x;
   const int h = blockIdx.y, tok = blockIdx.z;
   if (tok >= a.cu_seqlens_q[a.n_seqs]) return;
   const int64_t base = (static_cast<int64_t>(tok) * a.hq + h) * n_splits;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float m = -INFINITY;
-    unsigned live = 0;
-    for (int i = lane; i < n_splits; i += 32) {
-      if (part_ml[2 * (base + i) + 1] > 0.0f) {
-        m = fmaxf(m, part_ml[2 * (base + i)]);
-        live = i + 1;
-      }
-    }
-    m = warp_max(m);
-    live = __reduce_max_sync(0xffffffffu, live);
-    float l = 0.0f;
-    for (int i = lane; i < static_cast<int>(live); i += 32) {
-      const float li = part_ml[2 * (base + i) + 1];
-      const float wi = li > 0.0f ? expf(part_ml[2 * (base + i)] - m) : 0.0f;
-      weight[i] = wi;
-      l += wi * li;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      inv_sum = l > 0.0f ? 1.0f / l : 0.0f;  // 0: a padding token, no context
-      n_live = static_cast<int>(live);
-    }
-  }
+  if (threadIdx.x < 32) split_weights(part_ml, base, n_splits, sw);
   __syncthreads();
   if (e >= a.head_dim_v) return;
-  float acc = 0.0f;
-  const int live = n_live;
-#pragma unroll 4
-  for (int i = 0; i < live; ++i) acc += weight[i] * part_acc[(base + i) * a.head_dim_v + e];
   bf16* o = static_cast<bf16*>(a.out) + static_cast<int64_t>(tok) * a.o_stride_tok +
             static_cast<int64_t>(h) * a.o_stride_head;
-  o[e] = from_float<bf16>(acc * inv_sum);
+  o[e] = from_float<bf16>(merged_dim(part_acc, base, a.head_dim_v, e, sw));
+}
+
+// The merge with each head's projection after it (Backend::attention_project: MLA's value
+// up-projection W_UV), one kernel instead of the merge and a batched GEMV: a block merges one
+// (token, head)'s head_dim_v dims into shared memory, rounded to bf16 as the merge kernel writes
+// them, and multiplies them by kProjRows rows of that head's matrix, which it requests before its
+// wait (weights: no kernel writes them) so they stream in while the attention runs. Each block
+// repeats its head's merge (from L2: the partial sums were just written) for its slice of rows;
+// a warp takes kProjRowsPerWarp rows, a lane 8 dims of each 256.
+constexpr int kProjThreads = 256;
+constexpr int kProjRowsPerWarp = 4;
+constexpr int kProjRows = kProjThreads / 32 * kProjRowsPerWarp;
+
+template <int CHUNKS>  // head_dim_v = 256 * CHUNKS: a lane's 16-byte pieces of a row
+__global__ void __launch_bounds__(kProjThreads)
+    mla_merge_project_kernel(AttentionArgs a, int n_splits, const float* __restrict__ part_acc,
+                             const float* __restrict__ part_ml, MlaProjection p) {
+  constexpr int kDv = 256 * CHUNKS;
+  __shared__ SplitWeights sw;
+  __shared__ __align__(16) bf16 lat[kDv];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y, tok = blockIdx.z;
+  const int row0 = blockIdx.x * kProjRows + warp * kProjRowsPerWarp;
+  const bf16* w_head = static_cast<const bf16*>(p.w) + static_cast<int64_t>(h) * p.w_stride_head;
+  const bf16* rows[kProjRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kProjRowsPerWarp; ++r)  // rows past m read row 0 (valid) and are not stored
+    rows[r] = w_head + static_cast<int64_t>(row0 + r < p.m ? row0 + r : 0) * p.w_stride_row;
+  uint4 wv[CHUNKS][kProjRowsPerWarp];
+  if (p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
+  pdl_wait();  // launched overlapped: the partial results come from the kernel before
+  pdl_allow_next();
+  if (!p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
+  if (tok >= a.cu_seqlens_q[a.n_seqs]) return;
+  const int64_t base = (static_cast<int64_t>(tok) * a.hq + h) * n_splits;
+  if (threadIdx.x < 32) split_weights(part_ml, base, n_splits, sw);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kDv; e += kProjThreads)
+    lat[e] = from_float<bf16>(merged_dim(part_acc, base, kDv, e, sw));
+  __syncthreads();
+  float acc[kProjRowsPerWarp] = {};
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const uint4 x = reinterpret_cast<const uint4*>(lat)[lane + 32 * c];
+#pragma unroll
+    for (int r = 0; r < kProjRowsPerWarp; ++r) acc[r] += dot8(x, wv[c][r]);
+  }
+  bf16* o = static_cast<bf16*>(p.out) + static_cast<int64_t>(tok) * p.o_stride_tok +
+            static_cast<int64_t>(h) * p.o_stride_head;
+#pragma unroll
+  for (int r = 0; r < kProjRowsPerWarp; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < p.m) o[row0 + r] = from_float<bf16>(v);
+  }
 }
 
 // Whether mla_mma_kernel takes the launch: V a column view of the K rows (the latent layout) at
@@ -670,6 +736,15 @@ bool mla_mma_ok(const AttentionArgs& a, int v_offset) {
 int64_t max_splits() {
   static const int64_t v = tuning_knob("PAGELLM_MLA_MAX_SPLITS", kMaxSplits,
                                        [](int64_t c) { return c >= 1 && c <= kMaxSplits; });
+  return v;
+}
+
+// PAGELLM_MLA_PROJECT_TOKENS: the most query tokens of a step whose split merge takes
+// Backend::attention_project's product (every block of a token re-reads its head's rows of the
+// matrix, so wide steps keep the batched GEMM); 0: never (the merge, then the product).
+int64_t project_max_tokens() {
+  static const int64_t v =
+      tuning_knob("PAGELLM_MLA_PROJECT_TOKENS", 8, [](int64_t t) { return t >= 0 && t <= 65535; });
   return v;
 }
 
@@ -730,6 +805,16 @@ bool attention_mla_wanted(const AttentionArgs& a) {
   return a.head_dim > 256 || a.head_dim_v > 256 || attention_v_offset_in_k(a) >= 0;
 }
 
+bool attention_mla_projection_fusable(const AttentionArgs& a, int64_t n_tokens, int n_sms,
+                                      const MlaProjection& p) {
+  const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const int dv = a.head_dim_v;
+  return attention_mla_wanted(a) && a.n_seqs > 0 && n_tokens > 0 &&
+         n_tokens <= project_max_tokens() && (dv == 256 || dv == 512 || dv == 1024) && p.m > 0 &&
+         aligned16(p.w) && p.w_stride_head % 8 == 0 && p.w_stride_row % 8 == 0 &&
+         plan_mla(a, n_tokens, n_sms).n_splits > 1;
+}
+
 int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   if (a.n_seqs == 0 || n_tokens == 0) return 0;
   const MlaLayout L = plan_mla(a, n_tokens, n_sms);
@@ -738,7 +823,7 @@ int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, 
 }
 
 void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* workspace, int n_sms,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const MlaProjection* proj) {
   if (a.n_seqs == 0 || n_tokens == 0 || a.max_seqlen_q == 0) return;
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0,
                     "attention: query heads not a multiple of KV heads");
@@ -749,6 +834,8 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
   PAGELLM_CHECK_MSG(n_tokens <= INT32_MAX && a.hkv * ((a.hq / a.hkv + kRows - 1) / kRows) <= 65535,
                     "latent attention: grid too large");
   const MlaLayout L = plan_mla(a, n_tokens, n_sms);
+  PAGELLM_CHECK_MSG(proj == nullptr || attention_mla_projection_fusable(a, n_tokens, n_sms, *proj),
+                    "latent attention: the projection cannot be fused into this launch");
   PAGELLM_CHECK_MSG(L.v_offset < 0 || L.v_offset % 2 == 0,
                     "latent attention: V must start at an even column of the K row");
   PAGELLM_CHECK_MSG(L.smem <= static_cast<size_t>(kSmemHardLimit),
@@ -784,7 +871,17 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
     else
       run_mla(mla_attention_kernel<8>, a, L, n_tokens, part_acc, part_ml, stream);
   }
-  if (L.n_splits > 1) {
+  if (proj != nullptr) {
+    MlaProjection p = *proj;
+    p.early = early_loads();
+    const dim3 grid(ceil_div(p.m, kProjRows), static_cast<unsigned>(a.hq),
+                    static_cast<unsigned>(n_tokens));
+    const auto kernel = a.head_dim_v == 256   ? mla_merge_project_kernel<1>
+                        : a.head_dim_v == 512 ? mla_merge_project_kernel<2>
+                                              : mla_merge_project_kernel<4>;
+    launch_overlapped(kernel, grid, dim3(kProjThreads), 0, stream, a, L.n_splits, part_acc, part_ml,
+                      p);
+  } else if (L.n_splits > 1) {
     const dim3 grid(static_cast<unsigned>((a.head_dim_v + kReduceThreads - 1) / kReduceThreads),
                     static_cast<unsigned>(a.hq), static_cast<unsigned>(n_tokens));
     launch_overlapped(mla_reduce_kernel, grid, dim3(kReduceThreads), 0, stream, a, L.n_splits,

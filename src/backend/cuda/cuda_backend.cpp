@@ -736,10 +736,9 @@ void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Ten
                        stream_);
 }
 
-void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                            const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
-  if (ablated("attention")) return;
-  if (meta.n_seqs == 0) return;
+AttentionArgs CudaBackend::attention_args(const Tensor& q, const Tensor& k_cache,
+                                          const Tensor& v_cache, const AttentionMeta& meta,
+                                          const AttentionParams& params, const Tensor& out) const {
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k_cache, "k_cache"},
                                 {&v_cache, "v_cache"},
@@ -801,24 +800,69 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.window = params.window;
   a.softcap = params.softcap;
   PAGELLM_CHECK_MSG(a.hkv > 0 && a.hq % a.hkv == 0, "attention: Hq must be a multiple of Hkv");
-  if (attention_mla_wanted(a)) {
-    // A latent cache (V a column view of the K rows, MLA) or head dims above 256: the kernel of
-    // attention_mla.cu, which writes bf16 pairs.
+  if (attention_mla_wanted(a))  // attention_mla.cu writes bf16 pairs
     PAGELLM_CHECK_MSG(even(out.stride[0]) && even(out.stride[1]) &&
                           reinterpret_cast<uintptr_t>(out.data) % 4 == 0,
                       "attention: out strides and base address must be even (bf16 pairs)");
-    const int64_t n_tokens = q.size(0);
-    const int64_t mla_ws_bytes = attention_mla_workspace_bytes(a, n_tokens, n_sms_);
-    void* mla_ws = mla_ws_bytes > 0 ? ensure_attention_workspace(mla_ws_bytes) : nullptr;
-    launch_attention_mla(a, n_tokens, mla_ws, n_sms_, stream_);
+  else
+    PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
+  return a;
+}
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
+  if (ablated("attention")) return;
+  if (meta.n_seqs == 0) return;
+  const AttentionArgs a = attention_args(q, k_cache, v_cache, meta, params, out);
+  if (attention_mla_wanted(a)) {
+    // A latent cache (V a column view of the K rows, MLA) or head dims above 256: the kernel of
+    // attention_mla.cu.
+    run_attention_mla(a, q.size(0), nullptr);
     return;
   }
-  PAGELLM_CHECK_MSG(std::max(a.head_dim, a.head_dim_v) <= 256, "attention: head_dim above 256");
   const int64_t ws_bytes = attention_workspace_bytes(a, n_sms_);
   void* ws = ws_bytes > 0 ? ensure_attention_workspace(ws_bytes) : nullptr;
   const int64_t n_counters = attention_counters(a, n_sms_);
   int32_t* counters = n_counters > 0 ? ensure_attention_counters(n_counters) : nullptr;
   launch_attention(a, ws, counters, n_sms_, stream_);
+}
+
+void CudaBackend::run_attention_mla(const AttentionArgs& a, int64_t n_tokens,
+                                    const MlaProjection* proj) {
+  const int64_t ws_bytes = attention_mla_workspace_bytes(a, n_tokens, n_sms_);
+  void* ws = ws_bytes > 0 ? ensure_attention_workspace(ws_bytes) : nullptr;
+  launch_attention_mla(a, n_tokens, ws, n_sms_, stream_, proj);
+}
+
+void CudaBackend::attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                    const AttentionMeta& meta, const AttentionParams& params,
+                                    const Tensor& w, Tensor& attn, Tensor& out) {
+  // Fused where the latent kernel splits the context (small decode steps): the merge of the
+  // splits applies w. Leaving out either op (PAGELLM_ABLATE_OPS) runs them apart, so each can
+  // still be measured alone.
+  const bool fusable_types = w.dtype == DType::kBF16 && out.dtype == DType::kBF16 && w.ndim == 3 &&
+                             out.ndim == 3 && attn.ndim == 3;
+  if (fusable_types && meta.n_seqs > 0 && !ablated("attention") && !ablated("batched_matmul")) {
+    check_on_device(w, "w");
+    check_on_device(out, "out");
+    const AttentionArgs a = attention_args(q, k_cache, v_cache, meta, params, attn);
+    PAGELLM_CHECK_MSG(w.size(0) == a.hq && w.size(2) == a.head_dim_v && out.size(0) == q.size(0) &&
+                          out.size(1) == a.hq && out.size(2) == w.size(1),
+                      "attention_project: w must be [Hq, M, Dv] and out [n, Hq, M]");
+    MlaProjection p;
+    p.w = w.data;
+    p.w_stride_head = w.stride[0];
+    p.w_stride_row = w.stride[1];
+    p.out = out.data;
+    p.o_stride_tok = out.stride[0];
+    p.o_stride_head = out.stride[1];
+    p.m = static_cast<int32_t>(w.size(1));
+    if (w.size(1) <= INT32_MAX && attention_mla_projection_fusable(a, q.size(0), n_sms_, p)) {
+      run_attention_mla(a, q.size(0), &p);
+      return;
+    }
+  }
+  Backend::attention_project(q, k_cache, v_cache, meta, params, w, attn, out);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {

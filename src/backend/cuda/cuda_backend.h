@@ -96,6 +96,11 @@ class CudaBackend final : public Backend {
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
+  // The latent kernel's merge of the splits applies w when it splits (attention_mla.cu's
+  // mla_merge_project_kernel); otherwise attention() then batched_matmul().
+  void attention_project(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const AttentionMeta& meta, const AttentionParams& params, const Tensor& w,
+                         Tensor& attn, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
@@ -169,6 +174,12 @@ class CudaBackend final : public Backend {
                   const Tensor& bias, const Tensor& product, GemvEpilogue epilogue, Tensor& out);
   // Whether norm_w is a weight of ones fold_norm_weight handed out.
   bool is_unit_norm(const Tensor& norm_w) const;
+  // attention()'s operands, checked, as the kernels' arguments.
+  AttentionArgs attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const AttentionMeta& meta, const AttentionParams& params,
+                               const Tensor& out) const;
+  // The latent kernel with its workspace, and proj (may be null) taken into its merge.
+  void run_attention_mla(const AttentionArgs& a, int64_t n_tokens, const MlaProjection* proj);
   // rms_norm's checks and launch; release_early as launch_rms_norm's (kernels.h).
   void run_rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out, bool release_early);
 

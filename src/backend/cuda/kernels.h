@@ -200,10 +200,27 @@ int64_t attention_v_offset_in_k(const AttentionArgs& a);
 bool attention_mla_wanted(const AttentionArgs& a);
 // Scratch of the split-KV partial results for n_tokens query tokens (0 when it does not split).
 int64_t attention_mla_workspace_bytes(const AttentionArgs& a, int64_t n_tokens, int n_sms);
-// Queues the kernel (and the merge of the splits). `workspace` must hold
+// Backend::attention_project's per-head product taken into the merge of the splits:
+// out[tok, h, r] = sum_e attn[tok, h, e] * w[h, r, e] for r < m, attn rounded to bf16 first (as
+// the merge writes it), without writing attn.
+struct MlaProjection {
+  const void* w = nullptr;  // bf16 [hq, m, head_dim_v], rows 16-byte aligned
+  int64_t w_stride_head = 0, w_stride_row = 0;
+  void* out = nullptr;  // bf16 [n_tokens, hq, m]
+  int64_t o_stride_tok = 0, o_stride_head = 0;
+  int32_t m = 0;
+  bool early = false;  // set by the launch: early_loads()
+};
+// Whether launch_attention_mla can take `p`: a launch that splits the context (decode at small
+// batches), at most PAGELLM_MLA_PROJECT_TOKENS tokens (default 8), head_dim_v of 256, 512 or
+// 1024, w rows 16-byte aligned.
+bool attention_mla_projection_fusable(const AttentionArgs& a, int64_t n_tokens, int n_sms,
+                                      const MlaProjection& p);
+// Queues the kernel (and the merge of the splits, with `proj` applied when given: it must be
+// fusable, and the attention output is then not written). `workspace` must hold
 // attention_mla_workspace_bytes(a, n_tokens, n_sms); out pairs must be 4-byte aligned.
 void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* workspace, int n_sms,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const MlaProjection* proj = nullptr);
 
 // --- sampling.cu ---
 // One device sampling step (Backend::sample): rows[i] samples logits row rows[i].logits_row of

@@ -97,5 +97,28 @@ TEST(BackendBatchedMatmul, CostCountsEveryEntryAndABroadcastOperandOnce) {
   EXPECT_DOUBLE_EQ(b.bytes, 4.0 * (16 * 576 * 192 + 2 * 192 + 16 * 2 * 576));
 }
 
+TEST(BackendAttentionProject, CostIsTheAttentionsPlusTheProductsWeightsAndOutput) {
+  // DeepSeek-V2-Lite's absorbed decode: 16 heads over the 576-wide latent row (V its last 512
+  // columns), then W_UV [16, 128, 512] out of kv_b_proj's rows.
+  std::vector<float> buf(1 << 16);
+  AttentionMeta meta;
+  meta.n_seqs = 1;
+  meta.total_kv_tokens = 600;
+  meta.total_qk_pairs = 600;
+  Tensor kc(buf.data(), DType::kBF16, {40, 16, 1, 576});
+  const Tensor vc = kc.slice_cols(64, 576);
+  const Tensor q(buf.data() + 1000, DType::kBF16, {1, 16, 576});
+  const Tensor attn(buf.data() + 2000, DType::kBF16, {1, 16, 512});
+  Tensor w(buf.data() + 3000, DType::kBF16, {16, 128, 512});
+  w.stride = {256 * 512, 512, 1, 0};
+  const Tensor out(buf.data() + 4000, DType::kBF16, {1, 16, 128});
+  const OpSample a = op_cost::attention(q, kc, vc, meta, attn);
+  const OpSample s = op_cost::attention_project(q, kc, vc, meta, w, attn, out);
+  EXPECT_EQ(s.op, "attention_project");
+  EXPECT_EQ(s.shape, a.shape + " m=128 bf16");
+  EXPECT_DOUBLE_EQ(s.bytes, a.bytes + 2.0 * (16 * 128 * 512 + 16 * 128));
+  EXPECT_DOUBLE_EQ(s.flops, a.flops + 2.0 * 16 * 128 * 512);
+}
+
 }  // namespace
 }  // namespace pagellm

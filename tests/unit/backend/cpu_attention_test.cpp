@@ -184,6 +184,52 @@ TEST(CpuAttention, FastMatchesReference) {
   EXPECT_GT(checked, 0);
 }
 
+// attention_project's default: attention into `attn`, then each head's output times that head's
+// matrix, equal bit for bit to one matmul per head on the attention's own output; the output
+// is a column slice of a wider buffer (its other columns untouched) and w a strided view.
+TEST(CpuAttention, ProjectIsAttentionThenEachHeadsProduct) {
+  for (bool fast : {false, true}) {
+    auto be = make_cpu_backend(fast);
+    uint32_t seed = 500;
+    for (const AttnCase& c : attn_cases()) {
+      const std::string ctx = std::string(c.name) + (fast ? " fast" : " reference");
+      AttnData d(c, ++seed);
+      std::mt19937 rng(seed);
+      const int64_t m = 6, w_rows = m + 3;  // each head's m rows start 3 rows into its block
+      std::vector<float> w = random_floats(rng, c.hq * w_rows * c.dv);
+      Tensor wt(w.data() + 3 * c.dv, DType::kF32, {c.hq, m, c.dv});
+      wt.stride = {w_rows * c.dv, c.dv, 1, 0};
+      std::vector<float> attn(d.n * c.hq * c.dv);
+      Tensor attn_t(attn.data(), DType::kF32, {d.n, c.hq, c.dv});
+      constexpr float kUntouched = 12345.0f;
+      const int64_t ld = c.hq * m + 5;  // out: columns [0, hq * m) of rows ld wide
+      std::vector<float> out(d.n * ld, kUntouched);
+      Tensor out_t = Tensor(out.data(), DType::kF32, {d.n, ld}).slice_cols(0, c.hq * m);
+      Tensor out3 = out_t.split_heads(c.hq, m);
+      be->attention_project(d.qt, d.kt, d.vt, d.meta, d.params, wt, attn_t, out3);
+
+      GuardedBuffer want_attn = d.run(*be);
+      for (int64_t i = 0; i < want_attn.n; ++i)
+        ASSERT_EQ(attn[i], want_attn.data[i]) << ctx << ": attention output " << i;
+      for (int64_t h = 0; h < c.hq; ++h) {
+        std::vector<float> want(d.n * m);
+        Tensor want_t(want.data(), DType::kF32, {d.n, m});
+        Tensor x(attn.data() + h * c.dv, DType::kF32, {d.n, c.dv});
+        x.stride = {c.hq * c.dv, 1, 0, 0};
+        Tensor wh(w.data() + (h * w_rows + 3) * c.dv, DType::kF32, {m, c.dv});
+        be->matmul(x, wh, Tensor(), want_t);
+        for (int64_t t = 0; t < d.n; ++t)
+          for (int64_t r = 0; r < m; ++r)
+            ASSERT_EQ(out[t * ld + h * m + r], want[t * m + r])
+                << ctx << ": token " << t << " head " << h << " row " << r;
+      }
+      for (int64_t t = 0; t < d.n; ++t)
+        for (int64_t j = c.hq * m; j < ld; ++j)
+          ASSERT_EQ(out[t * ld + j], kUntouched) << ctx << ": written outside the view";
+    }
+  }
+}
+
 // --- rope ---
 
 // cos_sin [n, rotary_dim] for the given positions: cos of the rotary_dim/2 frequencies, then sin.
