@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                          float* __restrict__ part_ml) {
   extern __shared__ float4 smem_raw[];
   pdl_wait();        // launched overlapped: q and the cache rows come from the kernels before
-  pdl_allow_next();  // the value up-projection's GEMV may start fetching its weights
+  pdl_allow_next();  // the merge (and W_UV's weights) may start loading
   float* smem = reinterpret_cast<float*>(smem_raw);
   const int tok = blockIdx.x, split = blockIdx.y;
   const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   if (L.early && n_kt > 0) load_tile(0, 0, kOldRows);
   pdl_wait();         // launched overlapped: q and this step's rows come from the kernels before
-  pdl_allow_next();   // the value up-projection's GEMV may start fetching its weights
+  pdl_allow_next();   // the merge (and W_UV's weights) may start loading
   if (!live) return;  // the whole block: before any barrier
   // q rows of the block's heads (padding rows zero) with the first tile; an empty split (past a
   // short context, e.g. in a graph recorded for max_model_len) loads nothing.
@@ -603,13 +603,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 // The merge of one (token, query head)'s splits, shared by both merge kernels so that they give
 // the same bits: out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the live splits (a
 // prefix: l_i > 0), so a launch planned for a long bound (a graph recorded for max_model_len)
-// reads only the splits that hold keys. Warp 0 computes the weights (split_weights), then every
-// thread sums its own dims (merged_dim).
+// reads only the splits that hold keys.
 struct SplitWeights {
   float weight[kMaxSplits];
   float inv_sum;  // 0: a padding token, no context
   int n_live;
 };
+// Warp 0's part: each live split's weight e^(m_i - M) and 1 / sum_i e^(m_i - M) l_i.
 __device__ __forceinline__ void split_weights(const float* __restrict__ part_ml, int64_t base,
                                               int n_splits, SplitWeights& w) {
   const int lane = threadIdx.x & 31;
@@ -636,13 +636,45 @@ __device__ __forceinline__ void split_weights(const float* __restrict__ part_ml,
     w.n_live = static_cast<int>(live);
   }
 }
-__device__ __forceinline__ float merged_dim(const float* __restrict__ part_acc, int64_t base,
-                                            int dv, int e, const SplitWeights& w) {
-  float acc = 0.0f;
+
+// The whole merge, called by every thread of the block (it holds a barrier): this thread's dims
+// e0 + j * step (j < E; those at or past dv are neither read nor written), rounded to bf16. The
+// partial sums are read kMergeBatch splits at a time, all loads of a batch issued before any is
+// summed, the first batch while warp 0 works out the weights (a batch may read splits past the
+// live ones, stale values that are never summed); the sums run in split order whatever E is.
+constexpr int kMergeBatch = 16;
+template <int E>
+__device__ __forceinline__ void merge_splits(const float* __restrict__ part_acc,
+                                             const float* __restrict__ part_ml, int64_t base,
+                                             int n_splits, int dv, int e0, int step,
+                                             SplitWeights& w, bf16 (&out)[E]) {
+  float v[kMergeBatch][E];
+  const auto load_batch = [&](int i0, int bound) {
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const int e = e0 + j * step;
+        v[b][j] = i0 + b < bound && e < dv ? part_acc[(base + i0 + b) * dv + e] : 0.0f;
+      }
+  };
+  load_batch(0, n_splits);
+  if (threadIdx.x < 32) split_weights(part_ml, base, n_splits, w);
+  __syncthreads();
   const int live = w.n_live;
-#pragma unroll 4
-  for (int i = 0; i < live; ++i) acc += w.weight[i] * part_acc[(base + i) * dv + e];
-  return acc * w.inv_sum;
+  float acc[E];
+#pragma unroll
+  for (int j = 0; j < E; ++j) acc[j] = 0.0f;
+  for (int i0 = 0; i0 < live; i0 += kMergeBatch) {
+    if (i0 > 0) load_batch(i0, live);
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < E; ++j)
+        if (i0 + b < live) acc[j] += w.weight[i0 + b] * v[b][j];
+  }
+#pragma unroll
+  for (int j = 0; j < E; ++j) out[j] = from_float<bf16>(acc[j] * w.inv_sum);
 }
 
 // Merges the splits of one (token, query head) for kReduceThreads dims.
@@ -656,12 +688,12 @@ __global__ void __launch_bounds__(kReduceThreads)
   const int h = blockIdx.y, tok = blockIdx.z;
   if (tok >= a.cu_seqlens_q[a.n_seqs]) return;
   const int64_t base = (static_cast<int64_t>(tok) * a.hq + h) * n_splits;
-  if (threadIdx.x < 32) split_weights(part_ml, base, n_splits, sw);
-  __syncthreads();
+  bf16 v[1];
+  merge_splits(part_acc, part_ml, base, n_splits, a.head_dim_v, e, 0, sw, v);
   if (e >= a.head_dim_v) return;
   bf16* o = static_cast<bf16*>(a.out) + static_cast<int64_t>(tok) * a.o_stride_tok +
             static_cast<int64_t>(h) * a.o_stride_head;
-  o[e] = from_float<bf16>(merged_dim(part_acc, base, a.head_dim_v, e, sw));
+  o[e] = v[0];
 }
 
 // The merge with each head's projection after it (Backend::attention_project: MLA's value
@@ -692,15 +724,18 @@ __global__ void __launch_bounds__(kProjThreads)
     rows[r] = w_head + static_cast<int64_t>(row0 + r < p.m ? row0 + r : 0) * p.w_stride_row;
   uint4 wv[CHUNKS][kProjRowsPerWarp];
   if (p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
+  // The step's metadata (uploaded before the step) is read before the wait too.
+  const bool live = tok < a.cu_seqlens_q[a.n_seqs];  // uniform over the block
   pdl_wait();  // launched overlapped: the partial results come from the kernel before
   pdl_allow_next();
+  if (!live) return;  // the whole block: before any barrier
   if (!p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
-  if (tok >= a.cu_seqlens_q[a.n_seqs]) return;
   const int64_t base = (static_cast<int64_t>(tok) * a.hq + h) * n_splits;
-  if (threadIdx.x < 32) split_weights(part_ml, base, n_splits, sw);
-  __syncthreads();
-  for (int e = threadIdx.x; e < kDv; e += kProjThreads)
-    lat[e] = from_float<bf16>(merged_dim(part_acc, base, kDv, e, sw));
+  constexpr int kPerThread = kDv / kProjThreads;
+  bf16 v[kPerThread];
+  merge_splits(part_acc, part_ml, base, n_splits, kDv, threadIdx.x, kProjThreads, sw, v);
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) lat[threadIdx.x + j * kProjThreads] = v[j];
   __syncthreads();
   float acc[kProjRowsPerWarp] = {};
 #pragma unroll
