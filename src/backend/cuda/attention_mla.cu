@@ -37,6 +37,7 @@
 // Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
 // per step (8 words each) fall in distinct banks. The tensor-core kernel is described above it.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -699,15 +700,15 @@ __global__ void __launch_bounds__(kReduceThreads)
 // The merge with each head's projection after it (Backend::attention_project: MLA's value
 // up-projection W_UV), one kernel instead of the merge and a batched GEMV: a block merges one
 // (token, head)'s head_dim_v dims into shared memory, rounded to bf16 as the merge kernel writes
-// them, and multiplies them by kProjRows rows of that head's matrix, which it requests before its
+// them, and multiplies them by 8 * RPW rows of that head's matrix, which it requests before its
 // wait (weights: no kernel writes them) so they stream in while the attention runs. Each block
 // repeats its head's merge (from L2: the partial sums were just written) for its slice of rows;
-// a warp takes kProjRowsPerWarp rows, a lane 8 dims of each 256.
+// a warp takes RPW rows, a lane 8 dims of each 256.
 constexpr int kProjThreads = 256;
-constexpr int kProjRowsPerWarp = 4;
-constexpr int kProjRows = kProjThreads / 32 * kProjRowsPerWarp;
+constexpr int kProjWarps = kProjThreads / 32;
 
-template <int CHUNKS>  // head_dim_v = 256 * CHUNKS: a lane's 16-byte pieces of a row
+// CHUNKS: a lane's 16-byte pieces of a row (head_dim_v = 256 * CHUNKS); RPW: rows per warp.
+template <int CHUNKS, int RPW>
 __global__ void __launch_bounds__(kProjThreads)
     mla_merge_project_kernel(AttentionArgs a, int n_splits, const float* __restrict__ part_acc,
                              const float* __restrict__ part_ml, MlaProjection p) {
@@ -716,13 +717,13 @@ __global__ void __launch_bounds__(kProjThreads)
   __shared__ __align__(16) bf16 lat[kDv];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.y, tok = blockIdx.z;
-  const int row0 = blockIdx.x * kProjRows + warp * kProjRowsPerWarp;
+  const int row0 = (blockIdx.x * kProjWarps + warp) * RPW;
   const bf16* w_head = static_cast<const bf16*>(p.w) + static_cast<int64_t>(h) * p.w_stride_head;
-  const bf16* rows[kProjRowsPerWarp];
+  const bf16* rows[RPW];
 #pragma unroll
-  for (int r = 0; r < kProjRowsPerWarp; ++r)  // rows past m read row 0 (valid) and are not stored
+  for (int r = 0; r < RPW; ++r)  // rows past m read row 0 (valid) and are not stored
     rows[r] = w_head + static_cast<int64_t>(row0 + r < p.m ? row0 + r : 0) * p.w_stride_row;
-  uint4 wv[CHUNKS][kProjRowsPerWarp];
+  uint4 wv[CHUNKS][RPW];
   if (p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
   // The step's metadata (uploaded before the step) is read before the wait too.
   const bool live = tok < a.cu_seqlens_q[a.n_seqs];  // uniform over the block
@@ -737,17 +738,17 @@ __global__ void __launch_bounds__(kProjThreads)
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) lat[threadIdx.x + j * kProjThreads] = v[j];
   __syncthreads();
-  float acc[kProjRowsPerWarp] = {};
+  float acc[RPW] = {};
 #pragma unroll
   for (int c = 0; c < CHUNKS; ++c) {
     const uint4 x = reinterpret_cast<const uint4*>(lat)[lane + 32 * c];
 #pragma unroll
-    for (int r = 0; r < kProjRowsPerWarp; ++r) acc[r] += dot8(x, wv[c][r]);
+    for (int r = 0; r < RPW; ++r) acc[r] += dot8(x, wv[c][r]);
   }
   bf16* o = static_cast<bf16*>(p.out) + static_cast<int64_t>(tok) * p.o_stride_tok +
             static_cast<int64_t>(h) * p.o_stride_head;
 #pragma unroll
-  for (int r = 0; r < kProjRowsPerWarp; ++r) {
+  for (int r = 0; r < RPW; ++r) {
     const float v = warp_sum(acc[r]);
     if (lane == 0 && row0 + r < p.m) o[row0 + r] = from_float<bf16>(v);
   }
@@ -780,6 +781,14 @@ int64_t max_splits() {
 int64_t project_max_tokens() {
   static const int64_t v =
       tuning_knob("PAGELLM_MLA_PROJECT_TOKENS", 8, [](int64_t t) { return t >= 0 && t <= 65535; });
+  return v;
+}
+
+// PAGELLM_MLA_PROJECT_ROWS: the rows of the projection each warp of the fused merge takes (2, 4
+// or 8; 8 warps a block): fewer blocks repeat the merge, more start the rows' loads sooner.
+int project_rows_per_warp() {
+  static const int v = static_cast<int>(tuning_knob(
+      "PAGELLM_MLA_PROJECT_ROWS", 4, [](int64_t r) { return r == 2 || r == 4 || r == 8; }));
   return v;
 }
 
@@ -909,13 +918,28 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
   if (proj != nullptr) {
     MlaProjection p = *proj;
     p.early = early_loads();
-    const dim3 grid(ceil_div(p.m, kProjRows), static_cast<unsigned>(a.hq),
+    const int rpw = project_rows_per_warp();
+    const dim3 grid(ceil_div(p.m, kProjWarps * rpw), static_cast<unsigned>(a.hq),
                     static_cast<unsigned>(n_tokens));
-    const auto kernel = a.head_dim_v == 256   ? mla_merge_project_kernel<1>
-                        : a.head_dim_v == 512 ? mla_merge_project_kernel<2>
-                                              : mla_merge_project_kernel<4>;
-    launch_overlapped(kernel, grid, dim3(kProjThreads), 0, stream, a, L.n_splits, part_acc, part_ml,
-                      p);
+    const auto run = [&](auto kernel) {
+      launch_overlapped(kernel, grid, dim3(kProjThreads), 0, stream, a, L.n_splits, part_acc,
+                        part_ml, p);
+    };
+    const auto with_rows = [&](auto chunks) {
+      constexpr int C = decltype(chunks)::value;
+      if (rpw == 2)
+        run(mla_merge_project_kernel<C, 2>);
+      else if (rpw == 8)
+        run(mla_merge_project_kernel<C, 8>);
+      else
+        run(mla_merge_project_kernel<C, 4>);
+    };
+    if (a.head_dim_v == 256)
+      with_rows(std::integral_constant<int, 1>{});
+    else if (a.head_dim_v == 512)
+      with_rows(std::integral_constant<int, 2>{});
+    else
+      with_rows(std::integral_constant<int, 4>{});
   } else if (L.n_splits > 1) {
     const dim3 grid(static_cast<unsigned>((a.head_dim_v + kReduceThreads - 1) / kReduceThreads),
                     static_cast<unsigned>(a.hq), static_cast<unsigned>(n_tokens));
