@@ -1,7 +1,7 @@
-// batched_matmul (the batched GEMV for one or two rows, else one strided-batched cuBLASLt GEMM for
-// bf16 weights; the tiled kernel per entry for f16/f32 weights) against the CPU reference (one
-// matmul per batch entry): the per-head views
-// of DeepSeek's MLA (absorbed query, value up-projection out of kv_b_proj's rows) at the
+// batched_matmul (the batched GEMV for one or two rows, its short-row form where K is a multiple of
+// 64 up to 512, else one strided-batched cuBLASLt GEMM for bf16 weights; the tiled kernel per
+// entry for f16/f32 weights) against the CPU reference (one matmul per batch entry): the per-head
+// views of DeepSeek's MLA (absorbed query, value up-projection out of kv_b_proj's rows) at the
 // V2-Lite, V3 and test-fixture shapes, odd sizes with unaligned strides, f32 outputs, a batch
 // stride of 0, and bytes of the output buffer outside the view left untouched.
 #include <algorithm>
@@ -171,6 +171,24 @@ TEST(BatchedMatmul, OddSizesStridesAndTypes) {
   // One entry: a plain GEMM through the batched path.
   run_batched_case(cuda, cpu, ++seed,
                    {1, 19, 64, 111, {64, 64, 0}, {111 * 64, 64, 0}, {111, 111, 0}});
+}
+
+// Short rows (K a multiple of 64 up to 512, one or two rows of x): the GEMV where 8 lanes share a
+// row, at every width it takes, row counts off its 64 rows a block, f32 and bf16 outputs, padded
+// rows and a batch stride of 0 for x.
+TEST(BatchedMatmul, ShortRowsEveryWidth) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 7200;
+  for (int64_t k = 64; k <= 512; k += 64) {
+    const int64_t m = 37 + k / 64;
+    for (int64_t n : {1, 2}) {
+      BatchedCase c{3, n, k, m, {k + 8, 3 * (k + 8), 0}, {(m + 1) * k, k, 8}, {m, 3 * m + 5, 0}};
+      c.out_dtype = n == 2 ? DType::kF32 : DType::kBF16;
+      run_batched_case(cuda, cpu, ++seed, c);
+    }
+  }
+  run_batched_case(cuda, cpu, ++seed,
+                   {5, 2, 192, 130, {0, 200, 0}, {130 * 192, 192, 0}, {130, 650, 0}});
 }
 
 }  // namespace

@@ -262,6 +262,111 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
   }
 }
 
+// Short rows (K a multiple of 64, at most 512: DeepSeek's per-head absorbed query, K = 192). The
+// kernel above covers 256 elements of one row per warp load, so such rows leave lanes idle and
+// give each warp a single trip for two rows: many small warps, more than a wave of them. Here 8
+// lanes share a row (C = K / 64 16-byte pieces each, a row's 8 lanes reading 128 contiguous bytes
+// per piece), a warp takes 4 rows at a time and kShortQuads such quads, every weight load issued
+// before any sum (before the wait with p.preload), and the row's 8 partial sums meet by shuffles.
+constexpr int kShortLanes = 8;  // lanes per row
+constexpr int kShortQuads = 2;  // 4-row groups per warp
+constexpr int kShortRowsPerWarp = 4 * kShortQuads;
+constexpr int kShortMaxK = 512;
+
+template <int N, int C, typename TOut>
+__global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvParams p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane / kShortLanes, piece = lane % kShortLanes;
+  const bf16* x = p.x + blockIdx.y * p.x_batch_stride;
+  const bf16* w = p.w + blockIdx.y * p.w_batch_stride;
+  TOut* out = static_cast<TOut*>(p.out) + blockIdx.y * p.out_batch_stride;
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kShortRowsPerWarp;
+  const bf16* wr[kShortQuads];
+#pragma unroll
+  for (int i = 0; i < kShortQuads; ++i)  // rows past the last re-read it and are not stored
+    wr[i] = w + min(m0 + 4 * i + sub, p.m_dim - 1) * p.ldw + piece * 8;
+  uint4 wv[kShortQuads][C];
+  const auto load = [&] {
+#pragma unroll
+    for (int i = 0; i < kShortQuads; ++i)
+#pragma unroll
+      for (int c = 0; c < C; ++c) wv[i][c] = load_stream(wr[i] + c * kShortLanes * 8);
+  };
+  const bool active = m0 < p.m_dim;
+  if (p.preload && active) load();
+  pdl_wait();
+  pdl_allow_next();
+  if (!active) return;
+  if (!p.preload) load();
+  float acc[kShortQuads][N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    uint4 xv[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      xv[c] =
+          __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + piece * 8 + c * kShortLanes * 8));
+#pragma unroll
+    for (int i = 0; i < kShortQuads; ++i) {
+      float d = 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c) d += dot8(wv[i][c], xv[c]);
+#pragma unroll
+      for (int o = kShortLanes / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      acc[i][j] = d;
+    }
+  }
+  if (piece != 0) return;
+#pragma unroll
+  for (int i = 0; i < kShortQuads; ++i) {
+    const int64_t m = m0 + 4 * i + sub;
+    if (m >= p.m_dim) break;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j * p.ldo + m] = from_float<TOut>(acc[i][j]);
+  }
+}
+
+// PAGELLM_GEMV_SHORT=0 keeps short-row batched products on the kernel above (to measure).
+bool short_rows_enabled() {
+  static const bool on =
+      tuning_knob("PAGELLM_GEMV_SHORT", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  return on;
+}
+
+template <int N, typename TOut>
+void launch_short(const GemvParams& p, int64_t batch, cudaStream_t stream) {
+  const dim3 grid(ceil_div(p.m_dim, kGemvWarps * kShortRowsPerWarp), static_cast<unsigned>(batch));
+  const auto run = [&](auto kernel) {
+    launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, p);
+  };
+  switch (p.k_dim / 64) {
+    case 1:
+      run(gemv_short_kernel<N, 1, TOut>);
+      return;
+    case 2:
+      run(gemv_short_kernel<N, 2, TOut>);
+      return;
+    case 3:
+      run(gemv_short_kernel<N, 3, TOut>);
+      return;
+    case 4:
+      run(gemv_short_kernel<N, 4, TOut>);
+      return;
+    case 5:
+      run(gemv_short_kernel<N, 5, TOut>);
+      return;
+    case 6:
+      run(gemv_short_kernel<N, 6, TOut>);
+      return;
+    case 7:
+      run(gemv_short_kernel<N, 7, TOut>);
+      return;
+    default:
+      run(gemv_short_kernel<N, 8, TOut>);
+      return;
+  }
+}
+
 // How a GEMV launch divides its work: the warps sharing each row group's K, and how full the
 // grid's last wave is (1: every slot of it busy).
 struct GemvPlan {
@@ -492,6 +597,14 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
   p.x_batch_stride = x_batch_stride;
   p.w_batch_stride = w_batch_stride;
   p.out_batch_stride = out_batch_stride;
+  if (x.n_rows <= 2 && x.cols % 64 == 0 && x.cols <= kShortMaxK && short_rows_enabled()) {
+    const bool f32 = out.dtype == DType::kF32;
+    if (x.n_rows == 1)
+      f32 ? launch_short<1, float>(p, batch, stream) : launch_short<1, bf16>(p, batch, stream);
+    else
+      f32 ? launch_short<2, float>(p, batch, stream) : launch_short<2, bf16>(p, batch, stream);
+    return;
+  }
   launch_rows(x.n_rows, p, out.dtype, GemvNorm::kNone, GemvEpilogue::kStore, batch, stream);
 }
 
