@@ -244,7 +244,8 @@ if [ $ops_built = 1 ]; then
     filter+=':AttentionDecode.ClusteredSplits'
     filter+=':AttentionPrefill.*'
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
-    filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions'
+    filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions:AttentionMla.ProjectedMerge'
+    filter+=':BatchedMatmul.ShortRowsEveryWidth'
     filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNorm:ScaleColumns.*'
     filter+=':Sampling.PipelinedCallsAndTheTokensTheyHandOver'
     echo "== compute-sanitizer memcheck ($filter)"
@@ -264,14 +265,14 @@ if [ $ops_built = 1 ]; then
     record "memcheck (reduced ops)" "skipped: no compute-sanitizer"
   fi
   # Racecheck (shared-memory hazards between a block's threads) on the attention kernels, whose
-  # warps hand scores and probabilities to each other through shared memory (latent decode,
-  # GQA decode, tensor-core prefill), on the GEMV's split-K sums, and on the routed experts'
-  # gate|up GEMV with its K split forced on (MoeExperts.GemvPathOnly runs no cuBLASLt kernel:
-  # racecheck reports hazards inside cuBLASLt's, and compute-sanitizer 2025.3.1 fails when told
-  # to skip kernels by name).
+  # warps hand scores and probabilities to each other through shared memory (latent decode and
+  # its merge with W_UV, GQA decode, tensor-core prefill), on the GEMV's split-K sums, and on the
+  # routed experts' gate|up GEMV with its K split forced on (MoeExperts.GemvPathOnly runs no
+  # cuBLASLt kernel: racecheck reports hazards inside cuBLASLt's, and compute-sanitizer 2025.3.1
+  # fails when told to skip kernels by name).
   if [ -n "$sanitizer" ] && [ "$(step_limit 120)" -ge 30 ]; then
     filter='AttentionMla.LayoutsAndOptions:AttentionDecode.HeadLayoutsAndDims:AttentionDecode.MergedSplitsWithPadding'
-    filter+=':AttentionDecode.ClusteredSplits'
+    filter+=':AttentionDecode.ClusteredSplits:AttentionMla.ProjectedMerge'
     filter+=':AttentionPrefill.SlidingWindowAndSoftcap'
     filter+=':FusedProjection.GemvKSplits:MoeExperts.GemvPathOnly'
     echo "== compute-sanitizer racecheck ($filter)"
