@@ -16,8 +16,10 @@
 // expanded form on tensor cores). Splitting the context over blocks (split-KV) keeps the SMs busy
 // at batch 1: the host picks the number of splits from the step's bounds (max_seqlen_kv, tokens),
 // each block cuts its own token's context into that many chunks of whole key tiles, and a second
-// kernel merges the splits (log-sum-exp rescaling). A launch planned for a bound (a CUDA graph
-// recorded for max_model_len) therefore serves every shorter context.
+// kernel merges the splits (log-sum-exp rescaling; for Backend::attention_project at decode
+// sizes, mla_merge_project_kernel also applies each head's matrix, MLA's W_UV, as it merges). A
+// launch planned for a bound (a CUDA graph recorded for max_model_len) therefore serves every
+// shorter context.
 //
 // Two kernels with that work split and the same outputs: the DeepSeek shapes (latent rows, dims
 // in whole mma steps, see mla_mma_ok) run on tensor cores (mla_mma_kernel), every other shape
