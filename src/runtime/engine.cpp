@@ -321,6 +321,13 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
   live_.erase(it);
 }
 
+void Engine::finish_requests(const std::vector<FinishedRequest>& finished) {
+  for (const FinishedRequest& f : finished) {
+    auto it = live_.find(f.id);
+    if (it != live_.end()) finish_request(*it->second, f);
+  }
+}
+
 Tensor Engine::run_model(const std::vector<SeqChunk>& chunks, uint64_t sampled_ticket) {
   if (graphs_ && graphs_->accepts(chunks)) return graphs_->run(chunks, sampled_ticket);
   if (!builder_) builder_ = std::make_unique<StepBatchBuilder>(backend_, config_.block_size);
@@ -410,10 +417,7 @@ void Engine::step() {
   // one overlaps it.
   const bool overlapped = pending_.ticket != 0;
   SchedulePlan plan = scheduler_->schedule(now_ms());
-  for (const FinishedRequest& f : plan.failed) {
-    auto it = live_.find(f.id);
-    if (it != live_.end()) finish_request(*it->second, f);
-  }
+  finish_requests(plan.failed);
   if (plan.empty()) {
     if (overlapped) {
       read_pending();
@@ -567,11 +571,7 @@ void Engine::step() {
     std::vector<SampledToken> results;
     std::vector<uint64_t> failed;
     n_generated = emit_tokens(picks, outs, false, results, failed);
-    std::vector<FinishedRequest> finished = scheduler_->on_step_done(results);
-    for (const FinishedRequest& f : finished) {
-      auto it = live_.find(f.id);
-      if (it != live_.end()) finish_request(*it->second, f);
-    }
+    finish_requests(scheduler_->on_step_done(results));
     fail_sampling(failed);
   }
   const auto t_end = Clock::now();
@@ -617,10 +617,7 @@ void Engine::read_pending() {
   // planned ahead end after their last events.
   std::vector<FinishedRequest> finished = scheduler_->resolve_tokens(results);
   finished.insert(finished.end(), pending_.finished.begin(), pending_.finished.end());
-  for (const FinishedRequest& f : finished) {
-    auto it = live_.find(f.id);
-    if (it != live_.end()) finish_request(*it->second, f);
-  }
+  finish_requests(finished);
   fail_sampling(failed);
   pending_.ticket = 0;
   pending_.picks.clear();

@@ -192,6 +192,8 @@ class Engine {
   void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();
   void finish_request(Live& live, const FinishedRequest& info);
+  // finish_request for each request the scheduler reports finished that is still live.
+  void finish_requests(const std::vector<FinishedRequest>& finished);
   void publish_stats();
   void emit_error(uint64_t id, OutputCallback& cb, const Status& s);
 
