@@ -373,7 +373,10 @@ class Backend {
   // waits for that call's results. take_sampled_tokens() lets the next step read the tokens
   // where they already are: every negative entry t of `tokens` (a step's i32 token ids on this
   // device) becomes the token of result row -(t + 1) of the ticket's call (0 where that row
-  // failed or does not exist, so a discarded step still reads a valid embedding row). Each
+  // failed or does not exist, so a discarded step still reads a valid embedding row). A backend
+  // may instead leave the entries negative and substitute them where the step reads them (the
+  // CUDA backend's embedding does, for the last call's tokens): the step that holds `tokens`
+  // must run before the next sampling call is queued, and only embedding() may read them. Each
   // ticket's results must be read before kSampleSlots more calls are queued.
   // The defaults serve a synchronous backend (and test doubles): sample() at once, the results
   // kept on the host, the substitution on host memory.

@@ -23,10 +23,16 @@ void LogitsHead::run(const Tensor& h, const StepBatch& batch, const Tensor& lm_h
   last_ = Tensor();
   if (m == 0) return;
   reserve(m, h.cols(), lm_head.size(0));
-  Tensor hl = hl_.slice_rows(0, m);          // [m, D]
   Tensor logits = logits_.slice_rows(0, m);  // [m, V]
-  backend_.gather_rows(h, batch.logits_rows, hl);
-  backend_.matmul(hl, lm_head, Tensor(), logits);
+  if (batch.logits_every_token && h.rows() == m) {
+    // A decode step wants every row in order: a gather would copy h as it is (one latency-bound
+    // kernel on each step's chain).
+    backend_.matmul(h, lm_head, Tensor(), logits);
+  } else {
+    Tensor hl = hl_.slice_rows(0, m);  // [m, D]
+    backend_.gather_rows(h, batch.logits_rows, hl);
+    backend_.matmul(hl, lm_head, Tensor(), logits);
+  }
   last_ = logits;
   if (out != nullptr) download_(logits, out);
 }

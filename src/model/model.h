@@ -51,6 +51,9 @@ struct StepBatch {
   AttentionMeta attn;   // cu_seqlens_q, seq_lens_kv, block_tables on the device
   Tensor logits_rows;   // i32 [n_logits]: token rows whose logits are wanted, in output order
   int32_t n_logits = 0;
+  // logits_rows is 0, 1, ..., n_tokens - 1 (a decode step): the LM head reads the hidden rows
+  // where they are, with no gather (model/logits_head.h).
+  bool logits_every_token = false;
   // Host copies the model needs for planning (RoPE tables are computed on the host).
   std::vector<int32_t> positions;     // [n_tokens]
   std::vector<int32_t> cu_seqlens_q;  // [n_seqs + 1]

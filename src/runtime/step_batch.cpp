@@ -102,6 +102,9 @@ const StepBatch& StepBatchBuilder::pack(const std::vector<SeqChunk>& seqs, int32
     b.attn.total_qk_pairs += n * c.start_pos + n * (n + 1) / 2;  // query i sees start_pos + i + 1 keys
   }
   b.logits_rows = Tensor(base + off_lr, DType::kI32, {std::max(n_logits, 1)}, dev);
+  b.logits_every_token = n_logits == n_tokens;
+  for (int32_t j = 0; j < n_logits && b.logits_every_token; ++j)
+    b.logits_every_token = staging_[off_lr + j] == j;
   if (sampled_ticket != 0) backend_.take_sampled_tokens(b.token_ids, sampled_ticket);
   return b;
 }

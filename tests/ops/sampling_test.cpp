@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -215,10 +217,14 @@ struct CaseStats {
 // One batch: n_rows rows sampled from n_logit_rows logits rows (the rest share rows, as n > 1
 // does). `group`: blocks per row, 0 = the backend's choice. `special`: 0 none, 1 a NaN row, 2 a
 // +inf row, 3 a row where only EOS and a stop id are finite (min_tokens leaves nothing).
+// `greedy_only`: every row plain greedy (no edits, no logprobs), the calls the lean argmax kernel
+// takes; special 4 then makes row 0 all -inf.
 void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t n_rows,
-              int32_t n_logit_rows, int group, int special, CaseStats& stats) {
+              int32_t n_logit_rows, int group, int special, CaseStats& stats,
+              bool greedy_only = false) {
   const std::string what = Label("sample", seed)("vocab", vocab)("dtype", dtype_name(dtype))(
-      "rows", n_rows)("logit_rows", n_logit_rows)("group", group)("special", special);
+      "rows", n_rows)("logit_rows", n_logit_rows)("group", group)("special", special)("greedy_only",
+                                                                                      greedy_only);
   SCOPED_TRACE(what);
   Rng rng(seed);
   std::vector<float> logits(static_cast<size_t>(n_logit_rows) * vocab);
@@ -233,6 +239,8 @@ void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t 
   if (special == 1) row0[rng.below(vocab)] = std::numeric_limits<float>::quiet_NaN();
   if (special == 1 && vocab > 3) row0[vocab - 1] = kInf;  // after the NaN or before: either way
   if (special == 2) row0[rng.below(vocab)] = kInf;
+  if (special == 4)
+    for (int32_t t = 0; t < vocab; ++t) row0[t] = -kInf;
   if (special == 3) {
     for (int32_t t = 0; t < vocab; ++t) row0[t] = -kInf;
     row0[std::min(2, vocab - 1)] = 1.0f;  // EOS (or the last token)
@@ -249,6 +257,10 @@ void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t 
     logits_rows[i] = i < n_logit_rows ? i : static_cast<int64_t>(rng.below(n_logit_rows));
     if (special == 3 && logits_rows[i] == 0) mode = 10;
     params[i] = params_for(mode, rng, vocab);
+    if (greedy_only) {
+      params[i] = SamplingParams{};
+      params[i].temperature = 0.0f;
+    }
     for (int j = 0; j < 24; ++j) prompts[i].push_back(static_cast<int32_t>(rng.below(vocab)));
     const int n_out = static_cast<int>(rng.below(12));
     for (int j = 0; j < n_out; ++j) outputs[i].push_back(static_cast<int32_t>(rng.below(vocab)));
@@ -413,6 +425,76 @@ TEST(Sampling, SharedRowsAndRowErrors) {
   EXPECT_GT(stats.errors, 0);  // the special rows did fail, as on the CPU
 }
 
+// Calls whose rows are all plain greedy take the lean argmax kernel (sampling_greedy.cu): the CPU
+// Sampler's tokens and row errors (NaN, +inf, all -inf) at every vocabulary and row count (the
+// one-block, many-block and device-rows layouts), and the general kernel's results field for field
+// (sample_with_group forces the general kernel).
+TEST(Sampling, GreedyRowsTakeTheLeanKernel) {
+  PAGELLM_REQUIRE_CUDA();
+  (void)cpu;
+  CaseStats stats;
+  uint64_t seed = base_seed() + 9600;
+  for (int32_t vocab : {1, 7, 19, 111, 8200, 32000, 102400, 128256}) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      for (int32_t n : {1, 2, 17, 65, 300}) {
+        for (int special : {0, 1, 2, 4}) {
+          if (special != 0 && n > 17) continue;
+          ++seed;
+          run_case(cuda, seed, vocab, dtype, n, std::max(1, n / 2), 0, special, stats, true);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  report("Sampling.GreedyRowsTakeTheLeanKernel", stats);
+  EXPECT_GT(stats.errors, 0);
+  EXPECT_GT(stats.tokens_equal, stats.rows / 2);
+
+  // Against the general kernel, with ties across block boundaries and -0 against +0.
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(cb, nullptr);
+  for (int32_t vocab : {111, 128256}) {
+    constexpr int32_t kRows = 6;
+    Rng rng(++seed);
+    std::vector<float> logits(static_cast<size_t>(kRows) * vocab);
+    for (float& x : logits) x = round_bf16(std::round(4.0f * normal(rng)) * 0.5f);
+    float* r1 = logits.data() + vocab;  // row 1: the top value at the first and last token
+    r1[0] = r1[vocab - 1] = 100.0f;
+    float* r2 = logits.data() + 2 * int64_t{vocab};  // row 2: -0 before +0, nothing larger
+    for (int32_t t = 0; t < vocab; ++t) r2[t] = -1.0f;
+    r2[vocab / 2] = -0.0f;
+    r2[vocab / 2 + 1] = 0.0f;
+    logits[3 * int64_t{vocab} + vocab / 3] = kInf;  // row 3: +inf
+    logits[4 * int64_t{vocab} + vocab - 1] = std::numeric_limits<float>::quiet_NaN();  // row 4
+    std::vector<uint16_t> bits(logits.size());
+    from_f32(DType::kBF16, logits.data(), bits.data(), static_cast<int64_t>(logits.size()));
+    DevBuf dev(cuda, static_cast<int64_t>(bits.size() * 2));
+    dev.upload(bits.data(), static_cast<int64_t>(bits.size() * 2));
+    const Tensor dl = dev.view(DType::kBF16, {kRows, vocab});
+    std::vector<DeviceSampleRow> rows(kRows);
+    for (int32_t i = 0; i < kRows; ++i) {
+      rows[i].logits_row = i;
+      rows[i].flags = kSampleGreedy;
+    }
+    std::vector<DeviceSampleResult> lean(kRows), general(kRows);
+    cuda.sample(dl, rows.data(), kRows, nullptr, 0, lean.data());
+    cb->sample_with_group(dl, rows.data(), kRows, nullptr, 0, general.data(), 1);
+    for (int32_t i = 0; i < kRows; ++i) {
+      const std::string where = "vocab " + std::to_string(vocab) + " row " + std::to_string(i);
+      EXPECT_EQ(lean[i].token, general[i].token) << where;
+      EXPECT_EQ(lean[i].status, general[i].status) << where;
+      EXPECT_EQ(lean[i].detail, general[i].detail) << where;
+      EXPECT_EQ(lean[i].rank, general[i].rank) << where;
+      EXPECT_EQ(lean[i].n_top, general[i].n_top) << where;
+      ++n_cases_checked();
+    }
+    EXPECT_EQ(lean[1].token, 0);
+    EXPECT_EQ(lean[2].token, vocab / 2);
+    EXPECT_EQ(lean[3].status, DeviceSampleStatus::kPosInf);
+    EXPECT_EQ(lean[4].status, DeviceSampleStatus::kNan);
+  }
+}
+
 // Pipelined sampling (Backend::sample_async): two calls queued before either is read give the
 // tokens sample() gives, and take_sampled_tokens() puts a call's tokens into a step's token ids on
 // the device (0 for a failed or missing row; non-negative ids untouched; nothing outside the
@@ -462,6 +544,42 @@ TEST(Sampling, PipelinedCallsAndTheTokensTheyHandOver) {
       0 /* no row 5 */, 42, want[1].token};
   EXPECT_EQ(got, expect);
   EXPECT_TRUE(guards_ok("take_sampled_tokens", tok));
+
+  // The last call's tokens stay where the sampler left them: the ids keep their placeholders,
+  // and the step's embedding reads the call's tokens (0 for the failed and the missing row).
+  DevBuf tok_b(cuda, static_cast<int64_t>(ids.size() * 4));
+  tok_b.upload(ids.data(), static_cast<int64_t>(ids.size() * 4));
+  Tensor tb = tok_b.view(DType::kI32, {static_cast<int64_t>(ids.size())});
+  cuda.take_sampled_tokens(tb, b);
+  constexpr int64_t kDim = 64;
+  std::vector<float> table(kVocab * kDim);
+  for (int64_t i = 0; i < kVocab * kDim; ++i) table[i] = round_bf16(static_cast<float>(i % 251));
+  std::vector<uint16_t> table_bits(table.size());
+  from_f32(DType::kBF16, table.data(), table_bits.data(), static_cast<int64_t>(table.size()));
+  DevBuf dev_table(cuda, static_cast<int64_t>(table_bits.size() * 2));
+  dev_table.upload(table_bits.data(), static_cast<int64_t>(table_bits.size() * 2));
+  DevBuf emb(cuda, static_cast<int64_t>(ids.size()) * kDim * 2);
+  Tensor emb_t = emb.view(DType::kBF16, {static_cast<int64_t>(ids.size()), kDim});
+  cuda.embedding(dev_table.view(DType::kBF16, {kVocab, kDim}), tb, emb_t);
+  const std::vector<int32_t> expect_b = {want_reversed[0].token,
+                                         7,
+                                         want_reversed[2].token,
+                                         want_reversed[3].token,
+                                         want_reversed[4].token,
+                                         0 /* no row 5 */,
+                                         42,
+                                         0 /* row 1 reads row 3, which failed */};
+  EXPECT_EQ(want_reversed[1].status, DeviceSampleStatus::kNan);
+  const char* knob = std::getenv("PAGELLM_EMBED_TAKES");  // 0: a kernel takes them after all
+  if (knob == nullptr || std::string_view(knob) != "0") {
+    EXPECT_EQ(tok_b.download<int32_t>(), ids) << "the ids were taken by a kernel of their own";
+  }
+  std::vector<float> want_rows;
+  for (int32_t t : expect_b)
+    want_rows.insert(want_rows.end(), table.begin() + int64_t{t} * kDim,
+                     table.begin() + (int64_t{t} + 1) * kDim);
+  EXPECT_TRUE(compare("embedding of handed-over tokens", download_bf16(emb), want_rows, kExact));
+  EXPECT_TRUE(guards_ok("embedding of handed-over tokens", emb));
   std::vector<DeviceSampleResult> ra(kRows), rb(kRows);
   cuda.sample_results(b, rb.data());  // read out of order: each call has its own slot
   cuda.sample_results(a, ra.data());

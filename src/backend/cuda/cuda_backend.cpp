@@ -120,6 +120,8 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
     for (cudaEvent_t* e : {&slot.uploaded, &slot.sampled, &slot.done})
       CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&handover_), (1 + kHandoverRows) * 4));
+  CUDA_CHECK(cudaMemsetAsync(handover_, 0, (1 + kHandoverRows) * 4, stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -143,6 +145,8 @@ CudaBackend::~CudaBackend() {
     for (cudaEvent_t e : {slot.uploaded, slot.sampled, slot.done})
       if (e != nullptr) cudaEventDestroy(e);
   }
+  if (handover_ != nullptr) cudaFree(handover_);
+  if (greedy_scratch_ != nullptr) cudaFree(greedy_scratch_);
   if (sample_stream_ != nullptr) cudaStreamDestroy(sample_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
@@ -446,7 +450,7 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out)
   PAGELLM_CHECK(ids.dtype == DType::kI32 && ids.is_contiguous());
   PAGELLM_CHECK(is_float_type(out.dtype) && out.rows() == ids.numel() &&
                 out.cols() == table.cols());
-  launch_embedding(rows_of(table), ids.ptr<int32_t>(), rows_of(out), stream_);
+  launch_embedding(rows_of(table), ids.ptr<int32_t>(), handover_, rows_of(out), stream_);
 }
 
 // The norm ops called alone let the kernel after them launch before the norm's own wait
@@ -987,13 +991,41 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot.dev), bytes));
     slot.bytes = bytes;
   }
+  slot.edits_offset = rows_bytes;
   slot.results_offset = rows_bytes + edits_bytes;
-  std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
-  if (n_edits > 0) std::memcpy(slot.host + rows_bytes, edits, n_edits * sizeof(DeviceSampleEdit));
-  CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, rows_bytes + edits_bytes, cudaMemcpyHostToDevice,
-                             sample_stream_));
-  CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
+  auto* results = reinterpret_cast<DeviceSampleResult*>(slot.dev + slot.results_offset);
+  int32_t* handover = n_rows <= kHandoverRows ? handover_ : nullptr;
+  handover_ticket_ = handover != nullptr ? ticket : 0;
+  // Rows that only take the argmax (greedy, as a greedy request or a benchmark samples): the
+  // lean kernel, whose launch carries up to kGreedyParamRows rows' logits rows itself, so the
+  // call uploads nothing and the step waits for no copy. PAGELLM_SAMPLE_LEAN=0 keeps them on the
+  // general kernel (A/B runs).
+  static const bool lean_on =
+      tuning_knob("PAGELLM_SAMPLE_LEAN", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  bool lean = lean_on && group == 0;
+  for (int32_t i = 0; lean && i < n_rows; ++i) lean = greedy_row_is_lean(rows[i]);
+  if (lean) {
+    launch_greedy_rows(logits, vocab, rows, n_rows, slot, results, handover);
+  } else {
+    std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
+    if (n_edits > 0) std::memcpy(slot.host + rows_bytes, edits, n_edits * sizeof(DeviceSampleEdit));
+    CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, rows_bytes + edits_bytes,
+                               cudaMemcpyHostToDevice, sample_stream_));
+    CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
+    launch_sample_rows(logits, vocab, slot, results, n_rows, handover, group);
+  }
+  CUDA_CHECK(cudaEventRecord(slot.sampled, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(sample_stream_, slot.sampled, 0));
+  CUDA_CHECK(cudaMemcpyAsync(slot.host + slot.results_offset, results, results_bytes,
+                             cudaMemcpyDeviceToHost, sample_stream_));
+  CUDA_CHECK(cudaEventRecord(slot.done, sample_stream_));
+  return ticket;
+}
+
+void CudaBackend::launch_sample_rows(const Tensor& logits, int64_t vocab, const SampleSlot& slot,
+                                     DeviceSampleResult* results, int32_t n_rows, int32_t* handover,
+                                     int group) {
   SampleLaunch l;
   l.logits = logits.data;
   l.dtype = logits.dtype;
@@ -1001,18 +1033,54 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   l.vocab = static_cast<int32_t>(vocab);
   l.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);
   l.n_rows = n_rows;
-  l.edits = reinterpret_cast<const DeviceSampleEdit*>(slot.dev + rows_bytes);
-  l.results = reinterpret_cast<DeviceSampleResult*>(slot.dev + slot.results_offset);
+  l.edits = reinterpret_cast<const DeviceSampleEdit*>(slot.dev + slot.edits_offset);
+  l.results = results;
   l.n_sms = n_sms_;
   l.cluster_ok = cluster_ok_;
   l.force_group = group;
+  l.handover = handover;
   launch_sample(l, stream_);
-  CUDA_CHECK(cudaEventRecord(slot.sampled, stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(sample_stream_, slot.sampled, 0));
-  CUDA_CHECK(cudaMemcpyAsync(slot.host + slot.results_offset, l.results, results_bytes,
-                             cudaMemcpyDeviceToHost, sample_stream_));
-  CUDA_CHECK(cudaEventRecord(slot.done, sample_stream_));
-  return ticket;
+}
+
+void CudaBackend::launch_greedy_rows(const Tensor& logits, int64_t vocab,
+                                     const DeviceSampleRow* rows, int32_t n_rows,
+                                     const SampleSlot& slot, DeviceSampleResult* results,
+                                     int32_t* handover) {
+  if (n_rows > greedy_rows_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // an earlier call may still use the old one
+    if (greedy_scratch_ != nullptr) CUDA_CHECK(cudaFree(greedy_scratch_));
+    greedy_scratch_ = nullptr;
+    greedy_rows_ = 0;
+    const int32_t cap = std::max(n_rows, kGreedyParamRows);
+    CUDA_CHECK(cudaMalloc(&greedy_scratch_, greedy_sample_scratch_bytes(cap)));
+    CUDA_CHECK(cudaMemsetAsync(greedy_scratch_, 0, greedy_sample_scratch_bytes(cap), stream_));
+    greedy_rows_ = cap;
+  }
+  GreedySampleLaunch g;
+  g.logits = logits.data;
+  g.dtype = logits.dtype;
+  g.ld = logits.row_stride();
+  g.vocab = static_cast<int32_t>(vocab);
+  g.n_rows = n_rows;
+  std::vector<int32_t> logits_rows;
+  if (n_rows <= kGreedyParamRows) {
+    logits_rows.resize(n_rows);
+    for (int32_t i = 0; i < n_rows; ++i) logits_rows[i] = rows[i].logits_row;
+    g.host_logits_rows = logits_rows.data();
+  } else {
+    std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
+    CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, n_rows * sizeof(DeviceSampleRow),
+                               cudaMemcpyHostToDevice, sample_stream_));
+    CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
+    g.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);
+  }
+  g.results = results;
+  g.handover = handover;
+  g.scratch = greedy_scratch_;
+  g.scratch_rows = greedy_rows_;
+  g.n_sms = n_sms_;
+  launch_greedy_sample(g, stream_);
 }
 
 void CudaBackend::sample_results(uint64_t ticket, DeviceSampleResult* out) {
@@ -1028,6 +1096,12 @@ void CudaBackend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
   PAGELLM_CHECK_MSG(tokens.dtype == DType::kI32 && tokens.ndim == 1,
                     "take_sampled_tokens: tokens must be an i32 vector");
   const SampleSlot& slot = sample_slot(ticket);
+  // The last call's tokens are in the hand-over area, where the step's embedding takes them
+  // (launch_embedding): nothing to queue. PAGELLM_EMBED_TAKES=0 takes them with a kernel of
+  // their own, as any earlier call's are (A/B runs).
+  static const bool embed_takes =
+      tuning_knob("PAGELLM_EMBED_TAKES", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  if (embed_takes && ticket == handover_ticket_) return;
   // Queued after the sampling kernel on the same stream: its results are there.
   launch_take_sampled_tokens(static_cast<int32_t*>(tokens.data), tokens.numel(),
                              reinterpret_cast<const DeviceSampleResult*>(

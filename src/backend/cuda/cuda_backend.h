@@ -240,15 +240,33 @@ class CudaBackend final : public Backend {
     int64_t bytes = 0;
     uint64_t ticket = 0;  // the call using it; 0: none yet
     int32_t n_rows = 0;
+    int64_t edits_offset = 0;    // of the edits, in the device area
     int64_t results_offset = 0;  // of the results, in both areas
     cudaEvent_t uploaded = nullptr, sampled = nullptr, done = nullptr;
   };
   SampleSlot& sample_slot(uint64_t ticket);
   uint64_t enqueue_sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
                           const DeviceSampleEdit* edits, int32_t n_edits, int group);
+  // The general sampling kernel over a call's rows and edits, uploaded to `slot`.
+  void launch_sample_rows(const Tensor& logits, int64_t vocab, const SampleSlot& slot,
+                          DeviceSampleResult* results, int32_t n_rows, int32_t* handover,
+                          int group);
+  // The lean argmax kernel over rows that all satisfy greedy_row_is_lean (kernels.h).
+  void launch_greedy_rows(const Tensor& logits, int64_t vocab, const DeviceSampleRow* rows,
+                          int32_t n_rows, const SampleSlot& slot, DeviceSampleResult* results,
+                          int32_t* handover);
   std::array<SampleSlot, kSampleSlots> sample_slots_;
   uint64_t sample_tickets_ = 0;
   cudaStream_t sample_stream_ = nullptr;
+  // Where every sampling call of up to kHandoverRows rows leaves its tokens for the next step's
+  // embedding (kernels.h: launch_embedding), and the ticket of the call that wrote it last (0:
+  // the last call did not). Allocated once, so recorded graphs keep its address.
+  static constexpr int32_t kHandoverRows = 4096;
+  int32_t* handover_ = nullptr;
+  uint64_t handover_ticket_ = 0;
+  // The lean argmax kernel's scratch (launch_greedy_sample), for greedy_rows_ rows.
+  void* greedy_scratch_ = nullptr;
+  int32_t greedy_rows_ = 0;
 };
 
 }  // namespace pagellm::cuda

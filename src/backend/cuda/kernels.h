@@ -39,8 +39,11 @@ inline int finest_whole_trip_split(int64_t k_dim, int64_t trip) {
 // --- embedding.cu ---
 // out[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros (ids are
 // validated on the host before a step; this only keeps a bad id from reading out of bounds).
-void launch_embedding(const RowView& table, const int32_t* ids, const RowView& out,
-                      cudaStream_t stream);
+// A negative id -(k + 1) is row k of the sampling call that last wrote `handover` (its layout:
+// SampleLaunch::handover; 0 for a row it does not have), when handover is not null: a step
+// planned before its input tokens were read takes them here, with no kernel of its own.
+void launch_embedding(const RowView& table, const int32_t* ids, const int32_t* handover,
+                      const RowView& out, cudaStream_t stream);
 
 // --- norm.cu ---
 // out = x / rms(x) * w per row (out may alias x); w f32, bf16 or f16 [cols].
@@ -238,10 +241,41 @@ struct SampleLaunch {
   int n_sms = 0;
   bool cluster_ok = false;  // thread-block clusters available (sm_90)
   int force_group = 0;      // > 0: blocks per row (tests and benchmarks); 0: chosen from the shape
+  // Null, or where the next step's embedding finds this call's tokens (launch_embedding):
+  // [0] = n_rows, [1 + i] = row i's token, or 0 where the row failed (sampled_token_for).
+  int32_t* handover = nullptr;
 };
 void launch_sample(const SampleLaunch& l, cudaStream_t stream);
 // Dynamic shared memory of one sampling block whose slice of the row is `slice` tokens.
 int64_t sample_shared_bytes(int32_t slice);
+
+// --- sampling_greedy.cu ---
+// A call whose every row only takes the argmax (kSampleGreedy alone, no edits, no logprobs):
+// launch_sample's results, field for field, from one lean pass. Up to kGreedyParamRows rows'
+// logits rows travel in the launch itself (host_logits_rows), so such a call uploads nothing.
+inline constexpr int32_t kGreedyParamRows = 64;
+inline bool greedy_row_is_lean(const DeviceSampleRow& r) {
+  return r.flags == kSampleGreedy && r.edit_begin == r.edit_end && r.n_logprobs < 0;
+}
+struct GreedySampleLaunch {
+  const void* logits = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t ld = 0;
+  int32_t vocab = 0;
+  int32_t n_rows = 0;
+  const int32_t* host_logits_rows = nullptr;  // host, n_rows <= kGreedyParamRows; else `rows`
+  const DeviceSampleRow* rows = nullptr;      // device
+  DeviceSampleResult* results = nullptr;
+  int32_t* handover = nullptr;  // as SampleLaunch::handover
+  // greedy_sample_scratch_bytes(scratch_rows) bytes, zeroed once when allocated (the kernel
+  // leaves its counters at zero); scratch_rows >= n_rows. Calls on one stream may share it.
+  void* scratch = nullptr;
+  int32_t scratch_rows = 0;
+  int n_sms = 0;
+};
+int64_t greedy_sample_scratch_bytes(int32_t rows);
+void launch_greedy_sample(const GreedySampleLaunch& l, cudaStream_t stream);
+
 // Backend::take_sampled_tokens: every negative tokens[i] becomes sampled_token_for(tokens[i],
 // results, n_rows) (device_sample.h).
 void launch_take_sampled_tokens(int32_t* tokens, int64_t n, const DeviceSampleResult* results,

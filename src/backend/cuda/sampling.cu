@@ -224,6 +224,8 @@ struct SampleArgs {
   DeviceSampleResult* results;
   int32_t group;  // blocks per row
   int32_t slice;  // tokens per block, a multiple of kChunk
+  int32_t n_rows;
+  int32_t* handover;  // SampleLaunch::handover
 };
 
 // Dynamic shared memory: [hist_count u32 | hist_mass f64] or, when a list is being sorted,
@@ -1149,12 +1151,17 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
 
   if (c.rank == 0 && threadIdx.x == 0) {
-    res->token = status == DeviceSampleStatus::kOk ? token : -1;
+    const bool ok = status == DeviceSampleStatus::kOk;
+    res->token = ok ? token : -1;
     res->status = status;
     res->detail = detail;
     res->logprob = logprob;
     res->rank = rank;
     res->n_top = n_top;
+    if (a.handover != nullptr) {  // as sampled_token_for (device_sample.h) reads the result
+      a.handover[1 + row_index] = ok && token >= 0 ? token : 0;
+      if (row_index == 0) a.handover[0] = a.n_rows;
+    }
   }
   // No block may leave while another can still read its shared memory.
   if (c.group > 1) group_sync(c);
@@ -1207,6 +1214,8 @@ void launch_sample(const SampleLaunch& l, cudaStream_t stream) {
   args.results = l.results;
   args.group = group;
   args.slice = slice;
+  args.n_rows = l.n_rows;
+  args.handover = l.handover;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(l.n_rows * group));
   cfg.blockDim = dim3(kThreads);
