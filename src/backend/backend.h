@@ -340,15 +340,6 @@ class Backend {
   virtual void moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
     (void)ids, (void)n_experts, (void)order;
   }
-  // moe_route() then moe_order() of the ids it makes (E = logits.cols()), as one op: a backend
-  // may do both in one pass (the CUDA backend, for a step of a few tokens: one kernel fewer on
-  // the router's chain).
-  virtual void moe_route_order(const Tensor& logits, const Tensor& correction_bias,
-                               const MoeRouteParams& p, Tensor& ids, Tensor& weights,
-                               Tensor& order) {
-    moe_route(logits, correction_bias, p, ids, weights);
-    moe_order(ids, logits.cols(), order);
-  }
   virtual void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
                                    const Tensor& order, const MoeExpertWeights& experts,
                                    const Tensor& shared, Tensor& out) {

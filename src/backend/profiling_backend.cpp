@@ -208,14 +208,6 @@ OpSample moe_order(const Tensor& ids, const Tensor& order) {
                      bytes_of(ids) + bytes_of(order));
 }
 
-OpSample moe_route_order(const Tensor& logits, const Tensor& ids, const Tensor& weights,
-                         const Tensor& order) {
-  return make_sample(
-      "moe_route_order",
-      key("n=%lld e=%lld k=%lld", ll(logits.rows()), ll(logits.cols()), ll(ids.cols())),
-      bytes_of(logits) + bytes_of(ids) + bytes_of(weights) + bytes_of(order));
-}
-
 OpSample to_f32(const Tensor& x, const Tensor& out) {
   return make_sample("to_f32", key("n=%lld d=%lld %s", ll(x.rows()), ll(x.cols()), std::string(dtype_name(x.dtype)).c_str()),
                 bytes_of(x) + bytes_of(out));
@@ -383,12 +375,6 @@ void ProfilingBackend::moe_experts(const Tensor& h, const Tensor& ids, const Ten
 void ProfilingBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
   timed([&] { return op_cost::moe_order(ids, order); },
         [&] { inner_->moe_order(ids, n_experts, order); });
-}
-void ProfilingBackend::moe_route_order(const Tensor& logits, const Tensor& correction_bias,
-                                       const MoeRouteParams& p, Tensor& ids, Tensor& weights,
-                                       Tensor& order) {
-  timed([&] { return op_cost::moe_route_order(logits, ids, weights, order); },
-        [&] { inner_->moe_route_order(logits, correction_bias, p, ids, weights, order); });
 }
 void ProfilingBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids,
                                            const Tensor& weights, const Tensor& order,

@@ -67,8 +67,6 @@ OpSample moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                      const MoeExpertWeights& experts, const Tensor& shared, const Tensor& out);
 // The pairs' ids read, the grouping written.
 OpSample moe_order(const Tensor& ids, const Tensor& order);
-OpSample moe_route_order(const Tensor& logits, const Tensor& ids, const Tensor& weights,
-                         const Tensor& order);
 OpSample fill_random(const Tensor& t);
 // The logits rows it samples from (a row sampled twice, n > 1, is read twice), the rows and edits
 // going up and the results coming back.
@@ -156,8 +154,6 @@ class ProfilingBackend final : public Backend {
     return inner_->moe_order_bytes(n_pairs, n_experts);
   }
   void moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) override;
-  void moe_route_order(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
-                       Tensor& ids, Tensor& weights, Tensor& order) override;
   void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const Tensor& order, const MoeExpertWeights& experts,
                            const Tensor& shared, Tensor& out) override;

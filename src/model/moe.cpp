@@ -130,11 +130,8 @@ void MoeBlock::route(const Tensor& h, const Tensor& router, const Tensor& correc
   Tensor ids = ids_.slice_rows(0, n);        // i32 [n, K]
   Tensor weights = weights_.slice_rows(0, n);
   backend_.matmul(h, router, Tensor(), logits);
-  if (order_.defined()) {
-    backend_.moe_route_order(logits, correction_bias, params_, ids, weights, order_);
-  } else {
-    backend_.moe_route(logits, correction_bias, params_, ids, weights);
-  }
+  backend_.moe_route(logits, correction_bias, params_, ids, weights);
+  if (order_.defined()) backend_.moe_order(ids, n_experts_, order_);
 }
 
 void MoeBlock::experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared,

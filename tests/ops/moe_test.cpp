@@ -1,7 +1,6 @@
 // Mixture-of-experts ops on CUDA against the CPU reference: moe_route for every scoring function
 // and top-k method (ids exact, weights within f32 rounding), including logits and biases drawn
-// from a handful of values so that ties are everywhere, and moe_route_order against moe_route
-// then moe_order; moe_experts on both of its paths (grouped
+// from a handful of values so that ties are everywhere; moe_experts on both of its paths (grouped
 // GEMV and per-expert cuBLASLt) for 1, 2, 7, 64 and 300 tokens, Mixtral's routing (8 experts,
 // top 2) and DeepSeek-V2-Lite's (64 experts, top 6) with and without shared experts, experts that
 // receive no tokens, all tokens on one expert; and a recorded graph of routing + experts replayed
@@ -12,7 +11,6 @@
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/moe.h"
 
 namespace pagellm::optest {
 namespace {
@@ -56,35 +54,6 @@ MoeRouteParams route_params(int32_t k, MoeScoreFunc s, MoeSelect sel, int32_t gr
 constexpr Tol kRouteWeightTol{1e-6, 0.0,
                               "f32 rounding of double-precision scores summed in another order"};
 
-// Two orders (moe.h's layout) group the pairs of `ids` alike: the same offsets and active
-// experts, and in `got` every pair in a slot of its expert that holds its token, each slot once.
-// Which of an expert's slots a pair takes is not fixed (the sort's atomics), so slots are not
-// compared one for one.
-void expect_same_grouping(const std::string& what, const std::vector<int32_t>& got,
-                          const std::vector<int32_t>& want, const std::vector<int32_t>& ids,
-                          int64_t K, int64_t E) {
-  const int64_t n_pairs = static_cast<int64_t>(ids.size());
-  std::vector<int32_t> g(got), w(want);
-  cuda::MoeWorkspace wg, ww;
-  cuda::moe_place_order(wg, g.data(), n_pairs, E);
-  cuda::moe_place_order(ww, w.data(), n_pairs, E);
-  for (int64_t e = 0; e <= E; ++e) {
-    ASSERT_EQ(wg.offsets[e], ww.offsets[e]) << what << ": offsets[" << e << "]";
-    ASSERT_EQ(wg.active[e], ww.active[e]) << what << ": active[" << e << "]";
-    ASSERT_EQ(wg.active_begin[e], ww.active_begin[e]) << what << ": active_begin[" << e << "]";
-  }
-  std::vector<bool> taken(n_pairs, false);
-  for (int64_t p = 0; p < n_pairs; ++p) {
-    const int32_t e = ids[p], s = wg.pair_slot[p];
-    ASSERT_TRUE(e >= 0 && e < E) << what << ": pair " << p;
-    ASSERT_TRUE(s >= wg.offsets[e] && s < wg.offsets[e + 1]) << what << ": pair " << p;
-    ASSERT_FALSE(taken[s]) << what << ": slot " << s << " taken twice";
-    taken[s] = true;
-    EXPECT_EQ(wg.slot_token[s], p / K) << what << ": slot " << s;
-  }
-  ++n_cases_checked();
-}
-
 void run_route_case(Backend& cuda, Backend& cpu, uint64_t seed, const RouteCase& c, int64_t n) {
   Rng rng(seed);
   const int64_t E = c.n_experts, K = c.p.top_k;
@@ -119,29 +88,6 @@ void run_route_case(Backend& cuda, Backend& cpu, uint64_t seed, const RouteCase&
   EXPECT_TRUE(compare(what + " weights", got_w, want_w, kRouteWeightTol));
   EXPECT_TRUE(guards_ok(what + " ids", ids_dev));
   EXPECT_TRUE(guards_ok(what + " weights", w_dev));
-
-  // moe_route_order (one kernel up to kMoeRouteSortTokens tokens): moe_route's ids and weights
-  // bit for bit, and moe_order's grouping of them.
-  DevBuf ids2(cuda, n * K * 4), w2(cuda, n * K * 4);
-  Tensor ids2_t = ids2.view(DType::kI32, {n, K}), w2_t = w2.view(DType::kF32, {n, K});
-  const int64_t order_bytes = cuda.moe_order_bytes(n * K, E);
-  DevBuf order(cuda, order_bytes), order_ref(cuda, order_bytes);
-  Tensor order_t = order.view(DType::kI32, {order_bytes / 4});
-  Tensor order_ref_t = order_ref.view(DType::kI32, {order_bytes / 4});
-  cuda.moe_route_order(logits_dev->view(DType::kF32, {n, E}),
-                       noaux ? bias_dev->view(DType::kF32, {E}) : Tensor(), c.p, ids2_t, w2_t,
-                       order_t);
-  cuda.moe_order(ids_t, E, order_ref_t);
-  std::vector<int32_t> ids2_v = ids2.download<int32_t>();
-  ids2_v.resize(n * K);
-  std::vector<float> w2_v = w2.download<float>();
-  w2_v.resize(n * K);
-  EXPECT_TRUE(compare(what + " moe_route_order ids", ints_as_floats(ids2_v),
-                      ints_as_floats(got_ids), kExact));
-  EXPECT_TRUE(compare(what + " moe_route_order weights", w2_v, got_w, kExact));
-  expect_same_grouping(what + " moe_route_order", order.download<int32_t>(),
-                       order_ref.download<int32_t>(), got_ids, K, E);
-  EXPECT_TRUE(guards_ok(what + " moe_route_order order", order));
 }
 
 TEST(MoeRoute, EveryMethodAgainstTheCpu) {
@@ -505,8 +451,7 @@ TEST(MoeExperts, GraphReplayRoutesNewLogits) {
   }
 }
 
-// moe_order then moe_experts_ordered, the order made in a side branch by moe_route_order (as
-// DeepSeek makes it: the
+// moe_order then moe_experts_ordered, the order made in a side branch (as DeepSeek makes it: the
 // join, captured into a graph, is a programmatic edge, which an experts' kernel reading the order
 // before its wait once raced) or on the main line: bit for bit what moe_experts gives on the same
 // ids, run directly and replayed from a graph on new logits. 300 tokens take the grouped GEMMs,
@@ -528,12 +473,8 @@ TEST(MoeExperts, OrderMadeAheadMatchesMoeExperts) {
     const MoeExpertWeights w = device_weights(c, r.in);
     auto step = [&](bool in_branch) {
       if (in_branch) cuda.begin_side();
-      if (in_branch) {  // as DeepSeek routes: one op (one kernel at 1 and 7 tokens)
-        cuda.moe_route_order(r.logits_t, Tensor(), r.p, r.ids_t, r.w_t, order_t);
-      } else {
-        cuda.moe_route(r.logits_t, Tensor(), r.p, r.ids_t, r.w_t);
-        cuda.moe_order(r.ids_t, c.E, order_t);
-      }
+      cuda.moe_route(r.logits_t, Tensor(), r.p, r.ids_t, r.w_t);
+      cuda.moe_order(r.ids_t, c.E, order_t);
       if (in_branch) {
         cuda.end_side();
         cuda.join_side();

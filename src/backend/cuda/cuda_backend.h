@@ -114,8 +114,6 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
   // The sort of moe_experts as its own op (moe.h's "order"), and moe_experts taking it.
-  void moe_route_order(const Tensor& logits, const Tensor& correction_bias, const MoeRouteParams& p,
-                       Tensor& ids, Tensor& weights, Tensor& order) override;
   int64_t moe_order_bytes(int64_t n_pairs, int64_t n_experts) const override;
   void moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) override;
   void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,

@@ -10,7 +10,6 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -37,9 +36,10 @@ bool capturing(cudaStream_t stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-// moe_route's checks, and its kernels' arguments.
-MoeRouteArgs route_args(const Tensor& logits, const Tensor& correction_bias,
-                        const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
+}  // namespace
+
+void CudaBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,
+                            const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
   check_device_tensor(logits, "logits");
   check_device_tensor(ids, "ids");
   check_device_tensor(weights, "weights");
@@ -82,50 +82,7 @@ MoeRouteArgs route_args(const Tensor& logits, const Tensor& correction_bias,
   a.p = p;
   a.ids = ids.ptr<int32_t>();
   a.weights = weights.ptr<float>();
-  return a;
-}
-
-// moe_order's checks, and the order's arrays placed in `order`.
-MoeWorkspace order_at(const Tensor& ids, int64_t n_experts, Tensor& order) {
-  check_device_tensor(ids, "ids");
-  check_device_tensor(order, "order");
-  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.ndim == 2,
-                    "moe_order: ids must be i32 [n, K], contiguous");
-  const int64_t n_pairs = ids.numel(), K = ids.cols();
-  PAGELLM_CHECK_MSG(n_experts > 0 && n_experts <= kMoeMaxExperts && K > 0 && K <= kMoeMaxTopK,
-                    "moe_order: at most 1024 experts and 16 per token on CUDA");
-  PAGELLM_CHECK_MSG(
-      order.is_contiguous() && aligned16(order.data) &&
-          dtype_bytes(order.dtype, order.numel()) >= moe_order_layout_bytes(n_pairs, n_experts),
-      "moe_order: order must be contiguous and hold moe_order_bytes(n K, E)");
-  MoeWorkspace ws;
-  moe_place_order(ws, order.data, n_pairs, n_experts);
-  return ws;
-}
-
-}  // namespace
-
-void CudaBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,
-                            const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
-  launch_moe_route(route_args(logits, correction_bias, p, ids, weights), stream_);
-}
-
-void CudaBackend::moe_route_order(const Tensor& logits, const Tensor& correction_bias,
-                                  const MoeRouteParams& p, Tensor& ids, Tensor& weights,
-                                  Tensor& order) {
-  const MoeRouteArgs a = route_args(logits, correction_bias, p, ids, weights);
-  // A step of a few tokens routes and sorts in one block (moe.h); PAGELLM_MOE_ROUTE_SORT=0
-  // keeps two launches (A/B runs).
-  static const bool fused =
-      tuning_knob("PAGELLM_MOE_ROUTE_SORT", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
-  if (!fused || ablated("moe_order") || !moe_route_sort_fits(a.n_tokens, a.n_experts)) {
-    launch_moe_route(a, stream_);
-    moe_order(ids, a.n_experts, order);
-    return;
-  }
-  const MoeWorkspace ws = order_at(ids, a.n_experts, order);
-  if (ids.numel() == 0) return;
-  launch_moe_route_sort(a, ws, stream_);
+  launch_moe_route(a, stream_);
 }
 
 void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
@@ -154,9 +111,21 @@ int64_t CudaBackend::moe_order_bytes(int64_t n_pairs, int64_t n_experts) const {
 
 void CudaBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order) {
   if (ablated("moe_order")) return;
-  const MoeWorkspace ws = order_at(ids, n_experts, order);
-  if (ids.numel() == 0) return;
-  launch_moe_sort(ids.ptr<int32_t>(), ids.numel(), static_cast<int32_t>(ids.cols()),
+  check_device_tensor(ids, "ids");
+  check_device_tensor(order, "order");
+  PAGELLM_CHECK_MSG(ids.dtype == DType::kI32 && ids.is_contiguous() && ids.ndim == 2,
+                    "moe_order: ids must be i32 [n, K], contiguous");
+  const int64_t n_pairs = ids.numel(), K = ids.cols();
+  PAGELLM_CHECK_MSG(n_experts > 0 && n_experts <= kMoeMaxExperts && K > 0 && K <= kMoeMaxTopK,
+                    "moe_order: at most 1024 experts and 16 per token on CUDA");
+  PAGELLM_CHECK_MSG(
+      order.is_contiguous() && aligned16(order.data) &&
+          dtype_bytes(order.dtype, order.numel()) >= moe_order_layout_bytes(n_pairs, n_experts),
+      "moe_order: order must be contiguous and hold moe_order_bytes(n K, E)");
+  if (n_pairs == 0) return;
+  MoeWorkspace ws;
+  moe_place_order(ws, order.data, n_pairs, n_experts);
+  launch_moe_sort(ids.ptr<int32_t>(), n_pairs, static_cast<int32_t>(K),
                   static_cast<int32_t>(n_experts), ws, stream_);
 }
 

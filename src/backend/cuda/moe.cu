@@ -51,14 +51,19 @@ __device__ __forceinline__ uint32_t warp_top_lanes(float v, int n_valid, int cou
   return keep;
 }
 
-// Token t, by one whole warp: scores in f32 (softmax with a double-precision sum, or sigmoid,
-// computed in double as the CPU reference does, so both round the same values), the selection
-// array for the method, top_k rounds of a warp argmax, then the weights by lane 0 in the
-// reference's order. `sc`: the warp's 2 E floats of shared memory.
-__device__ void route_token(const MoeRouteArgs& a, int64_t t, float* sc) {
-  const int lane = threadIdx.x & 31;
+// Per token (one warp): scores in f32 (softmax with a double-precision sum, or sigmoid, computed
+// in double as the CPU reference does, so both round the same values), the selection array for
+// the method, top_k rounds of a warp argmax, then the weights by lane 0 in the reference's order.
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArgs a) {
+  extern __shared__ float route_smem[];
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= a.n_tokens) return;  // whole warps only; no block-wide barrier below
   const int E = a.n_experts, K = a.p.top_k;
-  float* ch = sc + E;  // [E] what the top-k ranks (group methods); sc[0, E): the scores
+  float* sc = route_smem + warp * 2 * E;  // [E] scores
+  float* ch = sc + E;                     // [E] what the top-k ranks (group methods)
   const float* l = a.logits + t * a.ld;
 
   if (a.p.scoring == MoeScoreFunc::kSoftmax) {
@@ -163,26 +168,17 @@ __device__ void route_token(const MoeRouteArgs& a, int64_t t, float* sc) {
   }
 }
 
-// One warp per token.
-__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArgs a) {
-  extern __shared__ float route_smem[];
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  const int warp = threadIdx.x >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= a.n_tokens) return;  // whole warps only; no block-wide barrier in route_token
-  route_token(a, t, route_smem + warp * 2 * a.n_experts);
-}
-
 // --- sort by expert ---
 
-// By one whole block. Counts per expert (shared-memory atomics), an exclusive scan that yields
-// both the offsets and the positions of the active experts (two 32-bit sums packed in one 64-bit
-// value: count << 32 | has-tokens), then each pair takes the next slot of its expert. `cnt`: E
-// ints of shared memory.
-__device__ void sort_pairs(const int32_t* __restrict__ ids, int32_t n_pairs, int32_t top_k,
-                           int32_t n_experts, const MoeWorkspace& ws, int32_t* cnt) {
+// One block. Counts per expert (shared-memory atomics), an exclusive scan that yields both the
+// offsets and the positions of the active experts (two 32-bit sums packed in one 64-bit value:
+// count << 32 | has-tokens), then each pair takes the next slot of its expert.
+__global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs, int32_t top_k,
+                                int32_t n_experts, MoeWorkspace ws) {
+  extern __shared__ int32_t cnt[];  // [E]: counts, then each expert's next free slot
   __shared__ long long warp_total[32];
+  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
   const int E = n_experts;
   for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
@@ -254,41 +250,6 @@ __device__ void sort_pairs(const int32_t* __restrict__ ids, int32_t n_pairs, int
       ws.pair_slot[p] = -1;
     }
   }
-}
-
-// One block.
-__global__ void moe_sort_kernel(const int32_t* __restrict__ ids, int32_t n_pairs, int32_t top_k,
-                                int32_t n_experts, MoeWorkspace ws) {
-  extern __shared__ int32_t cnt[];  // [E]: counts, then each expert's next free slot
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  sort_pairs(ids, n_pairs, top_k, n_experts, ws, cnt);
-}
-
-// --- route and sort in one block (steps of a few tokens) ---
-
-constexpr int kRouteSortThreads = 256;
-constexpr int kRouteSortWarps = kRouteSortThreads / 32;
-
-// The two kernels above as one, for a step of at most kMoeRouteSortTokens tokens: its warps route
-// the tokens, then the block sorts their pairs. The ids the sort reads are global writes of this
-// block's own threads, which the barrier between makes visible. One launch and one wait fewer on
-// the router's chain.
-__global__ void __launch_bounds__(kRouteSortThreads)
-    moe_route_sort_kernel(MoeRouteArgs a, MoeWorkspace ws) {
-  extern __shared__ float route_sort_smem[];  // [warps][2E] route scratch, then [E] sort counts
-  pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
-  pdl_allow_next();
-  const int warp = threadIdx.x >> 5;
-  for (int64_t t = warp; t < a.n_tokens; t += kRouteSortWarps)
-    route_token(a, t, route_sort_smem + warp * 2 * a.n_experts);
-  __syncthreads();
-  sort_pairs(a.ids, a.n_tokens * a.p.top_k, a.p.top_k, a.n_experts, ws,
-             reinterpret_cast<int32_t*>(route_sort_smem + kRouteSortWarps * 2 * a.n_experts));
-}
-
-size_t route_sort_smem_bytes(int32_t n_experts) {
-  return (static_cast<size_t>(kRouteSortWarps) * 2 + 1) * n_experts * 4;
 }
 
 // --- grouped GEMV ---
@@ -642,18 +603,6 @@ MoeWorkspace moe_workspace_at(void* base, int64_t n_pairs, int64_t n_experts, in
   ws.act = rest;
   ws.xy = rest + align256(n_pairs * 2 * inter * 2);
   return ws;
-}
-
-bool moe_route_sort_fits(int64_t n_tokens, int32_t n_experts) {
-  return n_tokens <= kMoeRouteSortTokens && route_sort_smem_bytes(n_experts) <= 48 * 1024;
-}
-
-void launch_moe_route_sort(const MoeRouteArgs& a, const MoeWorkspace& ws, cudaStream_t stream) {
-  if (a.n_tokens == 0) return;
-  PAGELLM_CHECK(moe_route_sort_fits(a.n_tokens, a.n_experts));
-  launch_overlapped(moe_route_sort_kernel, dim3(1), dim3(kRouteSortThreads),
-                    route_sort_smem_bytes(a.n_experts), stream, a, ws);
-  CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t n_experts,

@@ -85,13 +85,6 @@ void moe_place_order(MoeWorkspace& ws, void* base, int64_t n_pairs, int64_t n_ex
 void launch_moe_sort(const int32_t* ids, int64_t n_pairs, int32_t top_k, int32_t n_experts,
                      const MoeWorkspace& ws, cudaStream_t stream);
 
-// Routing and stage 1 in one launch (one block), for steps of at most kMoeRouteSortTokens tokens
-// whose experts' scratch fits the block's shared memory (moe_route_sort_fits): a.ids then ws's
-// order, the two launches' results exactly.
-constexpr int64_t kMoeRouteSortTokens = 16;
-bool moe_route_sort_fits(int64_t n_tokens, int32_t n_experts);
-void launch_moe_route_sort(const MoeRouteArgs& a, const MoeWorkspace& ws, cudaStream_t stream);
-
 // The routed experts' stacked weights (bf16, contiguous) and sizes.
 struct MoeExpertsArgs {
   const void* gate_up = nullptr;  // [E, 2F, D]
