@@ -1007,12 +1007,7 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   if (lean) {
     launch_greedy_rows(logits, vocab, rows, n_rows, slot, results, handover);
   } else {
-    std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
-    if (n_edits > 0) std::memcpy(slot.host + rows_bytes, edits, n_edits * sizeof(DeviceSampleEdit));
-    CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, rows_bytes + edits_bytes,
-                               cudaMemcpyHostToDevice, sample_stream_));
-    CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
+    upload_sample_rows(slot, rows, n_rows, edits, n_edits);
     launch_sample_rows(logits, vocab, slot, results, n_rows, handover, group);
   }
   CUDA_CHECK(cudaEventRecord(slot.sampled, stream_));
@@ -1021,6 +1016,19 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
                              cudaMemcpyDeviceToHost, sample_stream_));
   CUDA_CHECK(cudaEventRecord(slot.done, sample_stream_));
   return ticket;
+}
+
+void CudaBackend::upload_sample_rows(const SampleSlot& slot, const DeviceSampleRow* rows,
+                                     int32_t n_rows, const DeviceSampleEdit* edits,
+                                     int32_t n_edits) {
+  std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
+  if (n_edits > 0)
+    std::memcpy(slot.host + slot.edits_offset, edits, n_edits * sizeof(DeviceSampleEdit));
+  const int64_t bytes = n_edits > 0 ? slot.edits_offset + n_edits * sizeof(DeviceSampleEdit)
+                                    : n_rows * sizeof(DeviceSampleRow);
+  CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, sample_stream_));
+  CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
 }
 
 void CudaBackend::launch_sample_rows(const Tensor& logits, int64_t vocab, const SampleSlot& slot,
@@ -1068,11 +1076,7 @@ void CudaBackend::launch_greedy_rows(const Tensor& logits, int64_t vocab,
     for (int32_t i = 0; i < n_rows; ++i) logits_rows[i] = rows[i].logits_row;
     g.host_logits_rows = logits_rows.data();
   } else {
-    std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
-    CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, n_rows * sizeof(DeviceSampleRow),
-                               cudaMemcpyHostToDevice, sample_stream_));
-    CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
+    upload_sample_rows(slot, rows, n_rows, nullptr, 0);
     g.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);
   }
   g.results = results;

@@ -247,6 +247,10 @@ class CudaBackend final : public Backend {
   SampleSlot& sample_slot(uint64_t ticket);
   uint64_t enqueue_sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
                           const DeviceSampleEdit* edits, int32_t n_edits, int group);
+  // A call's rows (at 0) and edits (at edits_offset) up to `slot`'s device area on the sampling
+  // stream; the main stream waits for them.
+  void upload_sample_rows(const SampleSlot& slot, const DeviceSampleRow* rows, int32_t n_rows,
+                          const DeviceSampleEdit* edits, int32_t n_edits);
   // The general sampling kernel over a call's rows and edits, uploaded to `slot`.
   void launch_sample_rows(const Tensor& logits, int64_t vocab, const SampleSlot& slot,
                           DeviceSampleResult* results, int32_t n_rows, int32_t* handover,
