@@ -40,6 +40,28 @@ TEST(StepBatchTest, PaddedDecodeBatchLayout) {
   EXPECT_EQ(b.attn.max_seqlen_q, 1);
   EXPECT_EQ(b.attn.max_seqlen_kv, 12);
   EXPECT_EQ(b.positions, (std::vector<int32_t>{5, 0, 0, 0}));
+  EXPECT_TRUE(b.logits_every_token);
+}
+
+// Whether the LM head may read the hidden rows as they are: only where the logits rows are every
+// token in order (decode steps, or one chunk that wants every row).
+TEST(StepBatchTest, LogitsOfEveryTokenInOrder) {
+  auto backend = make_cpu_backend();
+  StepBatchBuilder builder(*backend, 16);
+  const std::vector<int32_t> one = {7}, three = {1, 2, 3}, table = {0};
+  const SeqChunk decode{one.data(), 1, 4, table.data(), 1, LogitsWanted::kLast};
+  const SeqChunk prompt_end{three.data(), 3, 0, table.data(), 1, LogitsWanted::kLast};
+  const SeqChunk prompt_mid{three.data(), 3, 0, table.data(), 1, LogitsWanted::kNone};
+  const SeqChunk prompt_all{three.data(), 3, 0, table.data(), 1, LogitsWanted::kAll};
+  EXPECT_TRUE(builder.build({decode, decode}).logits_every_token);
+  EXPECT_TRUE(builder.build({prompt_all}).logits_every_token);
+  EXPECT_TRUE(builder.build({prompt_all, decode}).logits_every_token);
+  const StepBatch& last = builder.build({prompt_end});
+  EXPECT_FALSE(last.logits_every_token);
+  EXPECT_EQ(read(last.logits_rows), (std::vector<int32_t>{2}));
+  EXPECT_FALSE(builder.build({decode, prompt_end}).logits_every_token);
+  EXPECT_FALSE(builder.build({prompt_mid, decode}).logits_every_token);
+  EXPECT_FALSE(builder.build({decode, prompt_mid}).logits_every_token);
 }
 
 // Addresses stay put once the largest batch has been built: the premise of replaying graphs.
