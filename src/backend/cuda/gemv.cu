@@ -424,15 +424,6 @@ void launch_variant(GemvParams p, int k_split, int64_t batch, cudaStream_t strea
   p.k_split = k_split;
   const int64_t rows_per_block = kGemvWarps / k_split * kOutPerWarp;
   const dim3 grid(ceil_div(p.m_dim, rows_per_block), static_cast<unsigned>(batch));
-  // Experiment: PAGELLM_EXP_GEMV_SERIAL_K=K launches the products of that K without overlapping
-  // the kernel before (its blocks land on idle SMs instead of as that kernel's blocks drain).
-  static const int64_t serial_k =
-      tuning_knob("PAGELLM_EXP_GEMV_SERIAL_K", 0, [](int64_t k) { return k > 0; });
-  if (p.k_dim == serial_k) {
-    gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks><<<grid, kGemvThreads, 0, stream>>>(p);
-    CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   launch_overlapped(gemv_kernel<N, TOut, kNorm, kEpi, kMinBlocks>, grid, dim3(kGemvThreads), 0,
                     stream, p);
 }
