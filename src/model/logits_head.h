@@ -1,5 +1,6 @@
 // LogitsHead: the last step of every causal LM here. Gathers the hidden rows whose logits the
-// batch wants (StepBatch::logits_rows), multiplies them by the LM head and, when asked, copies f32
+// batch wants (StepBatch::logits_rows; a decode step wants every row in order, so its rows are
+// read where they are), multiplies them by the LM head and, when asked, copies f32
 // logits to the host (converting on the device first when activations are not f32); otherwise
 // the logits stay on the device for the device sampler (logits()). Its scratch grows with
 // the largest n_logits seen and is reused, so steady-state steps allocate nothing.
