@@ -107,6 +107,13 @@ struct DecodePlan {
   // (grid_splits == n_splits: no walk), which merge through distributed shared memory; slots is
   // then 0 (no workspace, no counters).
   int cluster = 0;
+  // A clustered launch's merge: each block pushes its share of the outputs' partial sums into the
+  // merging blocks' shared memory before one cluster barrier (false: every block reads the others'
+  // sums after a barrier, then a second barrier; PAGELLM_EXP_CLUSTER_PUSH=0).
+  bool push = true;
+  // On tensor cores, the split's second group of V rows is requested right after the scores
+  // rather than when P.V starts (PAGELLM_EXP_V_AHEAD=0 turns it off).
+  bool v_ahead = true;
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
@@ -125,6 +132,18 @@ int64_t min_chunk() {
   static const int64_t v = tuning_knob("PAGELLM_DECODE_MIN_CHUNK", kMinChunk, [](int64_t c) {
     return c >= 32 && c <= kMaxChunk && c % 32 == 0;
   });
+  return v;
+}
+
+bool exp_knob(const char* name) {
+  return tuning_knob(name, 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+}
+bool cluster_push() {
+  static const bool v = exp_knob("PAGELLM_EXP_CLUSTER_PUSH");
+  return v;
+}
+bool v_ahead() {
+  static const bool v = exp_knob("PAGELLM_EXP_V_AHEAD");
   return v;
 }
 
@@ -149,7 +168,9 @@ int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int64_t scores_cap
   return (chunk / block_size + 2) * 2 * static_cast<int64_t>(sizeof(void*)) +
          static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
          static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4 +
-         (clustered ? static_cast<int64_t>(group) * dmax * 4 : 0);
+         (clustered ? (static_cast<int64_t>(group) * dmax + kMaxCluster) * 4 +
+                          static_cast<int64_t>(kMaxCluster) * group * 2 * 4
+                    : 0);
 }
 
 DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
@@ -198,6 +219,8 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
       p.cluster > 0 ? clustered_smem
                     : decode_smem_bytes(p.group, p.dmax, chunk, scores_cap, bs, false));
   p.early = early_loads();
+  p.push = cluster_push();
+  p.v_ahead = v_ahead();
   return p;
 }
 
@@ -296,7 +319,11 @@ struct DecodeSmem {
   float* red;
   float* scores;
   float* ml;
-  float* pv;  // a clustered launch's P.V sums, [G][DMAX]
+  // A clustered launch: this block's P.V sums [G][DMAX] (the read merge), or the shares of the
+  // outputs the splits pushed here, [n_splits][share] (the pushed merge), and their (m, l),
+  // [n_splits][G][2].
+  float* pv;
+  float* ml_in;
 };
 
 template <int DMAX>
@@ -310,7 +337,59 @@ __device__ __forceinline__ DecodeSmem smem_layout(const DecodePlan& p, unsigned 
   m.scores = m.red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
   m.ml = m.scores + static_cast<size_t>(G) * max(p.chunk, p.n_splits);
   m.pv = m.ml + 2 * G;
+  m.ml_in = m.pv + static_cast<size_t>(G) * DMAX + kMaxCluster;
   return m;
+}
+
+// Thread-block cluster barriers (sm_90), each thread of every block of the cluster taking part:
+// arrive without ordering (it says only that the block has started), arrive releasing the
+// block's earlier writes to shared memory of the cluster, and wait (acquiring the others').
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Where the pushed merge puts output idx (of G x Dv) of split `split`: the block that merges it
+// (rank idx / share) and the place in that block's sm.pv.
+struct PushTarget {
+  int rank, offset;
+};
+__device__ __forceinline__ int push_share(int total, int n) {
+  return (total + n - 1) / n;
+}
+__device__ __forceinline__ PushTarget push_target(int idx, int split, int share) {
+  const int rank = idx / share;
+  return {rank, split * share + idx - rank * share};
+}
+
+// A split's (m, l) of every head, pushed into each block of the cluster (its sm.ml_in row
+// `split`): -inf and 0 for a split without keys. After the first cluster barrier's wait (every
+// block of the cluster has started).
+__device__ __forceinline__ void push_ml(const DecodeSmem& sm, int G, int n, int split,
+                                        bool has_keys) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  for (int idx = threadIdx.x; idx < n * G; idx += kDecodeThreads) {
+    const int r = idx / G, g = idx - r * G;
+    float* dst = cluster.map_shared_rank(sm.ml_in, r) + 2 * (split * G + g);
+    dst[0] = has_keys ? sm.ml[2 * g] : -INFINITY;
+    dst[1] = has_keys ? sm.ml[2 * g + 1] : 0.0f;
+  }
+#else
+  (void)sm, (void)G, (void)n, (void)split, (void)has_keys;
+#endif
 }
 
 // One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, split `split` of
@@ -329,7 +408,8 @@ __device__ __forceinline__ DecodeSmem smem_layout(const DecodePlan& p, unsigned 
 // Shared memory: K and V row bases of the split's cache blocks, bf16 pointers [2][blk_cap] |
 //                q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
 //                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2] |
-//                clustered: the split's P.V sums f32 [G][DMAX].
+//                clustered: P.V sums f32 [G][DMAX] + kMaxCluster | pushed (m, l) f32
+//                [kMaxCluster][G][2].
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
 // P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
 template <int DMAX, bool kAligned, int kG>
@@ -409,6 +489,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
   };
   uint4 k_first[2][J];
+  uint4 v_second[kDecodeLoads];  // tensor cores, p.v_ahead: the second group, requested early
   if constexpr (kMmaScores) {
     load_group(vbase, v_tok, Dv, warp * KW, v_first);
     load_keys(warp * 16, k_first);
@@ -472,6 +553,11 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
 #pragma unroll
         for (int j = 0; j < J; ++j) cur[half][j] = nxt[half][j];
     }
+    // The warp's second group of V rows goes out now, over the softmax, instead of when P.V
+    // starts: a short split's P.V then waits for no second memory round (the keys' registers
+    // are free again).
+    if (p.v_ahead && warp * KW + kStride < n_tok)
+      load_group(vbase, v_tok, Dv, warp * KW + kStride, v_second);
   } else {
     // On CUDA cores. Software-pipelined: the next group's loads are issued before this group's
     // math, so each warp always has a group in flight.
@@ -526,6 +612,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
   }
   __syncthreads();
+  const bool push = p.cluster > 0 && p.push && n_parts > 1;
 
   // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
   const int64_t my_slot = slot0 + split;
@@ -546,7 +633,14 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
       load_group(vbase, v_tok, Dv, warp * KW, cur);
     }
     for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
-      if (t0 + kStride < n_tok) load_group(vbase, v_tok, Dv, t0 + kStride, nxt);
+      if (t0 + kStride < n_tok) {
+        if (kMmaScores && p.v_ahead && g0 == 0 && t0 == warp * KW) {
+#pragma unroll
+          for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = v_second[u];
+        } else {
+          load_group(vbase, v_tok, Dv, t0 + kStride, nxt);
+        }
+      }
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) {
         const int t = t0 + u * KPW + kk;
@@ -582,6 +676,8 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
       }
     }
     __syncthreads();
+    // The barrier the kernel arrived at first: every block of the cluster has started.
+    if (push && g0 == 0) cluster_wait();
     for (int idx = tid; idx < gn * Dv; idx += kDecodeThreads) {
       const int gg = idx / Dv, e = idx % Dv, g = g0 + gg, h = h0 + g;
       float v = 0.0f;
@@ -592,6 +688,11 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
         const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
         o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
+      } else if (push) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const PushTarget at = push_target(g * Dv + e, split, push_share(G * Dv, p.cluster));
+        cooperative_groups::this_cluster().map_shared_rank(sm.pv, at.rank)[at.offset] = v;
+#endif
       } else if (p.cluster > 0) {
         sm.pv[g * DMAX + e] = v;
       } else {
@@ -605,6 +706,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
     __syncthreads();  // red is reused by the next head tile
   }
+  if (push) push_ml(sm, G, p.cluster, split, true);
   if (n_parts == 1 || p.cluster > 0) return;
 
   // Arrival: every thread's partials are made visible device-wide before the block counts itself;
@@ -719,6 +821,43 @@ __device__ __forceinline__ void merge_in_cluster(const AttentionArgs& a, const D
 #endif
 }
 
+// The pushed merge of a clustered launch (DecodePlan::push): every split has pushed its (m, l)
+// and its unnormalized P.V sums of the outputs this block merges into this block's shared memory
+// (push_ml, push_target) and arrived at the cluster's barrier; after the wait each block merges
+// its share of the G x Dv outputs from its own shared memory, in the order of merge_in_cluster
+// (so the outputs are the same bits). Nothing reads another block's shared memory after the
+// barrier, so no second barrier is needed.
+template <int DMAX>
+__device__ __forceinline__ void merge_pushed(const AttentionArgs& a, const DecodeSmem& sm, int G,
+                                             int h0, int q_tok, int n, int rank) {
+  cluster_arrive_release();
+  cluster_wait();
+  const int Dv = a.head_dim_v, total = G * Dv, share = push_share(total, n);
+  const int begin = rank * share, end = min(total, begin + share);
+  for (int idx = begin + static_cast<int>(threadIdx.x); idx < end; idx += kDecodeThreads) {
+    const int g = idx / Dv, e = idx - g * Dv, j = idx - begin;
+    float m_all = -INFINITY, l_all = 0.0f, v = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) {
+      const float m = sm.ml_in[2 * (i * G + g)], l = sm.ml_in[2 * (i * G + g) + 1];
+      const float x = sm.pv[i * share + j];
+      if (l > 0.0f) {
+        if (m > m_all) {
+          const float r = expf(m_all - m);
+          l_all *= r;
+          v *= r;
+          m_all = m;
+        }
+        const float w = expf(m - m_all);
+        l_all = fmaf(w, l, l_all);
+        v = fmaf(w, x, v);
+      }
+    }
+    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + (h0 + g) * a.o_stride_head;
+    o[e] = from_float<bf16>(l_all > 0.0f ? v / l_all : 0.0f);
+  }
+}
+
 // A decode launch (see DecodePlan): block (x, KV head, sequence) attends over pieces x,
 // x + grid_splits, ... of its sequence's context, one after the other; each piece writes its own
 // partial result (or the output, when it is the only one), and the last piece to finish merges.
@@ -748,6 +887,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int n_parts = span > 0 ? min(p.n_splits, (span + my_chunk - 1) / my_chunk) : 0;
   const bool attends = has_query && first < n_parts;
   const bool staged = p.early && attends;
+  // The pushed merge's first barrier: arriving says only that this block has started, so a push
+  // into its shared memory after the wait finds it there (the wait comes long after).
+  const bool push = p.cluster > 0 && p.push && has_query && n_parts > 1;
+  if (push) cluster_arrive_relaxed();
   if (staged) {
     stage_block_bases(a, p, decode_smem, s, kvh, lo + first * my_chunk,
                       min(my_chunk, span - first * my_chunk));
@@ -772,6 +915,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   if (p.cluster > 0 && n_parts > 1) {
     const DecodeSmem sm =
         smem_layout<DMAX>(p, decode_smem, G, min(G, kG > 0 ? kG : kDecodeHeadTile));
+    if (push) {
+      if (!attends) {  // a piece past the context: nothing to merge (l = 0)
+        cluster_wait();
+        push_ml(sm, G, p.cluster, first, false);
+      }
+      merge_pushed<DMAX>(a, sm, G, kvh * G, q_tok, p.cluster, first);
+      return;
+    }
     if (!attends) {  // a piece past the context: nothing to merge (l = 0)
       for (int g = threadIdx.x; g < G; g += kDecodeThreads) {
         sm.ml[2 * g] = -INFINITY;
