@@ -111,9 +111,6 @@ struct DecodePlan {
   // merging blocks' shared memory before one cluster barrier (false: every block reads the others'
   // sums after a barrier, then a second barrier; PAGELLM_EXP_CLUSTER_PUSH=0).
   bool push = true;
-  // On tensor cores, the split's second group of V rows is requested right after the scores
-  // rather than when P.V starts (PAGELLM_EXP_V_AHEAD=0 turns it off).
-  bool v_ahead = true;
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
@@ -142,10 +139,6 @@ bool cluster_push() {
   static const bool v = exp_knob("PAGELLM_EXP_CLUSTER_PUSH");
   return v;
 }
-bool v_ahead() {
-  static const bool v = exp_knob("PAGELLM_EXP_V_AHEAD");
-  return v;
-}
 
 int device_cluster_limit();  // below the kernels: it asks the device about one of them
 
@@ -168,7 +161,7 @@ int64_t decode_smem_bytes(int group, int dmax, int64_t chunk, int64_t scores_cap
   return (chunk / block_size + 2) * 2 * static_cast<int64_t>(sizeof(void*)) +
          static_cast<int64_t>(group) * dmax * 2 + kDecodeWarps * tile * dmax * 4 +
          static_cast<int64_t>(group) * scores_cap * 4 + 2 * group * 4 +
-         (clustered ? (static_cast<int64_t>(group) * dmax + kMaxCluster) * 4 +
+         (clustered ? (2 * static_cast<int64_t>(group) * dmax + kMaxCluster) * 4 +
                           static_cast<int64_t>(kMaxCluster) * group * 2 * 4
                     : 0);
 }
@@ -220,7 +213,6 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
                     : decode_smem_bytes(p.group, p.dmax, chunk, scores_cap, bs, false));
   p.early = early_loads();
   p.push = cluster_push();
-  p.v_ahead = v_ahead();
   return p;
 }
 
@@ -319,11 +311,9 @@ struct DecodeSmem {
   float* red;
   float* scores;
   float* ml;
-  // A clustered launch: this block's P.V sums [G][DMAX] (the read merge), or the shares of the
-  // outputs the splits pushed here, [n_splits][share] (the pushed merge), and their (m, l),
-  // [n_splits][G][2].
-  float* pv;
-  float* ml_in;
+  float* pv;     // a clustered launch's P.V sums of this split, [G][DMAX]
+  float* pv_in;  // the pushed merge's: the shares of the splits' sums merged here, [n][share]
+  float* ml_in;  // and their (m, l), [n][G][2]
 };
 
 template <int DMAX>
@@ -337,7 +327,8 @@ __device__ __forceinline__ DecodeSmem smem_layout(const DecodePlan& p, unsigned 
   m.scores = m.red + static_cast<size_t>(kDecodeWarps) * tile * DMAX;
   m.ml = m.scores + static_cast<size_t>(G) * max(p.chunk, p.n_splits);
   m.pv = m.ml + 2 * G;
-  m.ml_in = m.pv + static_cast<size_t>(G) * DMAX + kMaxCluster;
+  m.pv_in = m.pv + static_cast<size_t>(G) * DMAX;
+  m.ml_in = m.pv_in + static_cast<size_t>(G) * DMAX + kMaxCluster;
   return m;
 }
 
@@ -360,38 +351,6 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// Where the pushed merge puts output idx (of G x Dv) of split `split`: the block that merges it
-// (rank idx / share) and the place in that block's sm.pv.
-struct PushTarget {
-  int rank, offset;
-};
-__device__ __forceinline__ int push_share(int total, int n) {
-  return (total + n - 1) / n;
-}
-__device__ __forceinline__ PushTarget push_target(int idx, int split, int share) {
-  const int rank = idx / share;
-  return {rank, split * share + idx - rank * share};
-}
-
-// A split's (m, l) of every head, pushed into each block of the cluster (its sm.ml_in row
-// `split`): -inf and 0 for a split without keys. After the first cluster barrier's wait (every
-// block of the cluster has started).
-__device__ __forceinline__ void push_ml(const DecodeSmem& sm, int G, int n, int split,
-                                        bool has_keys) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  for (int idx = threadIdx.x; idx < n * G; idx += kDecodeThreads) {
-    const int r = idx / G, g = idx - r * G;
-    float* dst = cluster.map_shared_rank(sm.ml_in, r) + 2 * (split * G + g);
-    dst[0] = has_keys ? sm.ml[2 * g] : -INFINITY;
-    dst[1] = has_keys ? sm.ml[2 * g + 1] : 0.0f;
-  }
-#else
-  (void)sm, (void)G, (void)n, (void)split, (void)has_keys;
-#endif
-}
-
 // One block's split: keys [begin, begin + n_tok) of sequence s for KV head kvh, split `split` of
 // the n_parts that hold keys, whose partial results sit in workspace slots slot0 + i. kDecodeWarps
 // warps; each lane keeps the next rows' loads in flight while it uses the
@@ -408,8 +367,8 @@ __device__ __forceinline__ void push_ml(const DecodeSmem& sm, int G, int n, int 
 // Shared memory: K and V row bases of the split's cache blocks, bf16 pointers [2][blk_cap] |
 //                q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
 //                scores f32 [G][max(chunk, n_splits)] | m, l f32 [G][2] |
-//                clustered: P.V sums f32 [G][DMAX] + kMaxCluster | pushed (m, l) f32
-//                [kMaxCluster][G][2].
+//                clustered: P.V sums f32 [G][DMAX] | pushed sums f32 [G][DMAX] + kMaxCluster |
+//                pushed (m, l) f32 [kMaxCluster][G][2].
 // kG: the GQA group size when known at compile time (1, 2, 4 or 8: the head loops unroll and the
 // P.V accumulators are exactly the group's), 0 for any other size (tiles of kDecodeHeadTile).
 template <int DMAX, bool kAligned, int kG>
@@ -489,7 +448,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
   };
   uint4 k_first[2][J];
-  uint4 v_second[kDecodeLoads];  // tensor cores, p.v_ahead: the second group, requested early
   if constexpr (kMmaScores) {
     load_group(vbase, v_tok, Dv, warp * KW, v_first);
     load_keys(warp * 16, k_first);
@@ -553,11 +511,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
 #pragma unroll
         for (int j = 0; j < J; ++j) cur[half][j] = nxt[half][j];
     }
-    // The warp's second group of V rows goes out now, over the softmax, instead of when P.V
-    // starts: a short split's P.V then waits for no second memory round (the keys' registers
-    // are free again).
-    if (p.v_ahead && warp * KW + kStride < n_tok)
-      load_group(vbase, v_tok, Dv, warp * KW + kStride, v_second);
   } else {
     // On CUDA cores. Software-pipelined: the next group's loads are issued before this group's
     // math, so each warp always has a group in flight.
@@ -612,7 +565,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
   }
   __syncthreads();
-  const bool push = p.cluster > 0 && p.push && n_parts > 1;
 
   // Pass 2: P . V for a tile of heads at a time; lane accumulates dims [e0, e0 + 8) of its rows.
   const int64_t my_slot = slot0 + split;
@@ -633,14 +585,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
       load_group(vbase, v_tok, Dv, warp * KW, cur);
     }
     for (int t0 = warp * KW; t0 < n_tok; t0 += kStride) {
-      if (t0 + kStride < n_tok) {
-        if (kMmaScores && p.v_ahead && g0 == 0 && t0 == warp * KW) {
-#pragma unroll
-          for (int u = 0; u < kDecodeLoads; ++u) nxt[u] = v_second[u];
-        } else {
-          load_group(vbase, v_tok, Dv, t0 + kStride, nxt);
-        }
-      }
+      if (t0 + kStride < n_tok) load_group(vbase, v_tok, Dv, t0 + kStride, nxt);
 #pragma unroll
       for (int u = 0; u < kDecodeLoads; ++u) {
         const int t = t0 + u * KPW + kk;
@@ -676,8 +621,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
       }
     }
     __syncthreads();
-    // The barrier the kernel arrived at first: every block of the cluster has started.
-    if (push && g0 == 0) cluster_wait();
     for (int idx = tid; idx < gn * Dv; idx += kDecodeThreads) {
       const int gg = idx / Dv, e = idx % Dv, g = g0 + gg, h = h0 + g;
       float v = 0.0f;
@@ -688,11 +631,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
         const float l = ml[2 * g + 1];
         bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + h * a.o_stride_head;
         o[e] = from_float<bf16>(l > 0.0f ? v / l : 0.0f);
-      } else if (push) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        const PushTarget at = push_target(g * Dv + e, split, push_share(G * Dv, p.cluster));
-        cooperative_groups::this_cluster().map_shared_rank(sm.pv, at.rank)[at.offset] = v;
-#endif
       } else if (p.cluster > 0) {
         sm.pv[g * DMAX + e] = v;
       } else {
@@ -706,7 +644,6 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
     }
     __syncthreads();  // red is reused by the next head tile
   }
-  if (push) push_ml(sm, G, p.cluster, split, true);
   if (n_parts == 1 || p.cluster > 0) return;
 
   // Arrival: every thread's partials are made visible device-wide before the block counts itself;
@@ -821,12 +758,43 @@ __device__ __forceinline__ void merge_in_cluster(const AttentionArgs& a, const D
 #endif
 }
 
-// The pushed merge of a clustered launch (DecodePlan::push): every split has pushed its (m, l)
-// and its unnormalized P.V sums of the outputs this block merges into this block's shared memory
-// (push_ml, push_target) and arrived at the cluster's barrier; after the wait each block merges
-// its share of the G x Dv outputs from its own shared memory, in the order of merge_in_cluster
-// (so the outputs are the same bits). Nothing reads another block's shared memory after the
-// barrier, so no second barrier is needed.
+// The pushed merge of a clustered launch (DecodePlan::push). Block r of the cluster merges
+// outputs [r * share, (r + 1) * share) of the G x Dv; each split first pushes what those need
+// into that block's shared memory (its (m, l) of every head into every block, -inf and 0 for a
+// split without keys, whose sums are then never read), all before one cluster barrier, instead
+// of every block reading the others' after a barrier and holding its own until a second one.
+__device__ __forceinline__ int push_share(int total, int n) {
+  return (total + n - 1) / n;
+}
+
+template <int DMAX>
+__device__ __forceinline__ void push_split(const AttentionArgs& a, const DecodeSmem& sm, int G,
+                                           int n, int split, bool has_keys) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int Dv = a.head_dim_v, total = G * Dv, share = push_share(total, n);
+  if (has_keys) {
+    for (int idx = threadIdx.x; idx < total; idx += kDecodeThreads) {
+      const int g = idx / Dv, r = idx / share;
+      cluster.map_shared_rank(sm.pv_in, r)[split * share + idx - r * share] =
+          sm.pv[g * DMAX + idx - g * Dv];
+    }
+  }
+  for (int idx = threadIdx.x; idx < n * G; idx += kDecodeThreads) {
+    const int r = idx / G, g = idx - r * G;
+    float* dst = cluster.map_shared_rank(sm.ml_in, r) + 2 * (split * G + g);
+    dst[0] = has_keys ? sm.ml[2 * g] : -INFINITY;
+    dst[1] = has_keys ? sm.ml[2 * g + 1] : 0.0f;
+  }
+#else
+  (void)a, (void)sm, (void)G, (void)n, (void)split, (void)has_keys;
+#endif
+}
+
+// After the pushes: the barrier, then this block's share merged from its own shared memory in
+// the order of merge_in_cluster (the same bits). Nothing reads another block's shared memory
+// after the barrier, so none waits for a second one.
 template <int DMAX>
 __device__ __forceinline__ void merge_pushed(const AttentionArgs& a, const DecodeSmem& sm, int G,
                                              int h0, int q_tok, int n, int rank) {
@@ -840,7 +808,7 @@ __device__ __forceinline__ void merge_pushed(const AttentionArgs& a, const Decod
 #pragma unroll 4
     for (int i = 0; i < n; ++i) {
       const float m = sm.ml_in[2 * (i * G + g)], l = sm.ml_in[2 * (i * G + g) + 1];
-      const float x = sm.pv[i * share + j];
+      const float x = sm.pv_in[i * share + j];
       if (l > 0.0f) {
         if (m > m_all) {
           const float r = expf(m_all - m);
@@ -916,10 +884,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     const DecodeSmem sm =
         smem_layout<DMAX>(p, decode_smem, G, min(G, kG > 0 ? kG : kDecodeHeadTile));
     if (push) {
-      if (!attends) {  // a piece past the context: nothing to merge (l = 0)
-        cluster_wait();
-        push_ml(sm, G, p.cluster, first, false);
-      }
+      cluster_wait();  // the barrier arrived at first: every block of the cluster has started
+      push_split<DMAX>(a, sm, G, p.cluster, first, attends);
       merge_pushed<DMAX>(a, sm, G, kvh * G, q_tok, p.cluster, first);
       return;
     }

@@ -947,9 +947,17 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   const int64_t n_logit_rows = logits.size(0), vocab = logits.size(1);
   PAGELLM_CHECK_MSG(vocab > 0 && vocab < INT32_MAX, "sample: vocabulary size out of range");
   PAGELLM_CHECK(n_rows >= 0 && n_edits >= 0 && (n_edits == 0 || edits != nullptr));
+  // Rows that only take the argmax (greedy, as a greedy request or a benchmark samples): the
+  // lean kernel, whose launch carries up to kGreedyParamRows rows' logits rows itself, so the
+  // call uploads nothing and the step waits for no copy. PAGELLM_SAMPLE_LEAN=0 keeps them on the
+  // general kernel (A/B runs).
+  static const bool lean_on =
+      tuning_knob("PAGELLM_SAMPLE_LEAN", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  bool lean = lean_on && group == 0;
   // The kernel trusts these: an edit list out of order or out of range would read out of bounds.
   for (int32_t i = 0; i < n_rows; ++i) {
     const DeviceSampleRow& r = rows[i];
+    lean = lean && greedy_row_is_lean(r);
     PAGELLM_CHECK_MSG(r.logits_row >= 0 && r.logits_row < n_logit_rows,
                       "sample: a row reads a logits row that does not exist");
     PAGELLM_CHECK_MSG(0 <= r.edit_begin && r.edit_begin <= r.edit_end && r.edit_end <= n_edits,
@@ -996,14 +1004,6 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   auto* results = reinterpret_cast<DeviceSampleResult*>(slot.dev + slot.results_offset);
   int32_t* handover = n_rows <= kHandoverRows ? handover_ : nullptr;
   handover_ticket_ = handover != nullptr ? ticket : 0;
-  // Rows that only take the argmax (greedy, as a greedy request or a benchmark samples): the
-  // lean kernel, whose launch carries up to kGreedyParamRows rows' logits rows itself, so the
-  // call uploads nothing and the step waits for no copy. PAGELLM_SAMPLE_LEAN=0 keeps them on the
-  // general kernel (A/B runs).
-  static const bool lean_on =
-      tuning_knob("PAGELLM_SAMPLE_LEAN", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
-  bool lean = lean_on && group == 0;
-  for (int32_t i = 0; lean && i < n_rows; ++i) lean = greedy_row_is_lean(rows[i]);
   if (lean) {
     launch_greedy_rows(logits, vocab, rows, n_rows, slot, results, handover);
   } else {
@@ -1070,11 +1070,8 @@ void CudaBackend::launch_greedy_rows(const Tensor& logits, int64_t vocab,
   g.ld = logits.row_stride();
   g.vocab = static_cast<int32_t>(vocab);
   g.n_rows = n_rows;
-  std::vector<int32_t> logits_rows;
   if (n_rows <= kGreedyParamRows) {
-    logits_rows.resize(n_rows);
-    for (int32_t i = 0; i < n_rows; ++i) logits_rows[i] = rows[i].logits_row;
-    g.host_logits_rows = logits_rows.data();
+    g.host_rows = rows;
   } else {
     upload_sample_rows(slot, rows, n_rows, nullptr, 0);
     g.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);

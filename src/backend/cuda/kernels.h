@@ -252,7 +252,7 @@ int64_t sample_shared_bytes(int32_t slice);
 // --- sampling_greedy.cu ---
 // A call whose every row only takes the argmax (kSampleGreedy alone, no edits, no logprobs):
 // launch_sample's results, field for field, from one lean pass. Up to kGreedyParamRows rows'
-// logits rows travel in the launch itself (host_logits_rows), so such a call uploads nothing.
+// logits rows travel in the launch itself (host_rows), so such a call uploads nothing.
 inline constexpr int32_t kGreedyParamRows = 64;
 inline bool greedy_row_is_lean(const DeviceSampleRow& r) {
   return r.flags == kSampleGreedy && r.edit_begin == r.edit_end && r.n_logprobs < 0;
@@ -263,8 +263,10 @@ struct GreedySampleLaunch {
   int64_t ld = 0;
   int32_t vocab = 0;
   int32_t n_rows = 0;
-  const int32_t* host_logits_rows = nullptr;  // host, n_rows <= kGreedyParamRows; else `rows`
-  const DeviceSampleRow* rows = nullptr;      // device
+  // The rows on the host when n_rows <= kGreedyParamRows (their logits rows travel in the
+  // launch); else `rows`, on the device.
+  const DeviceSampleRow* host_rows = nullptr;
+  const DeviceSampleRow* rows = nullptr;
   DeviceSampleResult* results = nullptr;
   int32_t* handover = nullptr;  // as SampleLaunch::handover
   // greedy_sample_scratch_bytes(scratch_rows) bytes, zeroed once when allocated (the kernel

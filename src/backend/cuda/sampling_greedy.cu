@@ -242,8 +242,8 @@ void launch_greedy_sample(const GreedySampleLaunch& l, cudaStream_t stream) {
   a.n_rows = l.n_rows;
   a.group = group;
   a.slice = slice;
-  if (l.host_logits_rows != nullptr && l.n_rows <= kGreedyParamRows) {
-    for (int32_t i = 0; i < l.n_rows; ++i) a.logits_row[i] = l.host_logits_rows[i];
+  if (l.host_rows != nullptr && l.n_rows <= kGreedyParamRows) {
+    for (int32_t i = 0; i < l.n_rows; ++i) a.logits_row[i] = l.host_rows[i].logits_row;
   } else {
     a.rows = l.rows;
   }
