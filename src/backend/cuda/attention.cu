@@ -9,8 +9,9 @@
 // last split of a (sequence, KV head) to finish, counted by an atomic, merges them all
 // (log-sum-exp rescaling) in the same launch. Where the splits of a (sequence, KV head) fit one
 // thread-block cluster (sm_90, up to 16 blocks), they merge through distributed shared memory
-// instead: no partial results in global memory, no fence, no atomic, and every block of the
-// cluster merges a share of the outputs. Splitting long contexts keeps all SMs busy at
+// instead: each block pushes its partial sums into the blocks that merge them, one cluster
+// barrier, and every block merges a share of the outputs; no partial results in global memory,
+// no fence, no atomic. Splitting long contexts keeps all SMs busy at
 // small batch. The number of splits is planned on the host from max_seqlen_kv and the batch size;
 // each sequence then cuts its own context, on the device, into chunks of whole warps-worth of
 // keys: as many as fill the GPU at that batch size, or more where its context needs them (a chunk
@@ -107,10 +108,6 @@ struct DecodePlan {
   // (grid_splits == n_splits: no walk), which merge through distributed shared memory; slots is
   // then 0 (no workspace, no counters).
   int cluster = 0;
-  // A clustered launch's merge: each block pushes its share of the outputs' partial sums into the
-  // merging blocks' shared memory before one cluster barrier (false: every block reads the others'
-  // sums after a barrier, then a second barrier; PAGELLM_EXP_CLUSTER_PUSH=0).
-  bool push = true;
 };
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
@@ -129,14 +126,6 @@ int64_t min_chunk() {
   static const int64_t v = tuning_knob("PAGELLM_DECODE_MIN_CHUNK", kMinChunk, [](int64_t c) {
     return c >= 32 && c <= kMaxChunk && c % 32 == 0;
   });
-  return v;
-}
-
-bool exp_knob(const char* name) {
-  return tuning_knob(name, 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
-}
-bool cluster_push() {
-  static const bool v = exp_knob("PAGELLM_EXP_CLUSTER_PUSH");
   return v;
 }
 
@@ -212,7 +201,6 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
       p.cluster > 0 ? clustered_smem
                     : decode_smem_bytes(p.group, p.dmax, chunk, scores_cap, bs, false));
   p.early = early_loads();
-  p.push = cluster_push();
   return p;
 }
 
@@ -312,7 +300,7 @@ struct DecodeSmem {
   float* scores;
   float* ml;
   float* pv;     // a clustered launch's P.V sums of this split, [G][DMAX]
-  float* pv_in;  // the pushed merge's: the shares of the splits' sums merged here, [n][share]
+  float* pv_in;  // the shares of the splits' sums this block merges, [n][share] (push_split)
   float* ml_in;  // and their (m, l), [n][G][2]
 };
 
@@ -362,7 +350,7 @@ __device__ __forceinline__ void cluster_wait() {
 // tile of heads. A whole context (one part) writes the output; otherwise the part writes its
 // unnormalized sum with its max and sum of exponentials, and the last part to finish, counted
 // by an atomic, merges them all (log-sum-exp rescaling). In a clustered launch the sum stays in
-// shared memory (pv) for merge_in_cluster.
+// shared memory (pv) for push_split.
 //
 // Shared memory: K and V row bases of the split's cache blocks, bf16 pointers [2][blk_cap] |
 //                q bf16 [G][DMAX] | PV partial sums f32 [kDecodeWarps][tile][DMAX] |
@@ -713,56 +701,12 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
   if (tid == 0) *counter = 0;  // ready for the next launch (graph replays reuse the counters)
 }
 
-// The merge of a clustered launch (DecodePlan::cluster): each block of the cluster holds its
-// split's (m, l) and unnormalized P.V sums in shared memory (none for a split without keys: l = 0);
-// after the cluster's barrier every block merges its share of the G x Dv outputs, reading the
-// others' through distributed shared memory (log-sum-exp rescaling, as the global merge), and a
-// second barrier keeps each block's shared memory alive until the others have read it.
-template <int DMAX>
-__device__ __forceinline__ void merge_in_cluster(const AttentionArgs& a, const DecodeSmem& sm,
-                                                 int G, int h0, int q_tok) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // release and acquire: every block's sums are visible to the others
-  const int n = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int Dv = a.head_dim_v, total = G * Dv, share = (total + n - 1) / n;
-  const int end = min(total, (rank + 1) * share);
-  for (int idx = rank * share + static_cast<int>(threadIdx.x); idx < end; idx += kDecodeThreads) {
-    const int g = idx / Dv, e = idx - g * Dv;
-    float m_all = -INFINITY, l_all = 0.0f, v = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < n; ++i) {
-      const float* ml = cluster.map_shared_rank(sm.ml, i);
-      const float m = ml[2 * g], l = ml[2 * g + 1];
-      const float x = cluster.map_shared_rank(sm.pv, i)[g * DMAX + e];
-      if (l > 0.0f) {
-        if (m > m_all) {                    // rescale what is summed so far to the new maximum
-          const float r = expf(m_all - m);  // 0 on the first split (m_all = -inf)
-          l_all *= r;
-          v *= r;
-          m_all = m;
-        }
-        const float w = expf(m - m_all);
-        l_all = fmaf(w, l, l_all);
-        v = fmaf(w, x, v);
-      }
-    }
-    bf16* o = static_cast<bf16*>(a.out) + q_tok * a.o_stride_tok + (h0 + g) * a.o_stride_head;
-    o[e] = from_float<bf16>(l_all > 0.0f ? v / l_all : 0.0f);
-  }
-  cluster.sync();  // the others are done reading this block's shared memory
-#else
-  (void)a, (void)sm, (void)G, (void)h0, (void)q_tok;
-#endif
-}
-
-// The pushed merge of a clustered launch (DecodePlan::push). Block r of the cluster merges
-// outputs [r * share, (r + 1) * share) of the G x Dv; each split first pushes what those need
-// into that block's shared memory (its (m, l) of every head into every block, -inf and 0 for a
-// split without keys, whose sums are then never read), all before one cluster barrier, instead
-// of every block reading the others' after a barrier and holding its own until a second one.
+// The merge of a clustered launch (DecodePlan::cluster). Block r of the cluster merges outputs
+// [r * share, (r + 1) * share) of the G x Dv; each split first pushes what those need into that
+// block's shared memory (its (m, l) of every head into every block: -inf and 0 for a split
+// without keys, whose sums are then never read), all before one cluster barrier. (Each block
+// reading the others' sums after a barrier instead, with a second barrier keeping its own alive
+// until they were read, was 0.75 us slower a call: docs/PERF.md "Twenty-sixth round".)
 __device__ __forceinline__ int push_share(int total, int n) {
   return (total + n - 1) / n;
 }
@@ -792,8 +736,8 @@ __device__ __forceinline__ void push_split(const AttentionArgs& a, const DecodeS
 #endif
 }
 
-// After the pushes: the barrier, then this block's share merged from its own shared memory in
-// the order of merge_in_cluster (the same bits). Nothing reads another block's shared memory
+// After the pushes: the barrier, then this block's share merged from its own shared memory
+// (log-sum-exp rescaling, as the global merge). Nothing reads another block's shared memory
 // after the barrier, so none waits for a second one.
 template <int DMAX>
 __device__ __forceinline__ void merge_pushed(const AttentionArgs& a, const DecodeSmem& sm, int G,
@@ -809,9 +753,9 @@ __device__ __forceinline__ void merge_pushed(const AttentionArgs& a, const Decod
     for (int i = 0; i < n; ++i) {
       const float m = sm.ml_in[2 * (i * G + g)], l = sm.ml_in[2 * (i * G + g) + 1];
       const float x = sm.pv_in[i * share + j];
-      if (l > 0.0f) {
-        if (m > m_all) {
-          const float r = expf(m_all - m);
+      if (l > 0.0f) {     // a split without keys adds nothing (its sums were never pushed)
+        if (m > m_all) {  // rescale what is summed so far to the new maximum
+          const float r = expf(m_all - m);  // 0 on the first split (m_all = -inf)
           l_all *= r;
           v *= r;
           m_all = m;
@@ -855,10 +799,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int n_parts = span > 0 ? min(p.n_splits, (span + my_chunk - 1) / my_chunk) : 0;
   const bool attends = has_query && first < n_parts;
   const bool staged = p.early && attends;
-  // The pushed merge's first barrier: arriving says only that this block has started, so a push
+  // The cluster merge's first barrier: arriving says only that this block has started, so a push
   // into its shared memory after the wait finds it there (the wait comes long after).
-  const bool push = p.cluster > 0 && p.push && has_query && n_parts > 1;
-  if (push) cluster_arrive_relaxed();
+  const bool merges_in_cluster = p.cluster > 0 && has_query && n_parts > 1;
+  if (merges_in_cluster) cluster_arrive_relaxed();
   if (staged) {
     stage_block_bases(a, p, decode_smem, s, kvh, lo + first * my_chunk,
                       min(my_chunk, span - first * my_chunk));
@@ -880,22 +824,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   }
   // A clustered launch has a block per piece (the loop above ran at most once); the pieces merge
   // in the cluster, unless one piece held the whole context and wrote the output.
-  if (p.cluster > 0 && n_parts > 1) {
+  if (merges_in_cluster) {
     const DecodeSmem sm =
         smem_layout<DMAX>(p, decode_smem, G, min(G, kG > 0 ? kG : kDecodeHeadTile));
-    if (push) {
-      cluster_wait();  // the barrier arrived at first: every block of the cluster has started
-      push_split<DMAX>(a, sm, G, p.cluster, first, attends);
-      merge_pushed<DMAX>(a, sm, G, kvh * G, q_tok, p.cluster, first);
-      return;
-    }
-    if (!attends) {  // a piece past the context: nothing to merge (l = 0)
-      for (int g = threadIdx.x; g < G; g += kDecodeThreads) {
-        sm.ml[2 * g] = -INFINITY;
-        sm.ml[2 * g + 1] = 0.0f;
-      }
-    }
-    merge_in_cluster<DMAX>(a, sm, G, kvh * G, q_tok);
+    cluster_wait();  // the barrier arrived at first: every block of the cluster has started
+    push_split<DMAX>(a, sm, G, p.cluster, first, attends);
+    merge_pushed<DMAX>(a, sm, G, kvh * G, q_tok, p.cluster, first);
   }
 }
 
