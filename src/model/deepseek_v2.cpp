@@ -31,7 +31,6 @@
 // record) never split.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -367,27 +366,12 @@ class DeepseekModel final : public DecoderModel {
         run_swiglu(backend_, L.mlp, h, gate_up, act, x);  // [n, D]
         continue;
       }
-      Tensor shared;  // [n, D]; undefined without shared experts
-      static const bool shared_side = [] {
-        const char* e = std::getenv("PAGELLM_EXP_SHARED_SIDE");
-        return e == nullptr || std::string(e) != "0";
-      }();
-      if (shared_side && cfg_.n_shared_experts > 0) {
-        backend_.begin_side();
-        Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * Fs);
-        Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);
-        shared = ws.shared.slice_rows(0, n);
-        run_swiglu(backend_, L.shared, h, gate_up, act, shared);
-        backend_.end_side();
-        moe_.route(h, L.router, L.correction_bias);
-        moe_.experts(h, L.experts, shared, x);  // [n, D]
-        continue;
-      }
       // The router and its top-k, a chain of small latency-bound kernels, run as a side branch
       // beside the shared experts' products (both only read h).
       backend_.begin_side();
       moe_.route(h, L.router, L.correction_bias);
       backend_.end_side();
+      Tensor shared;  // [n, D]; undefined without shared experts
       if (cfg_.n_shared_experts > 0) {
         Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * Fs);
         Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);

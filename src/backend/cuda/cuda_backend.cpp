@@ -305,10 +305,6 @@ void CudaBackend::join_side() {
   CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 
-void CudaBackend::join_ended_side() {
-  if (side_ == Side::kEnded) join_side();
-}
-
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
   if (nbytes > upload_staging_bytes_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read

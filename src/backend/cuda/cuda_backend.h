@@ -217,9 +217,6 @@ class CudaBackend final : public Backend {
   bool advance_side(Side from, Side to, const char* misuse);
   // Swaps the side stream and its Gemm with the main ones (in at begin_side, out at end_side).
   void swap_side();
-  // join_side() when a side branch has ended and is not yet joined: the MoE ops call it before
-  // they read `shared`, which the model may make in a side branch beside them (backend.h).
-  void join_ended_side();
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
   std::array<cudaEvent_t, kSlots> slot_events_{};
   int slot_ = 0;

@@ -101,10 +101,7 @@ void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
 
 void CudaBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                               const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) {
-  if (ablated("moe_experts")) {
-    join_ended_side();
-    return;
-  }
+  if (ablated("moe_experts")) return;
   moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto);
 }
 
@@ -135,10 +132,7 @@ void CudaBackend::moe_order(const Tensor& ids, int64_t n_experts, Tensor& order)
 void CudaBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
                                       const Tensor& order, const MoeExpertWeights& experts,
                                       const Tensor& shared, Tensor& out) {
-  if (ablated("moe_experts")) {
-    join_ended_side();
-    return;
-  }
+  if (ablated("moe_experts")) return;
   check_device_tensor(order, "order");
   PAGELLM_CHECK_MSG(dtype_bytes(order.dtype, order.numel()) >=
                         moe_order_layout_bytes(ids.numel(), experts.n_experts()),
@@ -192,10 +186,7 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                       "moe_experts: shared must be bf16 [n, D]");
     shared_view = row_view(shared);
   }
-  if (n == 0) {
-    join_ended_side();
-    return;
-  }
+  if (n == 0) return;
   const int64_t n_pairs = n * K;
   MoeWorkspace ws = moe_workspace_at(ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)),
                                      n_pairs, E, D, F);
@@ -235,7 +226,6 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
       moe_grouped_gemms(h, gu, dn, ws, n_pairs);
       break;
   }
-  join_ended_side();  // the shared experts, when they ran beside the routed ones
   launch_moe_combine(ids.ptr<int32_t>(), weights.ptr<float>(), n, static_cast<int32_t>(K),
                      static_cast<int32_t>(E), ws, D, shared_view, row_view(out), stream_);
 }
