@@ -346,18 +346,6 @@ class Backend {
     (void)order;
     moe_experts(h, ids, weights, experts, shared, out);
   }
-  // moe_experts_ordered() whose `shared` is made first, as matmul makes it: shared = shared_act .
-  // shared_down^T (DeepSeek's shared experts' down product). A device may compute it inside the
-  // routed experts' first product rather than as a launch of its own. The default runs matmul,
-  // then moe_experts_ordered().   shared_act act [n, Fs]; shared_down [D, Fs] (a weight, as
-  // matmul takes it); shared act [n, D], written (it may not alias out).
-  virtual void moe_experts_ordered_shared(const Tensor& h, const Tensor& ids, const Tensor& weights,
-                                          const Tensor& order, const MoeExpertWeights& experts,
-                                          const Tensor& shared_act, const Tensor& shared_down,
-                                          Tensor& shared, Tensor& out) {
-    matmul(shared_act, shared_down, Tensor(), shared);
-    moe_experts_ordered(h, ids, weights, order, experts, shared, out);
-  }
 
   // --- profiling ---
   // A timer on this backend's timeline. The default synchronizes and reads the host's steady

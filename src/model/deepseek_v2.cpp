@@ -31,7 +31,6 @@
 // record) never split.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -373,20 +372,10 @@ class DeepseekModel final : public DecoderModel {
       moe_.route(h, L.router, L.correction_bias);
       backend_.end_side();
       Tensor shared;  // [n, D]; undefined without shared experts
-      static const bool fused = [] {
-        const char* e = std::getenv("PAGELLM_EXP_SHARED_FUSED");
-        return e == nullptr || std::string(e) != "0";
-      }();
       if (cfg_.n_shared_experts > 0) {
         Tensor gate_up = ws.gate_up.slice_rows(0, n).slice_cols(0, 2 * Fs);
         Tensor act = ws.act.slice_rows(0, n).slice_cols(0, Fs);
         shared = ws.shared.slice_rows(0, n);
-        if (fused) {
-          run_swiglu_act(backend_, L.shared, h, gate_up, act);
-          backend_.join_side();
-          moe_.experts(h, L.experts, act, L.shared.down_proj, shared, x);
-          continue;
-        }
         run_swiglu(backend_, L.shared, h, gate_up, act, shared);
       }
       backend_.join_side();

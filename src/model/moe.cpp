@@ -23,12 +23,6 @@ Status load_swiglu(WeightLoader& ld, Backend& backend, const std::string& prefix
 
 void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate_up,
                 Tensor& act, Tensor& out) {
-  run_swiglu_act(backend, mlp, h, gate_up, act);
-  backend.matmul(act, mlp.down_proj, Tensor(), out);
-}
-
-void run_swiglu_act(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate_up,
-                    Tensor& act) {
   const int64_t F = act.cols();
   PAGELLM_CHECK(gate_up.cols() == 2 * F);
   Tensor gate = gate_up.slice_cols(0, F), up = gate_up.slice_cols(F, 2 * F);
@@ -39,6 +33,7 @@ void run_swiglu_act(Backend& backend, const MoeExpert& mlp, const Tensor& h, Ten
     backend.matmul(h, mlp.up_proj, Tensor(), up);
     backend.silu_mul(gate, up, act);
   }
+  backend.matmul(act, mlp.down_proj, Tensor(), out);
 }
 
 MoeRouteParams moe_route_params(const ModelConfig& cfg) {
@@ -146,14 +141,6 @@ void MoeBlock::experts(const Tensor& h, const MoeExpertWeights& experts, const T
   // Without an order (a backend that groups nothing) this is moe_experts (Backend's default).
   backend_.moe_experts_ordered(h, ids_.slice_rows(0, n), weights_.slice_rows(0, n), order_, experts,
                                shared, out);  // [n, D]
-}
-
-void MoeBlock::experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared_act,
-                       const Tensor& shared_down, Tensor& shared, Tensor& out) {
-  const int64_t n = h.rows();
-  PAGELLM_CHECK_MSG(n <= capacity_, "MoeBlock::experts before reserve() sized its scratch");
-  backend_.moe_experts_ordered_shared(h, ids_.slice_rows(0, n), weights_.slice_rows(0, n), order_,
-                                      experts, shared_act, shared_down, shared, out);  // [n, D]
 }
 
 }  // namespace pagellm

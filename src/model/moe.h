@@ -32,9 +32,6 @@ Status load_swiglu(WeightLoader& ld, Backend& backend, const std::string& prefix
 // stride), gate in columns [0, F) and up in [F, 2F); act: [n, F] scratch.
 void run_swiglu(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate_up,
                 Tensor& act, Tensor& out);
-// Its first half: act = silu(gate h) * up h, for a caller that hands the down product on.
-void run_swiglu_act(Backend& backend, const MoeExpert& mlp, const Tensor& h, Tensor& gate_up,
-                    Tensor& act);
 
 // The config's router (scoring_func, topk_method, groups, norm_topk_prob, routed_scaling_factor).
 MoeRouteParams moe_route_params(const ModelConfig& cfg);
@@ -78,11 +75,6 @@ class MoeBlock {
   // read h (the shared experts).
   void route(const Tensor& h, const Tensor& router, const Tensor& correction_bias);
   void experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared, Tensor& out);
-  // experts() with the shared experts' down product made by the backend's MoE op
-  // (moe_experts_ordered_shared): shared = shared_act . shared_down^T, then as experts().
-  //   shared_act act [n, Fs]; shared_down [D, Fs]; shared act [n, D] (written; not out).
-  void experts(const Tensor& h, const MoeExpertWeights& experts, const Tensor& shared_act,
-               const Tensor& shared_down, Tensor& shared, Tensor& out);
 
  private:
   Backend& backend_;

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <initializer_list>
-#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -500,68 +499,6 @@ TEST(MoeExperts, OrderMadeAheadMatchesMoeExperts) {
                         download_bf16(plain), kExact));
     EXPECT_TRUE(guards_ok(what, ordered));
   }
-}
-
-// moe_experts_ordered_shared: the shared experts' down product made by the MoE op (on the grouped
-// GEMV path, as one more slot of the gate|up launch). `shared` is the product of the same bf16
-// values on the CPU, rounded once (kBf16Tol); the output is bit for bit what moe_experts_ordered
-// gives with that `shared`, so the combine read it whole. Widths Fs of whole 16-byte pieces run in
-// the launch, at one to several tokens a pass and with the K split, 260 takes matmul's own
-// launch, and 300 tokens take the grouped GEMMs; directly and replayed from a graph.
-TEST(MoeExperts, SharedDownMadeInTheOp) {
-  PAGELLM_REQUIRE_CUDA();
-  uint64_t seed = base_seed() + 9900;
-  int cases = 0;
-  for (const auto& [n, fs] : std::initializer_list<std::pair<int64_t, int64_t>>{
-           {1, 1408}, {1, 264}, {2, 1408}, {7, 264}, {7, 260}, {19, 1408}, {300, 264}}) {
-    Rng rng(++seed);
-    RoutedStep r(cuda, rng, n);
-    const ExpertsCase& c = r.c;
-    const std::string what = Label("moe_experts_ordered_shared", seed)("n", n)("Fs", fs);
-    std::vector<float> act = random_bf16_values(rng, n * fs, 1.0f);
-    std::vector<float> dw = random_bf16_values(rng, c.D * fs, 0.1f);
-    auto act_dev = upload_bf16(cuda, act);
-    Tensor act_t = act_dev->view(DType::kBF16, {n, fs});
-    std::vector<uint16_t> dw_bits = to_bf16_bits(dw);
-    Tensor dw_host(dw_bits.data(), DType::kBF16, {c.D, fs});
-    std::unique_ptr<Buffer> dw_storage;
-    auto dw_dev = cuda.upload_weight(dw_host, DType::kBF16, dw_storage);
-    ASSERT_TRUE(dw_dev.ok()) << dw_dev.status().to_string();
-    const int64_t order_bytes = cuda.moe_order_bytes(n * c.K, c.E);
-    DevBuf order(cuda, order_bytes), shared(cuda, n * c.D * 2), out(cuda, n * c.D * 2),
-        again(cuda, n * c.D * 2);
-    Tensor order_t = order.view(DType::kI32, {order_bytes / 4});
-    Tensor shared_t = shared.view(DType::kBF16, {n, c.D}), out_t = out.view(DType::kBF16, {n, c.D});
-    Tensor again_t = again.view(DType::kBF16, {n, c.D});
-    const MoeExpertWeights w = device_weights(c, r.in);
-    auto step = [&] {
-      cuda.moe_route(r.logits_t, Tensor(), r.p, r.ids_t, r.w_t);
-      cuda.moe_order(r.ids_t, c.E, order_t);
-      cuda.moe_experts_ordered_shared(r.h_t, r.ids_t, r.w_t, order_t, w, act_t, *dw_dev, shared_t,
-                                      out_t);
-    };
-    std::vector<float> want(n * c.D);
-    Tensor want_t = host_f32(want, {n, c.D});
-    cpu.matmul(host_f32(act, {n, fs}), dw_host, Tensor(), want_t);
-    auto check = [&](const std::string& label) {
-      EXPECT_TRUE(compare(label + " shared vs cpu", download_bf16(shared), want, kBf16Tol));
-      cuda.moe_experts_ordered(r.h_t, r.ids_t, r.w_t, order_t, w, shared_t, again_t);
-      EXPECT_TRUE(compare(label + " out vs moe_experts_ordered", download_bf16(out),
-                          download_bf16(again), kExact));
-      EXPECT_TRUE(guards_ok(label, shared));
-      EXPECT_TRUE(guards_ok(label, out));
-    };
-    step();
-    check(what);
-    std::unique_ptr<OpGraph> graph = cuda.capture(step);
-    ASSERT_NE(graph, nullptr) << what << ": the op could not be recorded";
-    clear_bf16(shared, n, c.D);
-    clear_bf16(out, n, c.D);
-    graph->replay();
-    check(what + " replay");
-    ++cases;
-  }
-  EXPECT_EQ(cases, 7);
 }
 
 }  // namespace

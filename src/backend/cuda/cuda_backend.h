@@ -119,21 +119,13 @@ class CudaBackend final : public Backend {
   void moe_experts_ordered(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const Tensor& order, const MoeExpertWeights& experts,
                            const Tensor& shared, Tensor& out) override;
-  // On the grouped GEMV path with bf16 weights, the shared down product is one more slot of the
-  // routed experts' gate|up launch; otherwise matmul runs first.
-  void moe_experts_ordered_shared(const Tensor& h, const Tensor& ids, const Tensor& weights,
-                                  const Tensor& order, const MoeExpertWeights& experts,
-                                  const Tensor& shared_act, const Tensor& shared_down,
-                                  Tensor& shared, Tensor& out) override;
   // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
   // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded. order: made
-  // by moe_order, or null to sort here. shared_act and shared_down (both or neither): shared is
-  // made here first, as moe_experts_ordered_shared() makes it.
+  // by moe_order, or null to sort here.
   enum class MoePath { kAuto, kGemv, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
-                           MoePath path, const Tensor* order = nullptr,
-                           const Tensor* shared_act = nullptr, const Tensor* shared_down = nullptr);
+                           MoePath path, const Tensor* order = nullptr);
   // CUDA events on stream() (backend/cuda/op_timer.cpp).
   std::unique_ptr<OpTimer> make_op_timer() override;
   // Device sampling (sampling.cu).

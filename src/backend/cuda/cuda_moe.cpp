@@ -30,13 +30,6 @@ RowView row_view(const Tensor& t) {
   return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
 }
 
-void check_order(const Tensor& order, const Tensor& ids, const MoeExpertWeights& experts) {
-  check_device_tensor(order, "order");
-  PAGELLM_CHECK_MSG(dtype_bytes(order.dtype, order.numel()) >=
-                        moe_order_layout_bytes(ids.numel(), experts.n_experts()),
-                    "moe_experts_ordered: order is smaller than moe_order_bytes(n K, E)");
-}
-
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
@@ -140,27 +133,16 @@ void CudaBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids, const 
                                       const Tensor& order, const MoeExpertWeights& experts,
                                       const Tensor& shared, Tensor& out) {
   if (ablated("moe_experts")) return;
-  check_order(order, ids, experts);
+  check_device_tensor(order, "order");
+  PAGELLM_CHECK_MSG(dtype_bytes(order.dtype, order.numel()) >=
+                        moe_order_layout_bytes(ids.numel(), experts.n_experts()),
+                    "moe_experts_ordered: order is smaller than moe_order_bytes(n K, E)");
   moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto, &order);
-}
-
-void CudaBackend::moe_experts_ordered_shared(const Tensor& h, const Tensor& ids,
-                                             const Tensor& weights, const Tensor& order,
-                                             const MoeExpertWeights& experts,
-                                             const Tensor& shared_act, const Tensor& shared_down,
-                                             Tensor& shared, Tensor& out) {
-  if (ablated("moe_experts")) return;
-  check_order(order, ids, experts);
-  PAGELLM_CHECK_MSG(shared.defined() && shared.data != out.data,
-                    "moe_experts_ordered_shared: shared must be its own [n, D] tensor");
-  moe_experts_on_path(h, ids, weights, experts, shared, out, MoePath::kAuto, &order, &shared_act,
-                      &shared_down);
 }
 
 void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                                       const MoeExpertWeights& experts, const Tensor& shared,
-                                      Tensor& out, MoePath path, const Tensor* order,
-                                      const Tensor* shared_act, const Tensor* shared_down) {
+                                      Tensor& out, MoePath path, const Tensor* order) {
   check_device_tensor(h, "h");
   check_device_tensor(ids, "ids");
   check_device_tensor(weights, "weights");
@@ -204,10 +186,6 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                       "moe_experts: shared must be bf16 [n, D]");
     shared_view = row_view(shared);
   }
-  PAGELLM_CHECK_MSG(
-      (shared_act == nullptr) == (shared_down == nullptr) &&
-          (shared_act == nullptr || shared.defined()),
-      "moe_experts: the shared down product needs shared_act, shared_down and shared");
   if (n == 0) return;
   const int64_t n_pairs = n * K;
   MoeWorkspace ws = moe_workspace_at(ensure_moe_workspace(moe_workspace_bytes(n_pairs, E, D, F)),
@@ -233,38 +211,10 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
            : !recording && n_pairs >= kMoeExpertGemmMinTokensPerExpert * E ? MoePath::kExpertGemm
                                                                            : MoePath::kGroupedGemm;
   }
-  // The shared experts' down product: a slot of the gate|up GEMV launch where its layout allows
-  // (bf16 rows of 8-element multiples, 16-byte aligned), else matmul's own launch, first.
-  MoeSharedDown sd;
-  if (shared_act != nullptr) {
-    const Tensor& a = *shared_act;
-    const Tensor& dw = *shared_down;
-    check_device_tensor(a, "shared_act");
-    check_device_tensor(dw, "shared_down");
-    PAGELLM_CHECK_MSG(a.rows() == n && dw.ndim == 2 && dw.size(0) == D && dw.size(1) == a.cols(),
-                      "moe_experts: shared_act [n, Fs] and shared_down [D, Fs] disagree");
-    const bool in_launch = path == MoePath::kGemv && a.dtype == DType::kBF16 &&
-                           dw.dtype == DType::kBF16 && dw.is_contiguous() && a.cols() % 8 == 0 &&
-                           a.row_stride() % 8 == 0 && aligned16(a.data) && aligned16(dw.data) &&
-                           n <= INT32_MAX;
-    if (in_launch) {
-      sd.down = dw.data;
-      sd.act = a.data;
-      sd.out = shared.data;
-      sd.inter = a.cols();
-      sd.ld_act = a.row_stride();
-      sd.ld_out = shared.row_stride();
-      sd.n_tokens = static_cast<int32_t>(n);
-    } else {
-      Tensor s = shared;
-      matmul(a, dw, Tensor(), s);
-    }
-  }
   switch (path) {
     case MoePath::kGemv: {
       const int64_t max_active = std::min(E, n_pairs);
-      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_,
-                              sd.down != nullptr ? &sd : nullptr);
+      launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
       launch_moe_down_gemv(w, ws, max_active, n, stream_);
       break;
     }

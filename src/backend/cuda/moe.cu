@@ -288,39 +288,25 @@ __device__ __forceinline__ BlockExpert block_expert(const MoeWorkspace& ws) {
 // more blocks turn the SMs' slots over sooner (as in gemv.cu's one-row kernel).
 template <int TOK, int SPLIT>
 __global__ void __launch_bounds__(kGemvThreads)
-    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws,
-                       MoeSharedDown sd) {
+    moe_gate_up_kernel(MoeExpertsArgs w, const bf16* __restrict__ h, int64_t ldh, MoeWorkspace ws) {
   pdl_wait();  // first: the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
-  // With sd.down set, the grid's last slot makes the shared experts' down product: its rows in
-  // pairs, (2f, 2f + 1) in the places of (gate f, up f), over sd.act's row of every token, each
-  // output stored as it is summed (no activation).
-  const bool shared = sd.down != nullptr && blockIdx.y == gridDim.y - 1;
-  const BlockExpert be = shared ? BlockExpert{0, 0, sd.n_tokens} : block_expert(ws);
+  const BlockExpert be = block_expert(ws);
   if (be.e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
-  const int64_t rows = shared ? D / 2 : F;  // row pairs of this slot
-  const int64_t K = shared ? sd.inter : D;
-  const bf16* x = shared ? static_cast<const bf16*>(sd.act) : h;
-  const int64_t ldx = shared ? sd.ld_act : ldh;
-  constexpr int kGroups = kGemvWarps / SPLIT;  // row groups a block
-  // The grid is as wide as the wider slot: a block past this slot's rows has nothing to do (all
-  // its threads leave, so no barrier waits for them).
-  if (static_cast<int64_t>(blockIdx.x) * kGroups * kGateUpRows >= rows) return;
-  const int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kGroups + warp / SPLIT) * kGateUpRows;
+  const int64_t f0 =
+      (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / SPLIT) + warp / SPLIT) * kGateUpRows;
   // A group past the last row still meets the others at the split's barriers.
-  if (SPLIT == 1 && f0 >= rows) return;
-  const bf16* base =
-      shared ? static_cast<const bf16*>(sd.down)
-             : static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
+  if (SPLIT == 1 && f0 >= F) return;
+  const bf16* base = static_cast<const bf16*>(w.gate_up) + static_cast<int64_t>(be.e) * 2 * F * D;
   const bf16* wg[kGateUpRows];
   const bf16* wu[kGateUpRows];
 #pragma unroll
   for (int r = 0; r < kGateUpRows; ++r) {
-    const int64_t f = min(f0 + r, rows - 1);  // tail: re-read the last row, never stored
-    wg[r] = base + (shared ? 2 * f : f) * K;
-    wu[r] = base + (shared ? 2 * f + 1 : F + f) * K;
+    const int64_t f = min(f0 + r, F - 1);  // tail: re-read the last row, never stored
+    wg[r] = base + f * D;
+    wu[r] = base + (F + f) * D;
   }
   constexpr int64_t kTrip = kGemvStep * kGateUpUnroll;
   const int64_t k_first = lane * 8 + (warp % SPLIT) * kTrip;
@@ -329,28 +315,25 @@ __global__ void __launch_bounds__(kGemvThreads)
     const int cnt = min(TOK, be.end - s0);
     int32_t tok[TOK];
 #pragma unroll
-    for (int j = 0; j < TOK; ++j) {
-      const int s = s0 + min(j, cnt - 1);
-      tok[j] = shared ? s : ws.slot_token[s];
-    }
+    for (int j = 0; j < TOK; ++j) tok[j] = ws.slot_token[s0 + min(j, cnt - 1)];
     // [r]: gate row r, [kGateUpRows + r]: up row r (one array, so the split adds them as one).
     float acc[2 * kGateUpRows][TOK];
 #pragma unroll
     for (int r = 0; r < 2 * kGateUpRows; ++r)
 #pragma unroll
       for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
-    for (int64_t k0 = k_first; k0 < K; k0 += kTrip * SPLIT) {
+    for (int64_t k0 = k_first; k0 < D; k0 += kTrip * SPLIT) {
       uint4 vg[kGateUpUnroll][kGateUpRows], vu[kGateUpUnroll][kGateUpRows];
-      load_trip(vg, wg, k0, kGemvStep, K);
-      load_trip(vu, wu, k0, kGemvStep, K);
+      load_trip(vg, wg, k0, kGemvStep, D);
+      load_trip(vu, wu, k0, kGemvStep, D);
 #pragma unroll
       for (int u = 0; u < kGateUpUnroll; ++u) {
         const int64_t k = k0 + u * kGemvStep;
-        if (k >= K) break;
+        if (k >= D) break;
 #pragma unroll
         for (int j = 0; j < TOK; ++j) {
           if (j >= cnt) break;
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + tok[j] * ldx + k));
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(h + tok[j] * ldh + k));
 #pragma unroll
           for (int r = 0; r < kGateUpRows; ++r) {
             acc[r][j] += dot8(vg[u][r], xv);
@@ -387,16 +370,10 @@ __global__ void __launch_bounds__(kGemvThreads)
       for (int r = 0; r < kGateUpRows; ++r) {
         const float g = acc[r][j], u = acc[kGateUpRows + r][j];
         const int64_t f = f0 + r;
-        if (f >= rows) continue;
-        if (shared) {
-          bf16* o = static_cast<bf16*>(sd.out) + static_cast<int64_t>(tok[j]) * sd.ld_out + 2 * f;
-          o[0] = from_float<bf16>(g);
-          o[1] = from_float<bf16>(u);
-        } else {
-          // silu(g) = g / (1 + e^-g), as the activation kernel computes it.
+        // silu(g) = g / (1 + e^-g), as the activation kernel computes it.
+        if (f < F)
           act[static_cast<int64_t>(s0 + j) * 2 * F + f] =
               from_float<bf16>(g / (1.0f + expf(-g)) * u);
-        }
       }
     }
   }
@@ -656,21 +633,16 @@ int gate_up_split(int64_t hidden) {
 
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
-                             cudaStream_t stream, const MoeSharedDown* shared) {
-  const MoeSharedDown sd = shared != nullptr ? *shared : MoeSharedDown{};
-  if (max_active == 0 && sd.down == nullptr) return;
-  PAGELLM_CHECK(max_active < 65535);
-  PAGELLM_CHECK(sd.down == nullptr || (w.hidden % 2 == 0 && sd.inter % 8 == 0 &&
-                                       sd.ld_act % 8 == 0 && sd.n_tokens <= max_tokens));
+                             cudaStream_t stream) {
+  if (max_active == 0) return;
+  PAGELLM_CHECK(max_active <= 65535);
   const int pass = gemv_pass_tokens(max_tokens);
   const int split = pass == 1 ? gate_up_split(w.hidden) : 1;
-  // The rows of the widest slot: the experts' F gate|up pairs, or the shared down's D / 2 pairs.
-  const int64_t rows = std::max(w.inter, sd.down != nullptr ? w.hidden / 2 : 0);
-  const dim3 grid(ceil_div(rows, kGemvWarps / split * kGateUpRows),
-                  static_cast<unsigned>(max_active + (sd.down != nullptr ? 1 : 0)));
+  const dim3 grid(ceil_div(w.inter, kGemvWarps / split * kGateUpRows),
+                  static_cast<unsigned>(max_active));
   const auto* x = static_cast<const bf16*>(h);
   const auto go = [&](auto kernel) {
-    launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws, sd);
+    launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, w, x, ldh, ws);
   };
   switch (pass * 10 + split) {  // (pass width, split) as two digits
     case 11:

@@ -93,27 +93,14 @@ struct MoeExpertsArgs {
   int64_t hidden = 0, inter = 0;  // D, F (multiples of 8: 16-byte weight loads)
 };
 
-// The shared experts' down product, made by the gate|up GEMV launch as one more slot of its grid:
-// out[t] = down . act[t] for the step's n tokens (bf16; D rows of Fs, Fs a multiple of 8; act and
-// out rows 16-byte aligned, their strides multiples of 8).
-struct MoeSharedDown {
-  const void* down = nullptr;  // [D, Fs]
-  const void* act = nullptr;   // [n, Fs], row stride ld_act
-  void* out = nullptr;         // [n, D], row stride ld_out
-  int64_t inter = 0, ld_act = 0, ld_out = 0;
-  int32_t n_tokens = 0;
-};
-
 // Stages 2 and 3 as grouped GEMVs: grids over (output rows, active-expert slot) with
 // max_active = min(E, N) slots; blocks past the step's active experts return at once.
 // max_tokens bounds the slots of one expert (the step's token count: routing picks distinct
 // experts per token); it only sizes the kernels' passes, any bound gives the same results.
 //   h bf16 [n, D] (row stride ldh, a multiple of 8, 16-byte aligned)
-// shared (optional): the shared experts' down product, made beside the routed gate|up rows
-// (one grid: no launch of its own in the chain).
 void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh,
                              const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
-                             cudaStream_t stream, const MoeSharedDown* shared = nullptr);
+                             cudaStream_t stream);
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
 
