@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/memory_bandwidth.h"
@@ -144,11 +146,40 @@ void Backend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, 
   matmul_swiglu(h, w, bias, gate_up, out);
 }
 
+std::string memory_size(int64_t nbytes) {
+  char s[32];
+  const double b = static_cast<double>(nbytes);
+  if (nbytes >= (int64_t{1} << 30))
+    std::snprintf(s, sizeof s, "%.2f GiB", b / (1 << 30));
+  else if (nbytes >= (1 << 20))
+    std::snprintf(s, sizeof s, "%.1f MiB", b / (1 << 20));
+  else if (nbytes >= (1 << 10))
+    std::snprintf(s, sizeof s, "%.1f KiB", b / (1 << 10));
+  else
+    std::snprintf(s, sizeof s, "%lld bytes", static_cast<long long>(nbytes));
+  return s;
+}
+
+std::string out_of_memory(const Backend& backend, const std::string& what, int64_t nbytes) {
+  return backend.name() + " is out of memory for " + what + ": " + memory_size(nbytes) +
+         " wanted, " + memory_size(backend.free_memory()) + " free";
+}
+
+std::unique_ptr<Buffer> Backend::must_allocate(int64_t nbytes, const std::string& what) {
+  std::unique_ptr<Buffer> buf = allocate(nbytes);
+  if (buf == nullptr) {
+    std::fprintf(stderr, "%s\n", out_of_memory(*this, what, nbytes).c_str());
+    PAGELLM_CHECK_MSG(false, "out of memory for an allocation a step cannot do without");
+  }
+  return buf;
+}
+
 double measure_memory_bandwidth_gbs(Backend& backend) {
   if (backend.device() == Device::kCpu) return measure_read_bandwidth_gbs();
   // 1 GiB each way, well past any cache; best of several copies.
   constexpr int64_t kBytes = int64_t{1} << 30;
-  auto src = backend.allocate(kBytes), dst = backend.allocate(kBytes);
+  auto src = backend.must_allocate(kBytes, "the bandwidth measurement's source"),
+       dst = backend.must_allocate(kBytes, "the bandwidth measurement's destination");
   backend.copy(dst->data(), src->data(), kBytes);  // warm-up
   backend.synchronize();
   double best = 0;

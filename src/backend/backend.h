@@ -135,7 +135,13 @@ class Backend {
   virtual DType activation_dtype() const = 0;
 
   // --- memory ---
+  // nbytes of this backend's memory, or null when it is not there (out of memory): the caller
+  // reports it. Weights and the KV cache report it as a Status; allocations that nothing can run
+  // without take must_allocate().
   virtual std::unique_ptr<Buffer> allocate(int64_t nbytes) = 0;
+  // allocate(), failing (a CHECK naming `what`, the bytes wanted and the bytes free) when the
+  // memory is not there: for the scratch and workspaces that a step cannot do without.
+  std::unique_ptr<Buffer> must_allocate(int64_t nbytes, const std::string& what);
   // Bytes free for new allocations (device memory; on CPU, available system memory).
   virtual int64_t free_memory() const = 0;
   // Copies between this device and host memory (n bytes). Device backends order these on the
@@ -396,6 +402,12 @@ class Backend {
   std::array<HostSampleSlot, kSampleSlots> host_samples_;
   uint64_t host_sample_tickets_ = 0;
 };
+
+// A size as people read it: "512 bytes", "3.5 KiB", "12.3 MiB", "93.42 GiB".
+std::string memory_size(int64_t nbytes);
+// What an allocation that failed says: "<backend> is out of memory for <what>: 1.2 MiB wanted,
+// 0.4 MiB free".
+std::string out_of_memory(const Backend& backend, const std::string& what, int64_t nbytes);
 
 // The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded
 // streaming reads; on a device, a large device-to-device copy counting bytes read + written

@@ -416,10 +416,15 @@ class DeepseekModel final : public DecoderModel {
       std::vector<uint8_t> staged(bytes);
       from_f32(dt, t.data(), staged.data(), H * block);
       absorb_template_ = backend_.allocate(bytes);
+      if (!absorb_template_)
+        return resource_exhausted(out_of_memory(backend_, "the absorbed query's template", bytes));
       backend_.copy_from_host(absorb_template_->data(), staged.data(), bytes);
       staged.resize(dtype_bytes(dt, R * R));
       from_f32(dt, eye.data(), staged.data(), R * R);
       absorb_identity_ = backend_.allocate(dtype_bytes(dt, R * R));
+      if (!absorb_identity_)
+        return resource_exhausted(
+            out_of_memory(backend_, "the absorbed query's identity", dtype_bytes(dt, R * R)));
       backend_.copy_from_host(absorb_identity_->data(), staged.data(), dtype_bytes(dt, R * R));
       // One I_P per head (no batch stride of 0 on the weight side: the batched GEMMs are tested
       // with shared inputs, and the copy is 2 H P^2 bytes).
@@ -429,9 +434,13 @@ class DeepseekModel final : public DecoderModel {
       staged.resize(dtype_bytes(dt, H * P * P));
       from_f32(dt, eye_p.data(), staged.data(), H * P * P);
       eye_p_storage_ = backend_.allocate(dtype_bytes(dt, H * P * P));
+      if (!eye_p_storage_)
+        return resource_exhausted(
+            out_of_memory(backend_, "the rotary keys' copy weight", dtype_bytes(dt, H * P * P)));
       backend_.copy_from_host(eye_p_storage_->data(), staged.data(), dtype_bytes(dt, H * P * P));
     }
     auto buf = backend_.allocate(bytes);
+    if (!buf) return resource_exhausted(out_of_memory(backend_, "'" + name + "' absorbed", bytes));
     backend_.copy(buf->data(), absorb_template_->data(), bytes);
     Tensor A = buf->view(dt, {H, P + R, N + P});
     const Tensor eye = absorb_identity_->view(dt, {R, R});
@@ -518,8 +527,7 @@ class DeepseekModel final : public DecoderModel {
     const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(int32_t));
     if (!exp_meta_ || exp_meta_bytes_ < bytes) {
       exp_meta_bytes_ = std::max<int64_t>(bytes, 2 * exp_meta_bytes_);
-      exp_meta_ = backend_.allocate(exp_meta_bytes_);
-      PAGELLM_CHECK_MSG(exp_meta_ != nullptr, "out of memory for the expanded attention metadata");
+      exp_meta_ = backend_.must_allocate(exp_meta_bytes_, "the expanded attention metadata");
     }
     backend_.copy_from_host(exp_meta_->data(), host.data(), bytes);
   }

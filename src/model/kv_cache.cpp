@@ -13,12 +13,13 @@ KvCache KvCache::allocate(Backend& backend, const KvSpec& spec, int32_t block_si
   c.n_blocks = n_blocks;
   const DType dt = backend.activation_dtype();
   for (int64_t l = 0; l < spec.n_layers; ++l) {
-    auto kb = backend.allocate(dtype_bytes(dt, n_blocks * block_size * spec.n_kv_heads * spec.k_dim));
+    auto kb = backend.must_allocate(
+        dtype_bytes(dt, n_blocks * block_size * spec.n_kv_heads * spec.k_dim), "the KV cache");
     c.k.push_back(kb->view(dt, {n_blocks, block_size, spec.n_kv_heads, spec.k_dim}));
     c.storage.push_back(std::move(kb));
     if (spec.v_dim > 0) {
-      auto vb =
-          backend.allocate(dtype_bytes(dt, n_blocks * block_size * spec.n_kv_heads * spec.v_dim));
+      auto vb = backend.must_allocate(
+          dtype_bytes(dt, n_blocks * block_size * spec.n_kv_heads * spec.v_dim), "the KV cache");
       c.v.push_back(vb->view(dt, {n_blocks, block_size, spec.n_kv_heads, spec.v_dim}));
       c.storage.push_back(std::move(vb));
     } else {

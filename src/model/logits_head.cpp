@@ -11,7 +11,7 @@ void LogitsHead::reserve(int64_t m, int64_t d, int64_t v) {
   auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t hl_bytes = aligned(dtype_bytes(dt, cap * d));
   const int64_t lg_bytes = aligned(dtype_bytes(dt, cap * v));
-  buf_ = backend_.allocate(hl_bytes + lg_bytes);
+  buf_ = backend_.must_allocate(hl_bytes + lg_bytes, "the LM head's rows and logits");
   char* p = static_cast<char*>(buf_->data());
   hl_ = Tensor(p, dt, {cap, d}, backend_.device());
   logits_ = Tensor(p + hl_bytes, dt, {cap, v}, backend_.device());
@@ -44,7 +44,7 @@ void LogitsDownload::operator()(const Tensor& logits, float* out) {
     backend_.copy_to_host(out, logits.data, logits.nbytes());
     return;
   }
-  if (!f32_ || f32_->nbytes() < m * v * 4) f32_ = backend_.allocate(m * v * 4);
+  if (!f32_ || f32_->nbytes() < m * v * 4) f32_ = backend_.must_allocate(m * v * 4, "f32 logits");
   Tensor f32 = f32_->view(DType::kF32, {m, v});
   backend_.to_f32(logits, f32);
   backend_.copy_to_host(out, f32.data, f32.nbytes());

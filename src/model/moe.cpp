@@ -110,8 +110,7 @@ void MoeBlock::reserve(int64_t n) {
   order_buf_.reset();
   order_ = Tensor();
   if (order_bytes > 0) {
-    order_buf_ = backend_.allocate(order_bytes);
-    PAGELLM_CHECK_MSG(order_buf_ != nullptr, "out of memory for the MoE expert order");
+    order_buf_ = backend_.must_allocate(order_bytes, "the MoE expert order");
     order_ = Tensor(order_buf_->data(), DType::kI32, {order_bytes / 4}, backend_.device());
   }
   capacity_ = cap;

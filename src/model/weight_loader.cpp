@@ -8,12 +8,20 @@ namespace pagellm {
 WeightLoader::WeightLoader(Backend& backend, const WeightSource& source, const LoadOptions& options)
     : backend_(backend), source_(source), options_(options) {}
 
+std::string WeightLoader::loaded_so_far() const {
+  return " (after " + memory_size(bytes_) + " of weights)";
+}
+
 Result<Tensor> WeightLoader::dummy(const std::string& name, std::vector<int64_t> shape, DType dtype,
                                    float lo, float hi) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  auto& buf = storage_.emplace_back(backend_.allocate(dtype_bytes(dtype, n)));
-  if (!buf) return resource_exhausted("out of memory for dummy weight '" + name + "'");
+  std::unique_ptr<Buffer> made = backend_.allocate(dtype_bytes(dtype, n));
+  if (!made) {
+    return resource_exhausted(
+        out_of_memory(backend_, "weight '" + name + "'" + loaded_so_far(), dtype_bytes(dtype, n)));
+  }
+  auto& buf = storage_.emplace_back(std::move(made));
   Tensor t(buf->data(), dtype, {n}, backend_.device());
   backend_.fill_random(t, std::hash<std::string>{}(name), lo, hi);
   t.ndim = static_cast<int>(shape.size());
@@ -60,7 +68,11 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
     rows += t.numel() / cols;
   }
   auto buf = backend_.allocate(dtype_bytes(dt, rows * cols));
-  if (!buf) return resource_exhausted("out of memory stacking weights");
+  if (!buf) {
+    return resource_exhausted(out_of_memory(
+        backend_, "a stack of " + std::to_string(loaded.size()) + " weights" + loaded_so_far(),
+        dtype_bytes(dt, rows * cols)));
+  }
   char* dst = static_cast<char*>(buf->data());
   for (const Tensor& t : loaded) {
     backend_.copy(dst, t.data, t.nbytes());

@@ -76,6 +76,8 @@ class WeightLoader {
  private:
   Result<Tensor> dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, float lo,
                        float hi);
+  // " (after 1.2 GiB of weights)": how far loading got, for an out-of-memory error.
+  std::string loaded_so_far() const;
   // Copies `loaded` (pieces of the last n_owned tensors loaded) into one stacked buffer and frees
   // those tensors.
   Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols, size_t n_owned);

@@ -79,7 +79,8 @@ const StepBatch& StepBatchBuilder::pack(const std::vector<SeqChunk>& seqs, int32
   b.cu_seqlens_q[0] = 0;
 
   const int64_t bytes = total * 4;
-  if (!device_ || device_->nbytes() < bytes) device_ = backend_.allocate(std::max<int64_t>(bytes * 2, 4096));
+  if (!device_ || device_->nbytes() < bytes)
+    device_ = backend_.must_allocate(std::max<int64_t>(bytes * 2, 4096), "a step's metadata");
   backend_.copy_from_host(device_->data(), staging_.data(), bytes);
   auto* base = static_cast<int32_t*>(device_->data());
   const Device dev = backend_.device();

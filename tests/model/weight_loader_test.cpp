@@ -1,7 +1,8 @@
 // WeightLoader's stacking and row reordering, on the CPU backend with an in-memory checkpoint:
 // the values land where the architecture files expect them (a wrong row order would otherwise
 // show only as slightly different logits in the golden tests, and not at all for the biases the
-// tiny fixtures lack).
+// tiny fixtures lack). And a model that does not fit its backend's memory: a Status naming the
+// weight, the bytes wanted and the bytes free, never a crash (a GPU smaller than the model).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -11,6 +12,8 @@
 #include "io/weights.h"
 #include "model/model.h"
 #include "model/weight_loader.h"
+#include "source_dir.h"
+#include "unit/runtime/forwarding_backend.h"
 
 namespace pagellm {
 namespace {
@@ -86,6 +89,62 @@ TEST(WeightLoader, StackedMatrixConcatenatesThePartsByRows) {
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->rows(), 3);
   EXPECT_EQ(to_vector(*s), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+}
+
+// The CPU backend with `budget` bytes: an allocation past them fails as a full device's does.
+class SmallMemoryBackend final : public ForwardingBackend {
+ public:
+  SmallMemoryBackend(Backend& inner, int64_t budget) : ForwardingBackend(inner), left_(budget) {}
+  std::unique_ptr<Buffer> allocate(int64_t n) override {
+    if (n > left_) return nullptr;
+    left_ -= n;
+    return ForwardingBackend::allocate(n);
+  }
+  int64_t free_memory() const override { return left_; }
+
+ private:
+  int64_t left_;
+};
+
+TEST(WeightLoader, AModelLargerThanTheMemoryIsAnErrorNamingTheWeight) {
+  auto cpu = make_cpu_backend();
+  Result<LoadedCheckpoint> ckpt =
+      open_dummy_checkpoint(test_source_dir() + "/tests/data/golden/llama");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
+  SmallMemoryBackend small(*cpu, 64 << 10);  // the fixture's weights take more
+  Result<std::unique_ptr<Model>> model = load_model(*ckpt, small);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kResourceExhausted);
+  const std::string& msg = model.status().message();
+  EXPECT_NE(msg.find("is out of memory for weight '"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" wanted, "), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" free"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" of weights)"), std::string::npos) << msg;
+  // The same load with the memory there succeeds: the budget, not the model, failed it.
+  SmallMemoryBackend ample(*cpu, int64_t{1} << 30);
+  Result<std::unique_ptr<Model>> fits = load_model(*ckpt, ample);
+  EXPECT_TRUE(fits.ok()) << fits.status().message();
+}
+
+TEST(WeightLoader, MemorySizesReadAsPeopleWriteThem) {
+  EXPECT_EQ(memory_size(512), "512 bytes");
+  EXPECT_EQ(memory_size(3584), "3.5 KiB");
+  EXPECT_EQ(memory_size(int64_t{12} << 20), "12.0 MiB");
+  EXPECT_EQ(memory_size(int64_t{93} << 30), "93.00 GiB");
+}
+
+TEST(WeightLoader, AStackWithoutMemoryIsAnError) {
+  MemorySource src;
+  src.add("q", {2, 2}, {1, 2, 3, 4});
+  src.add("k", {1, 2}, {5, 6});
+  auto cpu = make_cpu_backend();
+  SmallMemoryBackend none(*cpu, 0);
+  LoadOptions opt;
+  opt.weight_dtype = DType::kF32;
+  WeightLoader ld(none, src, opt);
+  Result<Tensor> s = ld.stacked_matrix({{"q", 2}, {"k", 1}}, 2);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status().message();
 }
 
 }  // namespace

@@ -116,8 +116,7 @@ void MoeExpertsRunner::reserve(Backend& backend, int64_t n_rows, int64_t n_token
   auto padded = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t bytes = padded(cap * 4) + 2 * padded(cap * hidden * 4) +
                         3 * padded(cap * inter * 4) + padded(cap_t * hidden * 4);
-  buf_ = backend.allocate(bytes);
-  PAGELLM_CHECK_MSG(buf_ != nullptr, "moe_experts: out of memory for the experts' scratch");
+  buf_ = backend.must_allocate(bytes, "the experts' scratch");
   char* p = static_cast<char*>(buf_->data());
   auto take = [&](DType t, int64_t rows, int64_t cols) {
     Tensor x(p, t, {rows, cols}, Device::kCpu);

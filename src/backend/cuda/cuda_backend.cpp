@@ -37,19 +37,9 @@ namespace {
 
 class CudaBuffer final : public Buffer {
  public:
-  CudaBuffer(int64_t nbytes, std::shared_ptr<std::atomic<uint64_t>> epoch)
-      : nbytes_(nbytes), epoch_(std::move(epoch)) {
-    if (nbytes > 0) {
-      const cudaError_t err = cudaMalloc(&data_, static_cast<size_t>(nbytes));
-      if (err != cudaSuccess) {
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
-        std::fprintf(stderr, "cudaMalloc of %lld bytes failed: %s (free %zu of %zu bytes)\n",
-                     static_cast<long long>(nbytes), cudaGetErrorString(err), free_b, total_b);
-        cuda_failed(err, "cudaMalloc", __FILE__, __LINE__);
-      }
-    }
-  }
+  // Takes memory that cudaMalloc gave (null for 0 bytes).
+  CudaBuffer(void* data, int64_t nbytes, std::shared_ptr<std::atomic<uint64_t>> epoch)
+      : data_(data), nbytes_(nbytes), epoch_(std::move(epoch)) {}
   ~CudaBuffer() override {
     if (data_ != nullptr) {
       cudaFree(data_);  // best effort: nothing useful to do on failure here
@@ -169,7 +159,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index) {
 
 std::unique_ptr<Buffer> CudaBackend::allocate(int64_t nbytes) {
   PAGELLM_CHECK(nbytes >= 0);
-  return std::make_unique<CudaBuffer>(nbytes, epoch_);
+  void* data = nullptr;
+  if (nbytes > 0) {
+    const cudaError_t err = cudaMalloc(&data, static_cast<size_t>(nbytes));
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // an allocation that failed leaves the device usable: clear it
+      return nullptr;      // the caller reports it (Backend::allocate)
+    }
+    if (err != cudaSuccess) cuda_failed(err, "cudaMalloc", __FILE__, __LINE__);
+  }
+  return std::make_unique<CudaBuffer>(data, nbytes, epoch_);
 }
 
 int64_t CudaBackend::free_memory() const {
@@ -340,7 +339,7 @@ int32_t* CudaBackend::ensure_attention_counters(int64_t count) {
   if (count > have) {
     synchronize();           // earlier steps may still use the old ones
     attn_counters_.reset();  // bumps the allocation epoch: recordings using them are stale
-    attn_counters_ = allocate(4 * std::max(count, 2 * have));
+    attn_counters_ = must_allocate(4 * std::max(count, 2 * have), "decode attention's counters");
     CUDA_CHECK(cudaMemsetAsync(attn_counters_->data(), 0, attn_counters_->nbytes(), stream_));
   }
   return static_cast<int32_t*>(attn_counters_->data());
@@ -405,6 +404,9 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
     return invalid_argument("upload_weight: quantized tensor " + host.shape_string() +
                             " has rows that are not a whole number of 32-value blocks");
   storage = allocate(dtype_bytes(target, host.numel()));
+  if (storage == nullptr)
+    return resource_exhausted(
+        out_of_memory(*this, "a weight " + host.shape_string(), dtype_bytes(target, host.numel())));
   Tensor dev = host;
   dev.data = storage->data();
   dev.dtype = target;
@@ -582,7 +584,7 @@ Tensor CudaBackend::fold_norm_weight(const Tensor& g, Tensor& w) {
   launch_scale_columns(rows_of(w), g.ptr<float>(), stream_);
   std::unique_ptr<Buffer>& ones = unit_norms_[g.numel()];
   if (ones == nullptr) {
-    ones = allocate(g.numel() * 4);
+    ones = must_allocate(g.numel() * 4, "a norm weight of ones");
     const std::vector<float> host(g.numel(), 1.0f);
     copy_from_host(ones->data(), host.data(), g.numel() * 4);
   }

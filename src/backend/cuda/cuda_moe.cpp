@@ -94,7 +94,7 @@ void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
     synchronize();           // earlier steps may still use the old one
     moe_workspace_.reset();  // bumps the allocation epoch: recordings using it are stale
     // Grow geometrically so a slowly growing step size does not reallocate every time.
-    moe_workspace_ = allocate(std::max(nbytes, 2 * have));
+    moe_workspace_ = must_allocate(std::max(nbytes, 2 * have), "the MoE workspace");
   }
   return moe_workspace_->data();
 }
