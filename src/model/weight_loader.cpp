@@ -8,6 +8,12 @@ namespace pagellm {
 WeightLoader::WeightLoader(Backend& backend, const WeightSource& source, const LoadOptions& options)
     : backend_(backend), source_(source), options_(options) {}
 
+std::string WeightLoader::stack_name(const std::vector<Part>& parts) {
+  PAGELLM_CHECK(!parts.empty());
+  return "the stack of " + std::to_string(parts.size()) + " weights '" + parts.front().name + "'" +
+         (parts.size() > 1 ? " .. '" + parts.back().name + "'" : "");
+}
+
 std::string WeightLoader::loaded_so_far() const {
   return " (after " + memory_size(bytes_) + " of weights)";
 }
@@ -54,7 +60,7 @@ Result<Tensor> WeightLoader::vector(const std::string& name, int64_t n, float du
 }
 
 Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int64_t cols,
-                                          size_t n_owned) {
+                                          size_t n_owned, const std::string& what) {
   PAGELLM_CHECK(!loaded.empty() && n_owned <= storage_.size());
   const DType dt = loaded[0].dtype;
   int64_t rows = 0;
@@ -69,9 +75,8 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
   }
   auto buf = backend_.allocate(dtype_bytes(dt, rows * cols));
   if (!buf) {
-    return resource_exhausted(out_of_memory(
-        backend_, "a stack of " + std::to_string(loaded.size()) + " weights" + loaded_so_far(),
-        dtype_bytes(dt, rows * cols)));
+    return resource_exhausted(
+        out_of_memory(backend_, what + loaded_so_far(), dtype_bytes(dt, rows * cols)));
   }
   char* dst = static_cast<char*>(buf->data());
   for (const Tensor& t : loaded) {
@@ -92,7 +97,7 @@ Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int6
     PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}));
     for (const Tensor& piece : pieces_of(t, cols, p.ranges)) pieces.push_back(piece);
   }
-  return stack_loaded(pieces, cols, parts.size());
+  return stack_loaded(pieces, cols, parts.size(), stack_name(parts));
 }
 
 Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, float dummy_value) {
@@ -101,7 +106,7 @@ Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, floa
     PAGELLM_ASSIGN_OR_RETURN(Tensor t, vector(p.name, p.rows, dummy_value));
     for (const Tensor& piece : pieces_of(t, 1, p.ranges)) pieces.push_back(piece);
   }
-  return stack_loaded(pieces, 1, parts.size());
+  return stack_loaded(pieces, 1, parts.size(), stack_name(parts));
 }
 
 bool WeightLoader::stays_quantized(const std::string& name) const {
@@ -124,22 +129,22 @@ std::vector<Tensor> WeightLoader::pieces_of(const Tensor& t, int64_t cols,
   return pieces;
 }
 
-Result<Tensor> WeightLoader::reorder_loaded(const Tensor& t, int64_t cols,
+Result<Tensor> WeightLoader::reorder_loaded(const std::string& name, const Tensor& t, int64_t cols,
                                             const RowRanges& ranges) {
-  return stack_loaded(pieces_of(t, cols, ranges), cols, 1);
+  return stack_loaded(pieces_of(t, cols, ranges), cols, 1, "weight '" + name + "' reordered");
 }
 
 Result<Tensor> WeightLoader::reordered_matrix(const std::string& name, std::vector<int64_t> shape,
                                               const RowRanges& ranges) {
   const int64_t cols = shape.back();
   PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(name, std::move(shape)));
-  return reorder_loaded(t, cols, ranges);
+  return reorder_loaded(name, t, cols, ranges);
 }
 
 Result<Tensor> WeightLoader::reordered_vector(const std::string& name, int64_t n, float dummy_value,
                                               const RowRanges& ranges) {
   PAGELLM_ASSIGN_OR_RETURN(Tensor t, vector(name, n, dummy_value));
-  return reorder_loaded(t, 1, ranges);
+  return reorder_loaded(name, t, 1, ranges);
 }
 
 Status WeightLoader::matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out) {

@@ -79,9 +79,13 @@ class WeightLoader {
   // " (after 1.2 GiB of weights)": how far loading got, for an out-of-memory error.
   std::string loaded_so_far() const;
   // Copies `loaded` (pieces of the last n_owned tensors loaded) into one stacked buffer and frees
-  // those tensors.
-  Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols, size_t n_owned);
-  Result<Tensor> reorder_loaded(const Tensor& t, int64_t cols, const RowRanges& ranges);
+  // those tensors; `what` names the result in an out-of-memory error.
+  Result<Tensor> stack_loaded(const std::vector<Tensor>& loaded, int64_t cols, size_t n_owned,
+                              const std::string& what);
+  Result<Tensor> reorder_loaded(const std::string& name, const Tensor& t, int64_t cols,
+                                const RowRanges& ranges);
+  // "the stack of 16 weights 'first' .. 'last'".
+  static std::string stack_name(const std::vector<Part>& parts);
   // The row ranges of a loaded tensor of `cols` columns as views, in order (all of it for none).
   static std::vector<Tensor> pieces_of(const Tensor& t, int64_t cols, const RowRanges& ranges);
 

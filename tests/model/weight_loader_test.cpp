@@ -133,7 +133,7 @@ TEST(WeightLoader, MemorySizesReadAsPeopleWriteThem) {
   EXPECT_EQ(memory_size(int64_t{93} << 30), "93.00 GiB");
 }
 
-TEST(WeightLoader, AStackWithoutMemoryIsAnError) {
+TEST(WeightLoader, AStackWithoutMemoryIsAnErrorNamingItsParts) {
   MemorySource src;
   src.add("q", {2, 2}, {1, 2, 3, 4});
   src.add("k", {1, 2}, {5, 6});
@@ -145,6 +145,8 @@ TEST(WeightLoader, AStackWithoutMemoryIsAnError) {
   Result<Tensor> s = ld.stacked_matrix({{"q", 2}, {"k", 1}}, 2);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status().message();
+  EXPECT_NE(s.status().message().find("the stack of 2 weights 'q' .. 'k'"), std::string::npos)
+      << s.status().message();
 }
 
 }  // namespace
