@@ -160,18 +160,24 @@ std::string memory_size(int64_t nbytes) {
   return s;
 }
 
-std::string out_of_memory(const Backend& backend, const std::string& what, int64_t nbytes) {
-  return backend.name() + " is out of memory for " + what + ": " + memory_size(nbytes) +
-         " wanted, " + memory_size(backend.free_memory()) + " free";
+Result<std::unique_ptr<Buffer>> Backend::allocate_or_error(int64_t nbytes,
+                                                           const std::string& what) {
+  std::unique_ptr<Buffer> buf = allocate(nbytes);
+  if (buf == nullptr) {
+    return resource_exhausted(name() + " is out of memory for " + what + ": " +
+                              memory_size(nbytes) + " wanted, " + memory_size(free_memory()) +
+                              " free");
+  }
+  return buf;
 }
 
 std::unique_ptr<Buffer> Backend::must_allocate(int64_t nbytes, const std::string& what) {
-  std::unique_ptr<Buffer> buf = allocate(nbytes);
-  if (buf == nullptr) {
-    std::fprintf(stderr, "%s\n", out_of_memory(*this, what, nbytes).c_str());
+  Result<std::unique_ptr<Buffer>> buf = allocate_or_error(nbytes, what);
+  if (!buf.ok()) {
+    std::fprintf(stderr, "%s\n", buf.status().message().c_str());
     PAGELLM_CHECK_MSG(false, "out of memory for an allocation a step cannot do without");
   }
-  return buf;
+  return std::move(buf).value();
 }
 
 double measure_memory_bandwidth_gbs(Backend& backend) {

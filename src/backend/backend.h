@@ -136,11 +136,14 @@ class Backend {
 
   // --- memory ---
   // nbytes of this backend's memory, or null when it is not there (out of memory): the caller
-  // reports it. Weights and the KV cache report it as a Status; allocations that nothing can run
-  // without take must_allocate().
+  // reports it, through one of the two below.
   virtual std::unique_ptr<Buffer> allocate(int64_t nbytes) = 0;
-  // allocate(), failing (a CHECK naming `what`, the bytes wanted and the bytes free) when the
-  // memory is not there: for the scratch and workspaces that a step cannot do without.
+  // allocate(), or a resource_exhausted Status "<backend> is out of memory for <what>: 1.2 MiB
+  // wanted, 0.4 MiB free": for what a load reports to its caller (weights, and what is made
+  // from them).
+  Result<std::unique_ptr<Buffer>> allocate_or_error(int64_t nbytes, const std::string& what);
+  // allocate(), failing (a CHECK with that message) when the memory is not there: for the scratch
+  // and workspaces that a step cannot do without.
   std::unique_ptr<Buffer> must_allocate(int64_t nbytes, const std::string& what);
   // Bytes free for new allocations (device memory; on CPU, available system memory).
   virtual int64_t free_memory() const = 0;
@@ -405,9 +408,6 @@ class Backend {
 
 // A size as people read it: "512 bytes", "3.5 KiB", "12.3 MiB", "93.42 GiB".
 std::string memory_size(int64_t nbytes);
-// What an allocation that failed says: "<backend> is out of memory for <what>: 1.2 MiB wanted,
-// 0.4 MiB free".
-std::string out_of_memory(const Backend& backend, const std::string& what, int64_t nbytes);
 
 // The memory-bandwidth ceiling benchmarks report against, in GB/s: on the CPU, multithreaded
 // streaming reads; on a device, a large device-to-device copy counting bytes read + written

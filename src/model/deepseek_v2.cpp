@@ -415,16 +415,14 @@ class DeepseekModel final : public DecoderModel {
       for (int64_t i = 0; i < R; ++i) eye[i * R + i] = 1.0f;
       std::vector<uint8_t> staged(bytes);
       from_f32(dt, t.data(), staged.data(), H * block);
-      absorb_template_ = backend_.allocate(bytes);
-      if (!absorb_template_)
-        return resource_exhausted(out_of_memory(backend_, "the absorbed query's template", bytes));
+      PAGELLM_ASSIGN_OR_RETURN(absorb_template_,
+                               backend_.allocate_or_error(bytes, "the absorbed query's template"));
       backend_.copy_from_host(absorb_template_->data(), staged.data(), bytes);
       staged.resize(dtype_bytes(dt, R * R));
       from_f32(dt, eye.data(), staged.data(), R * R);
-      absorb_identity_ = backend_.allocate(dtype_bytes(dt, R * R));
-      if (!absorb_identity_)
-        return resource_exhausted(
-            out_of_memory(backend_, "the absorbed query's identity", dtype_bytes(dt, R * R)));
+      PAGELLM_ASSIGN_OR_RETURN(
+          absorb_identity_,
+          backend_.allocate_or_error(dtype_bytes(dt, R * R), "the absorbed query's identity"));
       backend_.copy_from_host(absorb_identity_->data(), staged.data(), dtype_bytes(dt, R * R));
       // One I_P per head (no batch stride of 0 on the weight side: the batched GEMMs are tested
       // with shared inputs, and the copy is 2 H P^2 bytes).
@@ -433,14 +431,13 @@ class DeepseekModel final : public DecoderModel {
         for (int64_t i = 0; i < P; ++i) eye_p[(hd * P + i) * P + i] = 1.0f;
       staged.resize(dtype_bytes(dt, H * P * P));
       from_f32(dt, eye_p.data(), staged.data(), H * P * P);
-      eye_p_storage_ = backend_.allocate(dtype_bytes(dt, H * P * P));
-      if (!eye_p_storage_)
-        return resource_exhausted(
-            out_of_memory(backend_, "the rotary keys' copy weight", dtype_bytes(dt, H * P * P)));
+      PAGELLM_ASSIGN_OR_RETURN(
+          eye_p_storage_,
+          backend_.allocate_or_error(dtype_bytes(dt, H * P * P), "the rotary keys' copy weight"));
       backend_.copy_from_host(eye_p_storage_->data(), staged.data(), dtype_bytes(dt, H * P * P));
     }
-    auto buf = backend_.allocate(bytes);
-    if (!buf) return resource_exhausted(out_of_memory(backend_, "'" + name + "' absorbed", bytes));
+    PAGELLM_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf,
+                             backend_.allocate_or_error(bytes, "'" + name + "' absorbed"));
     backend_.copy(buf->data(), absorb_template_->data(), bytes);
     Tensor A = buf->view(dt, {H, P + R, N + P});
     const Tensor eye = absorb_identity_->view(dt, {R, R});

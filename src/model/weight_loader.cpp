@@ -22,11 +22,9 @@ Result<Tensor> WeightLoader::dummy(const std::string& name, std::vector<int64_t>
                                    float lo, float hi) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  std::unique_ptr<Buffer> made = backend_.allocate(dtype_bytes(dtype, n));
-  if (!made) {
-    return resource_exhausted(
-        out_of_memory(backend_, "weight '" + name + "'" + loaded_so_far(), dtype_bytes(dtype, n)));
-  }
+  PAGELLM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Buffer> made,
+      backend_.allocate_or_error(dtype_bytes(dtype, n), "weight '" + name + "'" + loaded_so_far()));
   auto& buf = storage_.emplace_back(std::move(made));
   Tensor t(buf->data(), dtype, {n}, backend_.device());
   backend_.fill_random(t, std::hash<std::string>{}(name), lo, hi);
@@ -73,11 +71,9 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
                               t.shape_string() + ")");
     rows += t.numel() / cols;
   }
-  auto buf = backend_.allocate(dtype_bytes(dt, rows * cols));
-  if (!buf) {
-    return resource_exhausted(
-        out_of_memory(backend_, what + loaded_so_far(), dtype_bytes(dt, rows * cols)));
-  }
+  PAGELLM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Buffer> buf,
+      backend_.allocate_or_error(dtype_bytes(dt, rows * cols), what + loaded_so_far()));
   char* dst = static_cast<char*>(buf->data());
   for (const Tensor& t : loaded) {
     backend_.copy(dst, t.data, t.nbytes());

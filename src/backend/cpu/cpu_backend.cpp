@@ -159,10 +159,8 @@ Result<Tensor> CpuBackend::upload_weight(const Tensor& host, DType dtype,
                             " needs a 2-D tensor whose rows are a multiple of 32 values, got " +
                             host.shape_string());
   const int64_t row_bytes = dtype_bytes(dtype, cols);
-  storage = allocate(rows * row_bytes);
-  if (!storage)
-    return resource_exhausted("upload_weight: out of host memory for " + host.shape_string() +
-                              " " + std::string(dtype_name(dtype)));
+  PAGELLM_ASSIGN_OR_RETURN(storage,
+                           allocate_or_error(rows * row_bytes, "a weight " + host.shape_string()));
   Tensor out = host;
   out.data = storage->data();
   out.dtype = dtype;

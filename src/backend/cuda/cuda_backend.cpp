@@ -403,10 +403,8 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
   if (is_quantized(host.dtype) && cols % kQuantBlock != 0)
     return invalid_argument("upload_weight: quantized tensor " + host.shape_string() +
                             " has rows that are not a whole number of 32-value blocks");
-  storage = allocate(dtype_bytes(target, host.numel()));
-  if (storage == nullptr)
-    return resource_exhausted(
-        out_of_memory(*this, "a weight " + host.shape_string(), dtype_bytes(target, host.numel())));
+  PAGELLM_ASSIGN_OR_RETURN(storage, allocate_or_error(dtype_bytes(target, host.numel()),
+                                                      "a weight " + host.shape_string()));
   Tensor dev = host;
   dev.data = storage->data();
   dev.dtype = target;
