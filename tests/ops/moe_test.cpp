@@ -269,13 +269,15 @@ std::vector<float> run_device(Backend& cuda, const ExpertsCase& c, const Experts
 
 const char* path_name(MoePath p) {
   return p == MoePath::kGemv          ? "gemv"
+         : p == MoePath::kGemvApart   ? "gemv, down and combine apart"
          : p == MoePath::kGroupedGemm ? "grouped-gemm"
          : p == MoePath::kExpertGemm  ? "expert-gemm"
                                       : "auto";
 }
 
 constexpr std::initializer_list<MoePath> kEveryPath = {MoePath::kAuto, MoePath::kGemv,
-                                                       MoePath::kGroupedGemm, MoePath::kExpertGemm};
+                                                       MoePath::kGemvApart, MoePath::kGroupedGemm,
+                                                       MoePath::kExpertGemm};
 
 void run_experts_case(Backend& cuda, Backend& cpu, uint64_t seed, const ExpertsCase& c, int64_t n,
                       std::initializer_list<MoePath> paths = kEveryPath) {
@@ -331,6 +333,40 @@ TEST(MoeExperts, GemvPathOnly) {
     run_experts_case(cuda, cpu, ++seed, {16, 6, 2048, 1408, true}, n, {MoePath::kGemv});
   for (int64_t n : {1, 5})
     run_experts_case(cuda, cpu, ++seed, {8, 2, 264, 136, false}, n, {MoePath::kGemv});
+}
+
+// A step of one token makes its down products and combine in one kernel: bit for bit what the
+// two kernels give (the paths above hold both to the CPU), with and without shared experts, from
+// one expert a token to kMoeFusedCombineMaxTopK, at V2-Lite's and Mixtral's widths and at widths
+// of partial load trips; then with a token routed twice to one expert and a pair whose id is out
+// of range (no slot), which the combine leaves out.
+TEST(MoeExperts, OneTokenDownAndCombineInOneKernel) {
+  PAGELLM_REQUIRE_CUDA();
+  (void)cpu;
+  uint64_t seed = base_seed() + 9330;
+  const ExpertsCase cases[] = {{64, 6, 2048, 1408, true}, {64, 6, 2048, 1408, false},
+                               {8, 2, 4096, 1024, true},  {16, 8, 264, 136, true},
+                               {8, 1, 64, 48, false},     {4, 4, 520, 24, true}};
+  for (const ExpertsCase& c : cases) {
+    for (bool odd_pairs : {false, true}) {
+      if (odd_pairs && c.K < 3) continue;
+      Rng rng(++seed);
+      ExpertsInputs in = make_inputs(cuda, rng, c, 1);
+      if (odd_pairs) {
+        in.ids[1] = in.ids[0];
+        in.ids[2] = static_cast<int32_t>(c.E);
+        in.ids_dev = upload_raw(cuda, in.ids);
+      }
+      const std::string what =
+          Label("moe_experts one token, down and combine fused", seed)("E", c.E)("K", c.K)(
+              "D", c.D)("F", c.F)("shared", c.shared)("repeated and invalid ids", odd_pairs);
+      DevBuf fused(cuda, c.D * 2), apart(cuda, c.D * 2);
+      std::vector<float> got = run_device(cuda, c, in, fused, MoePath::kGemv);
+      std::vector<float> want = run_device(cuda, c, in, apart, MoePath::kGemvApart);
+      EXPECT_TRUE(compare(what, got, want, kExact));
+      EXPECT_TRUE(guards_ok(what, fused));
+    }
+  }
 }
 
 // More than 8 experts per token: the combine sums its expert rows in two passes of loads (V3

@@ -120,9 +120,11 @@ class CudaBackend final : public Backend {
                            const Tensor& order, const MoeExpertWeights& experts,
                            const Tensor& shared, Tensor& out) override;
   // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
-  // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded. order: made
-  // by moe_order, or null to sort here.
-  enum class MoePath { kAuto, kGemv, kGroupedGemm, kExpertGemm };
+  // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded. kGemv makes
+  // a one-token step's down products and combine in one kernel where it can; kGemvApart keeps
+  // them two (what that kernel must equal bit for bit). order: made by moe_order, or null to sort
+  // here.
+  enum class MoePath { kAuto, kGemv, kGemvApart, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
                            MoePath path, const Tensor* order = nullptr);

@@ -10,6 +10,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -28,6 +29,14 @@ bool aligned16(const void* p) {
 
 RowView row_view(const Tensor& t) {
   return RowView{t.data, t.dtype, t.rows(), t.cols(), t.row_stride()};
+}
+
+// Whether a one-token GEMV step makes its down products and combine in one kernel (moe.h). On by
+// default; PAGELLM_MOE_FUSED_COMBINE=0 keeps the two kernels (A/B runs).
+bool fused_down_combine() {
+  static const bool on =
+      tuning_knob("PAGELLM_MOE_FUSED_COMBINE", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  return on;
 }
 
 bool capturing(cudaStream_t stream) {
@@ -212,9 +221,17 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
                                                                            : MoePath::kGroupedGemm;
   }
   switch (path) {
-    case MoePath::kGemv: {
+    case MoePath::kGemv:
+    case MoePath::kGemvApart: {
       const int64_t max_active = std::min(E, n_pairs);
       launch_moe_gate_up_gemv(w, h.data, h.row_stride(), ws, max_active, n, stream_);
+      if (path == MoePath::kGemv && n == 1 && K <= kMoeFusedCombineMaxTopK &&
+          fused_down_combine()) {
+        launch_moe_down_combine_gemv(w, ids.ptr<int32_t>(), weights.ptr<float>(),
+                                     static_cast<int32_t>(K), ws, shared_view, row_view(out),
+                                     stream_);
+        return;
+      }
       launch_moe_down_gemv(w, ws, max_active, n, stream_);
       break;
     }

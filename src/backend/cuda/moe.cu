@@ -379,6 +379,43 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// One pass of the down product over cnt <= TOK consecutive slots whose activations start at
+// act (rows 2F apart, the gate half): acc[r][j] = down row r . act row j, summed over the warp
+// (every lane gets it). The lane's pieces are added in ascending k, then across the warp, so a
+// row's result does not depend on the kernel that runs the pass. wv holds the first trip when
+// first_trip_loaded (requested before the wait).
+template <int TOK>
+__device__ __forceinline__ void down_rows_pass(const bf16* const (&wr)[kDownRows],
+                                               uint4 (&wv)[kDownUnroll][kDownRows],
+                                               bool first_trip_loaded, const bf16* act, int cnt,
+                                               int64_t F, float (&acc)[kDownRows][TOK]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+    for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
+  for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
+    if (!(first_trip_loaded && k0 == lane * 8)) load_trip(wv, wr, k0, kGemvStep, F);
+#pragma unroll
+    for (int u = 0; u < kDownUnroll; ++u) {
+      const int64_t k = k0 + u * kGemvStep;
+      if (k >= F) break;
+#pragma unroll
+      for (int j = 0; j < TOK; ++j) {
+        if (j >= cnt) break;
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(act + j * 2 * F + k));
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+    for (int j = 0; j < TOK; ++j)
+      if (j < cnt) acc[r][j] = warp_sum(acc[r][j]);
+}
+
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows. Launched right
 // after moe_gate_up_kernel, which waited for the order before letting this kernel start
 // (device_utils.cuh): the order is complete, so the block's expert and the first trip of its
@@ -414,35 +451,17 @@ __global__ void __launch_bounds__(kGemvThreads)
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
     const int cnt = min(TOK, be.end - s0);
     float acc[kDownRows][TOK];
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r)
-#pragma unroll
-      for (int j = 0; j < TOK; ++j) acc[r][j] = 0.0f;
-    for (int64_t k0 = lane * 8; k0 < F; k0 += kGemvStep * kDownUnroll) {
-      // The first trip of the first pass may have gone out before the wait.
-      if (!(preloaded && s0 == be.begin && k0 == lane * 8)) load_trip(wv, wr, k0, kGemvStep, F);
-#pragma unroll
-      for (int u = 0; u < kDownUnroll; ++u) {
-        const int64_t k = k0 + u * kGemvStep;
-        if (k >= F) break;
-#pragma unroll
-        for (int j = 0; j < TOK; ++j) {
-          if (j >= cnt) break;
-          const uint4 xv =
-              __ldg(reinterpret_cast<const uint4*>(act + static_cast<int64_t>(s0 + j) * 2 * F + k));
-#pragma unroll
-          for (int r = 0; r < kDownRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
-        }
-      }
-    }
+    // The first trip of the first pass may have gone out before the wait.
+    down_rows_pass<TOK>(wr, wv, preloaded && s0 == be.begin, act + static_cast<int64_t>(s0) * 2 * F,
+                        cnt, F, acc);
 #pragma unroll
     for (int j = 0; j < TOK; ++j) {
       if (j >= cnt) break;
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r) {
-        const float v = warp_sum(acc[r][j]);
         const int64_t d = d0 + r;
-        if (lane == 0 && d < D) y[static_cast<int64_t>(s0 + j) * D + d] = from_float<bf16>(v);
+        if (lane == 0 && d < D)
+          y[static_cast<int64_t>(s0 + j) * D + d] = from_float<bf16>(acc[r][j]);
       }
     }
   }
@@ -459,63 +478,73 @@ int gemv_pass_tokens(int64_t max_tokens) {
 constexpr int kCombineThreads = 256;
 constexpr int kCombineRows = 8;  // expert rows loaded at once per thread (vector path)
 
-// One block per token (grid-strided): its pairs fetched by one thread each and ordered by expert
-// (insertion sort of at most kMoeMaxTopK, stable), then per column the weighted sum in that order
-// in fp32, plus shared. At decode sizes the kernel is a chain of memory latencies, so the pairs
-// are read in parallel and, when rows allow it (vec: 8-element multiples, 16-byte aligned), each
-// thread takes 8 columns with one 16-byte load per expert row, all issued before the sums.
+// A token's (token, expert) pairs in the order the combine adds them: ascending expert, pairs of
+// one expert (repeated ids) in their routing order, pairs without a slot (an id out of range)
+// left out. In shared memory, made by one block (order_token_pairs).
+struct TokenPairs {
+  int e[kMoeMaxTopK], s[kMoeMaxTopK];  // as routed: expert and slot
+  float w[kMoeMaxTopK];
+  int slot[kMoeMaxTopK], expert[kMoeMaxTopK];  // ordered, n_valid of them
+  float weight[kMoeMaxTopK];
+  int n_valid;
+};
+
+// Token t's pairs into tp: fetched by one thread each, ordered by one (insertion sort of at most
+// kMoeMaxTopK, stable). Every thread of the block calls it (two block barriers).
+__device__ void order_token_pairs(TokenPairs& tp, const int32_t* __restrict__ ids,
+                                  const float* __restrict__ weights, const MoeWorkspace& ws,
+                                  int64_t t, int32_t top_k, int32_t n_experts) {
+  if (threadIdx.x < top_k) {
+    const int64_t p = t * top_k + threadIdx.x;
+    tp.e[threadIdx.x] = ids[p];
+    tp.s[threadIdx.x] = ws.pair_slot[p];
+    tp.w[threadIdx.x] = weights[p];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int m = 0;
+    for (int k = 0; k < top_k; ++k) {
+      const int e = tp.e[k], s = tp.s[k];
+      if (e < 0 || e >= n_experts || s < 0) continue;
+      int i = m++;
+      for (; i > 0 && tp.expert[i - 1] > e; --i) {
+        tp.expert[i] = tp.expert[i - 1];
+        tp.slot[i] = tp.slot[i - 1];
+        tp.weight[i] = tp.weight[i - 1];
+      }
+      tp.expert[i] = e;
+      tp.slot[i] = s;
+      tp.weight[i] = tp.w[k];
+    }
+    tp.n_valid = m;
+  }
+  __syncthreads();
+}
+
+// One block per token (grid-strided): its pairs ordered (order_token_pairs), then per column the
+// weighted sum in that order in fp32, plus shared. At decode sizes the kernel is a chain of memory
+// latencies, so the pairs are read in parallel and, when rows allow it (vec: 8-element multiples,
+// 16-byte aligned), each thread takes 8 columns with one 16-byte load per expert row, all issued
+// before the sums.
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                        int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
                        int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
                        bf16* __restrict__ out, int64_t ld_out, bool vec, bool early, bool release) {
-  __shared__ int pair_e[kMoeMaxTopK], pair_s[kMoeMaxTopK];
-  __shared__ float pair_w[kMoeMaxTopK];
-  __shared__ int order_slot[kMoeMaxTopK];
-  __shared__ float order_w[kMoeMaxTopK];
-  __shared__ int n_valid;
-  // Token t's valid pairs in expert order, into order_slot / order_w (n_valid of them).
-  const auto order_pairs = [&](int64_t t) {
-    if (threadIdx.x < top_k) {
-      const int64_t p = t * top_k + threadIdx.x;
-      pair_e[threadIdx.x] = ids[p];
-      pair_s[threadIdx.x] = ws.pair_slot[p];
-      pair_w[threadIdx.x] = weights[p];
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int e_sorted[kMoeMaxTopK];
-      int m = 0;
-      for (int k = 0; k < top_k; ++k) {
-        const int e = pair_e[k], s = pair_s[k];
-        if (e < 0 || e >= n_experts || s < 0) continue;
-        int i = m++;
-        for (; i > 0 && e_sorted[i - 1] > e; --i) {
-          e_sorted[i] = e_sorted[i - 1];
-          order_slot[i] = order_slot[i - 1];
-          order_w[i] = order_w[i - 1];
-        }
-        e_sorted[i] = e;
-        order_slot[i] = s;
-        order_w[i] = pair_w[k];
-      }
-      n_valid = m;
-    }
-    __syncthreads();
-  };
+  __shared__ TokenPairs tp;
   // The pairs come from the routing and the order, which the expert products (at least two
   // kernels, each waiting before it lets the next start) waited for: they are complete once this
   // kernel runs at all (device_utils.cuh), so with `early` (early_loads()) the block's first
   // token's are ordered before the wait; only the expert rows come from the kernel before.
-  if (early) order_pairs(blockIdx.x);
+  if (early) order_token_pairs(tp, ids, weights, ws, blockIdx.x, top_k, n_experts);
   // The kernel before may still be running (launch_overlapped). With `release` (early_release())
   // the kernel after (the next layer's norm, which reads nothing before its wait) may launch at
   // once: behind this one-block kernel its launch had little to hide behind.
   pdl_wait_and_release(release);
   const bf16* y = static_cast<const bf16*>(ws.xy);
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-    if (!early || t != blockIdx.x) order_pairs(t);
-    const int m = n_valid;
+    if (!early || t != blockIdx.x) order_token_pairs(tp, ids, weights, ws, t, top_k, n_experts);
+    const int m = tp.n_valid;
     if (vec) {
       for (int64_t d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -525,11 +554,11 @@ __global__ void __launch_bounds__(kCombineThreads)
           for (int i = 0; i < kCombineRows; ++i)
             if (i0 + i < m)
               rows[i] = *reinterpret_cast<const uint4*>(
-                  y + static_cast<int64_t>(order_slot[i0 + i]) * hidden + d);
+                  y + static_cast<int64_t>(tp.slot[i0 + i]) * hidden + d);
 #pragma unroll
           for (int i = 0; i < kCombineRows; ++i) {
             if (i0 + i >= m) break;
-            const float w = order_w[i0 + i];
+            const float w = tp.weight[i0 + i];
             float v[8];
             unpack_bf16x8(rows[i], v);
 #pragma unroll
@@ -548,13 +577,75 @@ __global__ void __launch_bounds__(kCombineThreads)
       for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
         float acc = 0.0f;
         for (int i = 0; i < m; ++i)
-          acc =
-              fmaf(order_w[i], to_float(y[static_cast<int64_t>(order_slot[i]) * hidden + d]), acc);
+          acc = fmaf(tp.weight[i], to_float(y[static_cast<int64_t>(tp.slot[i]) * hidden + d]), acc);
         if (shared != nullptr) acc += to_float(shared[t * ld_shared + d]);
         out[t * ld_out + d] = from_float<bf16>(acc);
       }
     }
     __syncthreads();  // the next token's pairs and order overwrite the shared arrays
+  }
+}
+
+// --- down and combine in one kernel (a step of one token) ---
+
+// out[d] = sum over the token's pairs i (in the combine's order) of w_i * y_i[d], plus shared[d],
+// with y_i = down_{e_i}[d] . act[slot_i] rounded to bf16: moe_down_kernel<1> and
+// moe_combine_kernel's arithmetic, in the same order, so the output is theirs bit for bit, with
+// one kernel fewer on the step's chain. Each block takes kDownRows output rows and has one warp
+// per pair (blockDim = 32 top_k); each warp streams its expert's kDownRows rows as the down kernel
+// does, and the block's first threads add the warps' results. As in moe_down_kernel, the pairs
+// and the order are complete once this kernel runs at all, so with `early` the pairs are ordered
+// and each warp's first trip of weights requested before the wait; act and shared come after it.
+__global__ void __launch_bounds__(32 * kMoeFusedCombineMaxTopK)
+    moe_down_combine_kernel(MoeExpertsArgs w, const int32_t* __restrict__ ids,
+                            const float* __restrict__ weights, int32_t top_k, MoeWorkspace ws,
+                            const bf16* __restrict__ shared, bf16* __restrict__ out, bool early) {
+  __shared__ TokenPairs tp;
+  __shared__ float y[kMoeFusedCombineMaxTopK][kDownRows];
+  const int lane = threadIdx.x & 31, i = threadIdx.x >> 5;
+  const int64_t F = w.inter, D = w.hidden;
+  const int64_t d0 = static_cast<int64_t>(blockIdx.x) * kDownRows;
+  const bf16* wr[kDownRows];
+  uint4 wv[kDownUnroll][kDownRows];
+  bool mine = false;  // this warp has a pair
+  const auto set_rows = [&] {
+    mine = i < tp.n_valid;
+    const int e = mine ? tp.expert[i] : 0;
+    const bf16* base = static_cast<const bf16*>(w.down) + static_cast<int64_t>(e) * D * F;
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
+  };
+  if (early) {
+    order_token_pairs(tp, ids, weights, ws, 0, top_k, w.n_experts);
+    set_rows();
+    if (mine) load_trip(wv, wr, lane * 8, kGemvStep, F);
+  }
+  pdl_wait();  // the kernel before may still be running (launch_overlapped)
+  pdl_allow_next();
+  if (!early) {
+    order_token_pairs(tp, ids, weights, ws, 0, top_k, w.n_experts);
+    set_rows();
+  }
+  if (mine) {
+    float acc[kDownRows][1];
+    down_rows_pass<1>(wr, wv, early, static_cast<const bf16*>(ws.act) + tp.slot[i] * 2 * F, 1, F,
+                      acc);
+    if (lane < kDownRows) {
+      // The down kernel's bf16 y, as the combine reads it back.
+      float v = acc[0][0];
+#pragma unroll
+      for (int r = 1; r < kDownRows; ++r)
+        if (lane == r) v = acc[r][0];
+      y[i][lane] = to_float(from_float<bf16>(v));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kDownRows && d0 + threadIdx.x < D) {
+    const int64_t d = d0 + threadIdx.x;
+    float acc = 0.0f;
+    for (int j = 0; j < tp.n_valid; ++j) acc = fmaf(tp.weight[j], y[j][threadIdx.x], acc);
+    if (shared != nullptr) acc += to_float(shared[d]);
+    out[d] = from_float<bf16>(acc);
   }
 }
 
@@ -686,6 +777,19 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
       launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w, ws,
                         early);
   }
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_down_combine_gemv(const MoeExpertsArgs& w, const int32_t* ids, const float* weights,
+                                  int32_t top_k, const MoeWorkspace& ws, const RowView& shared,
+                                  const RowView& out, cudaStream_t stream) {
+  PAGELLM_CHECK(top_k >= 1 && top_k <= kMoeFusedCombineMaxTopK);
+  PAGELLM_CHECK(out.dtype == DType::kBF16 &&
+                (shared.data == nullptr || shared.dtype == DType::kBF16));
+  const dim3 grid(ceil_div(w.hidden, kDownRows));
+  launch_overlapped(moe_down_combine_kernel, grid, dim3(32 * top_k), 0, stream, w, ids, weights,
+                    top_k, ws, static_cast<const bf16*>(shared.data), static_cast<bf16*>(out.data),
+                    early_loads());
   CUDA_CHECK_LAUNCH();
 }
 

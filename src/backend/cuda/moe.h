@@ -48,6 +48,9 @@ constexpr int kMoeGemvTokens = 8;
 constexpr int kMoeMaxTopK = 16;
 constexpr int kMoeMaxGroups = 32;
 constexpr int kMoeMaxExperts = 1024;
+// A step of one token with at most this many experts runs stages 3 and 4 as one kernel
+// (launch_moe_down_combine_gemv): one warp per expert in a block.
+constexpr int kMoeFusedCombineMaxTopK = 8;
 
 struct MoeRouteArgs {
   const float* logits = nullptr;  // f32 [n, E], row stride ld
@@ -103,6 +106,15 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
                              cudaStream_t stream);
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
+
+// Stages 3 and 4 in one kernel for a step of one token (top_k <= kMoeFusedCombineMaxTopK): each
+// block makes a few output rows of every expert of the token and adds them as the combine does,
+// so out is bit for bit what launch_moe_down_gemv then launch_moe_combine give, and the step's
+// chain has one kernel fewer. ids and weights [1, top_k] as given to moe_experts; shared bf16
+// [1, D] or null; out bf16 [1, D]. Follows launch_moe_gate_up_gemv.
+void launch_moe_down_combine_gemv(const MoeExpertsArgs& w, const int32_t* ids, const float* weights,
+                                  int32_t top_k, const MoeWorkspace& ws, const RowView& shared,
+                                  const RowView& out, cudaStream_t stream);
 
 // Stages 2 and 3 as one grouped tensor-core GEMM each (moe_gemm.cu): for every expert e and slot
 // s in [offsets[e], offsets[e + 1]), c[s, :] = a[row(s), :] . b_e^T with row(s) = a_rows[s] (or s
