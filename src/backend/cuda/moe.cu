@@ -628,16 +628,13 @@ __global__ void __launch_bounds__(32 * kMoeFusedCombineMaxTopK)
   }
   if (mine) {
     float acc[kDownRows][1];
-    down_rows_pass<1>(wr, wv, early, static_cast<const bf16*>(ws.act) + tp.slot[i] * 2 * F, 1, F,
-                      acc);
-    if (lane < kDownRows) {
-      // The down kernel's bf16 y, as the combine reads it back.
-      float v = acc[0][0];
+    down_rows_pass<1>(wr, wv, early,
+                      static_cast<const bf16*>(ws.act) + static_cast<int64_t>(tp.slot[i]) * 2 * F,
+                      1, F, acc);
+    // The down kernel's bf16 y, as the combine reads it back (lane r stores row r).
 #pragma unroll
-      for (int r = 1; r < kDownRows; ++r)
-        if (lane == r) v = acc[r][0];
-      y[i][lane] = to_float(from_float<bf16>(v));
-    }
+    for (int r = 0; r < kDownRows; ++r)
+      if (lane == r) y[i][r] = to_float(from_float<bf16>(acc[r][0]));
   }
   __syncthreads();
   if (threadIdx.x < kDownRows && d0 + threadIdx.x < D) {
