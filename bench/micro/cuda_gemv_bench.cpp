@@ -13,7 +13,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -298,6 +300,133 @@ BENCHMARK(BM_GemvLayerChain)
     ->ArgsProduct({{0, 1}, {8, 32}, {0, 1}})
     ->UseManualTime()
     ->Iterations(20);
+
+// The same chains as one persistent launch whose weights stream ahead of its inputs
+// (gemv_stream.cu): the first argument picks the model as above, the second how many layers one
+// launch runs (1: a launch a layer, as a step with attention between layers would; 2: the most a
+// launch's kMaxStreamPhases take). Each layer is norm + q|k|v, o_proj (+ residual), norm + gate|up
+// with SwiGLU, down
+// (+ residual), so the chain also takes the two norms the GEMV chain above leaves out. The counter
+// "max diff" is one layer's residual against the same layer made by launch_gemv (norms included),
+// over the largest magnitude: the two add in different orders, so bf16 rounding apart (~1e-2).
+void BM_GemvStreamChain(benchmark::State& state) {
+  if (!have_device(state)) return;
+  using E = cuda::GemvEpilogue;
+  const bool is_llama = state.range(0) == 0;
+  const int per_launch = static_cast<int>(state.range(1));
+  constexpr int kLayers = 32;
+  const int64_t hidden = is_llama ? 4096 : 2048, qkv = is_llama ? 6144 : 3648,
+                inter = is_llama ? 14336 : 2816;
+  const std::vector<ChainStep> steps = {{qkv, hidden, qkv, E::kStore},
+                                        {hidden, hidden, hidden, E::kAdd},
+                                        {2 * inter, hidden, inter, E::kSwiGlu},
+                                        {hidden, inter, hidden, E::kAdd}};
+  size_t layer_bytes = 0;
+  for (const ChainStep& c : steps) layer_bytes += static_cast<size_t>(c.m * c.k) * 2;
+  void *w, *resid, *qkv_buf, *act, *norm_w, *ref_resid, *ref_x;
+  unsigned* counter;
+  CUDA_CHECK(cudaMalloc(&w, layer_bytes * kLayers));
+  CUDA_CHECK(cudaMalloc(&resid, hidden * 2));
+  CUDA_CHECK(cudaMalloc(&ref_resid, hidden * 2));
+  CUDA_CHECK(cudaMalloc(&ref_x, hidden * 2));
+  CUDA_CHECK(cudaMalloc(&qkv_buf, qkv * 2));
+  CUDA_CHECK(cudaMalloc(&act, inter * 2));
+  CUDA_CHECK(cudaMalloc(&norm_w, hidden * 4));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
+  cuda::launch_fill_random(w, DType::kBF16, static_cast<int64_t>(layer_bytes / 2) * kLayers, 1,
+                           -0.05f, 0.05f, nullptr);
+  cuda::launch_fill_random(resid, DType::kBF16, hidden, 2, -1.0f, 1.0f, nullptr);
+  cuda::launch_fill_random(norm_w, DType::kF32, hidden, 3, 0.5f, 1.5f, nullptr);
+  CUDA_CHECK(cudaMemcpy(ref_resid, resid, hidden * 2, cudaMemcpyDeviceToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<cuda::StreamPhase> phases;
+  char* wl = static_cast<char*>(w);
+  for (int l = 0; l < kLayers; ++l) {
+    void* const xs[] = {resid, qkv_buf, resid, act};
+    void* const outs[] = {qkv_buf, resid, act, resid};
+    for (int i = 0; i < 4; ++i) {
+      cuda::StreamPhase ph;
+      ph.w = wl;
+      ph.m = static_cast<int>(steps[i].m);
+      ph.k = static_cast<int>(steps[i].k);
+      ph.x = xs[i];
+      ph.norm_w = i % 2 == 0 ? static_cast<const float*>(norm_w) : nullptr;
+      ph.out = outs[i];
+      ph.epilogue = steps[i].epilogue;
+      if (!cuda::gemv_stream_chain_supported(ph)) {
+        state.SkipWithError("shape not supported by the streamed chain");
+        return;
+      }
+      phases.push_back(ph);
+      wl += steps[i].m * steps[i].k * 2;
+    }
+  }
+  const auto chain_of = [&](int first_layer, int layers) {
+    cuda::StreamChain c;
+    for (int i = 0; i < 4 * layers; ++i) c.phase[i] = phases[4 * first_layer + i];
+    c.n_phases = 4 * layers;
+    return c;
+  };
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // One layer both ways, compared.
+  cuda::launch_gemv_stream_chain(chain_of(0, 1), counter, 1e-5f, stream);
+  {
+    const auto row = [](void* p, int64_t n) { return cuda::RowView{p, DType::kBF16, 1, n, n}; };
+    char* w0 = static_cast<char*>(w);
+    const auto wv = [&](int i) {
+      char* p = w0;
+      for (int j = 0; j < i; ++j) p += steps[j].m * steps[j].k * 2;
+      return cuda::RowView{p, DType::kBF16, steps[i].m, steps[i].k, steps[i].k};
+    };
+    cuda::GemvFusion f;
+    f.norm_w = static_cast<const float*>(norm_w);
+    f.eps = 1e-5f;
+    cuda::launch_gemv(row(ref_resid, hidden), wv(0), nullptr, DType::kF32, row(qkv_buf, qkv),
+                      stream, f);
+    cuda::GemvFusion add;
+    add.epilogue = E::kAdd;
+    cuda::launch_gemv(row(qkv_buf, hidden), wv(1), nullptr, DType::kF32, row(ref_resid, hidden),
+                      stream, add);
+    f.epilogue = E::kSwiGlu;
+    cuda::launch_gemv(row(ref_resid, hidden), wv(2), nullptr, DType::kF32, row(act, inter), stream,
+                      f);
+    cuda::launch_gemv(row(act, inter), wv(3), nullptr, DType::kF32, row(ref_resid, hidden), stream,
+                      add);
+  }
+  std::vector<uint16_t> a(hidden), b(hidden);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpy(a.data(), resid, hidden * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(b.data(), ref_resid, hidden * 2, cudaMemcpyDeviceToHost));
+  const auto f32 = [](uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  double max_diff = 0.0, max_mag = 0.0;
+  for (int64_t i = 0; i < hidden; ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(f32(a[i]) - f32(b[i]))));
+    max_mag = std::max(max_mag, static_cast<double>(std::fabs(f32(b[i]))));
+  }
+  const auto record = [&] {
+    for (int l = 0; l < kLayers; l += per_launch)
+      cuda::launch_gemv_stream_chain(chain_of(l, per_launch), counter, 1e-5f, stream);
+  };
+  const double layer_s = time_replays(state, stream, record, kLayers) / kLayers;
+  state.counters["us/layer"] = layer_s * 1e6;
+  state.counters["TB/s"] = static_cast<double>(layer_bytes) / layer_s * 1e-12;
+  state.counters["us/GEMV over"] =
+      (layer_s - static_cast<double>(layer_bytes) / kStreamRate) / 4.0 * 1e6;
+  state.counters["max diff"] = max_diff / std::max(max_mag, 1e-30);
+  state.SetLabel(std::string(is_llama ? "llama-3-8b" : "v2-lite") + ", " +
+                 std::to_string(per_launch) + " layer(s) a launch");
+  cudaStreamDestroy(stream);
+  for (void* p : {w, resid, ref_resid, ref_x, qkv_buf, act, norm_w}) cudaFree(p);
+  cudaFree(counter);
+}
+BENCHMARK(BM_GemvStreamChain)->ArgsProduct({{0, 1}, {1, 2}})->UseManualTime()->Iterations(20);
 
 }  // namespace
 }  // namespace pagellm

@@ -146,6 +146,22 @@ void Backend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, 
   matmul_swiglu(h, w, bias, gate_up, out);
 }
 
+void Backend::projection_chain(const std::vector<ProjectionLink>& links) {
+  for (const ProjectionLink& k : links) {
+    switch (k.kind) {
+      case ProjectionLink::Kind::kMatmulAdd:
+        matmul_add(*k.x, *k.w, *k.bias, *k.scratch, *k.out);
+        break;
+      case ProjectionLink::Kind::kNormMatmul:
+        rms_norm_matmul(*k.x, *k.norm_w, k.eps, *k.w, *k.bias, *k.scratch, *k.out);
+        break;
+      case ProjectionLink::Kind::kNormSwiGlu:
+        rms_norm_swiglu(*k.x, *k.norm_w, k.eps, *k.w, *k.bias, *k.scratch, *k.gate_up, *k.out);
+        break;
+    }
+  }
+}
+
 std::string memory_size(int64_t nbytes) {
   char s[32];
   const double b = static_cast<double>(nbytes);

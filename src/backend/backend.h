@@ -250,6 +250,24 @@ class Backend {
   virtual void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                                const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out);
 
+  // A transformer block's projections from one attention to the next, as one op so a device
+  // backend can run them as one chain (CUDA, one row: one launch whose weights stream through
+  // the steps' hand-overs, gemv_stream.cu): each link is one of the three ops above with its own
+  // operands, and runs after the one before. The default runs them one by one.
+  struct ProjectionLink {
+    enum class Kind { kMatmulAdd, kNormMatmul, kNormSwiGlu };
+    Kind kind = Kind::kMatmulAdd;
+    const Tensor* x = nullptr;
+    const Tensor* norm_w = nullptr;  // kNormMatmul, kNormSwiGlu
+    float eps = 0.0f;
+    const Tensor* w = nullptr;
+    const Tensor* bias = nullptr;
+    Tensor* scratch = nullptr;  // matmul_add's scratch; the norms' h
+    Tensor* gate_up = nullptr;  // kNormSwiGlu
+    Tensor* out = nullptr;      // kMatmulAdd: the rows the product is added to
+  };
+  virtual void projection_chain(const std::vector<ProjectionLink>& links);
+
   // out[b] = x[b] @ w[b]^T for every b < B: independent matmuls of one shape, such as per-head
   // projections (MLA's absorbed query and value up-projection).
   //   x act [B, n, K]; w [B, M, K] f32/f16/bf16; out act [B, n, M]

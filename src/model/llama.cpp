@@ -140,12 +140,28 @@ class LlamaModel final : public DecoderModel {
     // the scratch of a backend that runs those steps apart; h holds the normalized rows only
     // where the weights are split (separate q/k/v or gate/up) and several products read them.
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
+    // With the projections fused, what runs from one layer's attention to the next is a chain of
+    // products (Backend::projection_chain): o_proj, the MLP and the next layer's q|k|v.
+    const bool chained = fuse_qkv_ && fuse_mlp_;
+    using Link = Backend::ProjectionLink;
+    const auto qkv_link = [&](const LlamaLayer& L) {
+      return Link{Link::Kind::kNormMatmul,
+                  &residual,
+                  &L.input_layernorm,
+                  eps,
+                  &L.qkv_proj,
+                  &L.qkv_bias,
+                  &h,
+                  nullptr,
+                  &qkv.all};
+    };
+    if (chained) backend_.projection_chain({qkv_link(layers_[0])});
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
-      if (fuse_qkv_) {
+      if (fuse_qkv_ && !chained) {
         backend_.rms_norm_matmul(residual, L.input_layernorm, eps, L.qkv_proj, L.qkv_bias, h,
                                  qkv.all);
-      } else {
+      } else if (!fuse_qkv_) {
         backend_.rms_norm(residual, L.input_layernorm, eps, h);
         backend_.matmul(h, L.q_proj, L.q_bias, q);
         backend_.matmul(h, L.k_proj, L.k_bias, k);
@@ -159,6 +175,19 @@ class LlamaModel final : public DecoderModel {
       backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
                              cache.v[l]);
       backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
+      if (chained) {
+        std::vector<Link> links = {
+            // residual += o_proj(attn); act = SwiGLU(norm(residual)); residual += down(act)
+            {Link::Kind::kMatmulAdd, &attn, nullptr, 0.0f, &L.o_proj, &L.o_bias, &x, nullptr,
+             &residual},
+            {Link::Kind::kNormSwiGlu, &residual, &L.post_attention_layernorm, eps, &L.gate_up_proj,
+             &L.gate_up_bias, &h, &gu.all, &act},
+            {Link::Kind::kMatmulAdd, &act, nullptr, 0.0f, &L.down_proj, &L.down_bias, &x, nullptr,
+             &residual}};
+        if (l + 1 < layers_.size()) links.push_back(qkv_link(layers_[l + 1]));
+        backend_.projection_chain(links);
+        continue;
+      }
       backend_.matmul_add(attn, L.o_proj, L.o_bias, x, residual);  // residual += o_proj(attn)
       if (fuse_mlp_) {
         backend_.rms_norm_swiglu(residual, L.post_attention_layernorm, eps, L.gate_up_proj,

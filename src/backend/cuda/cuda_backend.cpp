@@ -248,11 +248,11 @@ bool side_branches_enabled() {
 // measurement.
 bool ablated(std::string_view op) {
   static const std::vector<std::string> ops = [] {
-    constexpr std::string_view kKnown[] = {"attention",       "rope_store_kv",   "rms_norm",
-                                           "add_rms_norm",    "matmul",          "matmul_add",
-                                           "rms_norm_matmul", "rms_norm_swiglu", "matmul_swiglu",
-                                           "batched_matmul",  "silu_mul",        "rope",
-                                           "moe_experts",     "moe_order"};
+    constexpr std::string_view kKnown[] = {
+        "attention",     "rope_store_kv",    "rms_norm",        "add_rms_norm",
+        "matmul",        "matmul_add",       "rms_norm_matmul", "rms_norm_swiglu",
+        "matmul_swiglu", "projection_chain", "batched_matmul",  "silu_mul",
+        "rope",          "moe_experts",      "moe_order"};
     std::vector<std::string> list;
     const char* v = std::getenv("PAGELLM_ABLATE_OPS");
     std::string_view rest = v != nullptr ? v : "";
@@ -652,6 +652,72 @@ void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float e
   }
   run_rms_norm(x, norm_w, eps, h, false);  // as in rms_norm_matmul
   matmul_swiglu(h, w, bias, gate_up, out);
+}
+
+namespace {
+
+// Whether projection_chain runs one-row chains as one streamed launch. On by default;
+// PAGELLM_STREAM_CHAIN=0 runs the links one by one (to measure it).
+bool stream_chain_on() {
+  static const bool on =
+      tuning_knob("PAGELLM_STREAM_CHAIN", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  return on;
+}
+
+// A 1-row activation view with contiguous bf16 elements, 16-byte aligned: how the chain reads
+// and writes its vectors.
+bool chain_vector(const Tensor* t, int64_t cols) {
+  return t != nullptr && t->dtype == DType::kBF16 && t->rows() == 1 && t->cols() == cols &&
+         t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
+}
+
+}  // namespace
+
+void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
+  if (ablated("projection_chain")) return;
+  using Kind = ProjectionLink::Kind;
+  StreamChain chain;
+  float eps = -1.0f;
+  bool fits =
+      stream_chain_on() && !links.empty() && links.size() <= static_cast<size_t>(kMaxStreamPhases);
+  for (size_t i = 0; fits && i < links.size(); ++i) {
+    const ProjectionLink& k = links[i];
+    const Tensor& w = *k.w;
+    fits = w.dtype == DType::kBF16 && w.ndim == 2 && w.is_contiguous() && !k.bias->defined() &&
+           w.device == Device::kCuda;
+    if (!fits) break;
+    const int64_t m = w.size(0), kd = w.size(1);
+    const int64_t outputs = k.kind == Kind::kNormSwiGlu ? m / 2 : m;
+    fits = chain_vector(k.x, kd) && chain_vector(k.out, outputs) && m < (int64_t{1} << 30);
+    if (fits && k.kind != Kind::kMatmulAdd) {
+      const Tensor& g = *k.norm_w;
+      fits = g.dtype == DType::kF32 && g.is_contiguous() && g.numel() == kd &&
+             reinterpret_cast<uintptr_t>(g.data) % 16 == 0 && (eps < 0.0f || k.eps == eps);
+      eps = k.eps;
+    }
+    if (!fits) break;
+    StreamPhase& ph = chain.phase[chain.n_phases++];
+    ph.w = w.data;
+    ph.m = static_cast<int>(m);
+    ph.k = static_cast<int>(kd);
+    ph.x = k.x->data;
+    ph.norm_w = k.kind == Kind::kMatmulAdd ? nullptr : static_cast<const float*>(k.norm_w->data);
+    ph.out = k.out->data;
+    ph.epilogue = k.kind == Kind::kMatmulAdd    ? GemvEpilogue::kAdd
+                  : k.kind == Kind::kNormSwiGlu ? GemvEpilogue::kSwiGlu
+                                                : GemvEpilogue::kStore;
+    fits = gemv_stream_chain_supported(ph);
+  }
+  if (!fits) {
+    Backend::projection_chain(links);
+    return;
+  }
+  if (chain_counter_ == nullptr) {
+    chain_counter_ = must_allocate(sizeof(unsigned), "the projection chain's counter");
+    CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, sizeof(unsigned), stream_));
+  }
+  launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()),
+                           eps < 0.0f ? 0.0f : eps, stream_);
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {

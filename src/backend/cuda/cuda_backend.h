@@ -88,6 +88,9 @@ class CudaBackend final : public Backend {
                        const Tensor& bias, Tensor& h, Tensor& out) override;
   void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
+  // One row through the whole chain: one launch of the streamed chain (gemv_stream.cu) when
+  // every link fits it (PAGELLM_STREAM_CHAIN=0 turns it off); otherwise the links one by one.
+  void projection_chain(const std::vector<ProjectionLink>& links) override;
   // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
   // batch entry.
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
@@ -230,6 +233,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
+  std::unique_ptr<Buffer> chain_counter_;  // launch_gemv_stream_chain's grid-wide count
   bool cluster_ok_ = false;  // sm_90: thread-block clusters
   // Device sampling. A call's rows and edits go up and its results come back through one of
   // kSampleSlots pinned host areas and device areas (grown on demand), so a call can be queued

@@ -161,6 +161,34 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
                          int64_t w_batch_stride, const RowView& out, int64_t out_batch_stride,
                          int64_t batch, cudaStream_t stream);
 
+// --- gemv_stream.cu ---
+// One phase of a chain of one-row products run in one launch: out = x . w^T (bf16 w [m, K], x
+// [K], out [m]; kSwiGlu: w is [gate; up], out [m / 2]; kAdd: out += the product), x first
+// RMS-normalized and scaled by norm_w (f32 [K]) when that is set. x may be what an earlier phase
+// of the chain writes.
+struct StreamPhase {
+  const void* w = nullptr;
+  int m = 0, k = 0;
+  const void* x = nullptr;
+  const float* norm_w = nullptr;
+  void* out = nullptr;
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+};
+bool gemv_stream_chain_supported(const StreamPhase& phase);
+// Blocks of a chain's launch (one an SM).
+int gemv_stream_chain_blocks();
+// The phases in order, each starting once every output of the one before is written; the
+// weights of later phases stream while earlier ones finish. Passed by value (the launch's
+// parameters), so a recorded graph keeps them.
+constexpr int kMaxStreamPhases = 8;
+struct StreamChain {
+  StreamPhase phase[kMaxStreamPhases];
+  int n_phases = 0;
+};
+// `counter` is a device word that is 0 before the launch and is 0 again after it.
+void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float eps,
+                              cudaStream_t stream);
+
 // --- attention.cu ---
 struct AttentionArgs {
   const void* q = nullptr;  // bf16 [n_tokens, hq, head_dim]
