@@ -55,24 +55,31 @@ struct Smem {
   alignas(128) uint4 ring[kStages][kStageBytes / 16];
 };
 
+// The mbarrier and bulk-copy instructions are sm_90's; older GPUs never launch the chain
+// (gemv_stream_chain_supported), so their build of these traps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PAGELLM_SM90_ONLY(...) asm volatile(__VA_ARGS__)
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+#else
+#define PAGELLM_SM90_ONLY(...) __trap()
+#endif
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+  PAGELLM_SM90_ONLY("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+  PAGELLM_SM90_ONLY("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
+  PAGELLM_SM90_ONLY("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                    "r"(bytes)
+                    : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
+  unsigned done = 1;
   do {
-    asm volatile(
+    PAGELLM_SM90_ONLY(
         "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
         "p; }"
         : "=r"(done)
@@ -83,11 +90,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 // `bytes` (a multiple of 16) from global src to shared dst, completing on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes,
                                           uint64_t* bar) {
-  asm volatile(
+  PAGELLM_SM90_ONLY(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() {
+  PAGELLM_SM90_ONLY("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync %0, %1;" ::"n"(kConsumerBarrier), "n"(kConsumers) : "memory");
@@ -348,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&sm.full[i], 1);
       mbar_init(&sm.empty[i], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_barrier_init();
   }
   __syncthreads();
   pdl_allow_next();  // the next kernel may land as this one's blocks leave; it waits for all
@@ -375,6 +385,7 @@ int gemv_stream_chain_blocks() {
 }
 
 bool gemv_stream_chain_supported(const StreamPhase& ph) {
+  if (!device_is_sm90()) return false;  // bulk copies and transaction-counted barriers
   const int outputs = ph.epilogue == GemvEpilogue::kSwiGlu ? ph.m / 2 : ph.m;
   const int blocks = gemv_stream_chain_blocks();
   const int block_rows = (outputs + blocks - 1) / blocks * (ph.m == outputs ? 1 : 2);
