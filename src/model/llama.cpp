@@ -155,7 +155,7 @@ class LlamaModel final : public DecoderModel {
                   nullptr,
                   &qkv.all};
     };
-    if (chained) backend_.projection_chain({qkv_link(layers_[0])});
+    if (chained && !layers_.empty()) backend_.projection_chain({qkv_link(layers_[0])});
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
       if (fuse_qkv_ && !chained) {
