@@ -7,15 +7,15 @@
 // do not depend on activations, so nothing but the launch boundary stops them from streaming
 // through the boundary. Here one block an SM stays for the whole chain; a producer warp streams
 // the block's share of every phase's rows, phase after phase, into a ring of shared-memory stages
-// with bulk copies (the Hopper copy engine, one instruction a stage), never waiting for anything
-// but a free stage; the consumer warps multiply the stages by the phase's input vector, which
-// they take only after every block has finished the phase before (a grid-wide count). The ring's
-// depth is what the stream runs ahead across such a wait.
+// with bulk copies (Hopper's tensor memory accelerator, one instruction a stage), never waiting
+// for anything but a free stage; the consumer warps multiply the stages by the phase's input
+// vector, which they take only after every block has finished the phase before (a grid-wide
+// count). The ring's depth is what the stream runs ahead across such a wait.
 //
 // Shares are static (block b takes outputs [lo, lo + count) of every phase), so each block's
 // partial sums are its own and a phase ends when its slowest SM's share has streamed. On the H200
 // the Llama-3-8B step decodes 1.8% faster with it than with the projections' own launches,
-// Llama-2-7B 0.4% (docs/PERF.md, twenty-eighth round).
+// Llama-2-7B 0.1-0.4% (docs/PERF.md, twenty-eighth round).
 #include <cuda_bf16.h>
 
 #include <cstdint>
