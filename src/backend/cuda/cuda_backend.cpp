@@ -666,47 +666,57 @@ bool stream_chain_on() {
 
 // A 1-row activation view with contiguous bf16 elements, 16-byte aligned: how the chain reads
 // and writes its vectors.
-bool chain_vector(const Tensor* t, int64_t cols) {
-  return t != nullptr && t->dtype == DType::kBF16 && t->rows() == 1 && t->cols() == cols &&
-         t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
+bool chain_vector(const Tensor& t, int64_t cols) {
+  return t.dtype == DType::kBF16 && t.rows() == 1 && t.cols() == cols && t.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+
+// The chain's phase for one link, or false when the link does not fit the streamed chain (bf16
+// weights without a bias, one-row vectors, an f32 norm weight).
+bool stream_phase_of(const Backend::ProjectionLink& k, StreamPhase& ph) {
+  using Kind = Backend::ProjectionLink::Kind;
+  const Tensor& w = *k.w;
+  if (w.dtype != DType::kBF16 || w.ndim != 2 || !w.is_contiguous() || k.bias->defined() ||
+      w.device != Device::kCuda || w.size(0) >= (int64_t{1} << 30))
+    return false;
+  const int64_t m = w.size(0), kd = w.size(1);
+  if (!chain_vector(*k.x, kd) || !chain_vector(*k.out, k.kind == Kind::kNormSwiGlu ? m / 2 : m))
+    return false;
+  if (k.kind != Kind::kMatmulAdd) {
+    const Tensor& g = *k.norm_w;
+    if (g.dtype != DType::kF32 || !g.is_contiguous() || g.numel() != kd ||
+        reinterpret_cast<uintptr_t>(g.data) % 16 != 0)
+      return false;
+  }
+  ph.w = w.data;
+  ph.m = static_cast<int>(m);
+  ph.k = static_cast<int>(kd);
+  ph.x = k.x->data;
+  ph.norm_w = k.kind == Kind::kMatmulAdd ? nullptr : static_cast<const float*>(k.norm_w->data);
+  ph.out = k.out->data;
+  ph.epilogue = k.kind == Kind::kMatmulAdd    ? GemvEpilogue::kAdd
+                : k.kind == Kind::kNormSwiGlu ? GemvEpilogue::kSwiGlu
+                                              : GemvEpilogue::kStore;
+  return gemv_stream_chain_supported(ph);
 }
 
 }  // namespace
 
 void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
   if (ablated("projection_chain")) return;
-  using Kind = ProjectionLink::Kind;
   StreamChain chain;
-  float eps = -1.0f;
-  bool fits =
-      stream_chain_on() && !links.empty() && links.size() <= static_cast<size_t>(kMaxStreamPhases);
-  for (size_t i = 0; fits && i < links.size(); ++i) {
-    const ProjectionLink& k = links[i];
-    const Tensor& w = *k.w;
-    fits = w.dtype == DType::kBF16 && w.ndim == 2 && w.is_contiguous() && !k.bias->defined() &&
-           w.device == Device::kCuda;
+  // The launch normalizes with one eps: every norm of the chain must have it.
+  float eps = 0.0f;
+  bool have_eps = false, fits = stream_chain_on() && !links.empty() &&
+                                links.size() <= static_cast<size_t>(kMaxStreamPhases);
+  for (const ProjectionLink& k : links) {
     if (!fits) break;
-    const int64_t m = w.size(0), kd = w.size(1);
-    const int64_t outputs = k.kind == Kind::kNormSwiGlu ? m / 2 : m;
-    fits = chain_vector(k.x, kd) && chain_vector(k.out, outputs) && m < (int64_t{1} << 30);
-    if (fits && k.kind != Kind::kMatmulAdd) {
-      const Tensor& g = *k.norm_w;
-      fits = g.dtype == DType::kF32 && g.is_contiguous() && g.numel() == kd &&
-             reinterpret_cast<uintptr_t>(g.data) % 16 == 0 && (eps < 0.0f || k.eps == eps);
+    fits = stream_phase_of(k, chain.phase[chain.n_phases++]);
+    if (fits && k.kind != ProjectionLink::Kind::kMatmulAdd) {
+      fits = !have_eps || k.eps == eps;
       eps = k.eps;
+      have_eps = true;
     }
-    if (!fits) break;
-    StreamPhase& ph = chain.phase[chain.n_phases++];
-    ph.w = w.data;
-    ph.m = static_cast<int>(m);
-    ph.k = static_cast<int>(kd);
-    ph.x = k.x->data;
-    ph.norm_w = k.kind == Kind::kMatmulAdd ? nullptr : static_cast<const float*>(k.norm_w->data);
-    ph.out = k.out->data;
-    ph.epilogue = k.kind == Kind::kMatmulAdd    ? GemvEpilogue::kAdd
-                  : k.kind == Kind::kNormSwiGlu ? GemvEpilogue::kSwiGlu
-                                                : GemvEpilogue::kStore;
-    fits = gemv_stream_chain_supported(ph);
   }
   if (!fits) {
     Backend::projection_chain(links);
@@ -716,8 +726,7 @@ void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
     chain_counter_ = must_allocate(sizeof(unsigned), "the projection chain's counter");
     CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, sizeof(unsigned), stream_));
   }
-  launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()),
-                           eps < 0.0f ? 0.0f : eps, stream_);
+  launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()), eps, stream_);
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
