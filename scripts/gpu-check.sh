@@ -336,6 +336,15 @@ if [ $model_built = 1 ]; then
     grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_$fusions.log" | head -20
     record "test_model (GPU, $fusions)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
   done
+  # The golden and engine tests with one-token attention inside the streamed chain (off by
+  # default until measured; the llama_hd128 fixture has the head size it takes).
+  t=$(now)
+  PAGELLM_STREAM_ATTENTION=1 timeout "$(step_limit 120)" "$build/tests/test_model" \
+    --gtest_filter='*/GoldenCuda.*:EngineCuda.*' >"$logs/test_model_stream_attention.log" 2>&1
+  rc=$?
+  grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_stream_attention.log" | head -20
+  record "test_model (GPU, attention in the chain)" \
+    "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---

@@ -332,8 +332,9 @@ void BM_GemvStreamChain(benchmark::State& state) {
   CUDA_CHECK(cudaMalloc(&qkv_buf, qkv * 2));
   CUDA_CHECK(cudaMalloc(&act, inter * 2));
   CUDA_CHECK(cudaMalloc(&norm_w, hidden * 4));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned)));
-  CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter),
+                        sizeof(unsigned) * cuda::kStreamChainCounters));
+  CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned) * cuda::kStreamChainCounters));
   cuda::launch_fill_random(w, DType::kBF16, static_cast<int64_t>(layer_bytes / 2) * kLayers, 1,
                            -0.05f, 0.05f, nullptr);
   cuda::launch_fill_random(resid, DType::kBF16, hidden, 2, -1.0f, 1.0f, nullptr);

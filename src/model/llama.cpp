@@ -172,18 +172,38 @@ class LlamaModel final : public DecoderModel {
         backend_.rms_norm(qh, L.q_norm, eps, qh);
         backend_.rms_norm(kh, L.k_norm, eps, kh);
       }
-      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
-                             cache.v[l]);
-      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
+      // RoPE with the KV store, then attention: the chain's first link where it can take it
+      // (no per-head norm between the q|k|v product and RoPE).
+      const Backend::AttentionLink attention{&q3,
+                                             &k3,
+                                             &v3,
+                                             &cos_sin,
+                                             cfg_.rope.interleaved,
+                                             &b.slot_mapping,
+                                             &cache.k[l],
+                                             &cache.v[l],
+                                             &b.attn,
+                                             &attn_params_,
+                                             &attn3};
+      const bool attention_chained = chained && !cfg_.qk_norm;
+      if (!attention_chained) backend_.run_attention_link(attention);
       if (chained) {
-        std::vector<Link> links = {
-            // residual += o_proj(attn); act = SwiGLU(norm(residual)); residual += down(act)
-            {Link::Kind::kMatmulAdd, &attn, nullptr, 0.0f, &L.o_proj, &L.o_bias, &x, nullptr,
-             &residual},
-            {Link::Kind::kNormSwiGlu, &residual, &L.post_attention_layernorm, eps, &L.gate_up_proj,
-             &L.gate_up_bias, &h, &gu.all, &act},
-            {Link::Kind::kMatmulAdd, &act, nullptr, 0.0f, &L.down_proj, &L.down_bias, &x, nullptr,
-             &residual}};
+        std::vector<Link> links;
+        if (attention_chained) {
+          Link a;
+          a.kind = Link::Kind::kAttention;
+          a.attention = &attention;
+          links.push_back(a);
+        }
+        links.insert(
+            links.end(),
+            {// residual += o_proj(attn); act = SwiGLU(norm(residual)); residual += down(act)
+             {Link::Kind::kMatmulAdd, &attn, nullptr, 0.0f, &L.o_proj, &L.o_bias, &x, nullptr,
+              &residual},
+             {Link::Kind::kNormSwiGlu, &residual, &L.post_attention_layernorm, eps, &L.gate_up_proj,
+              &L.gate_up_bias, &h, &gu.all, &act},
+             {Link::Kind::kMatmulAdd, &act, nullptr, 0.0f, &L.down_proj, &L.down_bias, &x, nullptr,
+              &residual}});
         if (l + 1 < layers_.size()) links.push_back(qkv_link(layers_[l + 1]));
         backend_.projection_chain(links);
         continue;

@@ -63,6 +63,11 @@ VARIANTS = {
     "llama_mqa_bias": ("llama", "LlamaForCausalLM",
                        {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True},
                        torch.float16),
+    # Llama's head size (128): the CUDA backend's one-token decode runs attention inside its
+    # streamed projection chain only at that size (src/backend/cuda/stream_attention.cuh).
+    "llama_hd128": ("llama", "LlamaForCausalLM",
+                    {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "head_dim": 128}, torch.bfloat16),
     "mistral": ("mistral", "MistralForCausalLM",
                 {"sliding_window": 8, "head_dim": 16}, torch.float16),
     "qwen2": ("qwen2", "Qwen2ForCausalLM",

@@ -702,8 +702,74 @@ bool stream_phase_of(const Backend::ProjectionLink& k, StreamPhase& ph) {
 
 }  // namespace
 
+// Whether projection_chain takes a one-token attention link into the streamed chain
+// (PAGELLM_STREAM_ATTENTION=1); otherwise it runs apart, RoPE with the KV store, then attention.
+// Off by default until it has run on a GPU: its op test (GemvStreamChain.AttentionPhase...) and
+// the golden fixture of Llama's head size (llama_hd128) check it, gpu-check runs both with it on.
+bool stream_attention_on() {
+  static const bool on =
+      tuning_knob("PAGELLM_STREAM_ATTENTION", 0, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  return on;
+}
+
+bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
+  if (!stream_attention_on() || ablated("attention") || ablated("rope_store_kv")) return false;
+  const Tensor &q = *k.q, &kk = *k.k, &v = *k.v, &cs = *k.cos_sin, &out = *k.out;
+  const AttentionMeta& meta = *k.meta;
+  if (q.ndim != 3 || kk.ndim != 3 || v.ndim != 3 || out.ndim != 3 || q.size(0) != 1 ||
+      meta.n_seqs != 1 || meta.max_seqlen_q != 1 || k.params->window > 0 ||
+      k.params->softcap != 0.0f)
+    return false;
+  const int64_t hq = q.size(1), hkv = kk.size(1), d = q.size(2);
+  // q, k and v heads back to back in one row (the fused q|k|v product's output), out one row.
+  const auto bf16_at = [](const Tensor& t) { return static_cast<const uint16_t*>(t.data); };
+  if (q.dtype != DType::kBF16 || kk.dtype != DType::kBF16 || v.dtype != DType::kBF16 ||
+      out.dtype != DType::kBF16 || !q.is_contiguous() || !kk.is_contiguous() ||
+      !v.is_contiguous() || !out.is_contiguous() || kk.size(2) != d || v.size(1) != hkv ||
+      v.size(2) != d || bf16_at(kk) != bf16_at(q) + hq * d || bf16_at(v) != bf16_at(kk) + hkv * d)
+    return false;
+  if (cs.dtype != DType::kF32 || cs.cols() != d || !cs.is_contiguous() ||
+      k.slot_mapping->dtype != DType::kI32 || k.slot_mapping->numel() < 1)
+    return false;
+  const AttentionArgs a = attention_args(q, *k.k_cache, *k.v_cache, meta, *k.params, out);
+  if (attention_mla_wanted(a)) return false;
+  StreamAttention& s = ph.att;
+  ph.kind = StreamPhase::Kind::kAttention;
+  s.qkv = q.data;
+  s.cos_sin = static_cast<const float*>(cs.data);
+  s.interleaved = k.interleaved;
+  s.slot = static_cast<const int32_t*>(k.slot_mapping->data);
+  s.seq_len = a.seq_lens_kv;
+  s.block_table = a.block_tables;
+  s.k_cache = a.k_cache;
+  s.v_cache = a.v_cache;
+  s.hq = static_cast<int>(hq);
+  s.hkv = static_cast<int>(hkv);
+  s.head_dim = static_cast<int>(d);
+  // Enough pieces that each SM's block has one (the chain's blocks are one an SM).
+  s.splits = static_cast<int>(std::clamp<int64_t>(
+      gemv_stream_chain_blocks() / std::max<int64_t>(hkv, 1), 1, kStreamMaxSplits));
+  s.scale = a.scale;
+  s.out = out.data;
+  if (chain_partials_ == nullptr) {
+    StreamAttention most;
+    most.hq = kStreamMaxKvHeads * kStreamMaxGroup;
+    most.splits = kStreamMaxSplits;
+    most.head_dim = 128;
+    chain_partials_ = must_allocate(stream_attention_partials(most) * sizeof(float),
+                                    "the projection chain's attention pieces");
+  }
+  s.partials = static_cast<float*>(chain_partials_->data());
+  return gemv_stream_chain_supported(ph);
+}
+
 void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
-  if (ablated("projection_chain")) return;
+  using Kind = ProjectionLink::Kind;
+  if (ablated("projection_chain")) {  // the products only: attention is an op of its own
+    for (const ProjectionLink& k : links)
+      if (k.kind == Kind::kAttention) run_attention_link(*k.attention);
+    return;
+  }
   StreamChain chain;
   // The launch normalizes with one eps: every norm of the chain must have it.
   float eps = 0.0f;
@@ -711,20 +777,36 @@ void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
                                 links.size() <= static_cast<size_t>(kMaxStreamPhases);
   for (const ProjectionLink& k : links) {
     if (!fits) break;
-    fits = stream_phase_of(k, chain.phase[chain.n_phases++]);
-    if (fits && k.kind != ProjectionLink::Kind::kMatmulAdd) {
+    StreamPhase& ph = chain.phase[chain.n_phases++];
+    if (k.kind == Kind::kAttention) {
+      fits = stream_attention_of(*k.attention, ph);
+      continue;
+    }
+    fits = stream_phase_of(k, ph);
+    if (fits && k.kind != Kind::kMatmulAdd) {
       fits = !have_eps || k.eps == eps;
       eps = k.eps;
       have_eps = true;
     }
   }
   if (!fits) {
-    Backend::projection_chain(links);
+    // An attention link that cannot join the chain runs apart, the links around it chained.
+    const auto at = std::find_if(links.begin(), links.end(), [](const ProjectionLink& k) {
+      return k.kind == Kind::kAttention;
+    });
+    if (at == links.end()) {
+      Backend::projection_chain(links);
+      return;
+    }
+    if (at != links.begin()) projection_chain(std::vector<ProjectionLink>(links.begin(), at));
+    run_attention_link(*at->attention);
+    if (at + 1 != links.end()) projection_chain(std::vector<ProjectionLink>(at + 1, links.end()));
     return;
   }
   if (chain_counter_ == nullptr) {
-    chain_counter_ = must_allocate(sizeof(unsigned), "the projection chain's counter");
-    CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, sizeof(unsigned), stream_));
+    constexpr size_t bytes = sizeof(unsigned) * kStreamChainCounters;
+    chain_counter_ = must_allocate(bytes, "the projection chain's counters");
+    CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, bytes, stream_));
   }
   launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()), eps, stream_);
 }

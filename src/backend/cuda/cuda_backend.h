@@ -233,7 +233,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
-  std::unique_ptr<Buffer> chain_counter_;  // launch_gemv_stream_chain's grid-wide count
+  // The chain's attention phase for an attention link, or false when it cannot join the chain.
+  bool stream_attention_of(const AttentionLink& link, StreamPhase& phase);
+  std::unique_ptr<Buffer> chain_counter_;   // launch_gemv_stream_chain's counters
+  std::unique_ptr<Buffer> chain_partials_;  // its attention phases' pieces (StreamAttention)
   bool cluster_ok_ = false;  // sm_90: thread-block clusters
   // Device sampling. A call's rows and edits go up and its results come back through one of
   // kSampleSlots pinned host areas and device areas (grown on demand), so a call can be queued

@@ -162,17 +162,45 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
                          int64_t batch, cudaStream_t stream);
 
 // --- gemv_stream.cu ---
-// One phase of a chain of one-row products run in one launch: out = x . w^T (bf16 w [m, K], x
-// [K], out [m]; kSwiGlu: w is [gate; up], out [m / 2]; kAdd: out += the product), x first
-// RMS-normalized and scaled by norm_w (f32 [K]) when that is set. x may be what an earlier phase
-// of the chain writes.
+// A chain's attention step for its one token (kind kAttention), so the step's weights keep
+// streaming through it: RoPE on the token's q and k heads (rotary_dim == head_dim), its k and v
+// stored to cache slot *slot, attention over the sequence's *seq_len positions (the token's
+// last) in `splits` pieces a KV head, the pieces merged into out (bf16 [hq * head_dim]). head_dim
+// 128, up to kStreamMaxGroup query heads a KV head, no window or softcap.
+constexpr int kStreamMaxGroup = 4;
+constexpr int kStreamMaxKvHeads = 64;
+constexpr int kStreamMaxSplits = 16;
+struct StreamAttention {
+  const void* qkv = nullptr;      // bf16 [hq + 2 * hkv, head_dim]: the token's q, k and v heads
+  const float* cos_sin = nullptr;  // f32 [head_dim]: cos of the head_dim / 2 frequencies, then sin
+  bool interleaved = false;        // pairs (2i, 2i + 1), else (i, i + head_dim / 2)
+  const int32_t* slot = nullptr;   // the token's cache slot (< 0: not stored)
+  const int32_t* seq_len = nullptr;
+  const int32_t* block_table = nullptr;  // the sequence's cache blocks
+  CacheView k_cache, v_cache;
+  int hq = 0, hkv = 0, head_dim = 0, splits = 1;
+  float scale = 1.0f;
+  float* partials = nullptr;  // f32 [hq, splits, head_dim + 2]: each piece's sums, max, sum of p
+  void* out = nullptr;
+};
+// Workspace floats of its partials.
+int64_t stream_attention_partials(const StreamAttention& a);
+// One phase of a chain run in one launch: a one-row product (kProduct: out = x . w^T, bf16 w
+// [m, K], x [K], out [m]; kSwiGlu: w is [gate; up], out [m / 2]; kAdd: out += the product; x
+// first RMS-normalized and scaled by norm_w (f32 [K]) when that is set), or an attention step
+// (kAttention: `att`). x may be what an earlier phase of the chain writes.
 struct StreamPhase {
+  enum class Kind { kProduct, kAttention };
+  Kind kind = Kind::kProduct;
+  // kProduct:
   const void* w = nullptr;
   int m = 0, k = 0;
   const void* x = nullptr;
   const float* norm_w = nullptr;
   void* out = nullptr;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
+  // kAttention:
+  StreamAttention att;
 };
 bool gemv_stream_chain_supported(const StreamPhase& phase);
 // Blocks of a chain's launch (one an SM).
@@ -185,8 +213,10 @@ struct StreamChain {
   StreamPhase phase[kMaxStreamPhases];
   int n_phases = 0;
 };
-// `counter` is a device word that is 0 before the launch and is 0 again after it.
-void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float eps,
+// `counters` are kStreamChainCounters device words (the grid-wide count of phases ended, then
+// the attention phases' per-KV-head counts of pieces done), 0 before the launch and 0 after it.
+constexpr int kStreamChainCounters = 1 + kStreamMaxKvHeads;
+void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counters, float eps,
                               cudaStream_t stream);
 
 // --- attention.cu ---

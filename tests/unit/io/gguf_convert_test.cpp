@@ -278,7 +278,7 @@ TEST_F(GgufConverted, GoldenCheckpointsKeepTheirConfigAndWeights) {
     }
     ++n_models;
   }
-  EXPECT_EQ(n_models, 8);
+  EXPECT_EQ(n_models, 9);
 }
 
 }  // namespace
