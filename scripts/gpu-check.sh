@@ -28,8 +28,9 @@
 # PAGELLM_CHECK_PREBUILT=DIR runs the binaries scripts/gpu-prebuild.sh built on another machine
 # (DIR/tests/test_ops, DIR/tests/test_model, DIR/tools/pagellm) instead of configuring and
 # building, after checking that they were built from these sources (scripts/source-hash.sh);
-# PAGELLM_LLAMA_AB / PAGELLM_DEEPSEEK_AB list settings (VAR=VALUE, several joined by "+") whose
-# batch-1 latency is alternated for PAGELLM_AB_ROUNDS rounds (see ab_latency).
+# PAGELLM_LLAMA_AB / PAGELLM_LLAMA2_AB / PAGELLM_DEEPSEEK_AB list settings (VAR=VALUE, several
+# joined by "+") whose batch-1 latency is alternated for PAGELLM_AB_ROUNDS rounds (see
+# ab_latency) on the Llama-3-8B, Llama-2-7B and DeepSeek-V2-Lite shapes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -444,6 +445,11 @@ PY
     done
     run_bench latency-llama2-7b latency --model $cfg/llama-2-7b.json --load-format dummy --device cuda \
       --input-len 512 --output-len 256 --iters 2
+    # PAGELLM_LLAMA2_AB: settings alternated on the Llama-2-7B shape too (none by default).
+    if [ -n "${PAGELLM_LLAMA2_AB:-}" ]; then
+      ab_latency latency-llama2-7b "$PAGELLM_LLAMA2_AB" --model $cfg/llama-2-7b.json \
+        --load-format dummy --device cuda --input-len 512 --output-len 256 --iters 2
+    fi
     # PAGELLM_CHECK_MOE=1: the Mixtral-8x7B shape (93 GB of random bf16 weights, routed experts on
     # the device): batch-1 latency, then the per-op tables of a prefill and a decode step; then
     # the DeepSeek-V2-Lite shape.
