@@ -189,61 +189,43 @@ if [ $ops_built = 1 ]; then
     124) record "test_ops" "TIMEOUT ($(( $(now) - t ))s, see $logs/test_ops.log)" ;;
     *) record "test_ops" "FAILED rc=$rc ($(( $(now) - t ))s)" ;;
   esac
+  # test_ops again under other settings: label, log name, then runs of "VAR=VALUE FILTER" each,
+  # recorded as one step.
+  ops_variants() {
+    local label=$1 log=$logs/$2.log run ok=1 t
+    shift 2
+    t=$(now)
+    : >"$log"
+    for run in "$@"; do
+      env "${run%% *}" timeout "$(step_limit 60)" "$build/tests/test_ops" \
+        --gtest_filter="${run#* }" >>"$log" 2>&1 || ok=0
+    done
+    if [ $ok = 1 ]; then
+      record "$label" "ok ($(( $(now) - t ))s)"
+    else
+      grep -E "^\[ +FAILED +\]|CHECK failed" "$log" | head -20
+      record "$label" "FAILED (see $log)"
+    fi
+  }
   # SwiGLU in the GEMV is on by default, its norm and the norm-weight fold off; their backend
   # paths are tested with them on (the kernels themselves are launched directly in the default
   # run): all three, then the fold alone (its norm in the GEMV, SiLU apart).
-  t=$(now)
-  if PAGELLM_GEMV_FUSIONS=norm,swiglu,fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
-    --gtest_filter='FusedProjection.*' >"$logs/test_ops_fusions.log" 2>&1 &&
-    PAGELLM_GEMV_FUSIONS=fold timeout "$(step_limit 60)" "$build/tests/test_ops" \
-      --gtest_filter='FusedProjection.FoldedNormWeight' >>"$logs/test_ops_fusions.log" 2>&1; then
-    record "test_ops (GEMV fusions on)" "ok ($(( $(now) - t ))s)"
-  else
-    grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_fusions.log" | head -20
-    record "test_ops (GEMV fusions on)" "FAILED (see $logs/test_ops_fusions.log)"
-  fi
-
+  ops_variants "test_ops (GEMV fusions on)" test_ops_fusions \
+    "PAGELLM_GEMV_FUSIONS=norm,swiglu,fold FusedProjection.*" \
+    "PAGELLM_GEMV_FUSIONS=fold FusedProjection.FoldedNormWeight"
   # The routed experts' gate|up GEMV splits K at one token an expert by a rule of the shapes,
   # which picks none at most tests' sizes: every split is tested forced, 1, 2 and 4 warps a row.
-  t=$(now)
-  : >"$logs/test_ops_moe_splits.log"
-  moe_splits_ok=1
-  for split in 1 2 4; do
-    PAGELLM_MOE_GEMV_SPLIT=$split timeout "$(step_limit 60)" "$build/tests/test_ops" \
-      --gtest_filter='MoeExperts.*' >>"$logs/test_ops_moe_splits.log" 2>&1 || moe_splits_ok=0
-  done
-  if [ $moe_splits_ok = 1 ]; then
-    record "test_ops (MoE GEMV splits 1, 2, 4)" "ok ($(( $(now) - t ))s)"
-  else
-    grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_moe_splits.log" | head -20
-    record "test_ops (MoE GEMV splits 1, 2, 4)" "FAILED (see $logs/test_ops_moe_splits.log)"
-  fi
-
+  ops_variants "test_ops (MoE GEMV splits 1, 2, 4)" test_ops_moe_splits \
+    "PAGELLM_MOE_GEMV_SPLIT=1 MoeExperts.*" "PAGELLM_MOE_GEMV_SPLIT=2 MoeExperts.*" \
+    "PAGELLM_MOE_GEMV_SPLIT=4 MoeExperts.*"
   # Decode attention merges its splits within a thread-block cluster where they fit one (sm_90,
   # up to 16 blocks): the global merge it replaces, and portable cluster sizes only, forced.
-  t=$(now)
-  if PAGELLM_DECODE_CLUSTER=0 timeout "$(step_limit 60)" "$build/tests/test_ops" \
-    --gtest_filter='AttentionDecode.*' >"$logs/test_ops_decode_merge.log" 2>&1 &&
-    PAGELLM_DECODE_CLUSTER=8 timeout "$(step_limit 60)" "$build/tests/test_ops" \
-      --gtest_filter='AttentionDecode.*' >>"$logs/test_ops_decode_merge.log" 2>&1; then
-    record "test_ops (decode merge: global, clusters of 8)" "ok ($(( $(now) - t ))s)"
-  else
-    grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_decode_merge.log" | head -20
-    record "test_ops (decode merge: global, clusters of 8)" "FAILED (see $logs/test_ops_decode_merge.log)"
-  fi
-
+  ops_variants "test_ops (decode merge: global, clusters of 8)" test_ops_decode_merge \
+    "PAGELLM_DECODE_CLUSTER=0 AttentionDecode.*" "PAGELLM_DECODE_CLUSTER=8 AttentionDecode.*"
   # The streamed projection chain with the shallowest and the deepest ring it takes (the default
   # is three stages).
-  t=$(now)
-  if PAGELLM_STREAM_STAGES=2 timeout "$(step_limit 60)" "$build/tests/test_ops" \
-    --gtest_filter='GemvStreamChain.*' >"$logs/test_ops_stream_stages.log" 2>&1 &&
-    PAGELLM_STREAM_STAGES=6 timeout "$(step_limit 60)" "$build/tests/test_ops" \
-      --gtest_filter='GemvStreamChain.*' >>"$logs/test_ops_stream_stages.log" 2>&1; then
-    record "test_ops (stream chain: 2, 6 stages)" "ok ($(( $(now) - t ))s)"
-  else
-    grep -E "^\[ +FAILED +\]|CHECK failed" "$logs/test_ops_stream_stages.log" | head -20
-    record "test_ops (stream chain: 2, 6 stages)" "FAILED (see $logs/test_ops_stream_stages.log)"
-  fi
+  ops_variants "test_ops (stream chain: 2, 6 stages)" test_ops_stream_stages \
+    "PAGELLM_STREAM_STAGES=2 GemvStreamChain.*" "PAGELLM_STREAM_STAGES=6 GemvStreamChain.*"
 
   # Memcheck on the small cases of each op family: sanitized kernels run 10-100x slower.
   sanitizer=$(command -v compute-sanitizer || true)
