@@ -15,13 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "core/dtype.h"
 
 namespace pagellm {
 namespace {
@@ -323,12 +323,11 @@ void BM_GemvStreamChain(benchmark::State& state) {
                                         {hidden, inter, hidden, E::kAdd}};
   size_t layer_bytes = 0;
   for (const ChainStep& c : steps) layer_bytes += static_cast<size_t>(c.m * c.k) * 2;
-  void *w, *resid, *qkv_buf, *act, *norm_w, *ref_resid, *ref_x;
+  void *w, *resid, *qkv_buf, *act, *norm_w, *ref_resid;
   unsigned* counter;
   CUDA_CHECK(cudaMalloc(&w, layer_bytes * kLayers));
   CUDA_CHECK(cudaMalloc(&resid, hidden * 2));
   CUDA_CHECK(cudaMalloc(&ref_resid, hidden * 2));
-  CUDA_CHECK(cudaMalloc(&ref_x, hidden * 2));
   CUDA_CHECK(cudaMalloc(&qkv_buf, qkv * 2));
   CUDA_CHECK(cudaMalloc(&act, inter * 2));
   CUDA_CHECK(cudaMalloc(&norm_w, hidden * 4));
@@ -400,16 +399,11 @@ void BM_GemvStreamChain(benchmark::State& state) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaMemcpy(a.data(), resid, hidden * 2, cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaMemcpy(b.data(), ref_resid, hidden * 2, cudaMemcpyDeviceToHost));
-  const auto f32 = [](uint16_t h) {
-    uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  };
   double max_diff = 0.0, max_mag = 0.0;
   for (int64_t i = 0; i < hidden; ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(f32(a[i]) - f32(b[i]))));
-    max_mag = std::max(max_mag, static_cast<double>(std::fabs(f32(b[i]))));
+    max_diff =
+        std::max(max_diff, static_cast<double>(std::fabs(bf16_to_f32(a[i]) - bf16_to_f32(b[i]))));
+    max_mag = std::max(max_mag, static_cast<double>(std::fabs(bf16_to_f32(b[i]))));
   }
   const auto record = [&] {
     for (int l = 0; l < kLayers; l += per_launch)
@@ -424,7 +418,7 @@ void BM_GemvStreamChain(benchmark::State& state) {
   state.SetLabel(std::string(is_llama ? "llama-3-8b" : "v2-lite") + ", " +
                  std::to_string(per_launch) + " layer(s) a launch");
   cudaStreamDestroy(stream);
-  for (void* p : {w, resid, ref_resid, ref_x, qkv_buf, act, norm_w}) cudaFree(p);
+  for (void* p : {w, resid, ref_resid, qkv_buf, act, norm_w}) cudaFree(p);
   cudaFree(counter);
 }
 BENCHMARK(BM_GemvStreamChain)->ArgsProduct({{0, 1}, {1, 2}})->UseManualTime()->Iterations(20);

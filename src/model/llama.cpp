@@ -140,8 +140,8 @@ class LlamaModel final : public DecoderModel {
     // the scratch of a backend that runs those steps apart; h holds the normalized rows only
     // where the weights are split (separate q/k/v or gate/up) and several products read them.
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
-    // With the projections fused, what runs from one layer's attention to the next is a chain of
-    // products (Backend::projection_chain): o_proj, the MLP and the next layer's q|k|v.
+    // With the projections fused, a layer from its attention to the next layer's q|k|v is one
+    // chain (Backend::projection_chain): attention, o_proj, the MLP and the next q|k|v.
     const bool chained = fuse_qkv_ && fuse_mlp_;
     using Link = Backend::ProjectionLink;
     const auto qkv_link = [&](const LlamaLayer& L) {

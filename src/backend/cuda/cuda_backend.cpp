@@ -700,8 +700,6 @@ bool stream_phase_of(const Backend::ProjectionLink& k, StreamPhase& ph) {
   return gemv_stream_chain_supported(ph);
 }
 
-}  // namespace
-
 // Whether projection_chain takes a one-token attention link into the streamed chain
 // (PAGELLM_STREAM_ATTENTION=1); otherwise it runs apart, RoPE with the KV store, then attention.
 // Off by default until it has run on a GPU: its op test (GemvStreamChain.AttentionPhase...) and
@@ -711,6 +709,8 @@ bool stream_attention_on() {
       tuning_knob("PAGELLM_STREAM_ATTENTION", 0, [](int64_t v) { return v == 0 || v == 1; }) != 0;
   return on;
 }
+
+}  // namespace
 
 bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
   if (!stream_attention_on() || ablated("attention") || ablated("rope_store_kv")) return false;

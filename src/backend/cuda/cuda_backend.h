@@ -89,7 +89,9 @@ class CudaBackend final : public Backend {
   void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
   // One row through the whole chain: one launch of the streamed chain (gemv_stream.cu) when
-  // every link fits it (PAGELLM_STREAM_CHAIN=0 turns it off); otherwise the links one by one.
+  // every link fits it (PAGELLM_STREAM_CHAIN=0 turns it off); otherwise the links one by one,
+  // except that an attention link that does not fit runs apart and the links around it are
+  // chained.
   void projection_chain(const std::vector<ProjectionLink>& links) override;
   // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
   // batch entry.

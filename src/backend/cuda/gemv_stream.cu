@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -296,36 +297,25 @@ __device__ void finish_phase(Smem& sm, const StreamPhase& ph, const Share& s) {
   }
 }
 
+// f(std::integral_constant<int, J>) for the J (1 to kMaxXPieces) that is `pieces`, kMaxXPieces
+// for more: a runtime count as the compile-time constant a stage loop unrolls by.
+template <int J = 1, typename F>
+__device__ __forceinline__ void with_pieces(int pieces, F&& f) {
+  if constexpr (J == kMaxXPieces) {
+    f(std::integral_constant<int, J>{});
+  } else if (pieces <= J) {
+    f(std::integral_constant<int, J>{});
+  } else {
+    with_pieces<J + 1>(pieces, f);
+  }
+}
+
 // A product phase's part of the block: its stages, then its outputs.
 __device__ void consume_product(Smem& sm, const StreamPhase& ph, float eps, RingPos& pos) {
   const Share s = share_of(ph, blockIdx.x, gridDim.x);
   // The pieces of a row a thread multiplies, as a constant of the stage loop.
-  switch ((ph.k / 8 + kConsumers - 1) / kConsumers) {
-    case 1:
-      consume_stages<1>(sm, ph, s, eps, pos);
-      break;
-    case 2:
-      consume_stages<2>(sm, ph, s, eps, pos);
-      break;
-    case 3:
-      consume_stages<3>(sm, ph, s, eps, pos);
-      break;
-    case 4:
-      consume_stages<4>(sm, ph, s, eps, pos);
-      break;
-    case 5:
-      consume_stages<5>(sm, ph, s, eps, pos);
-      break;
-    case 6:
-      consume_stages<6>(sm, ph, s, eps, pos);
-      break;
-    case 7:
-      consume_stages<7>(sm, ph, s, eps, pos);
-      break;
-    default:
-      consume_stages<8>(sm, ph, s, eps, pos);
-      break;
-  }
+  with_pieces((ph.k / 8 + kConsumers - 1) / kConsumers,
+              [&](auto pieces) { consume_stages<decltype(pieces)::value>(sm, ph, s, eps, pos); });
   consumer_sync();  // every warp's partial sums are in
   finish_phase(sm, ph, s);
 }
