@@ -710,6 +710,17 @@ bool stream_attention_on() {
   return on;
 }
 
+// The attention phase's pieces a KV head (PAGELLM_STREAM_ATTENTION_SPLITS, 1 to 16; 0, the
+// default: as many as give each of the chain's blocks one piece).
+int64_t stream_attention_splits(int64_t hkv) {
+  static const int64_t forced = tuning_knob("PAGELLM_STREAM_ATTENTION_SPLITS", 0, [](int64_t v) {
+    return v >= 0 && v <= kStreamMaxSplits;
+  });
+  if (forced > 0) return forced;
+  return std::clamp<int64_t>(gemv_stream_chain_blocks() / std::max<int64_t>(hkv, 1), 1,
+                             kStreamMaxSplits);
+}
+
 }  // namespace
 
 bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
@@ -746,9 +757,7 @@ bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
   s.hq = static_cast<int>(hq);
   s.hkv = static_cast<int>(hkv);
   s.head_dim = static_cast<int>(d);
-  // Enough pieces that each SM's block has one (the chain's blocks are one an SM).
-  s.splits = static_cast<int>(std::clamp<int64_t>(
-      gemv_stream_chain_blocks() / std::max<int64_t>(hkv, 1), 1, kStreamMaxSplits));
+  s.splits = static_cast<int>(stream_attention_splits(hkv));
   s.scale = a.scale;
   s.out = out.data;
   if (chain_partials_ == nullptr) {
