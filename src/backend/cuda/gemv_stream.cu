@@ -341,7 +341,11 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
       // Its scratch: the partial sums' and residuals' space, which no product phase holds now.
       static_assert(kMaxBlockRows * kConsumerWarps >= kConsumerWarps * kStreamMaxGroup * 128 &&
                     kMaxBlockRows >= kConsumerWarps * kStreamMaxGroup * 2);
-      const stream_attention::Scratch sc{&sm.partial[0][0], sm.resid, &sm.last};
+      // sm.resid: the warps' max and sum of p, then the block-table entries.
+      constexpr int kMl = kConsumerWarps * kStreamMaxGroup * 2;
+      const stream_attention::Scratch sc{&sm.partial[0][0], sm.resid,
+                                         reinterpret_cast<int32_t*>(sm.resid + kMl),
+                                         kMaxBlockRows - kMl, &sm.last};
       stream_attention::run<kConsumerWarps>(ph.att, sc, counter + 1, [] { consumer_sync(); });
     } else {
       consume_product(sm, ph, eps, pos);

@@ -31,10 +31,13 @@ constexpr int kDim = 128;
 constexpr int kLanes = kDim / 8;  // lanes of a half-warp, 8 dims each
 constexpr int kUnroll = 4;        // positions a half-warp loads before it uses any
 
-// Where a phase's shared scratch is: acc [warps][group][kDim] and ml [warps][group][2] floats.
+// Where a phase's shared scratch is: acc [warps][group][kDim] and ml [warps][group][2] floats,
+// and room for `table_slots` block-table entries.
 struct Scratch {
   float* acc;
   float* ml;
+  int32_t* table;
+  int table_slots;
   unsigned* last;  // one word: this block merges its KV head's pieces
 };
 
@@ -134,6 +137,17 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, unsigned* count
     for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
   }
 
+  // The piece's block-table entries, into shared memory in one round trip: otherwise every
+  // round of K and V loads first waits for its own entries (a piece too long for the room reads
+  // them where they are).
+  const int bs = kc.block_size;
+  const int e0 = p0 / bs, entries = c1 > p0 ? (c1 - 1) / bs - e0 + 1 : 0;
+  const bool table_in_smem = entries <= sc.table_slots;
+  if (table_in_smem)
+    for (int i = t; i < entries; i += 32 * kWarps) sc.table[i] = __ldg(a.block_table + e0 + i);
+  sync();
+  const int32_t* table = table_in_smem ? sc.table - e0 : a.block_table;
+
   // The cached positions: half-warp h (of 2 * kWarps) takes p0 + h, p0 + h + 2 * kWarps, ...;
   // the loop runs warp by warp (its sums shuffle across both halves), each lane's position
   // tested where it is used.
@@ -144,8 +158,8 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, unsigned* count
     for (int u = 0; u < kUnroll; ++u) {
       const int pos = base + half + u * stride;
       if (pos < c1) {
-        const int64_t blk = __ldg(a.block_table + pos / kc.block_size);
-        const int64_t off = pos % kc.block_size;
+        const int64_t blk = table[pos / bs];
+        const int64_t off = pos % bs;
         const bf16* kr = static_cast<const bf16*>(kc.data) + blk * kc.stride_block +
                          off * kc.stride_tok + g * kc.stride_head;
         const bf16* vr = static_cast<const bf16*>(vc.data) + blk * vc.stride_block +
@@ -275,13 +289,25 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, unsigned* count
   for (int i = t; i < pairs; i += stride_hd) {
     const int hh = i / kDim, d = i % kDim, h = g * group + hh;
     const float* part = a.partials + static_cast<int64_t>(h) * a.splits * hd;
+    // Every piece's max, sum of p and value in one round trip: loaded piece by piece, as a loop
+    // over a run-time count is, they were one L2 trip each (~16 us a layer at 16 pieces).
+    float pm[kStreamMaxSplits], pl[kStreamMaxSplits], pa[kStreamMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kStreamMaxSplits; ++s) {
+      const bool in = s < a.splits;
+      pm[s] = in ? __ldcg(part + s * hd + kDim) : -INFINITY;
+      pl[s] = in ? __ldcg(part + s * hd + kDim + 1) : 0.0f;
+      pa[s] = in ? __ldcg(part + s * hd + d) : 0.0f;
+    }
     float mm = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) mm = fmaxf(mm, __ldcg(part + s * hd + kDim));
+#pragma unroll
+    for (int s = 0; s < kStreamMaxSplits; ++s) mm = fmaxf(mm, pm[s]);
     float ls = 0.0f, as = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float wt = merge_weight(__ldcg(part + s * hd + kDim), mm);
-      ls += __ldcg(part + s * hd + kDim + 1) * wt;
-      as += __ldcg(part + s * hd + d) * wt;
+#pragma unroll
+    for (int s = 0; s < kStreamMaxSplits; ++s) {
+      const float wt = merge_weight(pm[s], mm);  // 0 past the pieces
+      ls += pl[s] * wt;
+      as += pa[s] * wt;
     }
     static_cast<bf16*>(a.out)[h * kDim + d] = __float2bfloat16_rn(ls > 0.0f ? as / ls : 0.0f);
   }
