@@ -326,27 +326,35 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   const unsigned blocks = gridDim.x;
   RingPos pos;
   pos.n = stages;
+  // An attention phase's scratch: the partial sums' and residuals' space, which no product phase
+  // holds between phases; sm.resid takes the warps' max and sum of p, then block-table entries.
+  static_assert(kMaxBlockRows * kConsumerWarps >= kConsumerWarps * kStreamMaxGroup * 128 &&
+                kMaxBlockRows >= kConsumerWarps * kStreamMaxGroup * 2);
+  constexpr int kMl = kConsumerWarps * kStreamMaxGroup * 2;
+  const stream_attention::Scratch sc{&sm.partial[0][0], sm.resid,
+                                     reinterpret_cast<int32_t*>(sm.resid + kMl),
+                                     kMaxBlockRows - kMl, &sm.last};
+  stream_attention::Part part{};
+  // Before each wait for a phase's inputs: an attention phase's part, which needs none of them.
+  const auto stage = [&](int p) {
+    if (chain.phase[p].kind == StreamPhase::Kind::kAttention)
+      part = stream_attention::stage<kConsumerWarps>(chain.phase[p].att, sc);
+  };
+  stage(0);
   pdl_wait();  // the first phase's input comes from the kernel before
   const int n_phases = chain.n_phases;
   for (int p = 0; p < n_phases; ++p) {
     const StreamPhase& ph = chain.phase[p];
     if (p > 0) {
+      stage(p);
       // Every block's outputs of phase p - 1 are written.
       if (t == 0)
         while (load_acquire(counter) < blocks * p) {
         }
-      consumer_sync();
     }
+    if (p > 0 || ph.kind == StreamPhase::Kind::kAttention) consumer_sync();
     if (ph.kind == StreamPhase::Kind::kAttention) {
-      // Its scratch: the partial sums' and residuals' space, which no product phase holds now.
-      static_assert(kMaxBlockRows * kConsumerWarps >= kConsumerWarps * kStreamMaxGroup * 128 &&
-                    kMaxBlockRows >= kConsumerWarps * kStreamMaxGroup * 2);
-      // sm.resid: the warps' max and sum of p, then the block-table entries.
-      constexpr int kMl = kConsumerWarps * kStreamMaxGroup * 2;
-      const stream_attention::Scratch sc{&sm.partial[0][0], sm.resid,
-                                         reinterpret_cast<int32_t*>(sm.resid + kMl),
-                                         kMaxBlockRows - kMl, &sm.last};
-      stream_attention::run<kConsumerWarps>(ph.att, sc, counter + 1, [] { consumer_sync(); });
+      stream_attention::run<kConsumerWarps>(ph.att, sc, part, counter + 1, [] { consumer_sync(); });
     } else {
       consume_product(sm, ph, eps, pos);
     }

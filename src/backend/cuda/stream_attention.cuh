@@ -94,24 +94,61 @@ __device__ __forceinline__ float merge_weight(float m, float m_all) {
   return m == -INFINITY ? 0.0f : __expf(m - m_all);
 }
 
-// The phase for the block's part; `consumers` threads (kConsumerWarps warps) take part, and
-// `sync` is their barrier. counters[g] counts KV head g's pieces done (0 before and after).
-template <int kWarps, typename Sync>
-__device__ void run(const StreamAttention& a, const Scratch& sc, unsigned* counters, Sync sync) {
-  const int items = a.hkv * a.splits;
+// The block's part of the phase: KV head g, and the piece's positions [p0, p1) of the sequence's
+// len, of which [p0, c1) are cached (all but the token's own, the last); `table` holds their
+// block-table entries. active == false: the block has no part.
+struct Part {
+  bool active;
+  int g, piece, len, p0, p1, c1;
+  const int32_t* table;  // indexed by a position's block number
+};
+
+// The block's part, its block-table entries staged in shared memory (a piece too long for the
+// room reads them where they are). All of it comes from the step's upload (no kernel of the step
+// writes the length or the table, as attention.cu's decode kernel relies on too), so the chain
+// stages it before it waits for the phase's inputs: the length's and the entries' round trips
+// overlap that wait instead of preceding the K/V loads. The caller's barrier before `run` makes
+// the entries visible.
+template <int kWarps>
+__device__ Part stage(const StreamAttention& a, const Scratch& sc) {
+  Part pt{};
   const int b = blockIdx.x;
-  if (b >= items) return;
-  const int g = b / a.splits, piece = b % a.splits;
+  pt.active = b < a.hkv * a.splits;
+  if (!pt.active) return pt;
+  pt.g = b / a.splits;
+  pt.piece = b % a.splits;
+  pt.len = __ldg(a.seq_len);
+  const int per_piece = (pt.len + a.splits - 1) / a.splits;
+  pt.p0 = pt.piece * per_piece;
+  pt.p1 = min(pt.len, pt.p0 + per_piece);
+  pt.c1 = min(pt.p1, pt.len - 1);
+  const int bs = a.k_cache.block_size;
+  const int e0 = pt.p0 / bs, entries = pt.c1 > pt.p0 ? (pt.c1 - 1) / bs - e0 + 1 : 0;
+  if (entries > sc.table_slots) {
+    pt.table = a.block_table;
+    return pt;
+  }
+  for (int i = threadIdx.x; i < entries; i += 32 * kWarps)
+    sc.table[i] = __ldg(a.block_table + e0 + i);
+  pt.table = sc.table - e0;
+  return pt;
+}
+
+// The phase for the block's part (from `stage`, with a barrier of `sync` since): kWarps warps
+// take part, and `sync` is their barrier. counters[g] counts KV head g's pieces done (0 before
+// and after).
+template <int kWarps, typename Sync>
+__device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt, unsigned* counters,
+                    Sync sync) {
+  if (!pt.active) return;
+  const int g = pt.g, piece = pt.piece, len = pt.len, p0 = pt.p0, p1 = pt.p1, c1 = pt.c1;
   const int group = a.hq / a.hkv;
   const int t = threadIdx.x, warp = t >> 5, lane = t & 31, half = lane >> 4, li = lane & 15;
-  const int len = __ldg(a.seq_len);
-  const int per_piece = (len + a.splits - 1) / a.splits;
-  const int p0 = piece * per_piece, p1 = min(len, p0 + per_piece);
-  // The cached positions of the piece: all but the token's own (the last of the sequence).
-  const int c1 = min(p1, len - 1);
   const bf16* qkv = static_cast<const bf16*>(a.qkv);
   const CacheView& kc = a.k_cache;
   const CacheView& vc = a.v_cache;
+  const int32_t* table = pt.table;
+  const int bs = kc.block_size;
 
   // The group's query heads, rotated: 8 dims of each a lane.
   float q[kStreamMaxGroup][8];
@@ -136,17 +173,6 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, unsigned* count
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
   }
-
-  // The piece's block-table entries, into shared memory in one round trip: otherwise every
-  // round of K and V loads first waits for its own entries (a piece too long for the room reads
-  // them where they are).
-  const int bs = kc.block_size;
-  const int e0 = p0 / bs, entries = c1 > p0 ? (c1 - 1) / bs - e0 + 1 : 0;
-  const bool table_in_smem = entries <= sc.table_slots;
-  if (table_in_smem)
-    for (int i = t; i < entries; i += 32 * kWarps) sc.table[i] = __ldg(a.block_table + e0 + i);
-  sync();
-  const int32_t* table = table_in_smem ? sc.table - e0 : a.block_table;
 
   // The cached positions: half-warp h (of 2 * kWarps) takes p0 + h, p0 + h + 2 * kWarps, ...;
   // the loop runs warp by warp (its sums shuffle across both halves), each lane's position
