@@ -30,7 +30,8 @@
 # building, after checking that they were built from these sources (scripts/source-hash.sh);
 # PAGELLM_LLAMA_AB / PAGELLM_LLAMA2_AB / PAGELLM_DEEPSEEK_AB list settings (VAR=VALUE, several
 # joined by "+") whose batch-1 latency is alternated for PAGELLM_AB_ROUNDS rounds (see
-# ab_latency) on the Llama-3-8B, Llama-2-7B and DeepSeek-V2-Lite shapes.
+# ab_latency) on the Llama-3-8B, Llama-2-7B and DeepSeek-V2-Lite shapes; a setting PAGELLM_REV=<sha>
+# runs the binary of that revision which scripts/gpu-prebuild.sh built (PAGELLM_PREBUILD_REVS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -341,8 +342,18 @@ run_bench() {  # label, pagellm args...
   limit=$(step_limit 240)
   if [ "$limit" -lt 20 ]; then record "bench $label" "skipped: out of time"; return; fi
   t=$(now)
+  # A setting PAGELLM_REV=<sha> runs that revision's binary (scripts/gpu-prebuild.sh with
+  # PAGELLM_PREBUILD_REVS) instead of the sources'.
+  local bin=$build/tools/pagellm w
+  for w in ${bench_env:-}; do
+    if [[ $w == PAGELLM_REV=* ]]; then bin=$build/rev/${w#PAGELLM_REV=}/pagellm; fi
+  done
+  if [ ! -x "$bin" ]; then
+    record "bench $label" "FAILED: no $bin (scripts/gpu-prebuild.sh with PAGELLM_PREBUILD_REVS)"
+    return
+  fi
   # shellcheck disable=SC2086  # bench_env: VAR=VALUE words, set by ab_latency
-  timeout "$limit" env ${bench_env:-} "$build/tools/pagellm" bench "$@" --json \
+  timeout "$limit" env ${bench_env:-} "$bin" bench "$@" --json \
     >"$logs/bench-$label.log" 2>&1
   rc=$?
   tail -1 "$logs/bench-$label.log" >"$logs/bench-$label.json"
