@@ -92,15 +92,18 @@ class GemvStreamChain : public ::testing::Test {
     counter_ = std::make_unique<DevBuf>(*cuda_, zeros.size() * 4);
     counter_->upload(zeros.data(), zeros.size() * 4);
   }
-  // Launches `phases` (host descriptors of device pointers) as one chain and waits for it.
-  void launch(const std::vector<cuda::StreamPhase>& phases) {
+  // Launches `phases` (host descriptors of device pointers) as one chain and waits for it;
+  // with `times`, the timed build of the kernel.
+  void launch(const std::vector<cuda::StreamPhase>& phases,
+              cuda::StreamChainTimes* times = nullptr) {
     ASSERT_LE(phases.size(), static_cast<size_t>(cuda::kMaxStreamPhases));
     cuda::StreamChain chain;
     for (const auto& ph : phases) {
       ASSERT_TRUE(cuda::gemv_stream_chain_supported(ph));
       chain.phase[chain.n_phases++] = ph;
     }
-    cuda::launch_gemv_stream_chain(chain, static_cast<unsigned*>(counter_->data()), 1e-5f, stream_);
+    cuda::launch_gemv_stream_chain(chain, static_cast<unsigned*>(counter_->data()), 1e-5f, stream_,
+                                   times);
     cuda_->synchronize();
   }
   void expect_counter_zero() {
@@ -221,6 +224,27 @@ TEST_F(GemvStreamChain, ChainedEqualsPhaseByPhase) {
       EXPECT_TRUE(
           compare(what + " one launch, run " + std::to_string(rep), outputs(), one_by_one, kExact));
       expect_counter_zero();
+    }
+    // The timed build (PAGELLM_CHAIN_TIMES): the same outputs, and a time for every phase of
+    // its one launch, each block's at most the sum over blocks.
+    const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
+    DevBuf times_d(*cuda_, zeros.size());
+    times_d.upload(zeros.data(), zeros.size());
+    resid->upload(resid_bits.data(), d.hidden * 2);
+    launch(phases, static_cast<cuda::StreamChainTimes*>(times_d.data()));
+    EXPECT_TRUE(compare(what + " timed launch", outputs(), one_by_one, kExact));
+    expect_counter_zero();
+    cuda::StreamChainTimes t;
+    ASSERT_EQ(cudaMemcpy(&t, times_d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
+    const int n = static_cast<int>(phases.size());
+    for (int len = 0; len <= cuda::kMaxStreamPhases; ++len)
+      EXPECT_EQ(t.launches[len], len == n ? 1ull : 0ull) << what << ": launches of " << len;
+    for (int p = 0; p < n; ++p) {
+      EXPECT_GT(t.work[n][p], 0u) << what << ": phase " << p << " took no time";
+      EXPECT_LE(t.work_max[n][p], t.work[n][p]) << what << ": phase " << p;
+      EXPECT_LE(t.wait_max[n][p], t.wait[n][p]) << what << ": phase " << p;
+      EXPECT_LT(t.work[n][p] + t.wait[n][p], 1000000000ull * cuda::gemv_stream_chain_blocks())
+          << what << ": phase " << p << " took over a second a block";
     }
     for (const DevBuf* b : {resid.get(), qkv.get(), act.get()}) EXPECT_TRUE(guards_ok(what, *b));
   }

@@ -120,6 +120,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(side_stream_);
   cudaStreamSynchronize(sample_stream_);
+  if (chain_times_ != nullptr) log_chain_times();
   gemm_.reset();
   side_gemm_.reset();
   if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
@@ -721,7 +722,49 @@ int64_t stream_attention_splits(int64_t hkv) {
                              kStreamMaxSplits);
 }
 
+// PAGELLM_CHAIN_TIMES=1: the chain's launches time their phases (StreamChainTimes) and the
+// backend logs where they went when it is destroyed; a diagnostic (its kernel build takes a few
+// stamps and atomics a phase, and spills 4 bytes), off by default.
+bool chain_times_on() {
+  static const bool on =
+      tuning_knob("PAGELLM_CHAIN_TIMES", 0, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  return on;
+}
+
+std::string describe_phase(const StreamPhase& ph) {
+  if (ph.kind == StreamPhase::Kind::kAttention) {
+    return "attention, " + std::to_string(ph.att.hq) + " / " + std::to_string(ph.att.hkv) +
+           " heads in " + std::to_string(ph.att.splits) + " pieces";
+  }
+  std::string d = ph.norm_w != nullptr ? "norm + " : "";
+  d += std::to_string(ph.m) + " x " + std::to_string(ph.k);
+  if (ph.epilogue == GemvEpilogue::kSwiGlu) d += " SwiGLU";
+  if (ph.epilogue == GemvEpilogue::kAdd) d += " + residual";
+  return d;
+}
+
 }  // namespace
+
+void CudaBackend::log_chain_times() {
+  StreamChainTimes t;
+  if (cudaMemcpy(&t, chain_times_->data(), sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  const double blocks = gemv_stream_chain_blocks();
+  for (int n = 1; n <= kMaxStreamPhases; ++n) {
+    if (t.launches[n] == 0) continue;
+    const double per = 1e3 * static_cast<double>(t.launches[n]) * blocks;  // ns -> us a block
+    double total = 0.0;
+    for (int p = 0; p < n; ++p) total += (t.wait[n][p] + t.work[n][p]) / per;
+    PAGELLM_LOG_INFO("stream chain times: %llu launches of %d phases, %.2f us a block each",
+                     t.launches[n], n, total);
+    for (int p = 0; p < n; ++p) {
+      const std::vector<std::string>& names = chain_phase_names_[n];
+      PAGELLM_LOG_INFO("  phase %d (%s): wait %.2f us (most %.2f), work %.2f us (most %.2f)", p,
+                       p < static_cast<int>(names.size()) ? names[p].c_str() : "?",
+                       t.wait[n][p] / per, t.wait_max[n][p] / 1e3, t.work[n][p] / per,
+                       t.work_max[n][p] / 1e3);
+    }
+  }
+}
 
 bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
   if (!stream_attention_on() || ablated("attention") || ablated("rope_store_kv")) return false;
@@ -817,7 +860,19 @@ void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
     chain_counter_ = must_allocate(bytes, "the projection chain's counters");
     CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, bytes, stream_));
   }
-  launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()), eps, stream_);
+  StreamChainTimes* times = nullptr;
+  if (chain_times_on()) {
+    if (chain_times_ == nullptr) {
+      chain_times_ = must_allocate(sizeof(StreamChainTimes), "the projection chain's times");
+      CUDA_CHECK(cudaMemsetAsync(chain_times_->data(), 0, sizeof(StreamChainTimes), stream_));
+    }
+    std::vector<std::string>& names = chain_phase_names_[chain.n_phases];
+    if (names.empty())
+      for (int p = 0; p < chain.n_phases; ++p) names.push_back(describe_phase(chain.phase[p]));
+    times = static_cast<StreamChainTimes*>(chain_times_->data());
+  }
+  launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()), eps, stream_,
+                           times);
 }
 
 void CudaBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {

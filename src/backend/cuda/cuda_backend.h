@@ -239,6 +239,11 @@ class CudaBackend final : public Backend {
   bool stream_attention_of(const AttentionLink& link, StreamPhase& phase);
   std::unique_ptr<Buffer> chain_counter_;   // launch_gemv_stream_chain's counters
   std::unique_ptr<Buffer> chain_partials_;  // its attention phases' pieces (StreamAttention)
+  // PAGELLM_CHAIN_TIMES=1: the chain's phase times (StreamChainTimes), and each launch length's
+  // phases as the first launch of that length had them, logged when the backend is destroyed.
+  std::unique_ptr<Buffer> chain_times_;
+  std::array<std::vector<std::string>, kMaxStreamPhases + 1> chain_phase_names_;
+  void log_chain_times();
   bool cluster_ok_ = false;  // sm_90: thread-block clusters
   // Device sampling. A call's rows and edits go up and its results come back through one of
   // kSampleSlots pinned host areas and device areas (grown on demand), so a call can be queued

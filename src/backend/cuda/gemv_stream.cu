@@ -320,8 +320,27 @@ __device__ void consume_product(Smem& sm, const StreamPhase& ph, float eps, Ring
   finish_phase(sm, ph, s);
 }
 
+// The global nanosecond timer's low 32 bits: spans under 4 s come out right modulo 2^32, and a
+// stamp held across phases takes one register instead of two.
+__device__ __forceinline__ unsigned global_ns() {
+  unsigned t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
+  return t;
+}
+
+// A block's time of phase p into `times` (thread 0; kTimed builds only).
+__device__ __forceinline__ void add_phase_time(StreamChainTimes* times, int n, int p,
+                                               unsigned start, unsigned ready, unsigned end) {
+  const unsigned long long wait = ready - start, work = end - ready;
+  atomicAdd(&times->wait[n][p], wait);
+  atomicAdd(&times->work[n][p], work);
+  atomicMax(&times->wait_max[n][p], wait);
+  atomicMax(&times->work_max[n][p], work);
+}
+
+template <bool kTimed>
 __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, float eps,
-                        int stages) {
+                        int stages, StreamChainTimes* times) {
   const int t = threadIdx.x;
   const unsigned blocks = gridDim.x;
   RingPos pos;
@@ -340,6 +359,8 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
     if (chain.phase[p].kind == StreamPhase::Kind::kAttention)
       part = stream_attention::stage<kConsumerWarps>(chain.phase[p].att, sc);
   };
+  unsigned start = 0, ready = 0;
+  if constexpr (kTimed) start = global_ns();
   stage(0);
   pdl_wait();  // the first phase's input comes from the kernel before
   const int n_phases = chain.n_phases;
@@ -353,6 +374,7 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
         }
     }
     if (p > 0 || ph.kind == StreamPhase::Kind::kAttention) consumer_sync();
+    if constexpr (kTimed) ready = global_ns();
     if (ph.kind == StreamPhase::Kind::kAttention) {
       stream_attention::run<kConsumerWarps>(ph.att, sc, part, counter + 1, [] { consumer_sync(); });
     } else {
@@ -366,12 +388,21 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
       // block has passed its last wait by then.
       if (p == n_phases - 1 && before == blocks * n_phases - 1) atomicExch(counter, 0u);
     }
+    if constexpr (kTimed) {
+      const unsigned end = global_ns();
+      if (t == 0) {
+        add_phase_time(times, n_phases, p, start, ready, end);
+        if (p == 0 && blockIdx.x == 0) atomicAdd(&times->launches[n_phases], 1ull);
+      }
+      start = end;
+    }
   }
 }
 
+template <bool kTimed>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_chain_kernel(const __grid_constant__ StreamChain chain, unsigned* counter,
-                             float eps, int stages) {
+                             float eps, int stages, StreamChainTimes* times) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   if (threadIdx.x == 0) {
@@ -388,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == kConsumers) produce(sm, chain, stages);
     return;
   }
-  consume(sm, chain, counter, eps, stages);
+  consume<kTimed>(sm, chain, counter, eps, stages, times);
 }
 
 }  // namespace
@@ -398,9 +429,9 @@ int gemv_stream_chain_blocks() {
   return cached_per_device(cache, [](int dev) {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_chain_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(Smem))));
+    for (const auto kernel : {gemv_stream_chain_kernel<false>, gemv_stream_chain_kernel<true>})
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(sizeof(Smem))));
     return sms;
   });
 }
@@ -440,15 +471,20 @@ bool gemv_stream_chain_supported(const StreamPhase& ph) {
 }
 
 void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float eps,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, StreamChainTimes* times) {
   PAGELLM_CHECK_MSG(chain.n_phases > 0 && chain.n_phases <= kMaxStreamPhases,
                     "gemv_stream_chain: 1 to kMaxStreamPhases phases");
   const int blocks = gemv_stream_chain_blocks();
   static const int stages = static_cast<int>(tuning_knob(
       "PAGELLM_STREAM_STAGES", kDefaultStages, [](int64_t v) { return v >= 2 && v <= kStages; }));
   const size_t smem = sizeof(Smem) - static_cast<size_t>(kStages - stages) * kStageBytes;
-  launch_overlapped(gemv_stream_chain_kernel, dim3(blocks), dim3(kThreads), smem, stream, chain,
-                    counter, eps, stages);
+  if (times != nullptr) {
+    launch_overlapped(gemv_stream_chain_kernel<true>, dim3(blocks), dim3(kThreads), smem, stream,
+                      chain, counter, eps, stages, times);
+  } else {
+    launch_overlapped(gemv_stream_chain_kernel<false>, dim3(blocks), dim3(kThreads), smem, stream,
+                      chain, counter, eps, stages, times);
+  }
   CUDA_CHECK(cudaGetLastError());
 }
 

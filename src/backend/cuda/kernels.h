@@ -216,8 +216,23 @@ struct StreamChain {
 // `counters` are kStreamChainCounters device words (the grid-wide count of phases ended, then
 // the attention phases' per-KV-head counts of pieces done), 0 before the launch and 0 after it.
 constexpr int kStreamChainCounters = 1 + kStreamMaxKvHeads;
+// Where the chain's time goes, phase by phase (device memory, zeroed before the first launch;
+// PAGELLM_CHAIN_TIMES=1 in the backend). Indexed [n_phases][p] for launches of n_phases phases:
+// the nanoseconds each block spent from the end of phase p - 1 (for p = 0, the block's start)
+// until every input of phase p was written (`wait`: the grid-wide count, or the kernel before),
+// and from then until its own outputs of phase p were stored (`work`), summed over blocks and
+// launches, and the most one block took; `launches` counts the launches of each length.
+struct StreamChainTimes {
+  unsigned long long wait[kMaxStreamPhases + 1][kMaxStreamPhases];
+  unsigned long long work[kMaxStreamPhases + 1][kMaxStreamPhases];
+  unsigned long long wait_max[kMaxStreamPhases + 1][kMaxStreamPhases];
+  unsigned long long work_max[kMaxStreamPhases + 1][kMaxStreamPhases];
+  unsigned long long launches[kMaxStreamPhases + 1];
+};
+// `times`: null, or where a timed build of the kernel adds its phases' times (a few stamps and
+// atomics a phase; the untimed kernel has none of that code).
 void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counters, float eps,
-                              cudaStream_t stream);
+                              cudaStream_t stream, StreamChainTimes* times = nullptr);
 
 // --- attention.cu ---
 struct AttentionArgs {
