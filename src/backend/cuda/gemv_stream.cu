@@ -338,7 +338,9 @@ __device__ __forceinline__ void add_phase_time(StreamChainTimes* times, int n, i
   atomicMax(&times->work_max[n][p], work);
 }
 
-template <bool kTimed>
+// kAttention: the chain may have attention phases (a build without them has none of their code,
+// so a chain of products alone runs as it did before they existed); kTimed: see StreamChainTimes.
+template <bool kTimed, bool kAttention>
 __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, float eps,
                         int stages, StreamChainTimes* times) {
   const int t = threadIdx.x;
@@ -356,7 +358,7 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   stream_attention::Part part{};
   // Before each wait for a phase's inputs: an attention phase's part, which needs none of them.
   const auto stage = [&](int p) {
-    if (chain.phase[p].kind == StreamPhase::Kind::kAttention)
+    if (kAttention && chain.phase[p].kind == StreamPhase::Kind::kAttention)
       part = stream_attention::stage<kConsumerWarps>(chain.phase[p].att, sc);
   };
   unsigned start = 0, ready = 0;
@@ -373,9 +375,10 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
         while (load_acquire(counter) < blocks * p) {
         }
     }
-    if (p > 0 || ph.kind == StreamPhase::Kind::kAttention) consumer_sync();
+    const bool attention = kAttention && ph.kind == StreamPhase::Kind::kAttention;
+    if (p > 0 || attention) consumer_sync();
     if constexpr (kTimed) ready = global_ns();
-    if (ph.kind == StreamPhase::Kind::kAttention) {
+    if (attention) {
       stream_attention::run<kConsumerWarps>(ph.att, sc, part, counter + 1, [] { consumer_sync(); });
     } else {
       consume_product(sm, ph, eps, pos);
@@ -399,7 +402,7 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   }
 }
 
-template <bool kTimed>
+template <bool kTimed, bool kAttention>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_chain_kernel(const __grid_constant__ StreamChain chain, unsigned* counter,
                              float eps, int stages, StreamChainTimes* times) {
@@ -419,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == kConsumers) produce(sm, chain, stages);
     return;
   }
-  consume<kTimed>(sm, chain, counter, eps, stages, times);
+  consume<kTimed, kAttention>(sm, chain, counter, eps, stages, times);
 }
 
 }  // namespace
@@ -429,7 +432,9 @@ int gemv_stream_chain_blocks() {
   return cached_per_device(cache, [](int dev) {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    for (const auto kernel : {gemv_stream_chain_kernel<false>, gemv_stream_chain_kernel<true>})
+    for (const auto kernel :
+         {gemv_stream_chain_kernel<false, false>, gemv_stream_chain_kernel<false, true>,
+          gemv_stream_chain_kernel<true, false>, gemv_stream_chain_kernel<true, true>})
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(sizeof(Smem))));
     return sms;
@@ -478,13 +483,15 @@ void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float
   static const int stages = static_cast<int>(tuning_knob(
       "PAGELLM_STREAM_STAGES", kDefaultStages, [](int64_t v) { return v >= 2 && v <= kStages; }));
   const size_t smem = sizeof(Smem) - static_cast<size_t>(kStages - stages) * kStageBytes;
-  if (times != nullptr) {
-    launch_overlapped(gemv_stream_chain_kernel<true>, dim3(blocks), dim3(kThreads), smem, stream,
-                      chain, counter, eps, stages, times);
-  } else {
-    launch_overlapped(gemv_stream_chain_kernel<false>, dim3(blocks), dim3(kThreads), smem, stream,
-                      chain, counter, eps, stages, times);
-  }
+  bool attention = false;
+  for (int p = 0; p < chain.n_phases; ++p)
+    attention = attention || chain.phase[p].kind == StreamPhase::Kind::kAttention;
+  const auto kernel = times != nullptr ? (attention ? gemv_stream_chain_kernel<true, true>
+                                                    : gemv_stream_chain_kernel<true, false>)
+                                       : (attention ? gemv_stream_chain_kernel<false, true>
+                                                    : gemv_stream_chain_kernel<false, false>);
+  launch_overlapped(kernel, dim3(blocks), dim3(kThreads), smem, stream, chain, counter, eps, stages,
+                    times);
   CUDA_CHECK(cudaGetLastError());
 }
 
