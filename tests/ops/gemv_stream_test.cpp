@@ -260,6 +260,7 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
   struct AttnCase {
     int hq, hkv, len;
     bool interleaved;
+    int splits = 0;  // pieces a KV head; 0: one a chain block, as the backend picks them
   };
   const int bs = 16, d = 128;
   uint64_t seed = base_seed() + 980;
@@ -267,7 +268,11 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
   for (const AttnCase c :
        {AttnCase{32, 32, 1, false}, AttnCase{32, 32, 7, true}, AttnCase{32, 8, 19, false},
         AttnCase{32, 8, 111, true}, AttnCase{32, 32, 640, false}, AttnCase{32, 8, 640, false},
-        AttnCase{8, 2, 2047, true}, AttnCase{4, 4, 33, false}}) {
+        AttnCase{8, 2, 2047, true}, AttnCase{4, 4, 33, false},
+        // One piece (the output stored without a merge); three; a piece longer than the shared
+        // memory's room for its block-table entries (it reads them where they are).
+        AttnCase{32, 32, 640, false, 1}, AttnCase{8, 2, 2047, false, 3},
+        AttnCase{4, 4, 8000, true, 1}}) {
     Rng rng(++seed);
     const int row = (c.hq + 2 * c.hkv) * d;
     const auto qkv = random_bf16_values(rng, row, 2.0f);
@@ -338,7 +343,8 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     a.hq = c.hq;
     a.hkv = c.hkv;
     a.head_dim = d;
-    a.splits = std::min(cuda::kStreamMaxSplits, std::max(1, blocks / c.hkv));
+    a.splits =
+        c.splits > 0 ? c.splits : std::min(cuda::kStreamMaxSplits, std::max(1, blocks / c.hkv));
     a.scale = params.scale;
     auto partials = std::make_unique<DevBuf>(
         *cuda_, std::max<int64_t>(4, cuda::stream_attention_partials(a) * 4));
@@ -376,7 +382,7 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     for (const DevBuf* b : {out_c.get(), kc_c.get(), vc_c.get(), out2.get(), partials.get()})
       EXPECT_TRUE(guards_ok(what, *b));
   }
-  EXPECT_EQ(cases, 8);
+  EXPECT_EQ(cases, 11);
 }
 
 }  // namespace
