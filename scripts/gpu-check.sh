@@ -321,7 +321,7 @@ if [ $model_built = 1 ]; then
     record "test_model (GPU, $fusions)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
   done
   # The golden and engine tests with one-token attention inside the streamed chain (off by
-  # default until measured; the llama_hd128 fixture has the head size it takes).
+  # default: slower so far; the llama_hd128 fixture has the head size it takes).
   t=$(now)
   PAGELLM_STREAM_ATTENTION=1 timeout "$(step_limit 120)" "$build/tests/test_model" \
     --gtest_filter='*/GoldenCuda.*:EngineCuda.*' >"$logs/test_model_stream_attention.log" 2>&1

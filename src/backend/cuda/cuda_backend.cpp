@@ -703,8 +703,9 @@ bool stream_phase_of(const Backend::ProjectionLink& k, StreamPhase& ph) {
 
 // Whether projection_chain takes a one-token attention link into the streamed chain
 // (PAGELLM_STREAM_ATTENTION=1); otherwise it runs apart, RoPE with the KV store, then attention.
-// Off by default until it has run on a GPU: its op test (GemvStreamChain.AttentionPhase...) and
-// the golden fixture of Llama's head size (llama_hd128) check it, gpu-check runs both with it on.
+// Off by default: it is correct (its op test, GemvStreamChain.AttentionPhase..., and the golden
+// fixture of Llama's head size, llama_hd128, pass on an H200; gpu-check runs both with it on) but
+// decodes slower than the two kernels apart (docs/PERF.md, thirtieth round).
 bool stream_attention_on() {
   static const bool on =
       tuning_knob("PAGELLM_STREAM_ATTENTION", 0, [](int64_t v) { return v == 0 || v == 1; }) != 0;
