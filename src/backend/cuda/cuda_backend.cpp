@@ -660,8 +660,7 @@ namespace {
 // Whether projection_chain runs one-row chains as one streamed launch. On by default;
 // PAGELLM_STREAM_CHAIN=0 runs the links one by one (to measure it).
 bool stream_chain_on() {
-  static const bool on =
-      tuning_knob("PAGELLM_STREAM_CHAIN", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool on = tuning_switch("PAGELLM_STREAM_CHAIN", true);
   return on;
 }
 
@@ -707,8 +706,7 @@ bool stream_phase_of(const Backend::ProjectionLink& k, StreamPhase& ph) {
 // fixture of Llama's head size, llama_hd128, pass on an H200; gpu-check runs both with it on) but
 // decodes slower than the two kernels apart (docs/PERF.md, thirtieth round).
 bool stream_attention_on() {
-  static const bool on =
-      tuning_knob("PAGELLM_STREAM_ATTENTION", 0, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool on = tuning_switch("PAGELLM_STREAM_ATTENTION", false);
   return on;
 }
 
@@ -727,8 +725,7 @@ int64_t stream_attention_splits(int64_t hkv) {
 // backend logs where they went when it is destroyed; a diagnostic (its kernel build takes a few
 // stamps and atomics a phase, and spills 4 bytes), off by default.
 bool chain_times_on() {
-  static const bool on =
-      tuning_knob("PAGELLM_CHAIN_TIMES", 0, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool on = tuning_switch("PAGELLM_CHAIN_TIMES", false);
   return on;
 }
 
@@ -1173,8 +1170,7 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   // lean kernel, whose launch carries up to kGreedyParamRows rows' logits rows itself, so the
   // call uploads nothing and the step waits for no copy. PAGELLM_SAMPLE_LEAN=0 keeps them on the
   // general kernel (A/B runs).
-  static const bool lean_on =
-      tuning_knob("PAGELLM_SAMPLE_LEAN", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool lean_on = tuning_switch("PAGELLM_SAMPLE_LEAN", true);
   bool lean = lean_on && group == 0;
   // The kernel trusts these: an edit list out of order or out of range would read out of bounds.
   for (int32_t i = 0; i < n_rows; ++i) {
@@ -1322,8 +1318,7 @@ void CudaBackend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
   // The last call's tokens are in the hand-over area, where the step's embedding takes them
   // (launch_embedding): nothing to queue. PAGELLM_EMBED_TAKES=0 takes them with a kernel of
   // their own, as any earlier call's are (A/B runs).
-  static const bool embed_takes =
-      tuning_knob("PAGELLM_EMBED_TAKES", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool embed_takes = tuning_switch("PAGELLM_EMBED_TAKES", true);
   if (embed_takes && ticket == handover_ticket_) return;
   // Queued after the sampling kernel on the same stream: its results are there.
   launch_take_sampled_tokens(static_cast<int32_t*>(tokens.data), tokens.numel(),

@@ -34,8 +34,7 @@ RowView row_view(const Tensor& t) {
 // Whether a one-token GEMV step makes its down products and combine in one kernel (moe.h). On by
 // default; PAGELLM_MOE_FUSED_COMBINE=0 keeps the two kernels (A/B runs).
 bool fused_down_combine() {
-  static const bool on =
-      tuning_knob("PAGELLM_MOE_FUSED_COMBINE", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool on = tuning_switch("PAGELLM_MOE_FUSED_COMBINE", true);
   return on;
 }
 

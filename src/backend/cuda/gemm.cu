@@ -52,8 +52,7 @@ int64_t bucket_top(int64_t n) {
 }
 // PAGELLM_GEMM_PRELOAD=0: no preloading, every plan the heuristic's (to measure what it buys).
 bool preload_enabled() {
-  static const bool on =
-      tuning_knob("PAGELLM_GEMM_PRELOAD", 1, [](int64_t v) { return v == 0 || v == 1; }) == 1;
+  static const bool on = tuning_switch("PAGELLM_GEMM_PRELOAD", true);
   return on;
 }
 

@@ -328,8 +328,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvPara
 
 // PAGELLM_GEMV_SHORT=0 keeps short-row batched products on the kernel above (to measure).
 bool short_rows_enabled() {
-  static const bool on =
-      tuning_knob("PAGELLM_GEMV_SHORT", 1, [](int64_t v) { return v == 0 || v == 1; }) != 0;
+  static const bool on = tuning_switch("PAGELLM_GEMV_SHORT", true);
   return on;
 }
 
