@@ -304,6 +304,16 @@ if [ $model_built = 1 ]; then
   rc=$?
   grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model.log" | head -40
   record "test_model (golden)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  # The GPU golden and engine tests under one setting: label, log name, VAR=VALUE, filter.
+  model_variant() {
+    local t rc
+    t=$(now)
+    env "$3" timeout "$(step_limit 120)" "$build/tests/test_model" --gtest_filter="$4" \
+      >"$logs/$2.log" 2>&1
+    rc=$?
+    grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/$2.log" | head -20
+    record "test_model (GPU, $1)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  }
   # The golden and engine tests on the GPU without SwiGLU in the gate|up GEMV (the default has
   # it; "none": the SiLU kernel apart), and the engine tests with the norm weights folded into
   # the projections (the fold's extra rounding of the weights puts 3 of the 13 golden fixtures
@@ -313,22 +323,12 @@ if [ $model_built = 1 ]; then
   IFS=';' read -ra fusion_runs <<<"${PAGELLM_CHECK_FUSION_RUNS:-none */GoldenCuda.*:EngineCuda.*;fold EngineCuda.*}"
   for run in "${fusion_runs[@]}"; do
     fusions=${run%% *}
-    t=$(now)
-    PAGELLM_GEMV_FUSIONS=$fusions timeout "$(step_limit 120)" "$build/tests/test_model" \
-      --gtest_filter="${run#* }" >"$logs/test_model_$fusions.log" 2>&1
-    rc=$?
-    grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_$fusions.log" | head -20
-    record "test_model (GPU, $fusions)" "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+    model_variant "$fusions" "test_model_$fusions" "PAGELLM_GEMV_FUSIONS=$fusions" "${run#* }"
   done
   # The golden and engine tests with one-token attention inside the streamed chain (off by
   # default: slower so far; the llama_hd128 fixture has the head size it takes).
-  t=$(now)
-  PAGELLM_STREAM_ATTENTION=1 timeout "$(step_limit 120)" "$build/tests/test_model" \
-    --gtest_filter='*/GoldenCuda.*:EngineCuda.*' >"$logs/test_model_stream_attention.log" 2>&1
-  rc=$?
-  grep -E "^\[ +(FAILED|PASSED) +\]|Failure" "$logs/test_model_stream_attention.log" | head -20
-  record "test_model (GPU, attention in the chain)" \
-    "$([ "$rc" = 0 ] && echo ok || echo "FAILED rc=$rc") ($(( $(now) - t ))s)"
+  model_variant "attention in the chain" test_model_stream_attention PAGELLM_STREAM_ATTENTION=1 \
+    '*/GoldenCuda.*:EngineCuda.*'
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---

@@ -15,9 +15,10 @@
 # PAGELLM_CHECK_KERNEL_BENCH=1 PAGELLM_KERNEL_BENCHES=<the same names>), PAGELLM_PREBUILD_REVS
 # (other revisions whose pagellm to build too, each in build/rev/<sha> from `git archive`, into
 # .carry/prebuilt/rev/<sha, 7 digits>: gpu-check's A/B lists then alternate them with the
-# sources' binary, a setting PAGELLM_REV=<sha>, with no build on the GPU machine), PAGELLM_PREBUILD_TESTS=0 (leave
-# out test_ops and test_model, ~26 MB, for a benchmarks-only run, PAGELLM_CHECK_TESTS=0: with a
-# revision's pagellm beside it, the whole carry must stay under the 64 MiB a copy takes).
+# sources' binary, a setting PAGELLM_REV=<sha>, with no build on the GPU machine),
+# PAGELLM_PREBUILD_TESTS=0 (leave out test_ops and test_model, ~26 MB, for a benchmarks-only run,
+# PAGELLM_CHECK_TESTS=0: with a revision's pagellm beside it, the whole carry must stay under the
+# 64 MiB a copy takes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${PAGELLM_BUILD_DIR:-build/cuda-dev}
