@@ -55,8 +55,9 @@ struct Smem {
   uint64_t empty[kStages];  // every consumer warp is done with a stage
   float partial[kMaxBlockRows][kConsumerWarps];
   float resid[kMaxBlockRows];  // kAdd: the outputs' values before the phase
+  // The norm's per-warp sums; in an attention phase (no norm), red[0] says whether the block
+  // merges its KV head's pieces: a word of its own would move the ring 128 bytes further.
   float red[kConsumerWarps];
-  unsigned last;  // an attention phase's block merges its KV head's pieces
   // Last: a launch with fewer stages allocates less of it.
   alignas(128) uint4 ring[kStages][kStageBytes / 16];
 };
@@ -354,7 +355,7 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   constexpr int kMl = kConsumerWarps * kStreamMaxGroup * 2;
   const stream_attention::Scratch sc{&sm.partial[0][0], sm.resid,
                                      reinterpret_cast<int32_t*>(sm.resid + kMl),
-                                     kMaxBlockRows - kMl, &sm.last};
+                                     kMaxBlockRows - kMl, reinterpret_cast<unsigned*>(sm.red)};
   stream_attention::Part part{};
   // Before each wait for a phase's inputs: an attention phase's part, which needs none of them.
   const auto stage = [&](int p) {
