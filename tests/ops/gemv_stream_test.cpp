@@ -93,13 +93,19 @@ class GemvStreamChain : public ::testing::Test {
     counter_->upload(zeros.data(), zeros.size() * 4);
   }
   // Launches `phases` (host descriptors of device pointers) as one chain and waits for it;
-  // with `times`, the timed build of the kernel.
-  void launch(const std::vector<cuda::StreamPhase>& phases,
-              cuda::StreamChainTimes* times = nullptr) {
+  // with `times`, the timed build of the kernel; `att`, the operands of an attention phase.
+  void launch(const std::vector<cuda::StreamPhase>& phases, cuda::StreamChainTimes* times = nullptr,
+              const cuda::StreamAttention* att = nullptr) {
     ASSERT_LE(phases.size(), static_cast<size_t>(cuda::kMaxStreamPhases));
     cuda::StreamChain chain;
     for (const auto& ph : phases) {
-      ASSERT_TRUE(cuda::gemv_stream_chain_supported(ph));
+      if (ph.kind == cuda::StreamPhase::Kind::kAttention) {
+        ASSERT_NE(att, nullptr);
+        ASSERT_TRUE(cuda::gemv_stream_attention_supported(*att));
+        chain.att = *att;
+      } else {
+        ASSERT_TRUE(cuda::gemv_stream_chain_supported(ph));
+      }
       chain.phase[chain.n_phases++] = ph;
     }
     cuda::launch_gemv_stream_chain(chain, static_cast<unsigned*>(counter_->data()), 1e-5f, stream_,
@@ -330,7 +336,7 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     const int blocks = cuda::gemv_stream_chain_blocks();
     cuda::StreamPhase ph;
     ph.kind = cuda::StreamPhase::Kind::kAttention;
-    cuda::StreamAttention& a = ph.att;
+    cuda::StreamAttention a;
     a.qkv = qkv_c->data();
     a.cos_sin = static_cast<const float*>(cs_d->data());
     a.interleaved = c.interleaved;
@@ -352,7 +358,7 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     a.out = out_c->data();
     const std::string what = Label("gemv_stream_chain attention", seed)("hq", c.hq)("hkv", c.hkv)(
         "len", c.len)("interleaved", c.interleaved)("splits", a.splits);
-    launch({ph});
+    launch({ph}, nullptr, &a);
     ++cases;
     EXPECT_TRUE(compare(what + " out", download_bf16(*out_c), download_bf16(*out_r), kBf16Tol));
     EXPECT_TRUE(compare(what + " k_cache", download_bf16(*kc_c), download_bf16(*kc_r), kBf16Tol));
@@ -373,7 +379,7 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     prod.x = out_c->data();
     prod.out = out2->data();
     prod.epilogue = GemvEpilogue::kAdd;
-    launch({ph, prod});
+    launch({ph, prod}, nullptr, &a);
     const std::vector<float> attn = download_bf16(*out_c);
     std::vector<float> want, slack;
     reference({m, c.hq * d, GemvEpilogue::kAdd, false}, attn, w, {}, resid, want, slack);

@@ -729,10 +729,11 @@ bool chain_times_on() {
   return on;
 }
 
-std::string describe_phase(const StreamPhase& ph) {
+std::string describe_phase(const StreamChain& chain, int p) {
+  const StreamPhase& ph = chain.phase[p];
   if (ph.kind == StreamPhase::Kind::kAttention) {
-    return "attention, " + std::to_string(ph.att.hq) + " / " + std::to_string(ph.att.hkv) +
-           " heads in " + std::to_string(ph.att.splits) + " pieces";
+    return "attention, " + std::to_string(chain.att.hq) + " / " + std::to_string(chain.att.hkv) +
+           " heads in " + std::to_string(chain.att.splits) + " pieces";
   }
   std::string d = ph.norm_w != nullptr ? "norm + " : "";
   d += std::to_string(ph.m) + " x " + std::to_string(ph.k);
@@ -764,7 +765,7 @@ void CudaBackend::log_chain_times() {
   }
 }
 
-bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
+bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamAttention& s) {
   if (!stream_attention_on() || ablated("attention") || ablated("rope_store_kv")) return false;
   const Tensor &q = *k.q, &kk = *k.k, &v = *k.v, &cs = *k.cos_sin, &out = *k.out;
   const AttentionMeta& meta = *k.meta;
@@ -785,8 +786,6 @@ bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
     return false;
   const AttentionArgs a = attention_args(q, *k.k_cache, *k.v_cache, meta, *k.params, out);
   if (attention_mla_wanted(a)) return false;
-  StreamAttention& s = ph.att;
-  ph.kind = StreamPhase::Kind::kAttention;
   s.qkv = q.data;
   s.cos_sin = static_cast<const float*>(cs.data);
   s.interleaved = k.interleaved;
@@ -810,7 +809,7 @@ bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamPhase& ph) {
                                     "the projection chain's attention pieces");
   }
   s.partials = static_cast<float*>(chain_partials_->data());
-  return gemv_stream_chain_supported(ph);
+  return gemv_stream_attention_supported(s);
 }
 
 void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
@@ -823,13 +822,16 @@ void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
   StreamChain chain;
   // The launch normalizes with one eps: every norm of the chain must have it.
   float eps = 0.0f;
-  bool have_eps = false, fits = stream_chain_on() && !links.empty() &&
-                                links.size() <= static_cast<size_t>(kMaxStreamPhases);
+  bool have_eps = false, have_attention = false,
+       fits = stream_chain_on() && !links.empty() &&
+              links.size() <= static_cast<size_t>(kMaxStreamPhases);
   for (const ProjectionLink& k : links) {
     if (!fits) break;
     StreamPhase& ph = chain.phase[chain.n_phases++];
-    if (k.kind == Kind::kAttention) {
-      fits = stream_attention_of(*k.attention, ph);
+    if (k.kind == Kind::kAttention) {  // one a chain: its operands are the chain's (chain.att)
+      ph.kind = StreamPhase::Kind::kAttention;
+      fits = !have_attention && stream_attention_of(*k.attention, chain.att);
+      have_attention = true;
       continue;
     }
     fits = stream_phase_of(k, ph);
@@ -866,7 +868,7 @@ void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
     }
     std::vector<std::string>& names = chain_phase_names_[chain.n_phases];
     if (names.empty())
-      for (int p = 0; p < chain.n_phases; ++p) names.push_back(describe_phase(chain.phase[p]));
+      for (int p = 0; p < chain.n_phases; ++p) names.push_back(describe_phase(chain, p));
     times = static_cast<StreamChainTimes*>(chain_times_->data());
   }
   launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()), eps, stream_,

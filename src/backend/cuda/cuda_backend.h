@@ -236,7 +236,7 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
   // The chain's attention phase for an attention link, or false when it cannot join the chain.
-  bool stream_attention_of(const AttentionLink& link, StreamPhase& phase);
+  bool stream_attention_of(const AttentionLink& link, StreamAttention& att);
   std::unique_ptr<Buffer> chain_counter_;   // launch_gemv_stream_chain's counters
   std::unique_ptr<Buffer> chain_partials_;  // its attention phases' pieces (StreamAttention)
   // PAGELLM_CHAIN_TIMES=1: the chain's phase times (StreamChainTimes), and each launch length's

@@ -339,8 +339,9 @@ __device__ __forceinline__ void add_phase_time(StreamChainTimes* times, int n, i
   atomicMax(&times->work_max[n][p], work);
 }
 
-// kAttention: the chain may have attention phases (a build without them has none of their code,
-// so a chain of products alone runs as it did before they existed); kTimed: see StreamChainTimes.
+// kAttention: the chain may have an attention phase (a build without one has none of its code,
+// so a chain of products alone runs as it did before attention phases existed); kTimed: see
+// StreamChainTimes.
 template <bool kTimed, bool kAttention>
 __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, float eps,
                         int stages, StreamChainTimes* times) {
@@ -360,7 +361,7 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   // Before each wait for a phase's inputs: an attention phase's part, which needs none of them.
   const auto stage = [&](int p) {
     if (kAttention && chain.phase[p].kind == StreamPhase::Kind::kAttention)
-      part = stream_attention::stage<kConsumerWarps>(chain.phase[p].att, sc);
+      part = stream_attention::stage<kConsumerWarps>(chain.att, sc);
   };
   unsigned start = 0, ready = 0;
   if constexpr (kTimed) start = global_ns();
@@ -380,7 +381,8 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
     if (p > 0 || attention) consumer_sync();
     if constexpr (kTimed) ready = global_ns();
     if (attention) {
-      stream_attention::run<kConsumerWarps>(ph.att, sc, part, counter + 1, [] { consumer_sync(); });
+      stream_attention::run<kConsumerWarps>(chain.att, sc, part, counter + 1,
+                                            [] { consumer_sync(); });
     } else {
       consume_product(sm, ph, eps, pos);
     }
@@ -454,19 +456,19 @@ bool cache_fits(const CacheView& c, int hkv) {
 }
 }  // namespace
 
+bool gemv_stream_attention_supported(const StreamAttention& a) {
+  return device_is_sm90() && a.hkv > 0 && a.hkv <= kStreamMaxKvHeads && a.hq % a.hkv == 0 &&
+         a.hq / a.hkv <= kStreamMaxGroup && a.head_dim == stream_attention::kDim && a.splits >= 1 &&
+         a.splits <= kStreamMaxSplits && a.hkv * a.splits <= gemv_stream_chain_blocks() &&
+         a.qkv != nullptr && reinterpret_cast<uintptr_t>(a.qkv) % 16 == 0 && a.cos_sin != nullptr &&
+         a.slot != nullptr && a.seq_len != nullptr && a.block_table != nullptr &&
+         a.out != nullptr && (a.splits == 1 || a.partials != nullptr) &&
+         cache_fits(a.k_cache, a.hkv) && cache_fits(a.v_cache, a.hkv);
+}
+
 bool gemv_stream_chain_supported(const StreamPhase& ph) {
   if (!device_is_sm90()) return false;  // bulk copies and transaction-counted barriers
-  if (ph.kind == StreamPhase::Kind::kAttention) {
-    const StreamAttention& a = ph.att;
-    return a.hkv > 0 && a.hkv <= kStreamMaxKvHeads && a.hq % a.hkv == 0 &&
-           a.hq / a.hkv <= kStreamMaxGroup && a.head_dim == stream_attention::kDim &&
-           a.splits >= 1 && a.splits <= kStreamMaxSplits &&
-           a.hkv * a.splits <= gemv_stream_chain_blocks() && a.qkv != nullptr &&
-           reinterpret_cast<uintptr_t>(a.qkv) % 16 == 0 && a.cos_sin != nullptr &&
-           a.slot != nullptr && a.seq_len != nullptr && a.block_table != nullptr &&
-           a.out != nullptr && (a.splits == 1 || a.partials != nullptr) &&
-           cache_fits(a.k_cache, a.hkv) && cache_fits(a.v_cache, a.hkv);
-  }
+  if (ph.kind != StreamPhase::Kind::kProduct) return false;
   const int outputs = ph.epilogue == GemvEpilogue::kSwiGlu ? ph.m / 2 : ph.m;
   const int blocks = gemv_stream_chain_blocks();
   const int block_rows = (outputs + blocks - 1) / blocks * (ph.m == outputs ? 1 : 2);
@@ -484,13 +486,14 @@ void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float
   static const int stages = static_cast<int>(tuning_knob(
       "PAGELLM_STREAM_STAGES", kDefaultStages, [](int64_t v) { return v >= 2 && v <= kStages; }));
   const size_t smem = sizeof(Smem) - static_cast<size_t>(kStages - stages) * kStageBytes;
-  bool attention = false;
+  int attention = 0;
   for (int p = 0; p < chain.n_phases; ++p)
-    attention = attention || chain.phase[p].kind == StreamPhase::Kind::kAttention;
-  const auto kernel = times != nullptr ? (attention ? gemv_stream_chain_kernel<true, true>
-                                                    : gemv_stream_chain_kernel<true, false>)
-                                       : (attention ? gemv_stream_chain_kernel<false, true>
-                                                    : gemv_stream_chain_kernel<false, false>);
+    attention += chain.phase[p].kind == StreamPhase::Kind::kAttention ? 1 : 0;
+  PAGELLM_CHECK_MSG(attention <= 1, "gemv_stream_chain: one attention phase at most");
+  const auto kernel = times != nullptr ? (attention > 0 ? gemv_stream_chain_kernel<true, true>
+                                                        : gemv_stream_chain_kernel<true, false>)
+                                       : (attention > 0 ? gemv_stream_chain_kernel<false, true>
+                                                        : gemv_stream_chain_kernel<false, false>);
   launch_overlapped(kernel, dim3(blocks), dim3(kThreads), smem, stream, chain, counter, eps, stages,
                     times);
   CUDA_CHECK(cudaGetLastError());

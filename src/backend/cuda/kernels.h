@@ -162,11 +162,11 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
                          int64_t batch, cudaStream_t stream);
 
 // --- gemv_stream.cu ---
-// A chain's attention step for its one token (kind kAttention), so the step's weights keep
-// streaming through it: RoPE on the token's q and k heads (rotary_dim == head_dim), its k and v
-// stored to cache slot *slot, attention over the sequence's *seq_len positions (the token's
-// last) in `splits` pieces a KV head, the pieces merged into out (bf16 [hq * head_dim]). head_dim
-// 128, up to kStreamMaxGroup query heads a KV head, no window or softcap.
+// A chain's attention step for its one token (its phase of kind kAttention), so the step's weights
+// keep streaming through it: RoPE on the token's q and k heads (rotary_dim == head_dim), its k and
+// v stored to cache slot *slot, attention over the sequence's *seq_len positions (the token's last)
+// in `splits` pieces a KV head, the pieces merged into out (bf16 [hq * head_dim]). head_dim 128, up
+// to kStreamMaxGroup query heads a KV head, no window or softcap.
 constexpr int kStreamMaxGroup = 4;
 constexpr int kStreamMaxKvHeads = 64;
 constexpr int kStreamMaxSplits = 16;
@@ -185,13 +185,14 @@ struct StreamAttention {
 };
 // Workspace floats of its partials.
 int64_t stream_attention_partials(const StreamAttention& a);
+bool gemv_stream_attention_supported(const StreamAttention& a);
 // One phase of a chain run in one launch: a one-row product (kProduct: out = x . w^T, bf16 w
 // [m, K], x [K], out [m]; kSwiGlu: w is [gate; up], out [m / 2]; kAdd: out += the product; x
-// first RMS-normalized and scaled by norm_w (f32 [K]) when that is set), or an attention step
-// (kAttention: `att`). x may be what an earlier phase of the chain writes.
+// first RMS-normalized and scaled by norm_w (f32 [K]) when that is set), or the chain's attention
+// step (kAttention: StreamChain::att, the fields below unused). x may be what an earlier phase of
+// the chain writes.
 struct StreamPhase {
   enum class Kind { kProduct, kAttention };
-  Kind kind = Kind::kProduct;
   // kProduct:
   const void* w = nullptr;
   int m = 0, k = 0;
@@ -199,18 +200,21 @@ struct StreamPhase {
   const float* norm_w = nullptr;
   void* out = nullptr;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
-  // kAttention:
-  StreamAttention att;
+  Kind kind = Kind::kProduct;  // last: it shares the epilogue's 8 bytes
 };
+// A product phase's shape and operands fit the chain's kernel.
 bool gemv_stream_chain_supported(const StreamPhase& phase);
 // Blocks of a chain's launch (one an SM).
 int gemv_stream_chain_blocks();
 // The phases in order, each starting once every output of the one before is written; the
 // weights of later phases stream while earlier ones finish. Passed by value (the launch's
-// parameters), so a recorded graph keeps them.
+// parameters), so a recorded graph keeps them. At most one phase is attention, its operands in
+// `att` rather than in every phase: the launch's parameters stay small (a chain of products alone
+// decoded ~1% slower with 2.7 KB of them than with 0.9 KB; docs/PERF.md, thirty-first round).
 constexpr int kMaxStreamPhases = 8;
 struct StreamChain {
   StreamPhase phase[kMaxStreamPhases];
+  StreamAttention att;
   int n_phases = 0;
 };
 // `counters` are kStreamChainCounters device words (the grid-wide count of phases ended, then
