@@ -22,7 +22,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -149,12 +148,14 @@ struct RingPos {
   }
 };
 
+// kAttention: as consume's (a product-only build tests no phase's kind).
+template <bool kAttention>
 __device__ void produce(Smem& sm, const StreamChain& chain, int stages) {
   RingPos pos;
   pos.n = stages;
   for (int p = 0; p < chain.n_phases; ++p) {
     const StreamPhase& ph = chain.phase[p];
-    if (ph.kind == StreamPhase::Kind::kAttention) continue;  // no weights
+    if (kAttention && ph.kind == StreamPhase::Kind::kAttention) continue;  // no weights
     const Share s = share_of(ph, blockIdx.x, gridDim.x);
     const int rps = rows_per_stage(ph.k);
     const size_t row_bytes = static_cast<size_t>(ph.k) * 2;
@@ -298,25 +299,40 @@ __device__ void finish_phase(Smem& sm, const StreamPhase& ph, const Share& s) {
   }
 }
 
-// f(std::integral_constant<int, J>) for the J (1 to kMaxXPieces) that is `pieces`, kMaxXPieces
-// for more: a runtime count as the compile-time constant a stage loop unrolls by.
-template <int J = 1, typename F>
-__device__ __forceinline__ void with_pieces(int pieces, F&& f) {
-  if constexpr (J == kMaxXPieces) {
-    f(std::integral_constant<int, J>{});
-  } else if (pieces <= J) {
-    f(std::integral_constant<int, J>{});
-  } else {
-    with_pieces<J + 1>(pieces, f);
-  }
-}
-
 // A product phase's part of the block: its stages, then its outputs.
 __device__ void consume_product(Smem& sm, const StreamPhase& ph, float eps, RingPos& pos) {
   const Share s = share_of(ph, blockIdx.x, gridDim.x);
-  // The pieces of a row a thread multiplies, as a constant of the stage loop.
-  with_pieces((ph.k / 8 + kConsumers - 1) / kConsumers,
-              [&](auto pieces) { consume_stages<decltype(pieces)::value>(sm, ph, s, eps, pos); });
+  // The pieces of a row a thread multiplies, as a constant of the stage loop. A switch (a jump
+  // table), and the phase loop's barriers inside its `if (p > 0)`, as in 71d643b: with them the
+  // product-only build's machine code is 71d643b's instruction for instruction, where a template
+  // recursion over the count and a barrier after the `if` came out 24 instructions longer and
+  // scheduled otherwise, in sources that decoded 1.2% slower (docs/PERF.md, thirty-first round).
+  switch ((ph.k / 8 + kConsumers - 1) / kConsumers) {
+    case 1:
+      consume_stages<1>(sm, ph, s, eps, pos);
+      break;
+    case 2:
+      consume_stages<2>(sm, ph, s, eps, pos);
+      break;
+    case 3:
+      consume_stages<3>(sm, ph, s, eps, pos);
+      break;
+    case 4:
+      consume_stages<4>(sm, ph, s, eps, pos);
+      break;
+    case 5:
+      consume_stages<5>(sm, ph, s, eps, pos);
+      break;
+    case 6:
+      consume_stages<6>(sm, ph, s, eps, pos);
+      break;
+    case 7:
+      consume_stages<7>(sm, ph, s, eps, pos);
+      break;
+    default:
+      consume_stages<8>(sm, ph, s, eps, pos);
+      break;
+  }
   consumer_sync();  // every warp's partial sums are in
   finish_phase(sm, ph, s);
 }
@@ -370,15 +386,17 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   const int n_phases = chain.n_phases;
   for (int p = 0; p < n_phases; ++p) {
     const StreamPhase& ph = chain.phase[p];
+    const bool attention = kAttention && ph.kind == StreamPhase::Kind::kAttention;
     if (p > 0) {
       stage(p);
       // Every block's outputs of phase p - 1 are written.
       if (t == 0)
         while (load_acquire(counter) < blocks * p) {
         }
+      consumer_sync();
+    } else if (attention) {
+      consumer_sync();  // the part's staged block-table entries
     }
-    const bool attention = kAttention && ph.kind == StreamPhase::Kind::kAttention;
-    if (p > 0 || attention) consumer_sync();
     if constexpr (kTimed) ready = global_ns();
     if (attention) {
       stream_attention::run<kConsumerWarps>(chain.att, sc, part, counter + 1,
@@ -422,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_allow_next();  // the next kernel may land as this one's blocks leave; it waits for all
   if (threadIdx.x >= kConsumers) {
     // Weights only: nothing a kernel before writes, so no wait before streaming them.
-    if (threadIdx.x == kConsumers) produce(sm, chain, stages);
+    if (threadIdx.x == kConsumers) produce<kAttention>(sm, chain, stages);
     return;
   }
   consume<kTimed, kAttention>(sm, chain, counter, eps, stages, times);
