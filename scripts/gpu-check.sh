@@ -359,7 +359,7 @@ run_bench() {  # label, pagellm args...
   tail -1 "$logs/bench-$label.log" >"$logs/bench-$label.json"
   grep -vE '^\{' "$logs/bench-$label.log" | grep -v INFO | sed 's/^/    /'
   # PAGELLM_CHAIN_TIMES=1 in a setting: the chain's phase times, logged as the run ends.
-  grep -E 'INFO (stream chain times|  phase [0-9])' "$logs/bench-$label.log" | sed 's/^.*INFO /    /'
+  grep -E 'INFO (stream chain times|  phase [0-9]|  attention steps)' "$logs/bench-$label.log" | sed 's/^.*INFO /    /'
   # A model larger than this GPU (Mixtral-8x7B's 93 GB on an 80 GB card) is the card's limit,
   # not a failure: pagellm says so as it stops loading ("... is out of memory for ... of weights)").
   local oom

@@ -366,6 +366,29 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     EXPECT_TRUE(compare(what + " q|k|v unchanged", download_bf16(*qkv_c), qkv, kExact));
     expect_counter_zero();
 
+    // The timed build (PAGELLM_CHAIN_TIMES): the same output bit for bit (the token's k and v
+    // stored again, unchanged), a time for every step of every block that takes part, and the
+    // pieces' merge by one block a KV head when there are pieces to merge.
+    {
+      const std::vector<float> untimed = download_bf16(*out_c);
+      const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
+      DevBuf times_d(*cuda_, zeros.size());
+      times_d.upload(zeros.data(), zeros.size());
+      launch({ph}, static_cast<cuda::StreamChainTimes*>(times_d.data()), &a);
+      EXPECT_TRUE(compare(what + " timed out", download_bf16(*out_c), untimed, kExact));
+      expect_counter_zero();
+      cuda::StreamChainTimes t;
+      ASSERT_EQ(cudaMemcpy(&t, times_d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(t.attention_blocks, static_cast<unsigned long long>(c.hkv) * a.splits) << what;
+      EXPECT_EQ(t.merging_blocks, a.splits > 1 ? static_cast<unsigned long long>(c.hkv) : 0ull)
+          << what;
+      for (int i = 0; i < cuda::kStreamAttentionSteps; ++i) {
+        if (i == cuda::kStreamAttentionSteps - 1 && a.splits == 1) continue;
+        EXPECT_GT(t.attention_step[i], 0ull) << what << ": attention step " << i;
+      }
+      EXPECT_EQ(t.launches[1], 1ull) << what;
+    }
+
     // o_proj's form after it: out2 += attn . w^T, against the host's product of attn.
     const int m = 256;
     const auto w = random_bf16_values(rng, static_cast<int64_t>(m) * c.hq * d, 0.05f);

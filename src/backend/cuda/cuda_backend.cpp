@@ -763,6 +763,15 @@ void CudaBackend::log_chain_times() {
                        t.work_max[n][p] / 1e3);
     }
   }
+  if (t.attention_blocks == 0) return;
+  const double per = 1e3 * static_cast<double>(t.attention_blocks);
+  PAGELLM_LOG_INFO(
+      "  attention steps, us a block: q and RoPE %.2f, K/V positions %.2f, own k/v and warps' "
+      "merge %.2f, sums stored and counted %.2f; pieces' merge %.2f a merging block (%llu of %llu)",
+      t.attention_step[0] / per, t.attention_step[1] / per, t.attention_step[2] / per,
+      t.attention_step[3] / per,
+      t.merging_blocks > 0 ? t.attention_step[4] / (1e3 * t.merging_blocks) : 0.0, t.merging_blocks,
+      t.attention_blocks);
 }
 
 bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamAttention& s) {

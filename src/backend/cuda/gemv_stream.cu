@@ -399,8 +399,20 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
     }
     if constexpr (kTimed) ready = global_ns();
     if (attention) {
-      stream_attention::run<kConsumerWarps>(chain.att, sc, part, counter + 1,
-                                            [] { consumer_sync(); });
+      // A timed build's step stamps: thread 0's, each step's time added as it ends.
+      [[maybe_unused]] unsigned step_start = ready;
+      const auto mark = [&](int i) {
+        if constexpr (kTimed) {
+          if (t != 0) return;
+          const unsigned now = global_ns();
+          atomicAdd(&times->attention_step[i], static_cast<unsigned long long>(now - step_start));
+          step_start = now;
+          if (i == 0) atomicAdd(&times->attention_blocks, 1ull);
+          if (i == kStreamAttentionSteps - 1) atomicAdd(&times->merging_blocks, 1ull);
+        }
+      };
+      stream_attention::run<kConsumerWarps>(
+          chain.att, sc, part, counter + 1, [] { consumer_sync(); }, mark);
     } else {
       consume_product(sm, ph, eps, pos);
     }

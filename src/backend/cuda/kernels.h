@@ -226,12 +226,19 @@ constexpr int kStreamChainCounters = 1 + kStreamMaxKvHeads;
 // until every input of phase p was written (`wait`: the grid-wide count, or the kernel before),
 // and from then until its own outputs of phase p were stored (`work`), summed over blocks and
 // launches, and the most one block took; `launches` counts the launches of each length.
+// An attention phase's work, step by step (thread 0's view, summed over the blocks that take part
+// and every launch): q loaded and rotated; the piece's cached positions; the token's own k and v
+// and the warps' merge; the piece's sums stored and counted (for one piece a KV head: the output
+// stored); the KV head's pieces merged, by the block that does it.
+constexpr int kStreamAttentionSteps = 5;
 struct StreamChainTimes {
   unsigned long long wait[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long work[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long wait_max[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long work_max[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long launches[kMaxStreamPhases + 1];
+  unsigned long long attention_step[kStreamAttentionSteps];
+  unsigned long long attention_blocks, merging_blocks;  // the blocks the steps' sums are over
 };
 // `times`: null, or where a timed build of the kernel adds its phases' times (a few stamps and
 // atomics a phase; the untimed kernel has none of that code).

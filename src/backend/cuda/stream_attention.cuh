@@ -136,10 +136,11 @@ __device__ Part stage(const StreamAttention& a, const Scratch& sc) {
 
 // The phase for the block's part (from `stage`, with a barrier of `sync` since): kWarps warps
 // take part, and `sync` is their barrier. counters[g] counts KV head g's pieces done (0 before
-// and after).
-template <int kWarps, typename Sync>
+// and after). mark(i) ends step i of StreamChainTimes::attention_step (a timed build's stamps;
+// nothing in others).
+template <int kWarps, typename Sync, typename Mark>
 __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt, unsigned* counters,
-                    Sync sync) {
+                    Sync sync, Mark mark) {
   if (!pt.active) return;
   const int g = pt.g, piece = pt.piece, len = pt.len, p0 = pt.p0, p1 = pt.p1, c1 = pt.c1;
   const int group = a.hq / a.hkv;
@@ -165,6 +166,7 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt,
       for (int e = 0; e < 8; ++e) q[hh][e] = 0.0f;
     }
   }
+  mark(0);
   float m[kStreamMaxGroup], l[kStreamMaxGroup], acc[kStreamMaxGroup][8];
 #pragma unroll
   for (int hh = 0; hh < kStreamMaxGroup; ++hh) {
@@ -215,6 +217,8 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt,
       }
     }
   }
+
+  mark(1);
 
   // The token itself, by the first half-warp of the block whose piece ends the sequence: its k
   // rotated, k and v stored to the cache, then attended to from registers.
@@ -270,6 +274,7 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt,
     }
   }
   sync();
+  mark(2);
   // Thread i takes (head hh, dim d) pairs i, i + 32 * kWarps, ...
   const int stride_hd = 32 * kWarps;
   const int pairs = group * kDim;
@@ -296,7 +301,10 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt,
       }
     }
   }
-  if (a.splits == 1) return;
+  if (a.splits == 1) {
+    mark(3);
+    return;
+  }
 
   // The last piece of the KV head to finish merges them all.
   sync();
@@ -311,6 +319,7 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt,
     *sc.last = last ? 1u : 0u;
   }
   sync();
+  mark(3);
   if (*sc.last == 0u) return;
   for (int i = t; i < pairs; i += stride_hd) {
     const int hh = i / kDim, d = i % kDim, h = g * group + hh;
@@ -337,6 +346,7 @@ __device__ void run(const StreamAttention& a, const Scratch& sc, const Part& pt,
     }
     static_cast<bf16*>(a.out)[h * kDim + d] = __float2bfloat16_rn(ls > 0.0f ? as / ls : 0.0f);
   }
+  mark(4);
 }
 
 }  // namespace stream_attention
