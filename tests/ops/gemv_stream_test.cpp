@@ -367,8 +367,9 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     expect_counter_zero();
 
     // The timed build (PAGELLM_CHAIN_TIMES): the same output bit for bit (the token's k and v
-    // stored again, unchanged), a time for every step of every block that takes part, and the
-    // pieces' merge by one block a KV head when there are pieces to merge.
+    // stored again, unchanged), steps stamped by every block that takes part, and the pieces'
+    // merge by one block a KV head when there are pieces to merge. (A step's time alone may be
+    // under the global timer's tick; the steps' sum over a block's loads is not.)
     {
       const std::vector<float> untimed = download_bf16(*out_c);
       const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
@@ -382,10 +383,11 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
       EXPECT_EQ(t.attention_blocks, static_cast<unsigned long long>(c.hkv) * a.splits) << what;
       EXPECT_EQ(t.merging_blocks, a.splits > 1 ? static_cast<unsigned long long>(c.hkv) : 0ull)
           << what;
-      for (int i = 0; i < cuda::kStreamAttentionSteps; ++i) {
-        if (i == cuda::kStreamAttentionSteps - 1 && a.splits == 1) continue;
-        EXPECT_GT(t.attention_step[i], 0ull) << what << ": attention step " << i;
-      }
+      unsigned long long steps = 0;
+      for (int i = 0; i < cuda::kStreamAttentionSteps; ++i) steps += t.attention_step[i];
+      EXPECT_GT(steps, 0ull) << what << ": the attention steps took no time";
+      if (a.splits == 1)
+        EXPECT_EQ(t.attention_step[cuda::kStreamAttentionSteps - 1], 0ull) << what << ": a merge";
       EXPECT_EQ(t.launches[1], 1ull) << what;
     }
 
