@@ -209,8 +209,8 @@ int gemv_stream_chain_blocks();
 // The phases in order, each starting once every output of the one before is written; the
 // weights of later phases stream while earlier ones finish. Passed by value (the launch's
 // parameters), so a recorded graph keeps them. At most one phase is attention, its operands in
-// `att` rather than in every phase: the launch's parameters stay small (a chain of products alone
-// decoded ~1% slower with 2.7 KB of them than with 0.9 KB; docs/PERF.md, thirty-first round).
+// `att` rather than in every phase: 1.2 KB of parameters instead of 2.7 (the two decoded alike;
+// docs/PERF.md, thirty-first round), and room for more phases within a launch's 4 KB.
 constexpr int kMaxStreamPhases = 8;
 struct StreamChain {
   StreamPhase phase[kMaxStreamPhases];
