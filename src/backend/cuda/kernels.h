@@ -209,7 +209,7 @@ int gemv_stream_chain_blocks();
 // The phases in order, each starting once every output of the one before is written; the
 // weights of later phases stream while earlier ones finish. Passed by value (the launch's
 // parameters), so a recorded graph keeps them. At most one phase is attention, its operands in
-// `att` rather than in every phase: 1.2 KB of parameters instead of 2.7 (the two decoded alike;
+// `att` rather than in every phase: 0.6 KB of parameters instead of 2.2 (the two decoded alike;
 // docs/PERF.md, thirty-first round), and room for more phases within a launch's 4 KB.
 constexpr int kMaxStreamPhases = 8;
 struct StreamChain {
