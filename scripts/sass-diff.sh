@@ -11,14 +11,18 @@
 # One line per kernel whose code differs: its instructions in <rev> and in the sources, the lines
 # that differ as they are, and those that still differ with register numbers and constants
 # masked ("shape": the same instructions in the same order, allocated or addressed otherwise).
-# cuobjdump and nvdisasm come from their PyPI wheels (pinned below) into build/tools.
+# The code of PAGELLM_CUDA_ARCH (default 90a) in PAGELLM_BUILD_DIR (default build/cuda-dev), as in
+# gpu-prebuild.sh. cuobjdump and nvdisasm come from their PyPI wheels (pinned below) into
+# build/tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?usage: scripts/sass-diff.sh <rev> [NAME ...]}
 shift
 sha=$(git rev-parse --short=7 "$rev")
 old_dir=build/rev/$sha/build/src/CMakeFiles/pagellm_backend_cuda.dir/backend/cuda
-new_dir=build/cuda/src/CMakeFiles/pagellm_backend_cuda.dir/backend/cuda
+arch=sm_${PAGELLM_CUDA_ARCH:-90a}
+# The builds scripts/gpu-prebuild.sh makes, the ones a GPU run carries.
+new_dir=${PAGELLM_BUILD_DIR:-build/cuda-dev}/src/CMakeFiles/pagellm_backend_cuda.dir/backend/cuda
 [ -d "$old_dir" ] || { echo "sass-diff: no build of $sha: run PAGELLM_PREBUILD_REVS=$sha scripts/gpu-prebuild.sh" >&2; exit 1; }
 [ -d "$new_dir" ] || { echo "sass-diff: no build of the sources: run scripts/gpu-prebuild.sh" >&2; exit 1; }
 
@@ -43,7 +47,8 @@ for n in "${names[@]}"; do
     echo "== $n: only in $([ -f "$old" ] && echo "$sha" || echo the sources)"
     continue
   fi
-  python3 - "$n" "$sha" <(cuobjdump -sass "$old") <(cuobjdump -sass "$new") <<'EOF'
+  python3 - "$n" "$sha" <(cuobjdump -arch "$arch" -sass "$old") \
+    <(cuobjdump -arch "$arch" -sass "$new") <<'EOF'
 import difflib, re, subprocess, sys
 
 name, sha, old_path, new_path = sys.argv[1:5]
