@@ -112,6 +112,19 @@ class GemvStreamChain : public ::testing::Test {
                                    times);
     cuda_->synchronize();
   }
+  // A launch's StreamChainTimes, zeroed, for `launch`; then what it holds.
+  std::unique_ptr<DevBuf> zeroed_times() {
+    const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
+    auto d = std::make_unique<DevBuf>(*cuda_, zeros.size());
+    d->upload(zeros.data(), zeros.size());
+    return d;
+  }
+  static cuda::StreamChainTimes* times_of(const DevBuf& d) {
+    return static_cast<cuda::StreamChainTimes*>(d.data());
+  }
+  static void read_times(const DevBuf& d, cuda::StreamChainTimes& t) {
+    ASSERT_EQ(cudaMemcpy(&t, d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   void expect_counter_zero() {
     const std::vector<uint32_t> c = counter_->download<uint32_t>();
     for (size_t i = 0; i < c.size(); ++i)
@@ -233,15 +246,13 @@ TEST_F(GemvStreamChain, ChainedEqualsPhaseByPhase) {
     }
     // The timed build (PAGELLM_CHAIN_TIMES): the same outputs, and a time for every phase of
     // its one launch, each block's at most the sum over blocks.
-    const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
-    DevBuf times_d(*cuda_, zeros.size());
-    times_d.upload(zeros.data(), zeros.size());
+    const auto times_d = zeroed_times();
     resid->upload(resid_bits.data(), d.hidden * 2);
-    launch(phases, static_cast<cuda::StreamChainTimes*>(times_d.data()));
+    launch(phases, times_of(*times_d));
     EXPECT_TRUE(compare(what + " timed launch", outputs(), one_by_one, kExact));
     expect_counter_zero();
     cuda::StreamChainTimes t;
-    ASSERT_EQ(cudaMemcpy(&t, times_d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(read_times(*times_d, t));
     const int n = static_cast<int>(phases.size());
     for (int len = 0; len <= cuda::kMaxStreamPhases; ++len)
       EXPECT_EQ(t.launches[len], len == n ? 1ull : 0ull) << what << ": launches of " << len;
@@ -372,22 +383,21 @@ TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
     // under the global timer's tick; the steps' sum over a block's loads is not.)
     {
       const std::vector<float> untimed = download_bf16(*out_c);
-      const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
-      DevBuf times_d(*cuda_, zeros.size());
-      times_d.upload(zeros.data(), zeros.size());
-      launch({ph}, static_cast<cuda::StreamChainTimes*>(times_d.data()), &a);
+      const auto times_d = zeroed_times();
+      launch({ph}, times_of(*times_d), &a);
       EXPECT_TRUE(compare(what + " timed out", download_bf16(*out_c), untimed, kExact));
       expect_counter_zero();
       cuda::StreamChainTimes t;
-      ASSERT_EQ(cudaMemcpy(&t, times_d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_NO_FATAL_FAILURE(read_times(*times_d, t));
       EXPECT_EQ(t.attention_blocks, static_cast<unsigned long long>(c.hkv) * a.splits) << what;
       EXPECT_EQ(t.merging_blocks, a.splits > 1 ? static_cast<unsigned long long>(c.hkv) : 0ull)
           << what;
       unsigned long long steps = 0;
       for (int i = 0; i < cuda::kStreamAttentionSteps; ++i) steps += t.attention_step[i];
       EXPECT_GT(steps, 0ull) << what << ": the attention steps took no time";
-      if (a.splits == 1)
+      if (a.splits == 1) {
         EXPECT_EQ(t.attention_step[cuda::kStreamAttentionSteps - 1], 0ull) << what << ": a merge";
+      }
       EXPECT_EQ(t.launches[1], 1ull) << what;
     }
 
