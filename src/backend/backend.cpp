@@ -158,17 +158,8 @@ void Backend::projection_chain(const std::vector<ProjectionLink>& links) {
       case ProjectionLink::Kind::kNormSwiGlu:
         rms_norm_swiglu(*k.x, *k.norm_w, k.eps, *k.w, *k.bias, *k.scratch, *k.gate_up, *k.out);
         break;
-      case ProjectionLink::Kind::kAttention:
-        run_attention_link(*k.attention);
-        break;
     }
   }
-}
-
-void Backend::run_attention_link(const AttentionLink& a) {
-  rope_store_kv(*a.q, *a.k, *a.v, *a.cos_sin, a.interleaved, *a.slot_mapping, *a.k_cache,
-                *a.v_cache);
-  attention(*a.q, *a.k_cache, *a.v_cache, *a.meta, *a.params, *a.out);
 }
 
 std::string memory_size(int64_t nbytes) {

@@ -250,26 +250,12 @@ class Backend {
   virtual void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                                const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out);
 
-  // A transformer block's ops from one attention to the next, as one op so a device backend can
-  // run them as one chain (CUDA, one row: one launch whose weights stream through the steps'
-  // hand-overs, gemv_stream.cu): each link is one of the three ops above, or a layer's attention
-  // (kAttention: rope_store_kv, then attention, with an AttentionLink's operands), and runs after
-  // the one before. The default runs them one by one.
-  struct AttentionLink {
-    Tensor* q = nullptr;
-    Tensor* k = nullptr;
-    const Tensor* v = nullptr;
-    const Tensor* cos_sin = nullptr;
-    bool interleaved = false;
-    const Tensor* slot_mapping = nullptr;
-    Tensor* k_cache = nullptr;
-    Tensor* v_cache = nullptr;
-    const AttentionMeta* meta = nullptr;
-    const AttentionParams* params = nullptr;
-    Tensor* out = nullptr;
-  };
+  // A transformer block's projections from one attention to the next, as one op so a device
+  // backend can run them as one chain (CUDA, one row: one launch whose weights stream through
+  // the steps' hand-overs, gemv_stream.cu): each link is one of the three ops above with its own
+  // operands, and runs after the one before. The default runs them one by one.
   struct ProjectionLink {
-    enum class Kind { kMatmulAdd, kNormMatmul, kNormSwiGlu, kAttention };
+    enum class Kind { kMatmulAdd, kNormMatmul, kNormSwiGlu };
     Kind kind = Kind::kMatmulAdd;
     const Tensor* x = nullptr;
     const Tensor* norm_w = nullptr;  // kNormMatmul, kNormSwiGlu
@@ -279,11 +265,8 @@ class Backend {
     Tensor* scratch = nullptr;  // matmul_add's scratch; the norms' h
     Tensor* gate_up = nullptr;  // kNormSwiGlu
     Tensor* out = nullptr;      // kMatmulAdd: the rows the product is added to
-    const AttentionLink* attention = nullptr;  // kAttention (the fields above unused)
   };
   virtual void projection_chain(const std::vector<ProjectionLink>& links);
-  // An attention link's two ops, rope_store_kv then attention (what the default chain runs).
-  void run_attention_link(const AttentionLink& a);
 
   // out[b] = x[b] @ w[b]^T for every b < B: independent matmuls of one shape, such as per-head
   // projections (MLA's absorbed query and value up-projection).

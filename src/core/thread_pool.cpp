@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
+
+#include "core/tuning.h"
 
 namespace pagellm {
 
@@ -18,13 +19,7 @@ inline void cpu_relax() {
 
 // How long an idle thread polls for new work before blocking.
 std::chrono::microseconds spin_time() {
-  static const std::chrono::microseconds us = [] {
-    if (const char* v = std::getenv("PAGELLM_SPIN_US")) {
-      const int n = std::atoi(v);
-      if (n >= 0) return std::chrono::microseconds(n);
-    }
-    return std::chrono::microseconds(200);
-  }();
+  static const std::chrono::microseconds us(tuning::integer("PAGELLM_SPIN_US"));
   return us;
 }
 
@@ -61,10 +56,8 @@ ThreadPool::~ThreadPool() {
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
-    if (const char* v = std::getenv("PAGELLM_NUM_THREADS")) {
-      int n = std::atoi(v);
-      if (n > 0) return n;
-    }
+    const int64_t n = tuning::integer("PAGELLM_NUM_THREADS");
+    if (n > 0) return static_cast<int>(n);
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }());
   return pool;

@@ -158,7 +158,7 @@ class DeepseekModel final : public DecoderModel {
     const WeightLoader::RowRanges pe_first = {{R, R + P}, {0, R}};
     // The query projection (q_proj, or q_a_proj with q_lora_rank) and kv_a both read the
     // normalized rows: stacked, one product writes both (at decode one GEMV instead of two, kv_a's
-    // 576 rows alone streaming at a quarter of the copy rate: docs/PERF.md "Eighth round").
+    // 576 rows alone streaming at a quarter of the copy rate: docs/perf-history "Eighth round").
     // Not with biases (attention_bias: kv_a's would need a zero q part), nor where weights stay
     // quantized (the CPU's GGUF blocks: stacking keeps each tensor whole).
     const int64_t Qd = query_rows();

@@ -140,8 +140,8 @@ class LlamaModel final : public DecoderModel {
     // the scratch of a backend that runs those steps apart; h holds the normalized rows only
     // where the weights are split (separate q/k/v or gate/up) and several products read them.
     backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
-    // With the projections fused, a layer from its attention to the next layer's q|k|v is one
-    // chain (Backend::projection_chain): attention, o_proj, the MLP and the next q|k|v.
+    // With the projections fused, what runs from one layer's attention to the next is a chain of
+    // products (Backend::projection_chain): o_proj, the MLP and the next layer's q|k|v.
     const bool chained = fuse_qkv_ && fuse_mlp_;
     using Link = Backend::ProjectionLink;
     const auto qkv_link = [&](const LlamaLayer& L) {
@@ -172,38 +172,18 @@ class LlamaModel final : public DecoderModel {
         backend_.rms_norm(qh, L.q_norm, eps, qh);
         backend_.rms_norm(kh, L.k_norm, eps, kh);
       }
-      // RoPE with the KV store, then attention: the chain's first link where it can take it
-      // (no per-head norm between the q|k|v product and RoPE).
-      const Backend::AttentionLink attention{&q3,
-                                             &k3,
-                                             &v3,
-                                             &cos_sin,
-                                             cfg_.rope.interleaved,
-                                             &b.slot_mapping,
-                                             &cache.k[l],
-                                             &cache.v[l],
-                                             &b.attn,
-                                             &attn_params_,
-                                             &attn3};
-      const bool attention_chained = chained && !cfg_.qk_norm;
-      if (!attention_chained) backend_.run_attention_link(attention);
+      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
+                             cache.v[l]);
+      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
       if (chained) {
-        std::vector<Link> links;
-        if (attention_chained) {
-          Link a;
-          a.kind = Link::Kind::kAttention;
-          a.attention = &attention;
-          links.push_back(a);
-        }
-        links.insert(
-            links.end(),
-            {// residual += o_proj(attn); act = SwiGLU(norm(residual)); residual += down(act)
-             {Link::Kind::kMatmulAdd, &attn, nullptr, 0.0f, &L.o_proj, &L.o_bias, &x, nullptr,
-              &residual},
-             {Link::Kind::kNormSwiGlu, &residual, &L.post_attention_layernorm, eps, &L.gate_up_proj,
-              &L.gate_up_bias, &h, &gu.all, &act},
-             {Link::Kind::kMatmulAdd, &act, nullptr, 0.0f, &L.down_proj, &L.down_bias, &x, nullptr,
-              &residual}});
+        std::vector<Link> links = {
+            // residual += o_proj(attn); act = SwiGLU(norm(residual)); residual += down(act)
+            {Link::Kind::kMatmulAdd, &attn, nullptr, 0.0f, &L.o_proj, &L.o_bias, &x, nullptr,
+             &residual},
+            {Link::Kind::kNormSwiGlu, &residual, &L.post_attention_layernorm, eps, &L.gate_up_proj,
+             &L.gate_up_bias, &h, &gu.all, &act},
+            {Link::Kind::kMatmulAdd, &act, nullptr, 0.0f, &L.down_proj, &L.down_bias, &x, nullptr,
+             &residual}};
         if (l + 1 < layers_.size()) links.push_back(qkv_link(layers_[l + 1]));
         backend_.projection_chain(links);
         continue;

@@ -33,9 +33,10 @@ DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& cache, int32
   buckets_.push_back(max_seqs);
   // Context tiers. The decode kernel's scratch grows with the bound it is planned for (a partial
   // result per 1,024 keys of it), and its grid a little (a block walks up to 8 of those pieces):
-  // 512 contexts of 640 tokens take 360 us a layer planned for 8,192, 401 for 131,072 (docs/PERF.md
-  // "Seventeenth round"), and the 131,072 plan's scratch is 1.1 GB. So 8,192, then four times as
-  // many each: a server of 131,072 tokens records three sets (8,192, 32,768, 131,072).
+  // 512 contexts of 640 tokens take 360 us a layer planned for 8,192, 401 for 131,072
+  // (docs/perf-history "Seventeenth round"), and the 131,072 plan's scratch is 1.1 GB. So 8,192,
+  // then four times as many each: a server of 131,072 tokens records three sets (8,192, 32,768,
+  // 131,072).
   constexpr int32_t kFirstTier = 8192, kTierStep = 4;
   for (int64_t t = kFirstTier; t < max_model_len; t *= kTierStep)
     tiers_.push_back(static_cast<int32_t>(t));

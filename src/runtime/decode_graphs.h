@@ -12,7 +12,7 @@
 //   recording of its own, and a step takes the smallest tier that holds its longest context (the
 //   decode kernel cuts each sequence's real context on the device, but its grid and scratch grow
 //   with the bound: planned for 131,072, 512 short contexts took twice the attention time they
-//   take planned for 8,192, docs/PERF.md "Tenth round");
+//   take planned for 8,192, docs/perf-history "Tenth round");
 // - the model's scratch and the backend's workspaces must not move: a bucket is recorded right
 //   after the same batch ran directly (which sizes them), and every recording is dropped when the
 //   backend's allocation epoch moves (some buffer was freed or regrown), to be recorded again on

@@ -361,7 +361,7 @@ void Engine::profile_run() {
   // first token (a 512-token prompt after a 2,047-token profile step: 23.7 ms against 11.9,
   // docs/PERF.md). The preload below covers cuBLASLt's kernels for the sizes in between; without
   // the power-of-two steps the first request's TTFT measured the same (100 to 1,500 tokens,
-  // Llama-3-8B and DeepSeek-V2-Lite, docs/PERF.md "Twentieth round"), but they also run the
+  // Llama-3-8B and DeepSeek-V2-Lite, docs/perf-history "Twentieth round"), but they also run the
   // step-size dependent paths once (the routed experts' grouped GEMM between their one-token
   // GEMV and the per-expert GEMMs the profile step takes), for 0.2-0.5 s of start-up.
   std::vector<int32_t> sizes;

@@ -531,7 +531,7 @@ void Scheduler::recycle(SchedulePlan&& plan) {
 std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToken> results) {
   // The results by (request, sequence), for lookups: one sort of their indices into a buffer
   // that keeps its capacity, where a map of vectors had cost a few allocations per sequence each
-  // step (docs/PERF.md, the engine's host work).
+  // step (docs/perf-history, twenty-first round).
   by_sequence_.resize(results.size());
   for (size_t i = 0; i < results.size(); ++i) by_sequence_[i] = static_cast<uint32_t>(i);
   const auto key = [&](uint32_t i) {

@@ -282,7 +282,7 @@ TEST(AttentionMla, ProjectedMerge) {
   bound.via_graph = true;
   bound.kv_bound = 163840;
   run_mla_case(cuda, cpu, ++seed, bound);
-  // Where the merge does not take it: more tokens than PAGELLM_MLA_PROJECT_TOKENS' 8, prefill,
+  // Where the merge does not take it: more tokens than its 8 (kProjectMaxTokens), prefill,
   // the golden fixtures' 32-dim V.
   Rng rng(seed);
   std::vector<Seq> many;

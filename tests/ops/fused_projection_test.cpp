@@ -1,11 +1,11 @@
 // The transformer block's fused projections against the CPU reference (which runs their steps
 // apart): matmul_add (residual += x . w^T + bias), matmul_swiglu, rms_norm_matmul and
-// rms_norm_swiglu. On the GPU decode-sized batches take the GEMV with the add in its epilogue
-// and, when PAGELLM_GEMV_FUSIONS turns them on (scripts/gpu-check.sh runs this file both ways),
-// the norm taken as it streams x and SwiGLU from each warp's gate and up rows; larger ones
-// cuBLASLt with beta = 1 and the norm and SwiGLU kernels around the product. Every GEMV fusion is
-// also launched directly for each batch size 1..8 on odd shapes, and for each split of K among a
-// row group's warps.
+// rms_norm_swiglu. On the GPU decode-sized batches take the GEMV with the add in its epilogue,
+// SwiGLU from each warp's gate and up rows, and, when PAGELLM_GEMV_FUSIONS folds the norm weights
+// into the projections (scripts/gpu-check.sh runs this file both ways), the norm with a weight of
+// ones taken in a pass over x; larger ones cuBLASLt with beta = 1 and the norm and SwiGLU kernels
+// around the product. Every GEMV fusion is also launched directly for each batch size 1..8 on odd
+// shapes, and for each split of K among a row group's warps.
 //
 // Tolerance. The output is rounded to bf16 once (kBf16Tol). The GPU may also round the normalized
 // rows h (the unfused path) and the gate/up products (unfused SwiGLU) to bf16 where the reference
@@ -50,8 +50,8 @@ struct FusedCase {
   bool bias = false;
   bool direct_gemv = false;  // launch the GEMV kernel itself, whatever the backend would choose
   int k_split = 0;           // direct_gemv: warps per row group (0: gemv.cu's rule)
-  // direct_gemv: the norm with a weight of ones (GemvFusion::unit_norm; the reference's weight is
-  // ones too).
+  // The norm weight is ones (the reference's too): what the direct GEMV's norm takes
+  // (GemvFusion::unit_norm, a weight folded into w).
   bool unit_norm = false;
   bool folded = false;  // backend path: the norm weight goes through fold_norm_weight first
 };
@@ -99,9 +99,9 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
     ASSERT_NE(cb, nullptr);
     cuda::GemvFusion f;
     if (norm) {
+      ASSERT_TRUE(c.unit_norm) << "the GEMV's norm takes a weight of ones only";
       f.eps = 1e-5f;
-      f.unit_norm = c.unit_norm;
-      if (!c.unit_norm) f.norm_w = static_cast<const float*>(g_dev->data);
+      f.unit_norm = true;
     }
     f.epilogue = swiglu                      ? cuda::GemvEpilogue::kSwiGlu
                  : c.op == Fused::kMatmulAdd ? cuda::GemvEpilogue::kAdd
@@ -206,6 +206,10 @@ TEST(FusedProjection, BackendOddAndLlamaShapes) {
   EXPECT_EQ(cases + 1, 53);
 }
 
+bool has_norm(Fused op) {
+  return op == Fused::kNormMatmul || op == Fused::kNormSwiGlu;
+}
+
 // Every GEMV fusion for every batch size the GEMV takes, launched directly: K of one 8-element
 // piece up to a partial unrolled stretch, out widths with a half-empty last warp.
 TEST(FusedProjection, GemvEveryBatchSize) {
@@ -216,7 +220,9 @@ TEST(FusedProjection, GemvEveryBatchSize) {
        {Fused::kMatmulAdd, Fused::kMatmulSwiGlu, Fused::kNormMatmul, Fused::kNormSwiGlu}) {
     for (int64_t n = 1; n <= 8; ++n) {
       for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}}) {
-        run_case(cuda, cpu, ++seed, {op, n, k, m, (n + k) % 2 == 0, true});
+        FusedCase c{op, n, k, m, (n + k) % 2 == 0, true};
+        c.unit_norm = has_norm(op);
+        run_case(cuda, cpu, ++seed, c);
         ++cases;
       }
     }
@@ -236,40 +242,15 @@ TEST(FusedProjection, GemvKSplits) {
     for (int split : {1, 2, 4, 8}) {
       for (int64_t n : {1, 5}) {
         for (auto [k, m] : {std::pair<int64_t, int64_t>{264, 111}, {4104, 1025}}) {
-          run_case(cuda, cpu, ++seed, {op, n, k, m, n == 5, true, split});
+          FusedCase c{op, n, k, m, n == 5, true, split};
+          c.unit_norm = has_norm(op);
+          run_case(cuda, cpu, ++seed, c);
           ++cases;
         }
       }
     }
   }
   EXPECT_EQ(cases, 64);
-}
-
-// The GEMV's norm with a weight of ones (a norm weight folded into w), launched directly: every
-// batch size on odd shapes, then every split of K.
-TEST(FusedProjection, GemvUnitNorm) {
-  PAGELLM_REQUIRE_CUDA();
-  uint64_t seed = base_seed() + 9900;
-  int cases = 0;
-  for (Fused op : {Fused::kNormMatmul, Fused::kNormSwiGlu}) {
-    for (int64_t n = 1; n <= 8; ++n) {
-      for (auto [k, m] : {std::pair<int64_t, int64_t>{8, 3}, {264, 111}, {4104, 1031}}) {
-        FusedCase c{op, n, k, m, (n + k) % 2 == 0, true};
-        c.unit_norm = true;
-        run_case(cuda, cpu, ++seed, c);
-        ++cases;
-      }
-    }
-    for (int split : {1, 2, 4, 8}) {
-      for (int64_t n : {1, 5}) {
-        FusedCase c{op, n, 4104, 1025, n == 5, true, split};
-        c.unit_norm = true;
-        run_case(cuda, cpu, ++seed, c);
-        ++cases;
-      }
-    }
-  }
-  EXPECT_EQ(cases, 2 * (24 + 8));
 }
 
 // The norm weight through Backend::fold_norm_weight, then the backend's pre-norm projections

@@ -16,7 +16,6 @@
 #include <cmath>
 
 #include "op_test_util.h"
-#include "paged_batch.h"
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
@@ -88,47 +87,26 @@ class GemvStreamChain : public ::testing::Test {
     ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
     if (major < 9) GTEST_SKIP() << "the streamed chain needs sm_90 (bulk copies)";
     stream_ = dynamic_cast<cuda::CudaBackend*>(cuda_)->stream();
-    const std::vector<uint32_t> zeros(cuda::kStreamChainCounters, 0);
-    counter_ = std::make_unique<DevBuf>(*cuda_, zeros.size() * 4);
-    counter_->upload(zeros.data(), zeros.size() * 4);
+    counter_ = std::make_unique<DevBuf>(*cuda_, 4);
+    const uint32_t zero = 0;
+    counter_->upload(&zero, 4);
   }
   // Launches `phases` (host descriptors of device pointers) as one chain and waits for it;
-  // with `times`, the timed build of the kernel; `att`, the operands of an attention phase.
-  void launch(const std::vector<cuda::StreamPhase>& phases, cuda::StreamChainTimes* times = nullptr,
-              const cuda::StreamAttention* att = nullptr) {
+  // with `times`, the timed build of the kernel.
+  void launch(const std::vector<cuda::StreamPhase>& phases,
+              cuda::StreamChainTimes* times = nullptr) {
     ASSERT_LE(phases.size(), static_cast<size_t>(cuda::kMaxStreamPhases));
     cuda::StreamChain chain;
     for (const auto& ph : phases) {
-      if (ph.kind == cuda::StreamPhase::Kind::kAttention) {
-        ASSERT_NE(att, nullptr);
-        ASSERT_TRUE(cuda::gemv_stream_attention_supported(*att));
-        chain.att = *att;
-      } else {
-        ASSERT_TRUE(cuda::gemv_stream_chain_supported(ph));
-      }
+      ASSERT_TRUE(cuda::gemv_stream_chain_supported(ph));
       chain.phase[chain.n_phases++] = ph;
     }
     cuda::launch_gemv_stream_chain(chain, static_cast<unsigned*>(counter_->data()), 1e-5f, stream_,
                                    times);
     cuda_->synchronize();
   }
-  // A launch's StreamChainTimes, zeroed, for `launch`; then what it holds.
-  std::unique_ptr<DevBuf> zeroed_times() {
-    const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
-    auto d = std::make_unique<DevBuf>(*cuda_, zeros.size());
-    d->upload(zeros.data(), zeros.size());
-    return d;
-  }
-  static cuda::StreamChainTimes* times_of(const DevBuf& d) {
-    return static_cast<cuda::StreamChainTimes*>(d.data());
-  }
-  static void read_times(const DevBuf& d, cuda::StreamChainTimes& t) {
-    ASSERT_EQ(cudaMemcpy(&t, d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
   void expect_counter_zero() {
-    const std::vector<uint32_t> c = counter_->download<uint32_t>();
-    for (size_t i = 0; i < c.size(); ++i)
-      EXPECT_EQ(c[i], 0u) << "the launch left its counter " << i << " set";
+    EXPECT_EQ(counter_->download<uint32_t>()[0], 0u) << "the launch left its counter set";
   }
 
   Backend* cuda_ = nullptr;
@@ -246,13 +224,15 @@ TEST_F(GemvStreamChain, ChainedEqualsPhaseByPhase) {
     }
     // The timed build (PAGELLM_CHAIN_TIMES): the same outputs, and a time for every phase of
     // its one launch, each block's at most the sum over blocks.
-    const auto times_d = zeroed_times();
+    const std::vector<uint8_t> zeros(sizeof(cuda::StreamChainTimes), 0);
+    DevBuf times_d(*cuda_, zeros.size());
+    times_d.upload(zeros.data(), zeros.size());
     resid->upload(resid_bits.data(), d.hidden * 2);
-    launch(phases, times_of(*times_d));
+    launch(phases, static_cast<cuda::StreamChainTimes*>(times_d.data()));
     EXPECT_TRUE(compare(what + " timed launch", outputs(), one_by_one, kExact));
     expect_counter_zero();
     cuda::StreamChainTimes t;
-    ASSERT_NO_FATAL_FAILURE(read_times(*times_d, t));
+    ASSERT_EQ(cudaMemcpy(&t, times_d.data(), sizeof t, cudaMemcpyDeviceToHost), cudaSuccess);
     const int n = static_cast<int>(phases.size());
     for (int len = 0; len <= cuda::kMaxStreamPhases; ++len)
       EXPECT_EQ(t.launches[len], len == n ? 1ull : 0ull) << what << ": launches of " << len;
@@ -265,165 +245,6 @@ TEST_F(GemvStreamChain, ChainedEqualsPhaseByPhase) {
     }
     for (const DevBuf* b : {resid.get(), qkv.get(), act.get()}) EXPECT_TRUE(guards_ok(what, *b));
   }
-}
-
-// The attention phase (StreamAttention) against the backend's own RoPE with the KV store and
-// attention for one token: the output within bf16 rounding (the pieces are summed and merged in
-// another order), the token's cache row as the RoPE kernel stores it, every other cache row
-// untouched. Then the phase followed by a product that reads its output (o_proj's form), the
-// product against the host's product of the phase's output: a product phase that started
-// before every piece was merged would read stale rows.
-TEST_F(GemvStreamChain, AttentionPhaseMatchesRopeAndAttention) {
-  struct AttnCase {
-    int hq, hkv, len;
-    bool interleaved;
-    int splits = 0;  // pieces a KV head; 0: one a chain block, as the backend picks them
-  };
-  const int bs = 16, d = 128;
-  uint64_t seed = base_seed() + 980;
-  int cases = 0;
-  for (const AttnCase c :
-       {AttnCase{32, 32, 1, false}, AttnCase{32, 32, 7, true}, AttnCase{32, 8, 19, false},
-        AttnCase{32, 8, 111, true}, AttnCase{32, 32, 640, false}, AttnCase{32, 8, 640, false},
-        AttnCase{8, 2, 2047, true}, AttnCase{4, 4, 33, false},
-        // One piece (the output stored without a merge); three; a piece longer than the shared
-        // memory's room for its block-table entries (it reads them where they are).
-        AttnCase{32, 32, 640, false, 1}, AttnCase{8, 2, 2047, false, 3},
-        AttnCase{4, 4, 8000, true, 1}}) {
-    Rng rng(++seed);
-    const int row = (c.hq + 2 * c.hkv) * d;
-    const auto qkv = random_bf16_values(rng, row, 2.0f);
-    PagedBatch pb = paged_batch(rng, decode_seqs({c.len}), 0, bs);
-    const int64_t cache_n = pb.pool * bs * c.hkv * d;
-    const auto kc = random_bf16_values(rng, cache_n), vc = random_bf16_values(rng, cache_n);
-    std::vector<float> cs(d);
-    for (int j = 0; j < d / 2; ++j) {
-      const double a = (c.len - 1) * std::pow(500000.0, -2.0 * j / d);
-      cs[j] = static_cast<float>(std::cos(a));
-      cs[d / 2 + j] = static_cast<float>(std::sin(a));
-    }
-    const int32_t last = c.len - 1;
-    const std::vector<int32_t> slot = {pb.table[last / bs] * bs + last % bs};
-    auto cs_d = upload_raw(*cuda_, cs);
-    auto slot_d = upload_raw(*cuda_, slot);
-    auto cu_d = upload_raw(*cuda_, pb.cu), lens_d = upload_raw(*cuda_, pb.lens);
-    auto table_d = upload_raw(*cuda_, pb.table);
-    AttentionMeta meta;
-    meta.n_seqs = 1;
-    meta.cu_seqlens_q = cu_d->view(DType::kI32, {2});
-    meta.seq_lens_kv = lens_d->view(DType::kI32, {1});
-    meta.block_tables = table_d->view(DType::kI32, {1, pb.table_ld});
-    meta.block_size = bs;
-    meta.max_seqlen_q = 1;
-    meta.max_seqlen_kv = c.len;
-    AttentionParams params;
-    params.scale = 1.0f / std::sqrt(static_cast<float>(d));
-
-    // The backend's two ops, on their own copies.
-    auto qkv_r = upload_bf16(*cuda_, qkv);
-    auto kc_r = upload_bf16(*cuda_, kc), vc_r = upload_bf16(*cuda_, vc);
-    auto out_r = upload_bf16(*cuda_, std::vector<float>(c.hq * d, 0.0f));
-    {
-      Tensor q = qkv_r->view(DType::kBF16, {1, c.hq, d});
-      Tensor k = Tensor(static_cast<char*>(qkv_r->data()) + c.hq * d * 2, DType::kBF16,
-                        {1, c.hkv, d}, Device::kCuda);
-      Tensor v = Tensor(static_cast<char*>(qkv_r->data()) + (c.hq + c.hkv) * d * 2, DType::kBF16,
-                        {1, c.hkv, d}, Device::kCuda);
-      Tensor kct = kc_r->view(DType::kBF16, {pb.pool, bs, c.hkv, d});
-      Tensor vct = vc_r->view(DType::kBF16, {pb.pool, bs, c.hkv, d});
-      Tensor cst = cs_d->view(DType::kF32, {1, d});
-      Tensor slots = slot_d->view(DType::kI32, {1});
-      Tensor out = out_r->view(DType::kBF16, {1, c.hq, d});
-      const Backend::AttentionLink link{&q,   &k,   &v,    &cst,    c.interleaved, &slots,
-                                        &kct, &vct, &meta, &params, &out};
-      cuda_->run_attention_link(link);
-      cuda_->synchronize();
-    }
-
-    // The phase, alone, then with a product after it.
-    auto qkv_c = upload_bf16(*cuda_, qkv);
-    auto kc_c = upload_bf16(*cuda_, kc), vc_c = upload_bf16(*cuda_, vc);
-    auto out_c = upload_bf16(*cuda_, std::vector<float>(c.hq * d, 0.0f));
-    const int blocks = cuda::gemv_stream_chain_blocks();
-    cuda::StreamPhase ph;
-    ph.kind = cuda::StreamPhase::Kind::kAttention;
-    cuda::StreamAttention a;
-    a.qkv = qkv_c->data();
-    a.cos_sin = static_cast<const float*>(cs_d->data());
-    a.interleaved = c.interleaved;
-    a.slot = static_cast<const int32_t*>(slot_d->data());
-    a.seq_len = static_cast<const int32_t*>(lens_d->data());
-    a.block_table = static_cast<const int32_t*>(table_d->data());
-    for (auto [view, buf] : {std::pair{&a.k_cache, kc_c.get()}, std::pair{&a.v_cache, vc_c.get()}})
-      *view = cuda::CacheView{buf->data(),        pb.pool, bs, c.hkv, d, int64_t{bs} * c.hkv * d,
-                              int64_t{c.hkv} * d, d};
-    a.hq = c.hq;
-    a.hkv = c.hkv;
-    a.head_dim = d;
-    a.splits =
-        c.splits > 0 ? c.splits : std::min(cuda::kStreamMaxSplits, std::max(1, blocks / c.hkv));
-    a.scale = params.scale;
-    auto partials = std::make_unique<DevBuf>(
-        *cuda_, std::max<int64_t>(4, cuda::stream_attention_partials(a) * 4));
-    a.partials = static_cast<float*>(partials->data());
-    a.out = out_c->data();
-    const std::string what = Label("gemv_stream_chain attention", seed)("hq", c.hq)("hkv", c.hkv)(
-        "len", c.len)("interleaved", c.interleaved)("splits", a.splits);
-    launch({ph}, nullptr, &a);
-    ++cases;
-    EXPECT_TRUE(compare(what + " out", download_bf16(*out_c), download_bf16(*out_r), kBf16Tol));
-    EXPECT_TRUE(compare(what + " k_cache", download_bf16(*kc_c), download_bf16(*kc_r), kBf16Tol));
-    EXPECT_TRUE(compare(what + " v_cache", download_bf16(*vc_c), download_bf16(*vc_r), kExact));
-    EXPECT_TRUE(compare(what + " q|k|v unchanged", download_bf16(*qkv_c), qkv, kExact));
-    expect_counter_zero();
-
-    // The timed build (PAGELLM_CHAIN_TIMES): the same output bit for bit (the token's k and v
-    // stored again, unchanged), steps stamped by every block that takes part, and the pieces'
-    // merge by one block a KV head when there are pieces to merge. (A step's time alone may be
-    // under the global timer's tick; the steps' sum over a block's loads is not.)
-    {
-      const std::vector<float> untimed = download_bf16(*out_c);
-      const auto times_d = zeroed_times();
-      launch({ph}, times_of(*times_d), &a);
-      EXPECT_TRUE(compare(what + " timed out", download_bf16(*out_c), untimed, kExact));
-      expect_counter_zero();
-      cuda::StreamChainTimes t;
-      ASSERT_NO_FATAL_FAILURE(read_times(*times_d, t));
-      EXPECT_EQ(t.attention_blocks, static_cast<unsigned long long>(c.hkv) * a.splits) << what;
-      EXPECT_EQ(t.merging_blocks, a.splits > 1 ? static_cast<unsigned long long>(c.hkv) : 0ull)
-          << what;
-      unsigned long long steps = 0;
-      for (int i = 0; i < cuda::kStreamAttentionSteps; ++i) steps += t.attention_step[i];
-      EXPECT_GT(steps, 0ull) << what << ": the attention steps took no time";
-      if (a.splits == 1) {
-        EXPECT_EQ(t.attention_step[cuda::kStreamAttentionSteps - 1], 0ull) << what << ": a merge";
-      }
-      EXPECT_EQ(t.launches[1], 1ull) << what;
-    }
-
-    // o_proj's form after it: out2 += attn . w^T, against the host's product of attn.
-    const int m = 256;
-    const auto w = random_bf16_values(rng, static_cast<int64_t>(m) * c.hq * d, 0.05f);
-    const auto resid = random_bf16_values(rng, m);
-    auto w_d = upload_bf16(*cuda_, w);
-    auto out2 = upload_bf16(*cuda_, resid);
-    cuda::StreamPhase prod;
-    prod.w = w_d->data();
-    prod.m = m;
-    prod.k = c.hq * d;
-    prod.x = out_c->data();
-    prod.out = out2->data();
-    prod.epilogue = GemvEpilogue::kAdd;
-    launch({ph, prod}, nullptr, &a);
-    const std::vector<float> attn = download_bf16(*out_c);
-    std::vector<float> want, slack;
-    reference({m, c.hq * d, GemvEpilogue::kAdd, false}, attn, w, {}, resid, want, slack);
-    EXPECT_TRUE(compare(what + " then o_proj", download_bf16(*out2), want, kBf16Tol));
-    expect_counter_zero();
-    for (const DevBuf* b : {out_c.get(), kc_c.get(), vc_c.get(), out2.get(), partials.get()})
-      EXPECT_TRUE(guards_ok(what, *b));
-  }
-  EXPECT_EQ(cases, 11);
 }
 
 }  // namespace

@@ -1,11 +1,10 @@
 #include "backend/cpu/kernels.h"
 
-#include <cstdlib>
-#include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "core/log.h"
+#include "core/tuning.h"
 
 namespace pagellm::cpu {
 
@@ -23,11 +22,9 @@ bool has_avx512() {
 const Kernels* choose() {
   // PAGELLM_CPU_ISA caps the choice (to test the AVX2 path on an AVX-512 machine, or to run the
   // reference loops everywhere); it can never select an ISA the CPU lacks.
-  const char* cap = std::getenv("PAGELLM_CPU_ISA");
-  const bool allow_avx512 = !cap || std::strcmp(cap, "avx512") == 0;
-  const bool allow_avx2 = allow_avx512 || std::strcmp(cap, "avx2") == 0;
-  if (cap && !allow_avx2 && std::strcmp(cap, "none") != 0)
-    PAGELLM_LOG_WARN("PAGELLM_CPU_ISA=%s is not one of avx512|avx2|none; using none", cap);
+  const std::string cap = tuning::words("PAGELLM_CPU_ISA");
+  const bool allow_avx512 = cap == "avx512";
+  const bool allow_avx2 = allow_avx512 || cap == "avx2";
   __builtin_cpu_init();
   if (allow_avx512 && has_avx512()) return avx512_kernels();
   if (allow_avx2 && has_avx2()) return avx2_kernels();
@@ -45,10 +42,7 @@ std::vector<const Kernels*> supported_kernels() {
 }
 
 int64_t gemv_prefetch_bytes() {
-  static const int64_t bytes = [] {
-    if (const char* v = std::getenv("PAGELLM_GEMV_PREFETCH")) return static_cast<int64_t>(std::atoll(v));
-    return int64_t{2048};
-  }();
+  static const int64_t bytes = tuning::integer("PAGELLM_GEMV_PREFETCH");
   return bytes;
 }
 

@@ -29,7 +29,7 @@
 // Both kernels here are launched overlapped with the kernel before (device_utils.cuh) and wait for
 // it in pdl_wait() before touching what it may write: q and this step's cache rows come from the
 // kernels before, the split counters from the previous decode launch's reset. The decode kernel
-// reads the step's metadata and block table before its wait (early_loads()).
+// reads the step's metadata and block table before its wait (device_utils.cuh, early loads).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -38,7 +38,6 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -80,7 +79,7 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
 // sequence cutting its own span into at most that many chunks of whole 32-key pieces (see
 // fill_splits), so a launch planned for a bound also serves every shorter context. (Cutting the
 // keys of the whole batch into equal pieces instead, a whole number of waves, measured the same at
-// equal lengths and made the grid and scratch grow with a graph's planned bound: docs/PERF.md
+// equal lengths and made the grid and scratch grow with a graph's planned bound: docs/perf-history
 // "Ninth round".)
 struct DecodePlan {
   int chunk = 0, n_splits = 1, group = 1, dmax = 0;
@@ -103,7 +102,6 @@ struct DecodePlan {
   // sequence's context (see plan_decode), so the grid does not grow with the bound.
   int grid_splits = 1;
   size_t smem = 0;
-  bool early = false;  // the row bases staged before the wait (early_loads())
   // > 0: the launch runs in clusters of this many blocks, one per split of a (sequence, KV head)
   // (grid_splits == n_splits: no walk), which merge through distributed shared memory; slots is
   // then 0 (no workspace, no counters).
@@ -112,20 +110,10 @@ struct DecodePlan {
 
 int dmax_for(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-// The most pieces a block walks: kMaxWalk, or PAGELLM_DECODE_MAX_WALK (1 to 64; 1 gives every
-// piece a block, the grid of before the walk, to measure it).
-int64_t max_walk() {
-  static const int64_t v =
-      tuning_knob("PAGELLM_DECODE_MAX_WALK", kMaxWalk, [](int64_t w) { return w >= 1 && w <= 64; });
-  return v;
-}
-
 // The shortest split the plan makes: kMinChunk, or PAGELLM_DECODE_MIN_CHUNK (a multiple of 32
 // from 32 to kMaxChunk; to measure the batch-1 trade between more blocks and a longer merge).
 int64_t min_chunk() {
-  static const int64_t v = tuning_knob("PAGELLM_DECODE_MIN_CHUNK", kMinChunk, [](int64_t c) {
-    return c >= 32 && c <= kMaxChunk && c % 32 == 0;
-  });
+  static const int64_t v = tuning::integer("PAGELLM_DECODE_MIN_CHUNK", kMinChunk);
   return v;
 }
 
@@ -135,9 +123,7 @@ int device_cluster_limit();  // below the kernels: it asks the device about one 
 // (0 turns clusters off, to measure them; 2 to 16), within what the device schedules
 // (device_cluster_limit(): 0 before sm_90).
 int max_cluster() {
-  static const int64_t v = tuning_knob("PAGELLM_DECODE_CLUSTER", kMaxCluster, [](int64_t c) {
-    return c == 0 || (c >= 2 && c <= kMaxCluster);
-  });
+  static const int64_t v = tuning::integer("PAGELLM_DECODE_CLUSTER", kMaxCluster);
   return std::min(static_cast<int>(v), device_cluster_limit());
 }
 
@@ -181,13 +167,14 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   p.n_splits = static_cast<int>((max_len + chunk - 1) / chunk);
   // A launch planned for a long bound (a graph's 131,072-key context tier) has n_splits pieces of
   // every (sequence, KV head), nearly all empty for short contexts; each was a block that left at
-  // once, and at 512 sequences those 524K blocks doubled the call (docs/PERF.md). So a block walks
-  // up to max_walk() pieces, while the grid keeps at least two waves of the blocks the SMs hold
-  // at once (so at batch 1 every piece of a 131,072-key context still has its own block).
+  // once, and at 512 sequences those 524K blocks doubled the call (docs/perf-history, seventeenth
+  // round). So a block walks up to kMaxWalk pieces, while the grid keeps at least two waves of the
+  // blocks the SMs hold at once (so at batch 1 every piece of a 131,072-key context still has its
+  // own block).
   const int64_t resident = 2 * static_cast<int64_t>(n_sms) * kDecodeMinBlocks;
   p.grid_splits = static_cast<int>(std::min<int64_t>(
       p.n_splits,
-      std::max((p.n_splits + max_walk() - 1) / max_walk(), (resident + items - 1) / items)));
+      std::max((p.n_splits + kMaxWalk - 1) / kMaxWalk, (resident + items - 1) / items)));
   // Every piece its own block and few enough pieces for a cluster: the splits merge in the
   // cluster's shared memory instead of through global partials and the last block's reads
   // (a batch-1 step's attention is a chain of latencies, and that merge was its tail).
@@ -200,7 +187,6 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   p.smem = static_cast<size_t>(
       p.cluster > 0 ? clustered_smem
                     : decode_smem_bytes(p.group, p.dmax, chunk, scores_cap, bs, false));
-  p.early = early_loads();
   return p;
 }
 
@@ -270,8 +256,8 @@ __device__ __forceinline__ void zero_heads(const AttentionArgs& a, int q_tok, in
 // Where head kvh's rows of each cache block of a split starting at key `begin` start, K and V,
 // into the first 2 x p.blk_cap pointers of shared memory: computed once, so a row load needs no
 // table load and no 64-bit stride products (the per-row address had been ~30 instructions a
-// 16-byte load: docs/PERF.md "Tenth round"). It reads only the step's block table, which no
-// kernel of the step writes, so the decode kernel may do it before pdl_wait() (early_loads()).
+// 16-byte load: docs/perf-history "Tenth round"). It reads only the step's block table, which no
+// kernel of the step writes, so the decode kernel does it before pdl_wait() for its first piece.
 __device__ __forceinline__ void stage_block_bases(const AttentionArgs& a, const DecodePlan& p,
                                                   unsigned char* smem, int s, int kvh,
                                                   int32_t begin, int32_t n_tok) {
@@ -344,7 +330,7 @@ __device__ __forceinline__ void cluster_wait() {
 // warps; each lane keeps the next rows' loads in flight while it uses the
 // current ones. Pass 1 scores the split's keys for every head of the GQA group, each K row loaded
 // once for all of them: on tensor cores where the shapes allow (the kernel is bound by its
-// instructions more than by memory: docs/PERF.md "Ninth round"), else on CUDA cores with the
+// instructions more than by memory: docs/perf-history "Ninth round"), else on CUDA cores with the
 // per-row dot products summed over a row's lanes by transpose_reduce. Then an exact softmax per
 // head over the split, then pass 2 streams the V rows, each lane accumulating its 8 dims for a
 // tile of heads. A whole context (one part) writes the output; otherwise the part writes its
@@ -706,7 +692,7 @@ __device__ __forceinline__ void attend_split(const AttentionArgs& a, const Decod
 // block's shared memory (its (m, l) of every head into every block: -inf and 0 for a split
 // without keys, whose sums are then never read), all before one cluster barrier. (Each block
 // reading the others' sums after a barrier instead, with a second barrier keeping its own alive
-// until they were read, was 0.75 us slower a call: docs/PERF.md "Twenty-sixth round".)
+// until they were read, was 0.75 us slower a call: docs/perf-history "Twenty-sixth round".)
 __device__ __forceinline__ int push_share(int total, int n) {
   return (total + n - 1) / n;
 }
@@ -780,9 +766,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   extern __shared__ __align__(16) unsigned char decode_smem[];
   const int G = kG > 0 ? kG : a.hq / a.hkv;
   const int first = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
-  // The step's metadata (uploaded before the step; no kernel of it writes them) and, with
-  // p.early, the first piece's row bases are read before the wait, so the chain after it starts
-  // with the rows themselves. Every thread still waits before leaving (device_utils.cuh).
+  // The step's metadata (uploaded before the step; no kernel of it writes them) and the first
+  // piece's row bases are read before the wait, so the chain after it starts with the rows
+  // themselves. Every thread still waits before leaving (device_utils.cuh).
   const int q_tok = a.cu_seqlens_q[s];
   const bool has_query = a.cu_seqlens_q[s + 1] - q_tok > 0;  // in this step
   const int32_t len = a.seq_lens_kv[s];
@@ -798,12 +784,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   // that it attends. Uniform over the block.
   const int n_parts = span > 0 ? min(p.n_splits, (span + my_chunk - 1) / my_chunk) : 0;
   const bool attends = has_query && first < n_parts;
-  const bool staged = p.early && attends;
   // The cluster merge's first barrier: arriving says only that this block has started, so a push
   // into its shared memory after the wait finds it there (the wait comes long after).
   const bool merges_in_cluster = p.cluster > 0 && has_query && n_parts > 1;
   if (merges_in_cluster) cluster_arrive_relaxed();
-  if (staged) {
+  if (attends) {
     stage_block_bases(a, p, decode_smem, s, kvh, lo + first * my_chunk,
                       min(my_chunk, span - first * my_chunk));
     __syncthreads();
@@ -820,7 +805,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
     const int32_t off = piece * my_chunk;
     attend_split<DMAX, kAligned, kG>(a, p, decode_smem, s, kvh, q_tok, lo + off,
                                      min(my_chunk, span - off), piece, slot0, n_parts,
-                                     staged && piece == first, part_acc, part_ml, counters);
+                                     piece == first, part_acc, part_ml, counters);
   }
   // A clustered launch has a block per piece (the loop above ran at most once); the pieces merge
   // in the cluster, unless one piece held the whole context and wrote the output.

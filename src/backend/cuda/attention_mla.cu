@@ -39,12 +39,10 @@
 // Shared memory K rows are padded to a word stride of 2 mod 8, so the 4 key rows a warp reads
 // per step (8 words each) fall in distinct banks. The tensor-core kernel is described above it.
 #include <algorithm>
-#include <type_traits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -74,7 +72,6 @@ struct MlaLayout {
   int head_tiles = 1;  // ceil(G / kRows)
   int n_splits = 1;
   bool mma = false;  // mla_mma_kernel (else mla_attention_kernel)
-  bool early = false;  // mla_mma_kernel: metadata and earlier steps' rows before the wait
   size_t smem = 0;
 };
 
@@ -408,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int kvh = blockIdx.z / L.head_tiles, ht = blockIdx.z % L.head_tiles;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The step's metadata (uploaded before the step; no kernel of it writes them) is read before
-  // the wait, and with L.early the first tile's rows of earlier steps are requested too (below),
+  // the wait, and so are the first tile's rows of earlier steps (below),
   // so the chain after the wait starts with q and this step's own rows.
   const bool live = tok < a.cu_seqlens_q[a.n_seqs];  // uniform over the block
   const MlaWork work = live ? mla_work(a, L.n_splits, tok, split) : MlaWork{};
@@ -449,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         cp_async_16(smem_u32(dst + r * rs + c * 8), row + c * 8, valid);
     }
   };
-  if (L.early && n_kt > 0) load_tile(0, 0, kOldRows);
+  if (n_kt > 0) load_tile(0, 0, kOldRows);
   pdl_wait();         // launched overlapped: q and this step's rows come from the kernels before
   pdl_allow_next();   // the merge (and W_UV's weights) may start loading
   if (!live) return;  // the whole block: before any barrier
@@ -463,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const bf16* src = valid ? qg + static_cast<int64_t>(h0 + r) * a.q_stride_head + c * 8 : qg;
       cp_async_16(smem_u32(qs + r * rs + c * 8), src, valid);
     }
-    load_tile(0, 0, L.early ? kNewRows : kAllRows);
+    load_tile(0, 0, kNewRows);
   }
   cp_async_commit();
 
@@ -726,13 +723,12 @@ __global__ void __launch_bounds__(kProjThreads)
   for (int r = 0; r < RPW; ++r)  // rows past m read row 0 (valid) and are not stored
     rows[r] = w_head + static_cast<int64_t>(row0 + r < p.m ? row0 + r : 0) * p.w_stride_row;
   uint4 wv[CHUNKS][RPW];
-  if (p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
+  load_trip(wv, rows, 8 * lane, 256, kDv);
   // The step's metadata (uploaded before the step) is read before the wait too.
   const bool live = tok < a.cu_seqlens_q[a.n_seqs];  // uniform over the block
   pdl_wait();  // launched overlapped: the partial results come from the kernel before
   pdl_allow_next();
   if (!live) return;  // the whole block: before any barrier
-  if (!p.early) load_trip(wv, rows, 8 * lane, 256, kDv);
   const int64_t base = (static_cast<int64_t>(tok) * a.hq + h) * n_splits;
   constexpr int kPerThread = kDv / kProjThreads;
   bf16 v[kPerThread];
@@ -769,30 +765,16 @@ bool mla_mma_ok(const AttentionArgs& a, int v_offset) {
          mma_smem_bytes(a.head_dim) <= static_cast<size_t>(kSmemHardLimit);
 }
 
-// PAGELLM_MLA_MAX_SPLITS caps the splits of a token's context (to measure the batch-1 trade
-// between more blocks and more partial sums to merge); 0 or unset: kMaxSplits.
-int64_t max_splits() {
-  static const int64_t v = tuning_knob("PAGELLM_MLA_MAX_SPLITS", kMaxSplits,
-                                       [](int64_t c) { return c >= 1 && c <= kMaxSplits; });
-  return v;
-}
-
-// PAGELLM_MLA_PROJECT_TOKENS: the most query tokens of a step whose split merge takes
-// Backend::attention_project's product (every block of a token re-reads its head's rows of the
-// matrix, so wide steps keep the batched GEMM); 0: never (the merge, then the product).
-int64_t project_max_tokens() {
-  static const int64_t v =
-      tuning_knob("PAGELLM_MLA_PROJECT_TOKENS", 8, [](int64_t t) { return t >= 0 && t <= 65535; });
-  return v;
-}
-
-// PAGELLM_MLA_PROJECT_ROWS: the rows of the projection each warp of the fused merge takes (2, 4
-// or 8; 8 warps a block): fewer blocks repeat the merge, more start the rows' loads sooner.
-int project_rows_per_warp() {
-  static const int v = static_cast<int>(tuning_knob(
-      "PAGELLM_MLA_PROJECT_ROWS", 4, [](int64_t r) { return r == 2 || r == 4 || r == 8; }));
-  return v;
-}
+// The most query tokens of a step whose split merge takes Backend::attention_project's product:
+// every block of a token re-reads its head's rows of the matrix, so wide steps keep the batched
+// GEMM. On the H200, V2-Lite decoded 511.4/510.2 tok/s with the fused merge at one token against
+// 496.1/496.9 without, and 8 sequences took 6.454 ms a token against 6.542 (docs/perf-history,
+// twenty-fourth round).
+constexpr int64_t kProjectMaxTokens = 8;
+// The rows of the projection each warp of the fused merge takes (8 warps a block): fewer blocks
+// repeat the merge, more start the rows' loads sooner. 4 decoded V2-Lite at 511.4/510.2 tok/s,
+// 2 at 506.0/502.7, 8 at 508.2/508.0 (same round).
+constexpr int kProjectRowsPerWarp = 4;
 
 MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   MlaLayout L;
@@ -809,10 +791,9 @@ MlaLayout plan_mla(const AttentionArgs& a, int64_t n_tokens, int n_sms) {
   // About one wave of two blocks per SM; no split shorter than one key tile.
   const int64_t blocks = std::max<int64_t>(1, n_tokens * a.hkv * L.head_tiles);
   const int64_t want = (2 * static_cast<int64_t>(n_sms) + blocks - 1) / blocks;
-  const int64_t most = std::min<int64_t>(max_splits(), (max_len + kTile - 1) / kTile);
+  const int64_t most = std::min<int64_t>(kMaxSplits, (max_len + kTile - 1) / kTile);
   L.n_splits = static_cast<int>(std::clamp<int64_t>(want, 1, most));
   L.mma = mla_mma_ok(a, L.v_offset);
-  L.early = L.mma && early_loads();
   L.smem = L.mma ? mma_smem_bytes(L.d) : smem_bytes(L);
   return L;
 }
@@ -855,9 +836,9 @@ bool attention_mla_projection_fusable(const AttentionArgs& a, int64_t n_tokens, 
                                       const MlaProjection& p) {
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const int dv = a.head_dim_v;
-  return attention_mla_wanted(a) && a.n_seqs > 0 && n_tokens > 0 &&
-         n_tokens <= project_max_tokens() && (dv == 256 || dv == 512 || dv == 1024) && p.m > 0 &&
-         aligned16(p.w) && p.w_stride_head % 8 == 0 && p.w_stride_row % 8 == 0 &&
+  return attention_mla_wanted(a) && a.n_seqs > 0 && n_tokens > 0 && n_tokens <= kProjectMaxTokens &&
+         (dv == 256 || dv == 512 || dv == 1024) && p.m > 0 && aligned16(p.w) &&
+         p.w_stride_head % 8 == 0 && p.w_stride_row % 8 == 0 &&
          plan_mla(a, n_tokens, n_sms).n_splits > 1;
 }
 
@@ -919,29 +900,18 @@ void launch_attention_mla(const AttentionArgs& a, int64_t n_tokens, void* worksp
   }
   if (proj != nullptr) {
     MlaProjection p = *proj;
-    p.early = early_loads();
-    const int rpw = project_rows_per_warp();
-    const dim3 grid(ceil_div(p.m, kProjWarps * rpw), static_cast<unsigned>(a.hq),
+    const dim3 grid(ceil_div(p.m, kProjWarps * kProjectRowsPerWarp), static_cast<unsigned>(a.hq),
                     static_cast<unsigned>(n_tokens));
     const auto run = [&](auto kernel) {
       launch_overlapped(kernel, grid, dim3(kProjThreads), 0, stream, a, L.n_splits, part_acc,
                         part_ml, p);
     };
-    const auto with_rows = [&](auto chunks) {
-      constexpr int C = decltype(chunks)::value;
-      if (rpw == 2)
-        run(mla_merge_project_kernel<C, 2>);
-      else if (rpw == 8)
-        run(mla_merge_project_kernel<C, 8>);
-      else
-        run(mla_merge_project_kernel<C, 4>);
-    };
     if (a.head_dim_v == 256)
-      with_rows(std::integral_constant<int, 1>{});
+      run(mla_merge_project_kernel<1, kProjectRowsPerWarp>);
     else if (a.head_dim_v == 512)
-      with_rows(std::integral_constant<int, 2>{});
+      run(mla_merge_project_kernel<2, kProjectRowsPerWarp>);
     else
-      with_rows(std::integral_constant<int, 4>{});
+      run(mla_merge_project_kernel<4, kProjectRowsPerWarp>);
   } else if (L.n_splits > 1) {
     const dim3 grid(static_cast<unsigned>((a.head_dim_v + kReduceThreads - 1) / kReduceThreads),
                     static_cast<unsigned>(a.hq), static_cast<unsigned>(n_tokens));

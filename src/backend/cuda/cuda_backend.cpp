@@ -13,8 +13,8 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_views.h"
-#include "backend/cuda/tuning_knob.h"
 #include "core/log.h"
+#include "core/tuning.h"
 
 namespace pagellm {
 namespace cuda {
@@ -226,60 +226,28 @@ void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(side_stream_));
 }
 
-namespace {
-
-// PAGELLM_SIDE_BRANCHES=0 queues a side branch's ops on the main stream in issue order (to
-// measure what the branches gain, or to rule them out when chasing a fault).
-bool side_branches_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("PAGELLM_SIDE_BRANCHES");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
-}
-
-}  // namespace
-
 // PAGELLM_ABLATE_OPS (cuda_backend.h): a comma-separated list of op names (Backend methods, those
-// of kKnown below): those ops return at once and launch nothing. A benchmark's decode step without
-// an op, against the whole step, is what that op costs in place: inside the CUDA graph, overlapped
-// with its neighbours under programmatic launch, which timing the ops one by one (bench --profile)
-// cannot show. The outputs are wrong, so it is for timing only and says so once, as a warning.
-// Leaving out an op that decides what later ops read (moe_route) changes their work too: not a
-// measurement.
+// of tuning::detail::kAblatableOps): those ops return at once and launch nothing. A benchmark's
+// decode step without an op, against the whole step, is what that op costs in place: inside the
+// CUDA graph, overlapped with its neighbours under programmatic launch, which timing the ops one
+// by one (bench --profile) cannot show. The outputs are wrong, so it is for timing only and says so
+// once, as a warning. Leaving out an op that decides what later ops read (moe_route) changes their
+// work too: not a measurement.
 bool ablated(std::string_view op) {
-  static const std::vector<std::string> ops = [] {
-    constexpr std::string_view kKnown[] = {
-        "attention",     "rope_store_kv",    "rms_norm",        "add_rms_norm",
-        "matmul",        "matmul_add",       "rms_norm_matmul", "rms_norm_swiglu",
-        "matmul_swiglu", "projection_chain", "batched_matmul",  "silu_mul",
-        "rope",          "moe_experts",      "moe_order"};
-    std::vector<std::string> list;
-    const char* v = std::getenv("PAGELLM_ABLATE_OPS");
-    std::string_view rest = v != nullptr ? v : "";
-    while (!rest.empty()) {
-      const size_t comma = rest.find(',');
-      const std::string_view name = rest.substr(0, comma);
-      if (std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown))
-        list.emplace_back(name);
-      else if (!name.empty())  // a typo would otherwise measure the whole step as "without" it
-        PAGELLM_LOG_WARN("PAGELLM_ABLATE_OPS: no op named '%.*s' can be left out",
-                         static_cast<int>(name.size()), name.data());
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    }
+  static const std::string ops = [] {
+    std::string list = tuning::words("PAGELLM_ABLATE_OPS");
     if (!list.empty())
       PAGELLM_LOG_WARN(
           "PAGELLM_ABLATE_OPS=%s: these ops launch nothing, outputs are wrong (for timing only)",
-          v);
+          list.c_str());
     return list;
   }();
-  return !ops.empty() && std::find(ops.begin(), ops.end(), op) != ops.end();
+  return !ops.empty() && tuning::has_word(ops, op);
 }
 
-bool CudaBackend::advance_side(Side from, Side to, const char* misuse) {
+void CudaBackend::advance_side(Side from, Side to, const char* misuse) {
   PAGELLM_CHECK_MSG(side_ == from, misuse);
   side_ = to;
-  return side_branches_enabled();
 }
 
 void CudaBackend::swap_side() {
@@ -288,20 +256,20 @@ void CudaBackend::swap_side() {
 }
 
 void CudaBackend::begin_side() {
-  if (!advance_side(Side::kNone, Side::kOpen, "begin_side: a side branch is already open")) return;
+  advance_side(Side::kNone, Side::kOpen, "begin_side: a side branch is already open");
   CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
   swap_side();
 }
 
 void CudaBackend::end_side() {
-  if (!advance_side(Side::kOpen, Side::kEnded, "end_side: no side branch is open")) return;
+  advance_side(Side::kOpen, Side::kEnded, "end_side: no side branch is open");
   CUDA_CHECK(cudaEventRecord(join_event_, stream_));
   swap_side();
 }
 
 void CudaBackend::join_side() {
-  if (!advance_side(Side::kEnded, Side::kNone, "join_side: no ended side branch to join")) return;
+  advance_side(Side::kEnded, Side::kNone, "join_side: no ended side branch to join");
   CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 
@@ -459,7 +427,7 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out)
 // latent norm before RoPE, the norms before its small projections), Mixtral and the models' last
 // norm nothing measurable. The norm before a Llama projection loses 1-1.5% by it, so the ops that
 // run a norm and then their own projection (rms_norm_matmul, rms_norm_swiglu) never release it
-// (docs/PERF.md "Twenty-first round").
+// (docs/perf-history "Twenty-first round").
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   run_rms_norm(x, w, eps, out, early_release());
 }
@@ -545,27 +513,25 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
 
 namespace {
 
-// PAGELLM_GEMV_FUSIONS (a list of "norm", "swiglu", "fold"; default "swiglu"; "none" for none)
-// says which steps the GEMV takes in; the others run as their own kernels. "fold" folds the
-// pre-norm weights into the projections at load (fold_norm_weight), so the GEMV normalizes with a
-// weight of ones, its stream the plain product's: on the H200 (docs/PERF.md, eleventh round)
+// PAGELLM_GEMV_FUSIONS (a list of "swiglu" and "fold"; default "swiglu"; "none" for none) says
+// which steps the GEMV takes in; the others run as their own kernels. "fold" folds the pre-norm
+// weights into the projections at load (fold_norm_weight), so the GEMV normalizes with a weight of
+// ones, its stream the plain product's: on the H200 (docs/perf-history, eleventh round)
 // Llama-3-8B decoded 213.5-214.2 tok/s with it against 210.8-211.8 without, but the folded weights
 // are rounded to bf16 once more, which put 3 of the 13 GPU golden fixtures just outside their bound
-// (within 1.5x transformers' own bf16 error), so it is off: exact first. The norm with its weight
-// loaded in the GEMV is off (seventh round: the norm-fused GEMV streams 7-13% slower). SwiGLU in
-// the GEMV lost in the seventh round (203.8-205.7 against 207.5-207.9 tok/s) but streams at the
-// plain product's rate since (eleventh round's bench): on by default since the twelfth round, where
-// Llama-3-8B decoded 213.7-214.9 tok/s with it against 210.8-211.9 without, every GPU golden
-// fixture passing with it (gate and up stay f32 until their product: one rounding fewer).
+// (within 1.5x transformers' own bf16 error), so it is off: exact first. SwiGLU in the GEMV lost
+// in the seventh round (203.8-205.7 against 207.5-207.9 tok/s) but streams at the plain product's
+// rate since (eleventh round's bench): on by default since the twelfth round, where Llama-3-8B
+// decoded 213.7-214.9 tok/s with it against 210.8-211.9 without, every GPU golden fixture passing
+// with it (gate and up stay f32 until their product: one rounding fewer). A norm with its weight
+// loaded in the GEMV streamed 7-13% slower (seventh and fourteenth rounds) and is gone.
 struct GemvFusions {
-  bool norm = false, swiglu = false, fold = false;
+  bool swiglu = false, fold = false;
 };
 const GemvFusions& gemv_fusions() {
   static const GemvFusions f = [] {
-    const char* v = std::getenv("PAGELLM_GEMV_FUSIONS");
-    const std::string_view list = v != nullptr ? v : "swiglu";
-    const auto has = [&](std::string_view s) { return list.find(s) != std::string_view::npos; };
-    return GemvFusions{has("norm"), has("swiglu"), has("fold")};
+    const std::string list = tuning::words("PAGELLM_GEMV_FUSIONS");
+    return GemvFusions{tuning::has_word(list, "swiglu"), tuning::has_word(list, "fold")};
   }();
   return f;
 }
@@ -598,11 +564,10 @@ bool CudaBackend::is_unit_norm(const Tensor& norm_w) const {
 bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& w,
                              const Tensor& bias, const Tensor& product, GemvEpilogue epilogue,
                              Tensor& out) {
-  const GemvFusions& fuse = gemv_fusions();
   const bool unit = norm_w != nullptr && is_unit_norm(*norm_w);
-  // A fusion that is off: the caller runs the steps apart, whose ops check their operands.
-  if ((epilogue == GemvEpilogue::kSwiGlu && !fuse.swiglu) ||
-      (norm_w != nullptr && !unit && !fuse.norm))
+  // A fusion that is off, or a norm the GEMV does not take (only one folded into w): the caller
+  // runs the steps apart, whose ops check their operands.
+  if ((epilogue == GemvEpilogue::kSwiGlu && !gemv_fusions().swiglu) || (norm_w != nullptr && !unit))
     return false;
   const MatmulOperands m = matmul_operands(x, w, bias, product, "fused projection");
   check_on_device(out, "out");
@@ -610,13 +575,6 @@ bool CudaBackend::fused_gemv(const Tensor& x, const Tensor* norm_w, float eps, c
   f.eps = eps;
   f.epilogue = epilogue;
   f.unit_norm = unit;
-  if (norm_w != nullptr && !unit) {
-    check_on_device(*norm_w, "norm_w");
-    PAGELLM_CHECK_MSG(norm_w->numel() == x.cols() && norm_w->is_contiguous(),
-                      "rms_norm projection: norm_w is not [K]");
-    if (norm_w->dtype != DType::kF32) return false;
-    f.norm_w = static_cast<const float*>(norm_w->data);
-  }
   const RowView ov = rows_of(out);
   if (w.dtype != DType::kBF16 || !gemv_fusion_supported(m.x, m.w, ov, f) ||
       !gemm_->uses_gemv(m.x, m.w, m.bias, m.bias_dtype, m.out))
@@ -645,7 +603,7 @@ void CudaBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float e
                                   const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) {
   if (ablated("rms_norm_swiglu")) return;
   if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kSwiGlu, out)) return;
-  // The norm in the GEMV and SiLU apart, when only the norm's fusion is on.
+  // The folded norm in the GEMV and SiLU apart, when SwiGLU's fusion is off.
   if (fused_gemv(x, &norm_w, eps, w, bias, gate_up, GemvEpilogue::kStore, gate_up)) {
     const int64_t f = out.cols();
     silu_mul(gate_up.slice_cols(0, f), gate_up.slice_cols(f, 2 * f), out);
@@ -660,7 +618,7 @@ namespace {
 // Whether projection_chain runs one-row chains as one streamed launch. On by default;
 // PAGELLM_STREAM_CHAIN=0 runs the links one by one (to measure it).
 bool stream_chain_on() {
-  static const bool on = tuning_switch("PAGELLM_STREAM_CHAIN", true);
+  static const bool on = tuning::on("PAGELLM_STREAM_CHAIN");
   return on;
 }
 
@@ -700,41 +658,15 @@ bool stream_phase_of(const Backend::ProjectionLink& k, StreamPhase& ph) {
   return gemv_stream_chain_supported(ph);
 }
 
-// Whether projection_chain takes a one-token attention link into the streamed chain
-// (PAGELLM_STREAM_ATTENTION=1); otherwise it runs apart, RoPE with the KV store, then attention.
-// Off by default: it is correct (its op test, GemvStreamChain.AttentionPhase..., and the golden
-// fixture of Llama's head size, llama_hd128, pass on an H200; gpu-check runs both with it on) but
-// decodes slower than the two kernels apart (docs/PERF.md, thirtieth round).
-bool stream_attention_on() {
-  static const bool on = tuning_switch("PAGELLM_STREAM_ATTENTION", false);
-  return on;
-}
-
-// The attention phase's pieces a KV head (PAGELLM_STREAM_ATTENTION_SPLITS, 1 to 16; 0, the
-// default: as many as give each of the chain's blocks one piece).
-int64_t stream_attention_splits(int64_t hkv) {
-  static const int64_t forced = tuning_knob("PAGELLM_STREAM_ATTENTION_SPLITS", 0, [](int64_t v) {
-    return v >= 0 && v <= kStreamMaxSplits;
-  });
-  if (forced > 0) return forced;
-  return std::clamp<int64_t>(gemv_stream_chain_blocks() / std::max<int64_t>(hkv, 1), 1,
-                             kStreamMaxSplits);
-}
-
 // PAGELLM_CHAIN_TIMES=1: the chain's launches time their phases (StreamChainTimes) and the
 // backend logs where they went when it is destroyed; a diagnostic (its kernel build takes a few
-// stamps and atomics a phase, and spills 4 bytes), off by default.
+// stamps and atomics a phase), off by default.
 bool chain_times_on() {
-  static const bool on = tuning_switch("PAGELLM_CHAIN_TIMES", false);
+  static const bool on = tuning::on("PAGELLM_CHAIN_TIMES");
   return on;
 }
 
-std::string describe_phase(const StreamChain& chain, int p) {
-  const StreamPhase& ph = chain.phase[p];
-  if (ph.kind == StreamPhase::Kind::kAttention) {
-    return "attention, " + std::to_string(chain.att.hq) + " / " + std::to_string(chain.att.hkv) +
-           " heads in " + std::to_string(chain.att.splits) + " pieces";
-  }
+std::string describe_phase(const StreamPhase& ph) {
   std::string d = ph.norm_w != nullptr ? "norm + " : "";
   d += std::to_string(ph.m) + " x " + std::to_string(ph.k);
   if (ph.epilogue == GemvEpilogue::kSwiGlu) d += " SwiGLU";
@@ -763,111 +695,31 @@ void CudaBackend::log_chain_times() {
                        t.work_max[n][p] / 1e3);
     }
   }
-  if (t.attention_blocks == 0) return;
-  const double per = 1e3 * static_cast<double>(t.attention_blocks);
-  PAGELLM_LOG_INFO(
-      "  attention steps, us a block: q and RoPE %.2f, K/V positions %.2f, own k/v and warps' "
-      "merge %.2f, sums stored and counted %.2f; pieces' merge %.2f a merging block (%llu of %llu)",
-      t.attention_step[0] / per, t.attention_step[1] / per, t.attention_step[2] / per,
-      t.attention_step[3] / per,
-      t.merging_blocks > 0 ? t.attention_step[4] / (1e3 * t.merging_blocks) : 0.0, t.merging_blocks,
-      t.attention_blocks);
-}
-
-bool CudaBackend::stream_attention_of(const AttentionLink& k, StreamAttention& s) {
-  if (!stream_attention_on() || ablated("attention") || ablated("rope_store_kv")) return false;
-  const Tensor &q = *k.q, &kk = *k.k, &v = *k.v, &cs = *k.cos_sin, &out = *k.out;
-  const AttentionMeta& meta = *k.meta;
-  if (q.ndim != 3 || kk.ndim != 3 || v.ndim != 3 || out.ndim != 3 || q.size(0) != 1 ||
-      meta.n_seqs != 1 || meta.max_seqlen_q != 1 || k.params->window > 0 ||
-      k.params->softcap != 0.0f)
-    return false;
-  const int64_t hq = q.size(1), hkv = kk.size(1), d = q.size(2);
-  // q, k and v heads back to back in one row (the fused q|k|v product's output), out one row.
-  const auto bf16_at = [](const Tensor& t) { return static_cast<const uint16_t*>(t.data); };
-  if (q.dtype != DType::kBF16 || kk.dtype != DType::kBF16 || v.dtype != DType::kBF16 ||
-      out.dtype != DType::kBF16 || !q.is_contiguous() || !kk.is_contiguous() ||
-      !v.is_contiguous() || !out.is_contiguous() || kk.size(2) != d || v.size(1) != hkv ||
-      v.size(2) != d || bf16_at(kk) != bf16_at(q) + hq * d || bf16_at(v) != bf16_at(kk) + hkv * d)
-    return false;
-  if (cs.dtype != DType::kF32 || cs.cols() != d || !cs.is_contiguous() ||
-      k.slot_mapping->dtype != DType::kI32 || k.slot_mapping->numel() < 1)
-    return false;
-  const AttentionArgs a = attention_args(q, *k.k_cache, *k.v_cache, meta, *k.params, out);
-  if (attention_mla_wanted(a)) return false;
-  s.qkv = q.data;
-  s.cos_sin = static_cast<const float*>(cs.data);
-  s.interleaved = k.interleaved;
-  s.slot = static_cast<const int32_t*>(k.slot_mapping->data);
-  s.seq_len = a.seq_lens_kv;
-  s.block_table = a.block_tables;
-  s.k_cache = a.k_cache;
-  s.v_cache = a.v_cache;
-  s.hq = static_cast<int>(hq);
-  s.hkv = static_cast<int>(hkv);
-  s.head_dim = static_cast<int>(d);
-  s.splits = static_cast<int>(stream_attention_splits(hkv));
-  s.scale = a.scale;
-  s.out = out.data;
-  if (chain_partials_ == nullptr) {
-    StreamAttention most;
-    most.hq = kStreamMaxKvHeads * kStreamMaxGroup;
-    most.splits = kStreamMaxSplits;
-    most.head_dim = 128;
-    chain_partials_ = must_allocate(stream_attention_partials(most) * sizeof(float),
-                                    "the projection chain's attention pieces");
-  }
-  s.partials = static_cast<float*>(chain_partials_->data());
-  return gemv_stream_attention_supported(s);
 }
 
 void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
-  using Kind = ProjectionLink::Kind;
-  if (ablated("projection_chain")) {  // the products only: attention is an op of its own
-    for (const ProjectionLink& k : links)
-      if (k.kind == Kind::kAttention) run_attention_link(*k.attention);
-    return;
-  }
+  if (ablated("projection_chain")) return;
   StreamChain chain;
   // The launch normalizes with one eps: every norm of the chain must have it.
   float eps = 0.0f;
-  bool have_eps = false, have_attention = false,
-       fits = stream_chain_on() && !links.empty() &&
-              links.size() <= static_cast<size_t>(kMaxStreamPhases);
+  bool have_eps = false, fits = stream_chain_on() && !links.empty() &&
+                                links.size() <= static_cast<size_t>(kMaxStreamPhases);
   for (const ProjectionLink& k : links) {
     if (!fits) break;
-    StreamPhase& ph = chain.phase[chain.n_phases++];
-    if (k.kind == Kind::kAttention) {  // one a chain: its operands are the chain's (chain.att)
-      ph.kind = StreamPhase::Kind::kAttention;
-      fits = !have_attention && stream_attention_of(*k.attention, chain.att);
-      have_attention = true;
-      continue;
-    }
-    fits = stream_phase_of(k, ph);
-    if (fits && k.kind != Kind::kMatmulAdd) {
+    fits = stream_phase_of(k, chain.phase[chain.n_phases++]);
+    if (fits && k.kind != ProjectionLink::Kind::kMatmulAdd) {
       fits = !have_eps || k.eps == eps;
       eps = k.eps;
       have_eps = true;
     }
   }
   if (!fits) {
-    // An attention link that cannot join the chain runs apart, the links around it chained.
-    const auto at = std::find_if(links.begin(), links.end(), [](const ProjectionLink& k) {
-      return k.kind == Kind::kAttention;
-    });
-    if (at == links.end()) {
-      Backend::projection_chain(links);
-      return;
-    }
-    if (at != links.begin()) projection_chain(std::vector<ProjectionLink>(links.begin(), at));
-    run_attention_link(*at->attention);
-    if (at + 1 != links.end()) projection_chain(std::vector<ProjectionLink>(at + 1, links.end()));
+    Backend::projection_chain(links);
     return;
   }
   if (chain_counter_ == nullptr) {
-    constexpr size_t bytes = sizeof(unsigned) * kStreamChainCounters;
-    chain_counter_ = must_allocate(bytes, "the projection chain's counters");
-    CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, bytes, stream_));
+    chain_counter_ = must_allocate(sizeof(unsigned), "the projection chain's counter");
+    CUDA_CHECK(cudaMemsetAsync(chain_counter_->data(), 0, sizeof(unsigned), stream_));
   }
   StreamChainTimes* times = nullptr;
   if (chain_times_on()) {
@@ -877,7 +729,7 @@ void CudaBackend::projection_chain(const std::vector<ProjectionLink>& links) {
     }
     std::vector<std::string>& names = chain_phase_names_[chain.n_phases];
     if (names.empty())
-      for (int p = 0; p < chain.n_phases; ++p) names.push_back(describe_phase(chain, p));
+      for (int p = 0; p < chain.n_phases; ++p) names.push_back(describe_phase(chain.phase[p]));
     times = static_cast<StreamChainTimes*>(chain_times_->data());
   }
   launch_gemv_stream_chain(chain, static_cast<unsigned*>(chain_counter_->data()), eps, stream_,
@@ -1179,10 +1031,9 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   PAGELLM_CHECK(n_rows >= 0 && n_edits >= 0 && (n_edits == 0 || edits != nullptr));
   // Rows that only take the argmax (greedy, as a greedy request or a benchmark samples): the
   // lean kernel, whose launch carries up to kGreedyParamRows rows' logits rows itself, so the
-  // call uploads nothing and the step waits for no copy. PAGELLM_SAMPLE_LEAN=0 keeps them on the
-  // general kernel (A/B runs).
-  static const bool lean_on = tuning_switch("PAGELLM_SAMPLE_LEAN", true);
-  bool lean = lean_on && group == 0;
+  // call uploads nothing and the step waits for no copy (the general kernel took 27.7 us at
+  // batch 1 against 23.4: docs/perf-history, twenty-fifth round).
+  bool lean = group == 0;
   // The kernel trusts these: an edit list out of order or out of range would read out of bounds.
   for (int32_t i = 0; i < n_rows; ++i) {
     const DeviceSampleRow& r = rows[i];
@@ -1327,10 +1178,8 @@ void CudaBackend::take_sampled_tokens(Tensor& tokens, uint64_t ticket) {
                     "take_sampled_tokens: tokens must be an i32 vector");
   const SampleSlot& slot = sample_slot(ticket);
   // The last call's tokens are in the hand-over area, where the step's embedding takes them
-  // (launch_embedding): nothing to queue. PAGELLM_EMBED_TAKES=0 takes them with a kernel of
-  // their own, as any earlier call's are (A/B runs).
-  static const bool embed_takes = tuning_switch("PAGELLM_EMBED_TAKES", true);
-  if (embed_takes && ticket == handover_ticket_) return;
+  // (launch_embedding): nothing to queue.
+  if (ticket == handover_ticket_) return;
   // Queued after the sampling kernel on the same stream: its results are there.
   launch_take_sampled_tokens(static_cast<int32_t*>(tokens.data), tokens.numel(),
                              reinterpret_cast<const DeviceSampleResult*>(

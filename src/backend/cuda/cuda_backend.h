@@ -66,7 +66,6 @@ class CudaBackend final : public Backend {
   // A second stream with its own cuBLASLt workspace: begin_side() swaps it (and its Gemm) in for
   // the main stream, so every op of the branch queues there unchanged; events fork it from and
   // join it to the main stream (graph capture follows them into the side stream).
-  // PAGELLM_SIDE_BRANCHES=0 keeps every op on the main stream.
   void begin_side() override;
   void end_side() override;
   void join_side() override;
@@ -89,9 +88,7 @@ class CudaBackend final : public Backend {
   void rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
   // One row through the whole chain: one launch of the streamed chain (gemv_stream.cu) when
-  // every link fits it (PAGELLM_STREAM_CHAIN=0 turns it off); otherwise the links one by one,
-  // except that an attention link that does not fit runs apart and the links around it are
-  // chained.
+  // every link fits it (PAGELLM_STREAM_CHAIN=0 turns it off); otherwise the links one by one.
   void projection_chain(const std::vector<ProjectionLink>& links) override;
   // One strided-batched cuBLASLt GEMM for bf16 weights; f32/f16 weights run the tiled kernel per
   // batch entry.
@@ -219,9 +216,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> side_gemm_;
   cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
   enum class Side { kNone, kOpen, kEnded } side_ = Side::kNone;
-  // Moves side_ from `from` (else CHECK-fails with `misuse`) to `to`; false when side branches
-  // are off (PAGELLM_SIDE_BRANCHES=0), so the caller queues nothing on the side stream.
-  bool advance_side(Side from, Side to, const char* misuse);
+  // Moves side_ from `from` (else CHECK-fails with `misuse`) to `to`.
+  void advance_side(Side from, Side to, const char* misuse);
   // Swaps the side stream and its Gemm with the main ones (in at begin_side, out at end_side).
   void swap_side();
   char* pinned_ = nullptr;  // kSlots * kSlotBytes
@@ -235,10 +231,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
-  // The chain's attention phase for an attention link, or false when it cannot join the chain.
-  bool stream_attention_of(const AttentionLink& link, StreamAttention& att);
-  std::unique_ptr<Buffer> chain_counter_;   // launch_gemv_stream_chain's counters
-  std::unique_ptr<Buffer> chain_partials_;  // its attention phases' pieces (StreamAttention)
+  std::unique_ptr<Buffer> chain_counter_;  // launch_gemv_stream_chain's grid-wide count
   // PAGELLM_CHAIN_TIMES=1: the chain's phase times (StreamChainTimes), and each launch length's
   // phases as the first launch of that length had them, logged when the backend is destroyed.
   std::unique_ptr<Buffer> chain_times_;

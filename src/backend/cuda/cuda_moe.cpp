@@ -10,7 +10,6 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -34,7 +33,7 @@ RowView row_view(const Tensor& t) {
 // Whether a one-token GEMV step makes its down products and combine in one kernel (moe.h). On by
 // default; PAGELLM_MOE_FUSED_COMBINE=0 keeps the two kernels (A/B runs).
 bool fused_down_combine() {
-  static const bool on = tuning_switch("PAGELLM_MOE_FUSED_COMBINE", true);
+  static const bool on = tuning::on("PAGELLM_MOE_FUSED_COMBINE");
   return on;
 }
 

@@ -7,13 +7,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/tuning.h"
 
 namespace pagellm::cuda {
 
@@ -168,36 +167,26 @@ inline bool device_is_sm90() {
 }
 
 // Whether the current device can overlap a kernel with its predecessor (compute capability 9.0+).
-// PAGELLM_CUDA_PDL=0 in the environment turns overlapping off (to measure what it gains).
+// PAGELLM_CUDA_PDL=0 turns overlapping off (docs/TUNING.md).
 inline bool pdl_supported() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PAGELLM_CUDA_PDL");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool enabled = tuning::on("PAGELLM_CUDA_PDL");
   return enabled && device_is_sm90();
 }
 
-// Whether the step's kernels issue their loads of what no kernel still running can be writing
-// before pdl_wait(), so those loads overlap the kernel before instead of lengthening the chain
-// after it: weights, the step's metadata (copied from the host before the step), KV rows of
+// Early loads: the step's kernels issue their loads of what no kernel still running can be
+// writing before pdl_wait(), so those loads overlap the kernel before instead of lengthening the
+// chain after it: weights, the step's metadata (copied from the host before the step), KV rows of
 // earlier steps, and what kernels two back wrote (the kernel before let this one start only after
 // its own wait; not so after a kernel that releases first, pdl_wait_and_release). A side branch's
 // join is no exception: captured into a graph it is a programmatic edge too, so the branch's last
-// kernel may still be running (moe.cu's gate|up kernel). On by default; PAGELLM_EARLY_LOADS=0 turns
-// it off (to measure what it gains, or to rule it out).
-inline bool early_loads() {
-  static const bool on = [] {
-    const char* v = std::getenv("PAGELLM_EARLY_LOADS");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
-}
+// kernel may still be running (moe.cu's gate|up kernel). Without them Llama-3-8B decoded 2% and
+// DeepSeek-V2-Lite 4-6% slower on the H200 (docs/perf-history, thirteenth round).
 
 // The start of a kernel launched overlapped: waits for the kernel before (pdl_wait) and lets the
 // successor launch (pdl_allow_next), after the wait as the rule above has it or, with
 // release_first, before it. Released first, the successor may start while the kernel before
 // this one still runs, so it must not read what that kernel writes before its own wait, which
-// early_loads() otherwise allows (who releases first: early_release() in tuning_knob.h).
+// early loads otherwise allow (who releases first: early_release() in kernels.h).
 __device__ __forceinline__ void pdl_wait_and_release(bool release_first) {
   if (release_first) pdl_allow_next();
   pdl_wait();

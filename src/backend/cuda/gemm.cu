@@ -16,7 +16,6 @@
 #include <utility>
 
 #include "backend/cuda/device_utils.cuh"
-#include "backend/cuda/tuning_knob.h"
 #include "core/log.h"
 
 namespace pagellm::cuda {
@@ -52,7 +51,7 @@ int64_t bucket_top(int64_t n) {
 }
 // PAGELLM_GEMM_PRELOAD=0: no preloading, every plan the heuristic's (to measure what it buys).
 bool preload_enabled() {
-  static const bool on = tuning_switch("PAGELLM_GEMM_PRELOAD", true);
+  static const bool on = tuning::on("PAGELLM_GEMM_PRELOAD");
   return on;
 }
 

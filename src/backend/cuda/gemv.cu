@@ -7,7 +7,7 @@
 // warp at the end. Gemm (gemm.h) picks it over cuBLASLt per shape when it measures faster. A batch
 // of independent products of one shape (per-head projections) runs as one launch, an entry per
 // blockIdx.y. Launched overlapped with the kernel before it (device_utils.cuh), it requests the
-// first trip of its weight rows while that kernel finishes (early_loads()): w must not be what that
+// first trip of its weight rows while that kernel finishes: w must not be what that
 // kernel writes, which weights never are (Backend::matmul's contract).
 //
 // Matrices with few rows (Llama's o_proj and down: 4096 rows, a warp for every two) leave the SMs
@@ -18,7 +18,7 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/tuning_knob.h"
+#include "core/tuning.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -27,8 +27,6 @@ constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvRows = 2;    // output rows per warp
 constexpr int kGemvUnroll = 4;  // 16-byte loads per row a lane issues before the math
-constexpr int64_t kGemvPrefetch = 512;  // elements per row pulled into L2 before the wait (1 KB:
-                                        // ~17 MB over all resident blocks, a few us of DRAM time)
 
 __device__ __forceinline__ float bias_at(const void* bias, DType t, int64_t m) {
   if (bias == nullptr) return 0.0f;
@@ -52,20 +50,18 @@ struct GemvParams {
   int64_t m_dim;  // output columns (F for SwiGLU, whose w has 2F rows)
   int64_t k_dim;
   int64_t x_batch_stride, w_batch_stride, out_batch_stride;
-  const float* norm_w;  // GemvNorm::kWeighted: the RMSNorm weight [K]
-  float eps;
+  float eps;    // GemvNorm::kUnit
   int k_split;  // warps sharing each row group's K: 1, 2, 4 or 8
-  bool preload;  // the first trip's weight loads before the wait (early_loads())
 };
 
-// How x is normalized on the way in. kWeighted: each lane multiplies its x pieces by norm_w and
-// also sums their squares; the warp's lanes cover all of K, so after the warp reduction every
-// warp has each row's full sum of squares and scales its dot products by the row's 1 / rms. No
-// pass over x of its own, and every warp gets the same scale, so the output does not depend on
-// the launch. kUnit (the norm weight folded into w at load): the same sums, taken in a pass over
-// the lane's x pieces before the weights stream (x is a few KB, read from L2 into L1, where the
-// stream's loop finds it again), so the streaming loop is the plain product's.
-enum class GemvNorm { kNone, kWeighted, kUnit };
+// How x is normalized on the way in. kUnit (the norm weight folded into w at load): each lane sums
+// the squares of its x pieces in a pass before the weights stream (x is a few KB, read from L2
+// into L1, where the stream's loop finds it again), so the streaming loop is the plain product's;
+// the warp's lanes cover all of K, so after the warp reduction every warp has each row's full sum
+// of squares and scales its dot products by the row's 1 / rms, the same scale in every warp, so
+// the output does not depend on the launch. (A norm with its weight loaded in the loop streamed
+// slower: docs/perf-history, seventh and fourteenth rounds.)
+enum class GemvNorm { kNone, kUnit };
 
 __host__ __device__ constexpr bool is_swiglu(GemvEpilogue e) {
   return e == GemvEpilogue::kSwiGlu;
@@ -113,18 +109,11 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
   const int64_t k_first = part * kStep + lane * 8;
   uint4 wv[kGemvUnroll][kGemvRows];  // one trip of the stream (load_trip)
   // The weights do not depend on the kernel before this one (launch_overlapped), so their loads
-  // may go out before the wait. p.preload: the first trip's loads themselves, into the registers
-  // the loop uses, so the stream's first memory round trip overlaps that kernel's end instead of
-  // following it. Otherwise the first kGemvPrefetch elements of each row are pulled into L2.
-  if (p.preload) {
-    if (active) load_trip(wv, wr, k_first, piece_step, k_dim);
-  } else if (active && part == 0) {
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) {
-      const int64_t k = lane * 64;  // one 128-byte line per lane
-      if (k < k_dim && k < kGemvPrefetch) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
-    }
-  }
+  // go out before the wait: the first trip's loads themselves, into the registers the loop uses,
+  // so the stream's first memory round trip overlaps that kernel's end instead of following it
+  // (with these early loads off in every kernel, an L2 prefetch of each row's first 1 KB here,
+  // decode was 2-6% slower: docs/perf-history, thirteenth round).
+  if (active) load_trip(wv, wr, k_first, piece_step, k_dim);
   pdl_wait();
   // Once every block of this grid has started, the next kernel (often the next projection's GEMV,
   // now that the norms and SwiGLU run inside the GEMVs) may launch and fetch its first weights
@@ -133,7 +122,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
 
   if constexpr (kNorm == GemvNorm::kUnit) {
     // The sums of squares over the pieces the loop below will read (so a split's parts add up
-    // as kWeighted's do), their loads issued kGemvUnroll at a time.
+    // as the products' do), their loads issued kGemvUnroll at a time.
     for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
@@ -150,48 +139,16 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
     }
   }
   for (int64_t k0 = k_first; active && k0 < k_dim; k0 += piece_step * kGemvUnroll) {
-    if (!p.preload || k0 != k_first) load_trip(wv, wr, k0, piece_step, k_dim);
+    if (k0 != k_first) load_trip(wv, wr, k0, piece_step, k_dim);
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t k = k0 + u * piece_step;
       if (k >= k_dim) break;
-      if constexpr (kNorm == GemvNorm::kWeighted) {
-        float g[8], wf[kGemvRows][8];
-        const float4* gp = reinterpret_cast<const float4*>(p.norm_w + k);
-        const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
-        g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w;
-        g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) unpack_bf16x8(wv[u][r], wf[r]);
-          // Each piece's sums start from zero and are added at the end, as dot8 does: chained
-          // through acc directly, every FMA of an iteration would wait for the one before it, and
-          // that latency adds to each trip's wait for its loads (7% slower streaming).
+      for (int j = 0; j < N; ++j) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k));
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          float xf[8];
-          unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k)), xf);
-          float sq = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            sq = fmaf(xf[e], xf[e], sq);
-            xf[e] *= g[e];
-          }
-          ss[j] += sq;
-#pragma unroll
-          for (int r = 0; r < kGemvRows; ++r) {
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) d = fmaf(wf[r][e], xf[e], d);
-            acc[r][j] += d;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx + k));
-#pragma unroll
-          for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
-        }
+        for (int r = 0; r < kGemvRows; ++r) acc[r][j] += dot8(wv[u][r], xv);
       }
     }
   }
@@ -267,7 +224,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_kernel(const Ge
 // give each warp a single trip for two rows: many small warps, more than a wave of them. Here 8
 // lanes share a row (C = K / 64 16-byte pieces each, a row's 8 lanes reading 128 contiguous bytes
 // per piece), a warp takes 4 rows at a time and kShortQuads such quads, every weight load issued
-// before any sum (before the wait with p.preload), and the row's 8 partial sums meet by shuffles.
+// before any sum (before the wait), and the row's 8 partial sums meet by shuffles.
 constexpr int kShortLanes = 8;  // lanes per row
 constexpr int kShortQuads = 2;  // 4-row groups per warp
 constexpr int kShortRowsPerWarp = 4 * kShortQuads;
@@ -293,11 +250,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvPara
       for (int c = 0; c < C; ++c) wv[i][c] = load_stream(wr[i] + c * kShortLanes * 8);
   };
   const bool active = m0 < p.m_dim;
-  if (p.preload && active) load();
+  if (active) load();
   pdl_wait();
   pdl_allow_next();
   if (!active) return;
-  if (!p.preload) load();
   float acc[kShortQuads][N];
 #pragma unroll
   for (int j = 0; j < N; ++j) {
@@ -324,12 +280,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvPara
 #pragma unroll
     for (int j = 0; j < N; ++j) out[j * p.ldo + m] = from_float<TOut>(acc[i][j]);
   }
-}
-
-// PAGELLM_GEMV_SHORT=0 keeps short-row batched products on the kernel above (to measure).
-bool short_rows_enabled() {
-  static const bool on = tuning_switch("PAGELLM_GEMV_SHORT", true);
-  return on;
 }
 
 template <int N, typename TOut>
@@ -394,8 +344,8 @@ GemvPlan plan_for(int64_t groups, int64_t k_dim, int rows, int64_t wave, int for
   // turn over fast: Llama-3-8B's LM head streams in 228 us at a split of 4 against 237-242 at
   // 1, gate|up with SwiGLU in 53.8 us against 57.0-58.3. With several rows of x a warp of one
   // trip is slower (q|k|v at 2, 3, 6, 7 and 8 rows: 9-15%), and one of several trips faster
-  // (down at 4 and 5 rows: 41.8 and 42.1 us against 49.3 and 65.6) (H200, docs/PERF.md fifteenth
-  // round).
+  // (down at 4 and 5 rows: 41.8 and 42.1 us against 49.3 and 65.6) (H200, docs/perf-history,
+  // fifteenth round).
   const int finest = finest_whole_trip_split(k_dim, kTrip);
   if (blocks(finest) >= 4 * wave && (rows == 1 || k_dim > kTrip * finest))
     return {finest, fill(finest)};
@@ -428,21 +378,21 @@ void launch_variant(GemvParams p, int k_split, int64_t batch, cudaStream_t strea
 }
 
 // PAGELLM_GEMV_MIN_BLOCKS=1 or 4 forces one of the two one-row kernels (to measure them apart);
-// unset, launch_n picks.
+// 0, the default: launch_n picks.
 int gemv_min_blocks_forced() {
-  static const int v = static_cast<int>(
-      tuning_knob("PAGELLM_GEMV_MIN_BLOCKS", 0, [](int64_t b) { return b == 1 || b == 4; }));
+  static const int v = static_cast<int>(tuning::integer("PAGELLM_GEMV_MIN_BLOCKS"));
   return v;
 }
 
 // One row of x has two kernels: the compiler's choice of registers (70-80, so 3 blocks an SM) and
-// one capped at 64 (4 blocks an SM; a spill of 4-16 bytes, 60 for the weighted norm's). Their waves
+// one capped at 64 (4 blocks an SM; a spill of 4-16 bytes). Their waves
 // differ, so the same shape fills them differently; each launch takes the kernel whose plan fills
 // its last wave better (the uncapped one on a tie). On the H200 the capped one with its split runs
 // Llama-3-8B's down in 32.1 us against 34.5, gate|up (at the many-waves split) in 53.7 against
 // 57.4 and V2-Lite's q|kv_a in 4.9 against 6.7, and the rule keeps the uncapped one for V2-Lite's
-// o_proj and shared experts, where the capped one is slower (docs/PERF.md, fifteenth round). The
-// waves are asked of the runtime once per kernel (a process's GPUs are taken to be of one kind).
+// o_proj and shared experts, where the capped one is slower (docs/perf-history, fifteenth round).
+// The waves are asked of the runtime once per kernel (a process's GPUs are taken to be of one
+// kind).
 template <int N, typename TOut, GemvNorm kNorm, GemvEpilogue kEpi>
 void launch_n(const GemvParams& p, int64_t batch, cudaStream_t stream) {
   constexpr int kOutPerWarp = is_swiglu(kEpi) ? 1 : kGemvRows;
@@ -483,8 +433,6 @@ void launch_fused(const GemvParams& p, DType out_dtype, GemvNorm norm, GemvEpilo
                   int64_t batch, cudaStream_t stream) {
   if (out_dtype == DType::kF32) {
     launch_n<N, float, GemvNorm::kNone, GemvEpilogue::kStore>(p, batch, stream);
-  } else if (norm == GemvNorm::kWeighted) {
-    launch_epilogue<N, GemvNorm::kWeighted>(p, epi, batch, stream);
   } else if (norm == GemvNorm::kUnit) {
     launch_epilogue<N, GemvNorm::kUnit>(p, epi, batch, stream);
   } else {
@@ -536,7 +484,6 @@ GemvParams params_of(const RowView& x, const RowView& w, const void* bias, DType
   p.ldo = out.ld;
   p.m_dim = m_dim;
   p.k_dim = x.cols;
-  p.preload = early_loads();
   return p;
 }
 
@@ -558,13 +505,9 @@ bool gemv_fusion_supported(const RowView& x, const RowView& w, const RowView& ou
   if (swiglu && w.n_rows % 2 != 0) return false;
   if (f.k_split != 0 && f.k_split != 1 && f.k_split != 2 && f.k_split != 4 && f.k_split != 8)
     return false;
-  if (f.unit_norm && f.norm_w != nullptr) return false;
-  const bool norm = f.norm_w != nullptr || f.unit_norm;
-  if (!norm && f.epilogue == GemvEpilogue::kStore) return true;
-  // The fused forms: bf16 out; a norm (a weight 16-byte aligned, as the kernel reads it) with a
-  // store or SwiGLU epilogue; the add without one.
-  const bool norm_ok = f.norm_w == nullptr || reinterpret_cast<uintptr_t>(f.norm_w) % 16 == 0;
-  return out.dtype == DType::kBF16 && norm_ok && !(norm && f.epilogue == GemvEpilogue::kAdd);
+  if (!f.unit_norm && f.epilogue == GemvEpilogue::kStore) return true;
+  // The fused forms: bf16 out; the norm with a store or SwiGLU epilogue; the add without one.
+  return out.dtype == DType::kBF16 && !(f.unit_norm && f.epilogue == GemvEpilogue::kAdd);
 }
 
 void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
@@ -572,12 +515,9 @@ void launch_gemv(const RowView& x, const RowView& w, const void* bias, DType bia
   PAGELLM_CHECK_MSG(gemv_fusion_supported(x, w, out, fusion),
                     "gemv: unsupported shape, type, alignment or fusion");
   GemvParams p = params_of(x, w, bias, bias_dtype, out, out.cols);
-  p.norm_w = fusion.norm_w;
   p.eps = fusion.eps;
   p.k_split = fusion.k_split;  // 0: launch_n's rule
-  const GemvNorm norm = fusion.norm_w != nullptr ? GemvNorm::kWeighted
-                        : fusion.unit_norm       ? GemvNorm::kUnit
-                                                 : GemvNorm::kNone;
+  const GemvNorm norm = fusion.unit_norm ? GemvNorm::kUnit : GemvNorm::kNone;
   launch_rows(x.n_rows, p, out.dtype, norm, fusion.epilogue, 1, stream);
 }
 
@@ -596,7 +536,7 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
   p.x_batch_stride = x_batch_stride;
   p.w_batch_stride = w_batch_stride;
   p.out_batch_stride = out_batch_stride;
-  if (x.n_rows <= 2 && x.cols % 64 == 0 && x.cols <= kShortMaxK && short_rows_enabled()) {
+  if (x.n_rows <= 2 && x.cols % 64 == 0 && x.cols <= kShortMaxK) {
     const bool f32 = out.dtype == DType::kF32;
     if (x.n_rows == 1)
       f32 ? launch_short<1, float>(p, batch, stream) : launch_short<1, bf16>(p, batch, stream);

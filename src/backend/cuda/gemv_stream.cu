@@ -2,31 +2,26 @@
 // (launch_gemv_stream_chain, kernels.h).
 //
 // Why: in a batch-1 decode step each projection is its own GEMV launch, and each hand-over from
-// one to the next costs ~3-6 us over its bytes (docs/PERF.md, fourteenth to sixteenth rounds): the
-// successor's blocks land as the predecessor's drain, and its memory pipe fills only then. Weights
-// do not depend on activations, so nothing but the launch boundary stops them from streaming
-// through the boundary. Here one block an SM stays for the whole chain; a producer warp streams
-// the block's share of every phase's rows, phase after phase, into a ring of shared-memory stages
-// with bulk copies (Hopper's tensor memory accelerator, one instruction a stage), never waiting
-// for anything but a free stage; the consumer warps multiply the stages by the phase's input
-// vector, which they take only after every block has finished the phase before (a grid-wide
+// one to the next costs ~3-6 us over its bytes (docs/perf-history, fourteenth to sixteenth rounds):
+// the successor's blocks land as the predecessor's drain, and its memory pipe fills only then.
+// Weights do not depend on activations, so nothing but the launch boundary stops them from
+// streaming through the boundary. Here one block an SM stays for the whole chain; a producer warp
+// streams the block's share of every phase's rows, phase after phase, into a ring of shared-memory
+// stages with bulk copies (Hopper's tensor memory accelerator, one instruction a stage), never
+// waiting for anything but a free stage; the consumer warps multiply the stages by the phase's
+// input vector, which they take only after every block has finished the phase before (a grid-wide
 // count). The ring's depth is what the stream runs ahead across such a wait.
-//
-// A phase may also be a one-token attention step (StreamAttention, stream_attention.cuh): no
-// weights of its own, so the producer streams the next product's rows through it.
 //
 // Shares are static (block b takes outputs [lo, lo + count) of every phase), so each block's
 // partial sums are its own and a phase ends when its slowest SM's share has streamed. On the H200
 // the Llama-3-8B step decodes 1.8% faster with it than with the projections' own launches,
-// Llama-2-7B 0.1-0.4% (docs/PERF.md, twenty-eighth round).
+// Llama-2-7B 0.1-0.4% (docs/perf-history, twenty-eighth round).
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/stream_attention.cuh"
-#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -54,8 +49,6 @@ struct Smem {
   uint64_t empty[kStages];  // every consumer warp is done with a stage
   float partial[kMaxBlockRows][kConsumerWarps];
   float resid[kMaxBlockRows];  // kAdd: the outputs' values before the phase
-  // The norm's per-warp sums; in an attention phase (no norm), red[0] says whether the block
-  // merges its KV head's pieces: a word of its own would move the ring 128 bytes further.
   float red[kConsumerWarps];
   // Last: a launch with fewer stages allocates less of it.
   alignas(128) uint4 ring[kStages][kStageBytes / 16];
@@ -148,14 +141,11 @@ struct RingPos {
   }
 };
 
-// kAttention: as consume's (a product-only build tests no phase's kind).
-template <bool kAttention>
 __device__ void produce(Smem& sm, const StreamChain& chain, int stages) {
   RingPos pos;
   pos.n = stages;
   for (int p = 0; p < chain.n_phases; ++p) {
     const StreamPhase& ph = chain.phase[p];
-    if (kAttention && ph.kind == StreamPhase::Kind::kAttention) continue;  // no weights
     const Share s = share_of(ph, blockIdx.x, gridDim.x);
     const int rps = rows_per_stage(ph.k);
     const size_t row_bytes = static_cast<size_t>(ph.k) * 2;
@@ -299,44 +289,6 @@ __device__ void finish_phase(Smem& sm, const StreamPhase& ph, const Share& s) {
   }
 }
 
-// A product phase's part of the block: its stages, then its outputs.
-__device__ void consume_product(Smem& sm, const StreamPhase& ph, float eps, RingPos& pos) {
-  const Share s = share_of(ph, blockIdx.x, gridDim.x);
-  // The pieces of a row a thread multiplies, as a constant of the stage loop. A switch (a jump
-  // table), and the phase loop's barriers inside its `if (p > 0)`, as in 71d643b: with them the
-  // product-only build's machine code is 71d643b's instruction for instruction, where a template
-  // recursion over the count and a barrier after the `if` came out 24 instructions longer and
-  // scheduled otherwise, in sources that decoded 1.2% slower (docs/PERF.md, thirty-first round).
-  switch ((ph.k / 8 + kConsumers - 1) / kConsumers) {
-    case 1:
-      consume_stages<1>(sm, ph, s, eps, pos);
-      break;
-    case 2:
-      consume_stages<2>(sm, ph, s, eps, pos);
-      break;
-    case 3:
-      consume_stages<3>(sm, ph, s, eps, pos);
-      break;
-    case 4:
-      consume_stages<4>(sm, ph, s, eps, pos);
-      break;
-    case 5:
-      consume_stages<5>(sm, ph, s, eps, pos);
-      break;
-    case 6:
-      consume_stages<6>(sm, ph, s, eps, pos);
-      break;
-    case 7:
-      consume_stages<7>(sm, ph, s, eps, pos);
-      break;
-    default:
-      consume_stages<8>(sm, ph, s, eps, pos);
-      break;
-  }
-  consumer_sync();  // every warp's partial sums are in
-  finish_phase(sm, ph, s);
-}
-
 // The global nanosecond timer's low 32 bits: spans under 4 s come out right modulo 2^32, and a
 // stamp held across phases takes one register instead of two.
 __device__ __forceinline__ unsigned global_ns() {
@@ -355,67 +307,57 @@ __device__ __forceinline__ void add_phase_time(StreamChainTimes* times, int n, i
   atomicMax(&times->work_max[n][p], work);
 }
 
-// kAttention: the chain may have an attention phase (a build without one has none of its code,
-// so a chain of products alone runs as it did before attention phases existed); kTimed: see
-// StreamChainTimes.
-template <bool kTimed, bool kAttention>
+template <bool kTimed>
 __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, float eps,
                         int stages, StreamChainTimes* times) {
   const int t = threadIdx.x;
   const unsigned blocks = gridDim.x;
   RingPos pos;
   pos.n = stages;
-  // An attention phase's scratch: the partial sums' and residuals' space, which no product phase
-  // holds between phases; sm.resid takes the warps' max and sum of p, then block-table entries.
-  static_assert(kMaxBlockRows * kConsumerWarps >= kConsumerWarps * kStreamMaxGroup * 128 &&
-                kMaxBlockRows >= kConsumerWarps * kStreamMaxGroup * 2);
-  constexpr int kMl = kConsumerWarps * kStreamMaxGroup * 2;
-  const stream_attention::Scratch sc{&sm.partial[0][0], sm.resid,
-                                     reinterpret_cast<int32_t*>(sm.resid + kMl),
-                                     kMaxBlockRows - kMl, reinterpret_cast<unsigned*>(sm.red)};
-  stream_attention::Part part{};
-  // Before each wait for a phase's inputs: an attention phase's part, which needs none of them.
-  const auto stage = [&](int p) {
-    if (kAttention && chain.phase[p].kind == StreamPhase::Kind::kAttention)
-      part = stream_attention::stage<kConsumerWarps>(chain.att, sc);
-  };
   unsigned start = 0, ready = 0;
   if constexpr (kTimed) start = global_ns();
-  stage(0);
   pdl_wait();  // the first phase's input comes from the kernel before
   const int n_phases = chain.n_phases;
   for (int p = 0; p < n_phases; ++p) {
     const StreamPhase& ph = chain.phase[p];
-    const bool attention = kAttention && ph.kind == StreamPhase::Kind::kAttention;
     if (p > 0) {
-      stage(p);
       // Every block's outputs of phase p - 1 are written.
       if (t == 0)
         while (load_acquire(counter) < blocks * p) {
         }
       consumer_sync();
-    } else if (attention) {
-      consumer_sync();  // the part's staged block-table entries
     }
     if constexpr (kTimed) ready = global_ns();
-    if (attention) {
-      // A timed build's step stamps: thread 0's, each step's time added as it ends.
-      [[maybe_unused]] unsigned step_start = ready;
-      const auto mark = [&](int i) {
-        if constexpr (kTimed) {
-          if (t != 0) return;
-          const unsigned now = global_ns();
-          atomicAdd(&times->attention_step[i], static_cast<unsigned long long>(now - step_start));
-          step_start = now;
-          if (i == 0) atomicAdd(&times->attention_blocks, 1ull);
-          if (i == kStreamAttentionSteps - 1) atomicAdd(&times->merging_blocks, 1ull);
-        }
-      };
-      stream_attention::run<kConsumerWarps>(
-          chain.att, sc, part, counter + 1, [] { consumer_sync(); }, mark);
-    } else {
-      consume_product(sm, ph, eps, pos);
+    const Share s = share_of(ph, blockIdx.x, gridDim.x);
+    // The pieces of a row a thread multiplies, as a constant of the stage loop.
+    switch ((ph.k / 8 + kConsumers - 1) / kConsumers) {
+      case 1:
+        consume_stages<1>(sm, ph, s, eps, pos);
+        break;
+      case 2:
+        consume_stages<2>(sm, ph, s, eps, pos);
+        break;
+      case 3:
+        consume_stages<3>(sm, ph, s, eps, pos);
+        break;
+      case 4:
+        consume_stages<4>(sm, ph, s, eps, pos);
+        break;
+      case 5:
+        consume_stages<5>(sm, ph, s, eps, pos);
+        break;
+      case 6:
+        consume_stages<6>(sm, ph, s, eps, pos);
+        break;
+      case 7:
+        consume_stages<7>(sm, ph, s, eps, pos);
+        break;
+      default:
+        consume_stages<8>(sm, ph, s, eps, pos);
+        break;
     }
+    consumer_sync();  // every warp's partial sums are in
+    finish_phase(sm, ph, s);
     consumer_sync();  // every output of the block is stored (and sm.partial free again)
     if (t == 0) {
       __threadfence();
@@ -435,7 +377,7 @@ __device__ void consume(Smem& sm, const StreamChain& chain, unsigned* counter, f
   }
 }
 
-template <bool kTimed, bool kAttention>
+template <bool kTimed>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_chain_kernel(const __grid_constant__ StreamChain chain, unsigned* counter,
                              float eps, int stages, StreamChainTimes* times) {
@@ -452,10 +394,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_allow_next();  // the next kernel may land as this one's blocks leave; it waits for all
   if (threadIdx.x >= kConsumers) {
     // Weights only: nothing a kernel before writes, so no wait before streaming them.
-    if (threadIdx.x == kConsumers) produce<kAttention>(sm, chain, stages);
+    if (threadIdx.x == kConsumers) produce(sm, chain, stages);
     return;
   }
-  consume<kTimed, kAttention>(sm, chain, counter, eps, stages, times);
+  consume<kTimed>(sm, chain, counter, eps, stages, times);
 }
 
 }  // namespace
@@ -465,40 +407,15 @@ int gemv_stream_chain_blocks() {
   return cached_per_device(cache, [](int dev) {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    for (const auto kernel :
-         {gemv_stream_chain_kernel<false, false>, gemv_stream_chain_kernel<false, true>,
-          gemv_stream_chain_kernel<true, false>, gemv_stream_chain_kernel<true, true>})
+    for (const auto kernel : {gemv_stream_chain_kernel<false>, gemv_stream_chain_kernel<true>})
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(sizeof(Smem))));
     return sms;
   });
 }
 
-int64_t stream_attention_partials(const StreamAttention& a) {
-  return a.splits > 1 ? static_cast<int64_t>(a.hq) * a.splits * (a.head_dim + 2) : 0;
-}
-
-namespace {
-bool cache_fits(const CacheView& c, int hkv) {
-  return c.data != nullptr && c.heads == hkv && c.dim == stream_attention::kDim &&
-         c.block_size > 0 && c.stride_head % 8 == 0 && c.stride_tok % 8 == 0 &&
-         c.stride_block % 8 == 0 && reinterpret_cast<uintptr_t>(c.data) % 16 == 0;
-}
-}  // namespace
-
-bool gemv_stream_attention_supported(const StreamAttention& a) {
-  return device_is_sm90() && a.hkv > 0 && a.hkv <= kStreamMaxKvHeads && a.hq % a.hkv == 0 &&
-         a.hq / a.hkv <= kStreamMaxGroup && a.head_dim == stream_attention::kDim && a.splits >= 1 &&
-         a.splits <= kStreamMaxSplits && a.hkv * a.splits <= gemv_stream_chain_blocks() &&
-         a.qkv != nullptr && reinterpret_cast<uintptr_t>(a.qkv) % 16 == 0 && a.cos_sin != nullptr &&
-         a.slot != nullptr && a.seq_len != nullptr && a.block_table != nullptr &&
-         a.out != nullptr && (a.splits == 1 || a.partials != nullptr) &&
-         cache_fits(a.k_cache, a.hkv) && cache_fits(a.v_cache, a.hkv);
-}
-
 bool gemv_stream_chain_supported(const StreamPhase& ph) {
   if (!device_is_sm90()) return false;  // bulk copies and transaction-counted barriers
-  if (ph.kind != StreamPhase::Kind::kProduct) return false;
   const int outputs = ph.epilogue == GemvEpilogue::kSwiGlu ? ph.m / 2 : ph.m;
   const int blocks = gemv_stream_chain_blocks();
   const int block_rows = (outputs + blocks - 1) / blocks * (ph.m == outputs ? 1 : 2);
@@ -513,19 +430,17 @@ void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float
   PAGELLM_CHECK_MSG(chain.n_phases > 0 && chain.n_phases <= kMaxStreamPhases,
                     "gemv_stream_chain: 1 to kMaxStreamPhases phases");
   const int blocks = gemv_stream_chain_blocks();
-  static const int stages = static_cast<int>(tuning_knob(
-      "PAGELLM_STREAM_STAGES", kDefaultStages, [](int64_t v) { return v >= 2 && v <= kStages; }));
+  static const int stages =
+      static_cast<int>(tuning::integer("PAGELLM_STREAM_STAGES", kDefaultStages));
+  PAGELLM_CHECK_MSG(stages >= 2 && stages <= kStages, "gemv_stream_chain: stages out of range");
   const size_t smem = sizeof(Smem) - static_cast<size_t>(kStages - stages) * kStageBytes;
-  int attention = 0;
-  for (int p = 0; p < chain.n_phases; ++p)
-    attention += chain.phase[p].kind == StreamPhase::Kind::kAttention ? 1 : 0;
-  PAGELLM_CHECK_MSG(attention <= 1, "gemv_stream_chain: one attention phase at most");
-  const auto kernel = times != nullptr ? (attention > 0 ? gemv_stream_chain_kernel<true, true>
-                                                        : gemv_stream_chain_kernel<true, false>)
-                                       : (attention > 0 ? gemv_stream_chain_kernel<false, true>
-                                                        : gemv_stream_chain_kernel<false, false>);
-  launch_overlapped(kernel, dim3(blocks), dim3(kThreads), smem, stream, chain, counter, eps, stages,
-                    times);
+  if (times != nullptr) {
+    launch_overlapped(gemv_stream_chain_kernel<true>, dim3(blocks), dim3(kThreads), smem, stream,
+                      chain, counter, eps, stages, times);
+  } else {
+    launch_overlapped(gemv_stream_chain_kernel<false>, dim3(blocks), dim3(kThreads), smem, stream,
+                      chain, counter, eps, stages, times);
+  }
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,8 +10,18 @@
 
 #include "backend/device_sample.h"
 #include "core/dtype.h"
+#include "core/tuning.h"
 
 namespace pagellm::cuda {
+
+// Whether the short kernels that may let their successor launch before their own wait do so
+// (pdl_wait_and_release in device_utils.cuh): the norm ops CudaBackend runs alone (not the norm
+// of rms_norm_matmul and rms_norm_swiglu) and the MoE combine. On by default;
+// PAGELLM_EARLY_RELEASE=0 turns it off (docs/TUNING.md).
+inline bool early_release() {
+  static const bool on = tuning::on("PAGELLM_EARLY_RELEASE");
+  return on;
+}
 
 // A 2-D strided view passed to kernels.
 struct RowView {
@@ -131,17 +141,15 @@ void launch_gemm_fallback(const RowView& x, const RowView& w, const void* bias, 
 constexpr int64_t kGemvMaxRows = 8;
 bool gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 // The transformer block's fused forms (CudaBackend::matmul_add, rms_norm_matmul,
-// rms_norm_swiglu), each writing bf16: with norm_w (f32 [K], 16-byte aligned) x's rows are
-// RMS-normalized and scaled by it on the way in; with unit_norm they are RMS-normalized with a
-// weight of ones (the model folded the norm weight into w's columns at load), each row's sum of
-// squares taken in a pass over x before w streams, so the stream is the plain product's. kAdd
+// rms_norm_swiglu), each writing bf16: with unit_norm x's rows are RMS-normalized with a weight
+// of ones (the model folded the norm weight into w's columns at load), each row's sum of squares
+// taken in a pass over x before w streams, so the stream is the plain product's. kAdd
 // adds the product to out; kSwiGlu takes w as [gate; up] of 2F rows and writes silu(gate) * up to
 // out [n, F]. Supported: plain (f32 or bf16 out), kAdd without a norm, SwiGLU with or without
 // one, a norm with kStore (gemv_fusion_supported).
 enum class GemvEpilogue { kStore, kAdd, kSwiGlu };
 struct GemvFusion {
-  const float* norm_w = nullptr;
-  bool unit_norm = false;  // normalize with a weight of ones (norm_w null)
+  bool unit_norm = false;  // normalize with a weight of ones
   float eps = 0.0f;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
   // Not a fusion but how the launch splits the work: the warps sharing each row's K (1, 2, 4 or
@@ -162,87 +170,46 @@ void launch_gemv_batched(const RowView& x, int64_t x_batch_stride, const RowView
                          int64_t batch, cudaStream_t stream);
 
 // --- gemv_stream.cu ---
-// A chain's attention step for its one token (its phase of kind kAttention), so the step's weights
-// keep streaming through it: RoPE on the token's q and k heads (rotary_dim == head_dim), its k and
-// v stored to cache slot *slot, attention over the sequence's *seq_len positions (the token's last)
-// in `splits` pieces a KV head, the pieces merged into out (bf16 [hq * head_dim]). head_dim 128, up
-// to kStreamMaxGroup query heads a KV head, no window or softcap.
-constexpr int kStreamMaxGroup = 4;
-constexpr int kStreamMaxKvHeads = 64;
-constexpr int kStreamMaxSplits = 16;
-struct StreamAttention {
-  const void* qkv = nullptr;      // bf16 [hq + 2 * hkv, head_dim]: the token's q, k and v heads
-  const float* cos_sin = nullptr;  // f32 [head_dim]: cos of the head_dim / 2 frequencies, then sin
-  bool interleaved = false;        // pairs (2i, 2i + 1), else (i, i + head_dim / 2)
-  const int32_t* slot = nullptr;   // the token's cache slot (< 0: not stored)
-  const int32_t* seq_len = nullptr;
-  const int32_t* block_table = nullptr;  // the sequence's cache blocks
-  CacheView k_cache, v_cache;
-  int hq = 0, hkv = 0, head_dim = 0, splits = 1;
-  float scale = 1.0f;
-  float* partials = nullptr;  // f32 [hq, splits, head_dim + 2]: each piece's sums, max, sum of p
-  void* out = nullptr;
-};
-// Workspace floats of its partials.
-int64_t stream_attention_partials(const StreamAttention& a);
-bool gemv_stream_attention_supported(const StreamAttention& a);
-// One phase of a chain run in one launch: a one-row product (kProduct: out = x . w^T, bf16 w
-// [m, K], x [K], out [m]; kSwiGlu: w is [gate; up], out [m / 2]; kAdd: out += the product; x
-// first RMS-normalized and scaled by norm_w (f32 [K]) when that is set), or the chain's attention
-// step (kAttention: StreamChain::att, the fields below unused). x may be what an earlier phase of
-// the chain writes.
+// One phase of a chain of one-row products run in one launch: out = x . w^T (bf16 w [m, K], x
+// [K], out [m]; kSwiGlu: w is [gate; up], out [m / 2]; kAdd: out += the product), x first
+// RMS-normalized and scaled by norm_w (f32 [K]) when that is set. x may be what an earlier phase
+// of the chain writes.
 struct StreamPhase {
-  enum class Kind { kProduct, kAttention };
-  // kProduct:
   const void* w = nullptr;
   int m = 0, k = 0;
   const void* x = nullptr;
   const float* norm_w = nullptr;
   void* out = nullptr;
   GemvEpilogue epilogue = GemvEpilogue::kStore;
-  Kind kind = Kind::kProduct;  // last: it shares the epilogue's 8 bytes
 };
-// A product phase's shape and operands fit the chain's kernel.
 bool gemv_stream_chain_supported(const StreamPhase& phase);
 // Blocks of a chain's launch (one an SM).
 int gemv_stream_chain_blocks();
 // The phases in order, each starting once every output of the one before is written; the
 // weights of later phases stream while earlier ones finish. Passed by value (the launch's
-// parameters), so a recorded graph keeps them. At most one phase is attention, its operands in
-// `att` rather than in every phase: 0.6 KB of parameters instead of 2.2 (the two decoded alike;
-// docs/PERF.md, thirty-first round), and room for more phases within a launch's 4 KB.
+// parameters), so a recorded graph keeps them.
 constexpr int kMaxStreamPhases = 8;
 struct StreamChain {
   StreamPhase phase[kMaxStreamPhases];
-  StreamAttention att;
   int n_phases = 0;
 };
-// `counters` are kStreamChainCounters device words (the grid-wide count of phases ended, then
-// the attention phases' per-KV-head counts of pieces done), 0 before the launch and 0 after it.
-constexpr int kStreamChainCounters = 1 + kStreamMaxKvHeads;
 // Where the chain's time goes, phase by phase (device memory, zeroed before the first launch;
 // PAGELLM_CHAIN_TIMES=1 in the backend). Indexed [n_phases][p] for launches of n_phases phases:
 // the nanoseconds each block spent from the end of phase p - 1 (for p = 0, the block's start)
 // until every input of phase p was written (`wait`: the grid-wide count, or the kernel before),
 // and from then until its own outputs of phase p were stored (`work`), summed over blocks and
 // launches, and the most one block took; `launches` counts the launches of each length.
-// An attention phase's work, step by step (thread 0's view, summed over the blocks that take part
-// and every launch): q loaded and rotated; the piece's cached positions; the token's own k and v
-// and the warps' merge; the piece's sums stored and counted (for one piece a KV head: the output
-// stored); the KV head's pieces merged, by the block that does it.
-constexpr int kStreamAttentionSteps = 5;
 struct StreamChainTimes {
   unsigned long long wait[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long work[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long wait_max[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long work_max[kMaxStreamPhases + 1][kMaxStreamPhases];
   unsigned long long launches[kMaxStreamPhases + 1];
-  unsigned long long attention_step[kStreamAttentionSteps];
-  unsigned long long attention_blocks, merging_blocks;  // the blocks the steps' sums are over
 };
-// `times`: null, or where a timed build of the kernel adds its phases' times (a few stamps and
-// atomics a phase; the untimed kernel has none of that code).
-void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counters, float eps,
+// `counter` is a device word that is 0 before the launch and is 0 again after it. `times`: null,
+// or where a timed build of the kernel adds its phases' times (a few stamps and atomics a phase;
+// the untimed kernel has none of that code).
+void launch_gemv_stream_chain(const StreamChain& chain, unsigned* counter, float eps,
                               cudaStream_t stream, StreamChainTimes* times = nullptr);
 
 // --- attention.cu ---
@@ -296,10 +263,9 @@ struct MlaProjection {
   void* out = nullptr;  // bf16 [n_tokens, hq, m]
   int64_t o_stride_tok = 0, o_stride_head = 0;
   int32_t m = 0;
-  bool early = false;  // set by the launch: early_loads()
 };
 // Whether launch_attention_mla can take `p`: a launch that splits the context (decode at small
-// batches), at most PAGELLM_MLA_PROJECT_TOKENS tokens (default 8), head_dim_v of 256, 512 or
+// batches), at most 8 tokens (attention_mla.cu's kProjectMaxTokens), head_dim_v of 256, 512 or
 // 1024, w rows 16-byte aligned.
 bool attention_mla_projection_fusable(const AttentionArgs& a, int64_t n_tokens, int n_sms,
                                       const MlaProjection& p);

@@ -4,14 +4,12 @@
 // kernel before (device_utils.cuh) and waits for it in pdl_wait() before touching what it may
 // write. The gate|up GEMV cannot request weights before that, as gemv.cu does, since its expert
 // comes from the order the kernel before may still be making; the down GEMV and the combine,
-// which come after it, read the order (and the down GEMV its first weights) before their wait
-// (early_loads()).
+// which come after it, read the order (and the down GEMV its first weights) before their wait.
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/tuning_knob.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -419,16 +417,14 @@ __device__ __forceinline__ void down_rows_pass(const bf16* const (&wr)[kDownRows
 // y[s, d] = down_e[d] . act[s] for the slots s of expert e, d in this warp's rows. Launched right
 // after moe_gate_up_kernel, which waited for the order before letting this kernel start
 // (device_utils.cuh): the order is complete, so the block's expert and the first trip of its
-// weight rows are requested before the wait (early_loads(): `early`), beside the gate|up kernel's
-// end; only act comes from that kernel.
+// weight rows are requested before the wait, beside the gate|up kernel's end; only act comes
+// from that kernel.
 template <int TOK>
-__global__ void __launch_bounds__(kGemvThreads)
-    moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws, bool early) {
+__global__ void __launch_bounds__(kGemvThreads) moe_down_kernel(MoeExpertsArgs w, MoeWorkspace ws) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t F = w.inter, D = w.hidden;
   const int64_t d0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kDownRows;
-  BlockExpert be{-1, 0, 0};
-  if (early) be = block_expert(ws);
+  const BlockExpert be = block_expert(ws);
   const bf16* wr[kDownRows];
   uint4 wv[kDownUnroll][kDownRows];  // one trip of the stream (load_trip)
   const auto set_rows = [&] {
@@ -436,16 +432,14 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
   };
-  const bool preloaded = early && be.e >= 0 && d0 < D && be.begin < be.end;
+  const bool preloaded = be.e >= 0 && d0 < D && be.begin < be.end;
   if (preloaded) {
     set_rows();
     load_trip(wv, wr, lane * 8, kGemvStep, F);
   }
   pdl_wait();  // the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
-  if (!early) be = block_expert(ws);
   if (be.e < 0 || d0 >= D) return;
-  if (!early) set_rows();
   const bf16* act = static_cast<const bf16*>(ws.act);
   bf16* y = static_cast<bf16*>(ws.xy);
   for (int s0 = be.begin; s0 < be.end; s0 += TOK) {
@@ -530,20 +524,20 @@ __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                        int64_t n_tokens, int32_t top_k, int32_t n_experts, MoeWorkspace ws,
                        int64_t hidden, const bf16* __restrict__ shared, int64_t ld_shared,
-                       bf16* __restrict__ out, int64_t ld_out, bool vec, bool early, bool release) {
+                       bf16* __restrict__ out, int64_t ld_out, bool vec, bool release) {
   __shared__ TokenPairs tp;
   // The pairs come from the routing and the order, which the expert products (at least two
   // kernels, each waiting before it lets the next start) waited for: they are complete once this
-  // kernel runs at all (device_utils.cuh), so with `early` (early_loads()) the block's first
-  // token's are ordered before the wait; only the expert rows come from the kernel before.
-  if (early) order_token_pairs(tp, ids, weights, ws, blockIdx.x, top_k, n_experts);
+  // kernel runs at all (device_utils.cuh), so the block's first token's are ordered before the
+  // wait; only the expert rows come from the kernel before.
+  order_token_pairs(tp, ids, weights, ws, blockIdx.x, top_k, n_experts);
   // The kernel before may still be running (launch_overlapped). With `release` (early_release())
   // the kernel after (the next layer's norm, which reads nothing before its wait) may launch at
   // once: behind this one-block kernel its launch had little to hide behind.
   pdl_wait_and_release(release);
   const bf16* y = static_cast<const bf16*>(ws.xy);
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-    if (!early || t != blockIdx.x) order_token_pairs(tp, ids, weights, ws, t, top_k, n_experts);
+    if (t != blockIdx.x) order_token_pairs(tp, ids, weights, ws, t, top_k, n_experts);
     const int m = tp.n_valid;
     if (vec) {
       for (int64_t d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
@@ -594,12 +588,12 @@ __global__ void __launch_bounds__(kCombineThreads)
 // one kernel fewer on the step's chain. Each block takes kDownRows output rows and has one warp
 // per pair (blockDim = 32 top_k); each warp streams its expert's kDownRows rows as the down kernel
 // does, and the block's first threads add the warps' results. As in moe_down_kernel, the pairs
-// and the order are complete once this kernel runs at all, so with `early` the pairs are ordered
-// and each warp's first trip of weights requested before the wait; act and shared come after it.
+// and the order are complete once this kernel runs at all, so the pairs are ordered and each
+// warp's first trip of weights requested before the wait; act and shared come after it.
 __global__ void __launch_bounds__(32 * kMoeFusedCombineMaxTopK)
     moe_down_combine_kernel(MoeExpertsArgs w, const int32_t* __restrict__ ids,
                             const float* __restrict__ weights, int32_t top_k, MoeWorkspace ws,
-                            const bf16* __restrict__ shared, bf16* __restrict__ out, bool early) {
+                            const bf16* __restrict__ shared, bf16* __restrict__ out) {
   __shared__ TokenPairs tp;
   __shared__ float y[kMoeFusedCombineMaxTopK][kDownRows];
   const int lane = threadIdx.x & 31, i = threadIdx.x >> 5;
@@ -615,20 +609,14 @@ __global__ void __launch_bounds__(32 * kMoeFusedCombineMaxTopK)
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r) wr[r] = base + min(d0 + r, D - 1) * F;
   };
-  if (early) {
-    order_token_pairs(tp, ids, weights, ws, 0, top_k, w.n_experts);
-    set_rows();
-    if (mine) load_trip(wv, wr, lane * 8, kGemvStep, F);
-  }
+  order_token_pairs(tp, ids, weights, ws, 0, top_k, w.n_experts);
+  set_rows();
+  if (mine) load_trip(wv, wr, lane * 8, kGemvStep, F);
   pdl_wait();  // the kernel before may still be running (launch_overlapped)
   pdl_allow_next();
-  if (!early) {
-    order_token_pairs(tp, ids, weights, ws, 0, top_k, w.n_experts);
-    set_rows();
-  }
   if (mine) {
     float acc[kDownRows][1];
-    down_rows_pass<1>(wr, wv, early,
+    down_rows_pass<1>(wr, wv, true,
                       static_cast<const bf16*>(ws.act) + static_cast<int64_t>(tp.slot[i]) * 2 * F,
                       1, F, acc);
     // The down kernel's bf16 y, as the combine reads it back (lane r stores row r).
@@ -708,12 +696,11 @@ namespace {
 
 // The gate|up kernel's K split at one slot a pass: the finest (1, 2, 4) that leaves every warp a
 // whole trip of its rows (V2-Lite's 2048: 2; Mixtral's 4096: 4). Measured on the H200 at batch 1
-// (cuda_moe_bench, docs/PERF.md): V2-Lite's routed experts 35.3 -> 33.2 us a layer, Mixtral's
-// 176 -> 170; the down kernel (~3 trips a warp at V2-Lite's 1408) and wider passes lost with a
-// split, so they have none. PAGELLM_MOE_GEMV_SPLIT=1|2|4 forces it (A/B runs, tests).
+// (cuda_moe_bench, docs/perf-history, sixteenth round): V2-Lite's routed experts 35.3 -> 33.2 us a
+// layer, Mixtral's 176 -> 170; the down kernel (~3 trips a warp at V2-Lite's 1408) and wider passes
+// lost with a split, so they have none. PAGELLM_MOE_GEMV_SPLIT=1|2|4 forces it (A/B runs, tests).
 int gate_up_split(int64_t hidden) {
-  static const int forced = static_cast<int>(tuning_knob(
-      "PAGELLM_MOE_GEMV_SPLIT", 0, [](int64_t v) { return v == 1 || v == 2 || v == 4; }));
+  static const int forced = static_cast<int>(tuning::integer("PAGELLM_MOE_GEMV_SPLIT"));
   return forced != 0 ? forced : finest_whole_trip_split(hidden, kGemvStep * kGateUpUnroll);
 }
 
@@ -759,20 +746,19 @@ void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64
   if (max_active == 0) return;
   PAGELLM_CHECK(max_active <= 65535);
   const dim3 grid(ceil_div(w.hidden, kGemvWarps * kDownRows), static_cast<unsigned>(max_active));
-  const bool early = early_loads();
   switch (gemv_pass_tokens(max_tokens)) {
     case 1:
-      launch_overlapped(moe_down_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, ws, early);
+      launch_overlapped(moe_down_kernel<1>, grid, dim3(kGemvThreads), 0, stream, w, ws);
       break;
     case 2:
-      launch_overlapped(moe_down_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, ws, early);
+      launch_overlapped(moe_down_kernel<2>, grid, dim3(kGemvThreads), 0, stream, w, ws);
       break;
     case 4:
-      launch_overlapped(moe_down_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, ws, early);
+      launch_overlapped(moe_down_kernel<4>, grid, dim3(kGemvThreads), 0, stream, w, ws);
       break;
     default:
-      launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w, ws,
-                        early);
+      launch_overlapped(moe_down_kernel<kMoeGemvTokens>, grid, dim3(kGemvThreads), 0, stream, w,
+                        ws);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -785,8 +771,7 @@ void launch_moe_down_combine_gemv(const MoeExpertsArgs& w, const int32_t* ids, c
                 (shared.data == nullptr || shared.dtype == DType::kBF16));
   const dim3 grid(ceil_div(w.hidden, kDownRows));
   launch_overlapped(moe_down_combine_kernel, grid, dim3(32 * top_k), 0, stream, w, ids, weights,
-                    top_k, ws, static_cast<const bf16*>(shared.data), static_cast<bf16*>(out.data),
-                    early_loads());
+                    top_k, ws, static_cast<const bf16*>(shared.data), static_cast<bf16*>(out.data));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -800,8 +785,7 @@ void launch_moe_combine(const int32_t* ids, const float* weights, int64_t n_toke
                    (shared.data == nullptr || (aligned16(shared.data) && shared.ld % 8 == 0));
   launch_overlapped(moe_combine_kernel, dim3(grid), dim3(kCombineThreads), 0, stream, ids, weights,
                     n_tokens, top_k, n_experts, ws, hidden, static_cast<const bf16*>(shared.data),
-                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec, early_loads(),
-                    early_release());
+                    shared.ld, static_cast<bf16*>(out.data), out.ld, vec, early_release());
   CUDA_CHECK_LAUNCH();
 }
 
