@@ -208,11 +208,11 @@ if [ $ops_built = 1 ]; then
       record "$label" "FAILED (see $log)"
     fi
   }
-  # SwiGLU in the GEMV is on by default, its norm and the norm-weight fold off; their backend
-  # paths are tested with them on (the kernels themselves are launched directly in the default
-  # run): all three, then the fold alone (its norm in the GEMV, SiLU apart).
+  # SwiGLU in the GEMV is on by default, the norm-weight fold off; the fold's backend path is
+  # tested with it on (the kernels themselves are launched directly in the default run): with
+  # SwiGLU, then alone (its norm in the GEMV, SiLU apart).
   ops_variants "test_ops (GEMV fusions on)" test_ops_fusions \
-    "PAGELLM_GEMV_FUSIONS=norm,swiglu,fold FusedProjection.*" \
+    "PAGELLM_GEMV_FUSIONS=fold,swiglu FusedProjection.*" \
     "PAGELLM_GEMV_FUSIONS=fold FusedProjection.FoldedNormWeight"
   # The routed experts' gate|up GEMV splits K at one token an expert by a rule of the shapes,
   # which picks none at most tests' sizes: every split is tested forced, 1, 2 and 4 warps a row.
@@ -243,7 +243,7 @@ if [ $ops_built = 1 ]; then
     filter+=':MoeExperts.FixtureSizes:MoeExperts.ExpertsWithoutTokens:MoeExperts.TenExpertsPerToken'
     filter+=':AttentionMla.DecodeV2Lite:AttentionMla.LayoutsAndOptions:AttentionMla.ProjectedMerge'
     filter+=':BatchedMatmul.ShortRowsEveryWidth'
-    filter+=':FusedProjection.GemvEveryBatchSize:FusedProjection.GemvUnitNorm:ScaleColumns.*'
+    filter+=':FusedProjection.GemvEveryBatchSize:ScaleColumns.*'
     filter+=':Sampling.PipelinedCallsAndTheTokensTheyHandOver:GemvStreamChain.*'
     echo "== compute-sanitizer memcheck ($filter)"
     t=$(now)
@@ -317,7 +317,7 @@ if [ $model_built = 1 ]; then
   # The golden and engine tests on the GPU without SwiGLU in the gate|up GEMV (the default has
   # it; "none": the SiLU kernel apart), and the engine tests with the norm weights folded into
   # the projections (the fold's extra rounding of the weights puts 3 of the 13 golden fixtures
-  # just outside their bound: docs/PERF.md, eleventh round).
+  # just outside their bound: docs/perf-history, eleventh round).
   # (The golden suite's name carries its instantiation prefix: AllArchitectures/GoldenCuda.)
   # PAGELLM_CHECK_FUSION_RUNS: other runs, "FUSIONS FILTER" each, separated by ";".
   IFS=';' read -ra fusion_runs <<<"${PAGELLM_CHECK_FUSION_RUNS:-none */GoldenCuda.*:EngineCuda.*;fold EngineCuda.*}"
@@ -325,10 +325,6 @@ if [ $model_built = 1 ]; then
     fusions=${run%% *}
     model_variant "$fusions" "test_model_$fusions" "PAGELLM_GEMV_FUSIONS=$fusions" "${run#* }"
   done
-  # The golden and engine tests with one-token attention inside the streamed chain (off by
-  # default: slower so far; the llama_hd128 fixture has the head size it takes).
-  model_variant "attention in the chain" test_model_stream_attention PAGELLM_STREAM_ATTENTION=1 \
-    '*/GoldenCuda.*:EngineCuda.*'
 fi
 
 # --- benchmarks (random weights of published shapes, bench/model-configs) ---
@@ -359,7 +355,7 @@ run_bench() {  # label, pagellm args...
   tail -1 "$logs/bench-$label.log" >"$logs/bench-$label.json"
   grep -vE '^\{' "$logs/bench-$label.log" | grep -v INFO | sed 's/^/    /'
   # PAGELLM_CHAIN_TIMES=1 in a setting: the chain's phase times, logged as the run ends.
-  grep -E 'INFO (stream chain times|  phase [0-9]|  attention steps)' "$logs/bench-$label.log" | sed 's/^.*INFO /    /'
+  grep -E 'INFO (stream chain times|  phase [0-9])' "$logs/bench-$label.log" | sed 's/^.*INFO /    /'
   # A model larger than this GPU (Mixtral-8x7B's 93 GB on an 80 GB card) is the card's limit,
   # not a failure: pagellm says so as it stops loading ("... is out of memory for ... of weights)").
   local oom
@@ -431,7 +427,7 @@ PY
     # The first request's time to the first token on a fresh engine against the later ones'
     # (issue 6: within 1.5x), one request at a time, after a 2,047-token profile step: the
     # issue's 512-token prompt, and 437 tokens, a length none of the start-up steps has (its
-    # GEMM kernels come from the start-up's preload: docs/PERF.md, nineteenth round).
+    # GEMM kernels come from the start-up's preload: docs/perf-history, nineteenth round).
     ttft_args=(--load-format dummy --device cuda --num-prompts 4 --output-len 4 --temperature 0
       --sequential --max-num-batched-tokens 2048 --max-model-len 2048)
     for n in 512 437; do
@@ -458,10 +454,10 @@ PY
       # in, 100 out).
       run_bench latency-deepseek-v2-lite latency --model $cfg/deepseek-v2-lite.json \
         --load-format dummy --device cuda --input-len 512 --output-len 128 --iters 2
-      # PAGELLM_DEEPSEEK_AB: the settings alternated (default: the side branches against every
-      # op on one stream).
+      # PAGELLM_DEEPSEEK_AB: the settings alternated (default: the one-token down products and
+      # combine in one kernel against two, a tie when last measured: docs/TUNING.md).
       ab_latency latency-deepseek-v2-lite \
-        "${PAGELLM_DEEPSEEK_AB:-PAGELLM_SIDE_BRANCHES=1 PAGELLM_SIDE_BRANCHES=0}" \
+        "${PAGELLM_DEEPSEEK_AB:-PAGELLM_MOE_FUSED_COMBINE=1 PAGELLM_MOE_FUSED_COMBINE=0}" \
         --model $cfg/deepseek-v2-lite.json --load-format dummy --device cuda --input-len 512 \
         --output-len 128 --iters 2
       run_bench profile-deepseek-v2-lite latency --profile --model $cfg/deepseek-v2-lite.json \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The machine code (SASS) of every CUDA kernel, another revision's build against the sources':
 # a change meant to leave a kernel alone can be checked here without a GPU, and a decode that got
-# slower between two revisions narrowed to the kernels whose code moved (docs/PERF.md, thirty-first
+# slower between two revisions narrowed to the kernels whose code moved (docs/perf-history, thirty-first
 # round: the streamed chain's, found this way).
 #
 #   PAGELLM_PREBUILD_REVS=<rev> PAGELLM_PREBUILD_TESTS=0 scripts/gpu-prebuild.sh   # builds <rev>

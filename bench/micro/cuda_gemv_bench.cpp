@@ -89,11 +89,9 @@ bool have_device(benchmark::State& state) {
 }
 
 // Times kCalls launches of one product (the weights [m, k], x [rows, k], out [rows, out_cols])
-// with `fusion` (and, with norm_weight, the norm's weight loaded as x streams), replayed from a
-// graph, and reports them under `label`.
+// with `fusion`, replayed from a graph, and reports them under `label`.
 void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
-               cuda::GemvFusion fusion, bool norm_weight, const std::string& label,
-               int64_t rows = 1) {
+               cuda::GemvFusion fusion, const std::string& label, int64_t rows = 1) {
   if (!have_device(state)) return;
   int l2_bytes = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
@@ -103,18 +101,13 @@ void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
   void* w = nullptr;
   void* x = nullptr;
   void* out = nullptr;
-  void* norm_w = nullptr;
   CUDA_CHECK(cudaMalloc(&w, w_bytes * copies));
   CUDA_CHECK(cudaMalloc(&x, rows * k * 2));
   CUDA_CHECK(cudaMalloc(&out, rows * out_cols * 2));
-  CUDA_CHECK(cudaMalloc(&norm_w, k * 4));
-  // 0x3c00 is bf16 0.0078 (0x3c3c3c3c f32 0.0115): finite values; what they are does not change
-  // the time.
+  // 0x3c00 is bf16 0.0078: finite values; what they are does not change the time.
   CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes * copies));
   CUDA_CHECK(cudaMemset(x, 0x3c, rows * k * 2));
   CUDA_CHECK(cudaMemset(out, 0, rows * out_cols * 2));
-  CUDA_CHECK(cudaMemset(norm_w, 0x3c, k * 4));
-  if (norm_weight) fusion.norm_w = static_cast<const float*>(norm_w);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const cuda::RowView xv{x, DType::kBF16, rows, k, k};
@@ -137,7 +130,6 @@ void time_gemv(benchmark::State& state, int64_t m, int64_t k, int64_t out_cols,
   cudaFree(w);
   cudaFree(x);
   cudaFree(out);
-  cudaFree(norm_w);
 }
 
 void BM_Gemv(benchmark::State& state) {
@@ -146,21 +138,22 @@ void BM_Gemv(benchmark::State& state) {
   cuda::GemvFusion f;
   f.epilogue = s.epilogue;
   f.k_split = split;
-  time_gemv(state, s.m, s.k, s.m, f, false,
+  time_gemv(state, s.m, s.k, s.m, f,
             std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) +
                 ", k_split " + (split == 0 ? std::string("rule") : std::to_string(split)));
 }
 
 // The fusions a decode layer could take into its two pre-norm projections, each against the
-// plain product of the same matrix: the norm with its weight loaded as x streams, the norm with
-// the weight folded into w (a weight of ones: the sums of squares in a pass before the stream),
+// plain product of the same matrix: the norm with the weight folded into w (a weight of ones: the
+// sums of squares in a pass before the stream; the norm with its weight loaded as x streams was
+// 7-13% slower and went, docs/perf-history, seventh and fourteenth rounds),
 // SwiGLU over [gate; up] (rows F apart), and the folded norm with SwiGLU. If a fused form streams
 // as fast as the plain product, the kernel it replaces (a norm, SiLU) is saved outright.
 // (Interleaved gate/up rows, each warp's two rows adjacent, streamed no faster than [gate; up]:
-// 54.7 against 54.0 us on Llama-3-8B's gate|up, docs/PERF.md eleventh round, so they went.)
-enum class Fusion { kPlain, kNorm, kUnitNorm, kSwiGlu, kUnitNormSwiGlu };
-constexpr const char* kFusionNames[] = {"plain", "norm (weight loaded)", "norm (weight folded)",
-                                        "SwiGLU", "norm folded + SwiGLU"};
+// 54.7 against 54.0 us on Llama-3-8B's gate|up, docs/perf-history eleventh round, so they went.)
+enum class Fusion { kPlain, kUnitNorm, kSwiGlu, kUnitNormSwiGlu };
+constexpr const char* kFusionNames[] = {"plain", "norm (weight folded)", "SwiGLU",
+                                        "norm folded + SwiGLU"};
 
 void BM_GemvFusion(benchmark::State& state) {
   // q|k|v of Llama-3-8B, its gate|up, and DeepSeek-V2-Lite's shared-expert gate|up.
@@ -175,7 +168,7 @@ void BM_GemvFusion(benchmark::State& state) {
   f.unit_norm = fusion == Fusion::kUnitNorm || fusion == Fusion::kUnitNormSwiGlu;
   const bool swiglu = fusion == Fusion::kSwiGlu || fusion == Fusion::kUnitNormSwiGlu;
   if (swiglu) f.epilogue = cuda::GemvEpilogue::kSwiGlu;
-  time_gemv(state, s.m, s.k, swiglu ? s.m / 2 : s.m, f, fusion == Fusion::kNorm,
+  time_gemv(state, s.m, s.k, swiglu ? s.m / 2 : s.m, f,
             std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) + ", " +
                 kFusionNames[state.range(1)]);
 }
@@ -206,7 +199,7 @@ void BM_GemvRows(benchmark::State& state) {
   const int64_t rows = state.range(1);
   cuda::GemvFusion f;
   f.epilogue = s.epilogue;
-  time_gemv(state, s.m, s.k, s.m, f, false,
+  time_gemv(state, s.m, s.k, s.m, f,
             std::string(s.name) + " " + std::to_string(s.m) + "x" + std::to_string(s.k) + ", " +
                 std::to_string(rows) + " rows",
             rows);
@@ -225,7 +218,7 @@ BENCHMARK(BM_GemvRows)
 // with programmatic launch as a decode step runs them. What it measures is the hand-over from one
 // projection to the next: the chain's time against its bytes at 4.4 TB/s (what the LM head's long
 // GEMV streams), per GEMV. In a Llama-3-8B step the GEMVs alone take ~6 us a projection more than
-// their bytes (docs/PERF.md, fourteenth round).
+// their bytes (docs/perf-history, fourteenth round).
 struct ChainStep {
   int64_t m, k, out_cols;
   cuda::GemvEpilogue epilogue;
@@ -331,13 +324,14 @@ void BM_GemvStreamChain(benchmark::State& state) {
   CUDA_CHECK(cudaMalloc(&qkv_buf, qkv * 2));
   CUDA_CHECK(cudaMalloc(&act, inter * 2));
   CUDA_CHECK(cudaMalloc(&norm_w, hidden * 4));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter),
-                        sizeof(unsigned) * cuda::kStreamChainCounters));
-  CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned) * cuda::kStreamChainCounters));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
   cuda::launch_fill_random(w, DType::kBF16, static_cast<int64_t>(layer_bytes / 2) * kLayers, 1,
                            -0.05f, 0.05f, nullptr);
   cuda::launch_fill_random(resid, DType::kBF16, hidden, 2, -1.0f, 1.0f, nullptr);
-  cuda::launch_fill_random(norm_w, DType::kF32, hidden, 3, 0.5f, 1.5f, nullptr);
+  // A norm weight of ones: the phases load it, the one-by-one GEMVs they are compared with
+  // normalize with ones (the folded norm, the GEMV's only one).
+  cuda::launch_fill_random(norm_w, DType::kF32, hidden, 3, 1.0f, 1.0f, nullptr);
   CUDA_CHECK(cudaMemcpy(ref_resid, resid, hidden * 2, cudaMemcpyDeviceToDevice));
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<cuda::StreamPhase> phases;
@@ -381,7 +375,7 @@ void BM_GemvStreamChain(benchmark::State& state) {
       return cuda::RowView{p, DType::kBF16, steps[i].m, steps[i].k, steps[i].k};
     };
     cuda::GemvFusion f;
-    f.norm_w = static_cast<const float*>(norm_w);
+    f.unit_norm = true;
     f.eps = 1e-5f;
     cuda::launch_gemv(row(ref_resid, hidden), wv(0), nullptr, DType::kF32, row(qkv_buf, qkv),
                       stream, f);
