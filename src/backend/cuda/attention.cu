@@ -174,7 +174,7 @@ DecodePlan plan_decode(const AttentionArgs& a, int n_sms) {
   const int64_t resident = 2 * static_cast<int64_t>(n_sms) * kDecodeMinBlocks;
   p.grid_splits = static_cast<int>(std::min<int64_t>(
       p.n_splits,
-      std::max((p.n_splits + kMaxWalk - 1) / kMaxWalk, (resident + items - 1) / items)));
+      std::max<int64_t>((p.n_splits + kMaxWalk - 1) / kMaxWalk, (resident + items - 1) / items)));
   // Every piece its own block and few enough pieces for a cluster: the splits merge in the
   // cluster's shared memory instead of through global partials and the last block's reads
   // (a batch-1 step's attention is a chain of latencies, and that merge was its tail).
