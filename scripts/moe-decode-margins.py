@@ -122,10 +122,13 @@ def main():
                                              for r, h in zip(ref, half)]})
                 if tc != tg:
                     break  # past a different token the continuations are not comparable
-    print(f"prefill positions: {len(prefill_errs)}, max |dlogprob| {max(prefill_errs):.4f}")
+    over = sum(e > args.threshold for e in prefill_errs)
+    print(f"prefill positions: {len(prefill_errs)}, {over} over {args.threshold} "
+          f"({100 * over / max(len(prefill_errs), 1):.1f}%), max |dlogprob| {max(prefill_errs):.4f}")
     finite = [e for e in decode_errs if e != float("inf")]
-    print(f"decode steps: {len(decode_errs)}, {len(rows)} over {args.threshold}; max |dlogprob| of "
-          f"the rest {max([e for e in finite if e <= args.threshold] or [0]):.4f}")
+    print(f"decode steps: {len(decode_errs)}, {len(rows)} over {args.threshold} "
+          f"({100 * len(rows) / max(len(decode_errs), 1):.1f}%; a different token counts as over); "
+          f"max |dlogprob| of the rest {max([e for e in finite if e <= args.threshold] or [0]):.4f}")
     print(f"{'seed':>4} {'prompt':>6} {'step':>4} {'cpu tok/lp':>14} {'gpu tok/lp':>14} "
           f"{'|dlp|':>7} {'hf bf16':>7}  per layer: f32 top-{k} (logit margin, prob margin) | bf16 top-{k}")
     for r in rows:
