@@ -224,6 +224,39 @@ bool Gemm::query_algos(const Plan& p, const uint32_t align[4], int want,
   return true;
 }
 
+namespace {
+
+// One algorithm's configuration as cuBLASLt reports it, for the debug log: which kernel a plan
+// runs, and whether it splits K and how it reduces the splits.
+template <typename T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
+      CUBLAS_STATUS_SUCCESS)
+    return T{};
+  return v;
+}
+
+void log_algo(const RowView& x, const RowView& w, const cublasLtMatmulAlgo_t& algo) {
+  if (log_level() > LogLevel::kDebug) return;
+  PAGELLM_LOG_DEBUG(
+      "gemm: %lld x %lld x %lld plans algo %d (tile %u, stages %u, split-K %d, reduction %u, "
+      "swizzle %u, custom %u, inner shape %u, cluster %u)",
+      static_cast<long long>(x.n_rows), static_cast<long long>(w.n_rows),
+      static_cast<long long>(x.cols), algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID),
+      algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+      algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+      algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+      algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+      algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+      algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+      static_cast<unsigned>(algo_config<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)),
+      static_cast<unsigned>(algo_config<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)));
+}
+
+}  // namespace
+
 bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void* bias,
                          DType bias_dtype, const RowView& out, const uint32_t align[4],
                          const GemmBatch& batch, int want, std::vector<cublasLtMatmulAlgo_t>* all) {
@@ -234,6 +267,7 @@ bool Gemm::try_make_plan(Plan& p, const RowView& x, const RowView& w, const void
     return false;
   }
   p.algo = algos[0];
+  log_algo(x, w, p.algo);
   if (all != nullptr) *all = std::move(algos);
   return true;
 }
