@@ -3,18 +3,21 @@
 and why: bf16 rounding that flips a near-tied router choice, or an error of the batch-1 MoE path.
 
 For each checkpoint (made here with transformers, like tests/model/make_fixtures.py's "mixtral")
-and each random prompt it runs `pagellm generate` greedily on the CPU (f32) and on the GPU (bf16),
-and compares every prompt position and every decode step's log-probability. Each decode step is
-then explained by the router: at the position that produced it, transformers' float32 router
-logits give each layer's margin between the k-th and the (k+1)-th expert (the tie a rounding can
-flip), and transformers run in bf16 on the same tokens says whether its own routing flipped there.
-A bf16 flip explains a step; a large error where every margin is wide and bf16 routes as f32 does
-would be an error in the decode path.
+and each random prompt, `pagellm generate` runs greedily on the CPU (f32) and, with --against
+cuda, on the GPU (bf16); every prompt position and every generated token's log-probability is
+compared. Token 0 comes from the prefill's last position, tokens 1, 2, ... from one-token decode
+steps. Each position is then explained by the router: transformers' float32 router logits give
+each layer's margin between the k-th and the (k+1)-th expert (the tie a rounding can flip), and
+transformers run in bf16 on the same tokens says whether its own routing flipped there and how far
+its log-probability moved. A flip explains a large error; a large error where no layer flips and
+every margin is wide would be an error of the decode path.
 
     python scripts/moe-decode-margins.py --pagellm build/cuda/tools/pagellm --out /tmp/moe-margins
+    python scripts/moe-decode-margins.py --pagellm build/cpu/tools/pagellm --against none ...
+        # transformers' bf16 against its f32 alone (no GPU needed)
 
-Needs torch and transformers (the GPU machine has both; the checkpoints are small, any device).
-Prints a table of the decode steps over --threshold and a summary line of the rest.
+Needs torch and transformers. Prints the positions over --threshold or with a flip, then a summary
+of the errors split by whether transformers' bf16 routing flipped.
 """
 import argparse
 import json
@@ -61,22 +64,26 @@ def generate(pagellm, folder, prompt, device, n_new):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def router_view(model, ids, pos, k):
-    """Per layer at position pos: the top-k experts and the margin between the k-th and the
-    (k+1)-th router logit (and between their softmax probabilities); and the log-probabilities
-    of the next token there."""
+def forward(model, ids, k):
+    """Every position's next-token log-probabilities and, per layer, its top-k experts and the
+    margin between the k-th and the (k+1)-th router logit."""
     with torch.no_grad():
         out = model(torch.tensor([ids], device=model.device), output_router_logits=True)
-    logprobs = torch.log_softmax(out.logits[0, pos].float(), dim=-1)
+    logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)
     layers = []
     for logits in out.router_logits:  # [seq, E] per layer
-        row = logits.reshape(len(ids), -1)[pos].float()
-        vals, idx = torch.sort(row, descending=True)
-        prob = torch.softmax(row, dim=-1)[idx]
-        layers.append({"experts": sorted(idx[:k].tolist()),
-                       "logit_margin": (vals[k - 1] - vals[k]).item(),
-                       "prob_margin": (prob[k - 1] - prob[k]).item()})
-    return layers, logprobs
+        vals, idx = torch.sort(logits.reshape(len(ids), -1).float(), dim=-1, descending=True)
+        layers.append({"experts": torch.sort(idx[:, :k], dim=-1).values.tolist(),
+                       "margin": (vals[:, k - 1] - vals[:, k]).tolist()})
+    return logprobs, layers
+
+
+def summary(name, errs):
+    if not errs:
+        return f"{name}: none"
+    errs = sorted(errs)
+    return (f"{name}: {len(errs)}, mean {sum(errs) / len(errs):.4f}, median "
+            f"{errs[len(errs) // 2]:.4f}, max {errs[-1]:.4f}")
 
 
 def main():
@@ -86,12 +93,14 @@ def main():
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--against", default="cuda", help="the device compared with the CPU")
-    ap.add_argument("--threshold", type=float, default=0.05, help="|dlogprob| worth explaining")
+    ap.add_argument("--against", default="cuda", help="the device compared with the CPU; none")
+    ap.add_argument("--threshold", type=float, default=0.05, help="|dlogprob| worth a row")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     k = CONFIG["num_experts_per_tok"]
-    prefill_errs, decode_errs, rows = [], [], []
+    by_flip = {(path, flip): {"hf": [], "gpu": []} for path in ("prefill", "decode")
+               for flip in (False, True)}
+    rows = []
     for seed in range(args.seeds):
         folder = os.path.join(args.out, f"mixtral-{seed}")
         make_checkpoint(folder, seed)
@@ -102,46 +111,55 @@ def main():
             n = int(torch.randint(5, 41, (1,), generator=gen))
             prompt = torch.randint(3, CONFIG["vocab_size"], (n,), generator=gen).tolist()
             cpu = generate(args.pagellm, folder, prompt, "cpu", args.new_tokens)
-            gpu = generate(args.pagellm, folder, prompt, args.against, args.new_tokens)
-            for a, b in zip(cpu["prompt_logprobs"][1:], gpu["prompt_logprobs"][1:]):
-                prefill_errs.append(abs(a - b))
-            for s, (tc, tg) in enumerate(zip(cpu["token_ids"], gpu["token_ids"])):
-                lc, lg = cpu["logprobs"][s], gpu["logprobs"][s]
-                # The step's logits came from the last token fed: position n - 1 + s.
-                ids = prompt + cpu["token_ids"][:s]
-                err = abs(lc - lg) if tc == tg else float("inf")
-                decode_errs.append(err)
-                if err > args.threshold:
-                    ref, lp32 = router_view(f32, ids, len(ids) - 1, k)
-                    half, lp16 = router_view(b16, ids, len(ids) - 1, k)
-                    rows.append({"seed": seed, "prompt": p, "step": s, "cpu": (tc, lc),
-                                 "gpu": (tg, lg), "err": err, "f32": ref, "bf16": half,
-                                 "hf_bf16_err": abs(lp16[tc].item() - lp32[tc].item()),
-                                 "min_margin": min(l["logit_margin"] for l in ref),
-                                 "flipped": [r["experts"] != h["experts"]
-                                             for r, h in zip(ref, half)]})
-                if tc != tg:
+            gpu = None
+            if args.against != "none":
+                gpu = generate(args.pagellm, folder, prompt, args.against, args.new_tokens)
+            seq = prompt + cpu["token_ids"]
+            lp32, r32 = forward(f32, seq, k)
+            lp16, r16 = forward(b16, seq, k)
+            # Position i predicts seq[i + 1]: prompt positions (prefill on both sides) and the
+            # generated tokens (token 0 from the prefill's last position, then decode steps).
+            for i in range(len(seq) - 1):
+                gen_index = i - (n - 1)  # the generated token this position predicts, or < 0
+                path = "decode" if gen_index >= 1 else "prefill"
+                flips = [a["experts"][i] != b["experts"][i] for a, b in zip(r32, r16)]
+                flip = any(flips)
+                hf = abs(lp16[i, seq[i + 1]].item() - lp32[i, seq[i + 1]].item())
+                err = None
+                if gpu is not None:
+                    if gen_index < 0:
+                        err = abs(cpu["prompt_logprobs"][i + 1] - gpu["prompt_logprobs"][i + 1])
+                    elif gpu["token_ids"][:gen_index + 1] == cpu["token_ids"][:gen_index + 1]:
+                        err = abs(cpu["logprobs"][gen_index] - gpu["logprobs"][gen_index])
+                    else:
+                        err = float("inf")  # the GPU chose another token here or before
+                by_flip[(path, flip)]["hf"].append(hf)
+                if err is not None and err != float("inf"):
+                    by_flip[(path, flip)]["gpu"].append(err)
+                if flip or hf > args.threshold or (err is not None and err > args.threshold):
+                    rows.append({"seed": seed, "prompt": p, "pos": i, "token": gen_index,
+                                 "path": path, "gpu_err": err, "hf_err": hf,
+                                 "layers": [(r32[l]["experts"][i], r32[l]["margin"][i],
+                                             r16[l]["experts"][i]) for l in range(len(r32))]})
+                if err == float("inf"):
                     break  # past a different token the continuations are not comparable
-    over = sum(e > args.threshold for e in prefill_errs)
-    print(f"prefill positions: {len(prefill_errs)}, {over} over {args.threshold} "
-          f"({100 * over / max(len(prefill_errs), 1):.1f}%), max |dlogprob| {max(prefill_errs):.4f}")
-    finite = [e for e in decode_errs if e != float("inf")]
-    print(f"decode steps: {len(decode_errs)}, {len(rows)} over {args.threshold} "
-          f"({100 * len(rows) / max(len(decode_errs), 1):.1f}%; a different token counts as over); "
-          f"max |dlogprob| of the rest {max([e for e in finite if e <= args.threshold] or [0]):.4f}")
-    print(f"{'seed':>4} {'prompt':>6} {'step':>4} {'cpu tok/lp':>14} {'gpu tok/lp':>14} "
-          f"{'|dlp|':>7} {'hf bf16':>7}  per layer: f32 top-{k} (logit margin, prob margin) | bf16 top-{k}")
+    print(f"{'seed':>4} {'prompt':>6} {'pos':>4} {'token':>5} {'path':>7} {'gpu |dlp|':>9} "
+          f"{'hf bf16':>7}  per layer: f32 top-{k} (logit margin) -> bf16 top-{k}")
     for r in rows:
-        layers = "; ".join(
-            f"L{i} {f['experts']} ({f['logit_margin']:.4f}, {f['prob_margin']:.4f}) | "
-            f"{h['experts']}{' FLIP' if fl else ''}"
-            for i, (f, h, fl) in enumerate(zip(r["f32"], r["bf16"], r["flipped"])))
-        err = "token" if r["err"] == float("inf") else f"{r['err']:.4f}"
-        print(f"{r['seed']:>4} {r['prompt']:>6} {r['step']:>4} {r['cpu'][0]:>5}/{r['cpu'][1]:8.4f} "
-              f"{r['gpu'][0]:>5}/{r['gpu'][1]:8.4f} {err:>7} {r['hf_bf16_err']:7.4f}  {layers}")
+        layers = "; ".join(f"L{l} {a} ({m:.4f}) -> {b}{' FLIP' if a != b else ''}"
+                           for l, (a, m, b) in enumerate(r["layers"]))
+        g = "-" if r["gpu_err"] is None else ("token" if r["gpu_err"] == float("inf")
+                                              else f"{r['gpu_err']:.4f}")
+        print(f"{r['seed']:>4} {r['prompt']:>6} {r['pos']:>4} {r['token']:>5} {r['path']:>7} "
+              f"{g:>9} {r['hf_err']:7.4f}  {layers}")
+    for (path, flip), e in by_flip.items():
+        tag = f"{path}, transformers' bf16 routing {'flipped' if flip else 'as f32'}"
+        print(summary(f"{tag}: transformers bf16 |dlogprob|", e["hf"]))
+        if args.against != "none":
+            print(summary(f"{tag}: pagellm {args.against} against cpu |dlogprob|", e["gpu"]))
     with open(os.path.join(args.out, "moe-decode-margins.json"), "w") as f:
-        json.dump({"prefill_errs": prefill_errs, "decode_errs": [min(e, 1e9) for e in decode_errs],
-                   "explained": rows}, f, default=str)
+        json.dump({"rows": rows, "by_flip": {f"{a}/{b}": v for (a, b), v in by_flip.items()}},
+                  f, default=str)
 
 
 if __name__ == "__main__":
