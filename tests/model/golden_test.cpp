@@ -281,8 +281,8 @@ TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
     for (size_t s = 0; s < greedy.size(); ++s) {
       ASSERT_TRUE(g.ok()) << g.status().to_string();
       ASSERT_TRUE(h.ok()) << h.status().to_string();
-      const double e = std::fabs(log_softmax(g->data(), V)[greedy[s]] -
-                                 log_softmax(h->data(), V)[greedy[s]]);
+      const double e =
+          std::fabs(log_softmax(g->data(), V)[greedy[s]] - log_softmax(h->data(), V)[greedy[s]]);
       if (e > max_err) worst_step = static_cast<int>(s);
       max_err = std::max(max_err, e);
       sum_err += e;
@@ -293,9 +293,10 @@ TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
     }
   }
   ASSERT_GT(n, 0) << "no decode step compared";
-  std::printf("[ golden-cuda ] %-16s decode steps: max |dlogprob| %.4f (step %d), mean %.5f over "
-              "%d steps\n",
-              name.c_str(), max_err, worst_step, sum_err / n, n);
+  std::printf(
+      "[ golden-cuda ] %-16s decode steps: max |dlogprob| %.4f (step %d), mean %.5f over "
+      "%d steps\n",
+      name.c_str(), max_err, worst_step, sum_err / n, n);
   const json& noise = ref["transformers_bf16_noise"];
   EXPECT_LE(sum_err / n, 1.5 * noise["mean_abs_err"].get<double>() + kLogprobTol) << name;
   EXPECT_LE(max_err, 1.5 * noise["max_abs_err"].get<double>() + kLogprobTol) << name;
