@@ -227,7 +227,7 @@ void CudaBackend::synchronize() {
 }
 
 // PAGELLM_ABLATE_OPS (cuda_backend.h): a comma-separated list of op names (Backend methods, those
-// of tuning::detail::kAblatableOps): those ops return at once and launch nothing. A benchmark's
+// its row of core/tuning.cpp's table takes): those ops return at once and launch nothing. A benchmark's
 // decode step without an op, against the whole step, is what that op costs in place: inside the
 // CUDA graph, overlapped with its neighbours under programmatic launch, which timing the ops one
 // by one (bench --profile) cannot show. The outputs are wrong, so it is for timing only and says so
