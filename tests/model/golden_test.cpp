@@ -185,21 +185,32 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, Golden, testing::ValuesIn(all_params(
 // models). pagellm must stay within 1.5x of that, mean and max: another bf16 implementation,
 // rounding in different places, lands at the same distance, never a multiple of it. Greedy tokens
 // must agree wherever transformers' top-2 margin exceeds 0.3. Skipped (visibly) without a GPU.
-class GoldenCuda : public testing::TestWithParam<std::string> {};
+// The fixture's name, its reference and the GPU, for the tests on the CUDA backend.
+class GoldenCuda : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto backend = make_cuda_backend(0);
+    if (!backend.ok()) GTEST_SKIP() << "no CUDA backend: " << backend.status().message();
+    gpu_ = std::move(*backend);
+    std::ifstream f(golden_dir() / name_ / "reference.json");
+    ASSERT_TRUE(f) << "missing reference.json for " << name_;
+    ref_ = json::parse(f);
+  }
+  const std::string name_ = GetParam();
+  std::unique_ptr<Backend> gpu_;
+  json ref_;
+};
 
 TEST_P(GoldenCuda, MatchesTransformersInBf16) {
-  auto backend = make_cuda_backend(0);
-  if (!backend.ok()) GTEST_SKIP() << "no CUDA backend: " << backend.status().message();
-  const std::string name = GetParam();
-  std::ifstream f(golden_dir() / name / "reference.json");
-  const json ref = json::parse(f);
+  const std::string& name = name_;
+  const json& ref = ref_;
   auto ckpt = open_checkpoint((golden_dir() / name).string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
-  auto model = load_model(*ckpt, **backend);
+  auto model = load_model(*ckpt, *gpu_);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   const int64_t V = (*model)->config().vocab_size;
   const bool dynamic = (*model)->config().rope.type == RopeType::kDynamic;
-  SequenceRunner runner(**model, **backend, 128, 16, dynamic ? 128 : 13);
+  SequenceRunner runner(**model, *gpu_, 128, 16, dynamic ? 128 : 13);
   double max_err = 0, sum_err = 0;
   int n = 0, n_greedy = 0;
   for (const json& c : ref["cases"]) {
@@ -253,25 +264,21 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
 // tolerance. A MoE step whose router is near-tied may route differently in bf16 and f32 (as
 // transformers in bf16 does); scripts/moe-decode-margins.py explains such steps on larger samples.
 TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
-  auto gpu = make_cuda_backend(0);
-  if (!gpu.ok()) GTEST_SKIP() << "no CUDA backend: " << gpu.status().message();
-  const std::string name = GetParam();
-  std::ifstream f(golden_dir() / name / "reference.json");
-  const json ref = json::parse(f);
+  const std::string& name = name_;
   auto ckpt = open_checkpoint((golden_dir() / name).string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
   auto cpu = make_cpu_backend(true);
-  auto gpu_model = load_model(*ckpt, **gpu);
+  auto gpu_model = load_model(*ckpt, *gpu_);
   auto cpu_model = load_model(*ckpt, *cpu);
   ASSERT_TRUE(gpu_model.ok()) << gpu_model.status().to_string();
   ASSERT_TRUE(cpu_model.ok()) << cpu_model.status().to_string();
   const int64_t V = (*gpu_model)->config().vocab_size;
   const bool dynamic = (*gpu_model)->config().rope.type == RopeType::kDynamic;
-  SequenceRunner on_gpu(**gpu_model, **gpu, 128, 16, dynamic ? 128 : 13);
+  SequenceRunner on_gpu(**gpu_model, *gpu_, 128, 16, dynamic ? 128 : 13);
   SequenceRunner on_cpu(**cpu_model, *cpu, 128, 16, dynamic ? 128 : 13);
   double max_err = 0, sum_err = 0;
   int n = 0, worst_step = -1;
-  for (const json& c : ref["cases"]) {
+  for (const json& c : ref_["cases"]) {
     const auto prompt = c["prompt"].get<std::vector<int32_t>>();
     const auto greedy = c["greedy"].get<std::vector<int32_t>>();
     on_gpu.reset();
@@ -297,7 +304,7 @@ TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
       "[ golden-cuda ] %-16s decode steps: max |dlogprob| %.4f (step %d), mean %.5f over "
       "%d steps\n",
       name.c_str(), max_err, worst_step, sum_err / n, n);
-  const json& noise = ref["transformers_bf16_noise"];
+  const json& noise = ref_["transformers_bf16_noise"];
   EXPECT_LE(sum_err / n, 1.5 * noise["mean_abs_err"].get<double>() + kLogprobTol) << name;
   EXPECT_LE(max_err, 1.5 * noise["max_abs_err"].get<double>() + kLogprobTol) << name;
 }
