@@ -17,9 +17,60 @@ std::string_view dtype_name(DType t) {
     case DType::kQ8_0: return "q8_0";
     case DType::kQ4_0: return "q4_0";
     case DType::kQ4_1: return "q4_1";
+    case DType::kI4G32:
+      return "i4g32";
+    case DType::kI4G64:
+      return "i4g64";
+    case DType::kI4G128:
+      return "i4g128";
   }
   return "?";
 }
+
+namespace {
+
+template <int G>
+void i4g_to_f32(const void* src, float* dst, int64_t n) {
+  auto* b = static_cast<const BlockI4G<G>*>(src);
+  for (int64_t i = 0; i < n / G; ++i) {
+    const float d = f16_to_f32(b[i].d);
+    const int z = b[i].z;
+    float* o = dst + i * G;
+    for (int c = 0; c < G / 32; ++c)
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t q = b[i].qs[16 * c + j];
+        o[32 * c + j] = d * static_cast<float>((q & 0xf) - z);
+        o[32 * c + j + 16] = d * static_cast<float>((q >> 4) - z);
+      }
+  }
+}
+
+// AWQ's round-to-nearest: scale = (max - min) / 15 (at least 1e-5 / 15), z = -round(min / scale),
+// q = round(x / scale) + z, both clamped to [0, 15]; the scale is rounded to f16 first so that the
+// stored scale is the one the values were quantized with.
+template <int G>
+void i4g_from_f32(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockI4G<G>*>(dst);
+  for (int64_t i = 0; i < n / G; ++i) {
+    const float* x = src + i * G;
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < G; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+    const uint16_t dh = f32_to_f16(std::max(hi - lo, 1e-5f) / 15.0f);
+    const float d = f16_to_f32(dh);
+    const int z = std::clamp(static_cast<int>(-std::nearbyint(lo / d)), 0, 15);
+    b[i].d = dh;
+    b[i].z = static_cast<uint8_t>(z);
+    b[i].pad = 0;
+    auto q = [&](int j) {
+      return std::clamp(static_cast<int>(std::nearbyint(x[j] / d)) + z, 0, 15);
+    };
+    for (int c = 0; c < G / 32; ++c)
+      for (int j = 0; j < 16; ++j)
+        b[i].qs[16 * c + j] = static_cast<uint8_t>(q(32 * c + j) | (q(32 * c + j + 16) << 4));
+  }
+}
+
+}  // namespace
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -111,6 +162,12 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    case DType::kI4G32:
+      return i4g_to_f32<32>(src, dst, n);
+    case DType::kI4G64:
+      return i4g_to_f32<64>(src, dst, n);
+    case DType::kI4G128:
+      return i4g_to_f32<128>(src, dst, n);
     case DType::kI32:
     case DType::kI64: break;
   }
@@ -177,6 +234,12 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case DType::kI4G32:
+      return i4g_from_f32<32>(src, dst, n);
+    case DType::kI4G64:
+      return i4g_from_f32<64>(src, dst, n);
+    case DType::kI4G128:
+      return i4g_from_f32<128>(src, dst, n);
     case DType::kI32:
     case DType::kI64: break;
   }

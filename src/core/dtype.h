@@ -1,5 +1,7 @@
-// Element types and their conversions. Quantized types are GGUF's block formats: a block of
-// kBlockElems values stored in block_bytes() bytes, rows always a whole number of blocks.
+// Element types and their conversions. Quantized types are block formats: a block of
+// block_elems() values stored in block_bytes() bytes, rows always a whole number of blocks. The
+// Q types are GGUF's (32 values a block); the I4G types hold the 4-bit group-quantized weights of
+// AWQ, GPTQ and compressed-tensors checkpoints, one group a block.
 #pragma once
 
 #include <cstdint>
@@ -17,15 +19,39 @@ enum class DType : uint8_t {
   kQ8_0,  // 32 x int8 + f16 scale: x = d * q                       (34 bytes / 32 values)
   kQ4_0,  // 32 x 4-bit + f16 scale: x = d * (q - 8)                (18 bytes / 32 values)
   kQ4_1,  // 32 x 4-bit + f16 scale + f16 min: x = d * q + m        (20 bytes / 32 values)
+  // G x 4-bit + f16 scale + 4-bit zero point: x = d * (q - z)        (4 + G/2 bytes / G values)
+  kI4G32,
+  kI4G64,
+  kI4G128,
 };
 
 inline constexpr int kQuantBlock = 32;
 
-constexpr bool is_quantized(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1;
+constexpr bool is_group_int4(DType t) {
+  return t == DType::kI4G32 || t == DType::kI4G64 || t == DType::kI4G128;
 }
-// Number of values in one storage block (1 for plain types).
-constexpr int block_elems(DType t) { return is_quantized(t) ? kQuantBlock : 1; }
+constexpr bool is_quantized(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || is_group_int4(t);
+}
+// Number of values in one storage block (1 for plain types). Every quantized block is a whole
+// number of 32-value chunks, the unit the kernels decode.
+constexpr int block_elems(DType t) {
+  switch (t) {
+    case DType::kI4G64:
+      return 64;
+    case DType::kI4G128:
+      return 128;
+    default:
+      return is_quantized(t) ? kQuantBlock : 1;
+  }
+}
+// The I4G type of group size g (32, 64 or 128); kF32 for any other g.
+constexpr DType group_int4_dtype(int64_t g) {
+  return g == 32    ? DType::kI4G32
+         : g == 64  ? DType::kI4G64
+         : g == 128 ? DType::kI4G128
+                    : DType::kF32;
+}
 // Bytes of one storage block.
 constexpr int block_bytes(DType t) {
   switch (t) {
@@ -37,6 +63,12 @@ constexpr int block_bytes(DType t) {
     case DType::kQ8_0: return 34;
     case DType::kQ4_0: return 18;
     case DType::kQ4_1: return 20;
+    case DType::kI4G32:
+      return 4 + 16;
+    case DType::kI4G64:
+      return 4 + 32;
+    case DType::kI4G128:
+      return 4 + 64;
   }
   return 0;
 }
@@ -81,9 +113,25 @@ struct BlockQ4_1 {
 #pragma pack(pop)
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
 
+// One group of an I4G type: G 4-bit values, its scale and its zero point. The zero point is kept
+// as the integer the checkpoint stores (not folded into an f16 offset), so d * (q - z) in f32 is
+// exactly the value the checkpoint's own dequantization gives before any rounding to 16 bits.
+// Within each 32-value chunk c the nibbles are laid out as Q4_0's: value 32c + j in the low
+// nibble of qs[16c + j], value 32c + j + 16 in its high nibble. 4-byte aligned.
+template <int G>
+struct BlockI4G {
+  uint16_t d;   // f16 scale
+  uint8_t z;    // zero point, 0..15
+  uint8_t pad;  // 0
+  uint8_t qs[G / 2];
+};
+static_assert(sizeof(BlockI4G<32>) == 20 && sizeof(BlockI4G<64>) == 36 &&
+              sizeof(BlockI4G<128>) == 68);
+
 // Converts n values of type `t` starting at `src` to f32 (n a multiple of block_elems(t)).
 void to_f32(DType t, const void* src, float* dst, int64_t n);
-// Converts n f32 values into type `t` (quantizing blockwise for quantized types, as ggml does).
+// Converts n f32 values into type `t` (quantizing blockwise for quantized types: as ggml does for
+// the Q types; for I4G, round-to-nearest with the group's min and max, as AWQ's quantizer does).
 void from_f32(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace pagellm

@@ -442,9 +442,13 @@ Status parse_common(const Fields& f, const ArchSpec* spec, ModelConfig& cfg) {
   PAGELLM_RETURN_IF_ERROR(f.read_bool("tie_word_embeddings", cfg.tie_word_embeddings));
 
   // Fields that change the math in ways we do not implement.
-  for (const char* key :
-       {"quantization_config", "attn_logit_softcapping", "final_logit_softcapping"}) {
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
     if (f.has(key)) return f.error(StatusCode::kUnimplemented, key, "is not supported");
+  }
+  // 4-bit packed weights (io/packed_int4.h unpacks them); other schemes are refused by name.
+  if (const json* q = f.get("quantization_config")) {
+    PAGELLM_ASSIGN_OR_RETURN(QuantConfig qc, parse_quant_config(q->dump(), f.path()));
+    cfg.quantization = std::move(qc);
   }
 
   PAGELLM_RETURN_IF_ERROR(parse_rope(f, cfg));
@@ -857,6 +861,13 @@ std::string describe(const ModelConfig& cfg) {
   line("qk_norm", yes_no(cfg.qk_norm));
   line("sliding_window", cfg.sliding_window ? std::to_string(*cfg.sliding_window) : "none");
   line("tie_word_embeddings", yes_no(cfg.tie_word_embeddings));
+  if (cfg.quantization) {
+    const QuantConfig& q = *cfg.quantization;
+    line("quantization",
+         std::string(quant_method_name(q.method)) + ", " + std::to_string(q.bits) + "-bit, group " +
+             (q.group_size < 0 ? std::string("per row") : std::to_string(q.group_size)) +
+             (q.zero_point ? ", zero points" : ", symmetric") + (q.desc_act ? ", desc_act" : ""));
+  }
 
   if (cfg.kv_lora_rank > 0) {
     line("mla", "q_lora_rank " + (cfg.q_lora_rank ? std::to_string(*cfg.q_lora_rank) : "none") +

@@ -276,6 +276,10 @@ std::optional<uint32_t> ggml_from_dtype(DType t) {
     case DType::kQ4_0: return static_cast<uint32_t>(GgmlType::kQ4_0);
     case DType::kQ4_1: return static_cast<uint32_t>(GgmlType::kQ4_1);
     case DType::kI32: case DType::kI64: return std::nullopt;
+    case DType::kI4G32:
+    case DType::kI4G64:
+    case DType::kI4G128:
+      return std::nullopt;  // no GGUF type
   }
   return std::nullopt;
 }

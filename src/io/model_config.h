@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "io/quant_config.h"
 
 namespace pagellm {
 
@@ -92,6 +93,9 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
   std::optional<int32_t> pad_token_id;
+
+  // The checkpoint's 4-bit packing (config.json quantization_config); unset: float weights.
+  std::optional<QuantConfig> quantization;
 
   // Where the weights came from, for messages.
   std::string source;

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "io/file_util.h"
 #include "io/mapped_file.h"
+#include "io/packed_int4.h"
 
 namespace pagellm {
 namespace {
@@ -369,6 +370,10 @@ Result<LoadedCheckpoint> open_safetensors_checkpoint(const std::string& model_di
   LoadedCheckpoint ckpt;
   PAGELLM_ASSIGN_OR_RETURN(ckpt.config, load_hf_config(model_dir));
   PAGELLM_ASSIGN_OR_RETURN(ckpt.weights, open_safetensors_weights(model_dir));
+  if (ckpt.config.quantization) {
+    PAGELLM_ASSIGN_OR_RETURN(
+        ckpt.weights, unpack_int4_weights(std::move(ckpt.weights), *ckpt.config.quantization));
+  }
   ckpt.config.source = ckpt.weights->description();
   return ckpt;
 }

@@ -212,7 +212,8 @@ class DeepseekModel final : public DecoderModel {
             L.kv_a_bias, ld.reordered_vector(a + "kv_a_proj_with_mqa.bias", R + P, 0.0f, pe_first));
       }
       PAGELLM_RETURN_IF_ERROR(vec(a + "kv_a_layernorm.weight", R, 1.0f, L.kv_a_layernorm));
-      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(a + "kv_b_proj.weight", {H * (N + Vd), R}, L.kv_b_proj));
+      PAGELLM_ASSIGN_OR_RETURN(L.kv_b_proj,
+                               ld.float_matrix(a + "kv_b_proj.weight", {H * (N + Vd), R}));
       PAGELLM_RETURN_IF_ERROR(build_absorbed_query(a + "kv_b_proj.weight", L));
       L.w_uv = L.kv_b_proj;  // rows [h*(N+Vd) + N, +Vd) of each head: [H, Vd, R]
       L.w_uv.data = static_cast<char*>(L.kv_b_proj.data) + dtype_bytes(L.kv_b_proj.dtype, N * R);

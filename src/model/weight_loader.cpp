@@ -49,6 +49,15 @@ Result<Tensor> WeightLoader::matrix(const std::string& name, std::vector<int64_t
   return t;
 }
 
+Result<Tensor> WeightLoader::float_matrix(const std::string& name, std::vector<int64_t> shape) {
+  if (source_.is_dummy() || !stays_quantized(name)) return matrix(name, std::move(shape));
+  PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, std::move(shape)));
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t,
+                           backend_.upload_weight(host, DType::kF32, storage_.emplace_back()));
+  bytes_ += dtype_bytes(t.dtype, t.numel());
+  return t;
+}
+
 Result<Tensor> WeightLoader::vector(const std::string& name, int64_t n, float dummy_value) {
   if (source_.is_dummy()) return dummy(name, {n}, DType::kF32, dummy_value, dummy_value);
   PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, {n}));

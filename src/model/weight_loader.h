@@ -23,6 +23,10 @@ class WeightLoader {
 
   // A [rows, cols] (or any-rank) weight matrix.
   Result<Tensor> matrix(const std::string& name, std::vector<int64_t> shape);
+  // A matrix that must be of a float type wherever it lives (MLA's kv_b_proj: absorbed into other
+  // weights and viewed per head): a quantized stored type becomes f32 on the CPU (devices store
+  // LoadOptions::weight_dtype, a float type, anyway).
+  Result<Tensor> float_matrix(const std::string& name, std::vector<int64_t> shape);
   // A 1-D weight; `dummy_value` is what dummy weights hold (1 for norm scales, 0 for biases).
   Result<Tensor> vector(const std::string& name, int64_t n, float dummy_value);
   bool has(const std::string& name) const { return source_.find(name) != nullptr; }

@@ -59,12 +59,14 @@ TEST(UploadWeight, ConvertsFloatTypesExactly) {
 TEST(UploadWeight, DequantizesBlockFormatsToBf16) {
   PAGELLM_REQUIRE_CUDA();
   (void)cpu;
-  const DType kQuant[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
-  const std::pair<int64_t, int64_t> kShapes[] = {{1, 32}, {7, 96}, {111, 4096}};
+  const DType kQuant[] = {DType::kQ8_0,  DType::kQ4_0,  DType::kQ4_1,
+                          DType::kI4G32, DType::kI4G64, DType::kI4G128};
   uint64_t seed = base_seed() + 200;
   for (DType q : kQuant)
-    for (auto [rows, cols] : kShapes)
-      for (DType request : {DType::kBF16, q}) {  // asking to keep the quantized type gets bf16 too
+    for (auto [rows, blocks] : {std::pair<int64_t, int64_t>{1, 1}, {7, 3}, {111, 4096 / 128}})
+      for (DType request : {DType::kBF16, q}) {
+        const int64_t cols =
+            blocks * block_elems(q);  // asking to keep the quantized type gets bf16 too
         ++seed;
         Rng rng(seed);
         std::vector<float> v(rows * cols);

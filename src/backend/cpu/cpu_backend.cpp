@@ -154,9 +154,10 @@ Result<Tensor> CpuBackend::upload_weight(const Tensor& host, DType dtype,
     return unimplemented("upload_weight: re-quantizing " + std::string(dtype_name(host.dtype)) +
                          " to " + std::string(dtype_name(dtype)) + " would compound the error");
   const int64_t rows = host.rows(), cols = host.cols();
-  if (is_quantized(dtype) && (host.ndim != 2 || cols % kQuantBlock != 0))
+  if (is_quantized(dtype) && (host.ndim != 2 || cols % block_elems(dtype) != 0))
     return invalid_argument("upload_weight: " + std::string(dtype_name(dtype)) +
-                            " needs a 2-D tensor whose rows are a multiple of 32 values, got " +
+                            " needs a 2-D tensor whose rows are a multiple of " +
+                            std::to_string(block_elems(dtype)) + " values, got " +
                             host.shape_string());
   const int64_t row_bytes = dtype_bytes(dtype, cols);
   PAGELLM_ASSIGN_OR_RETURN(storage,

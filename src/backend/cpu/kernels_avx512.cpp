@@ -61,13 +61,14 @@ struct I {
     *lo = _mm_and_si128(q, mask);
     *hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
   }
-  static void decode_q4_0(const BlockQ4_0* b, V* out) {
-    const V d = set1(f16(b->d));
+  // 32 4-bit values less a zero point, times d (Q4_0's and the I4G types' nibble layout).
+  static void decode_i4(const uint8_t* qs, float d, int z, V* out) {
+    const V dv = set1(d);
     __m128i lo, hi;
-    nibbles(b->qs, &lo, &hi);
-    const __m128i eight = _mm_set1_epi8(8);
-    out[0] = mul(i8_to_f32(_mm_sub_epi8(lo, eight)), d);
-    out[1] = mul(i8_to_f32(_mm_sub_epi8(hi, eight)), d);
+    nibbles(qs, &lo, &hi);
+    const __m128i zv = _mm_set1_epi8(static_cast<char>(z));
+    out[0] = mul(i8_to_f32(_mm_sub_epi8(lo, zv)), dv);
+    out[1] = mul(i8_to_f32(_mm_sub_epi8(hi, zv)), dv);
   }
   static void decode_q4_1(const BlockQ4_1* b, V* out) {
     const V d = set1(f16(b->d)), m = set1(f16(b->m));

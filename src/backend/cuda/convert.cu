@@ -1,6 +1,7 @@
-// Weight conversion on upload: plain float types into each other, and GGUF block formats
-// (Q8_0, Q4_0, Q4_1) dequantized to a float type. Values match core/dtype.cpp's to_f32 exactly
-// (same operations, no FMA contraction) before the final rounding to the destination type.
+// Weight conversion on upload: plain float types into each other, and block formats (GGUF's
+// Q8_0, Q4_0, Q4_1; the I4G types of AWQ / GPTQ checkpoints) dequantized to a float type. Values
+// match core/dtype.cpp's to_f32 exactly (same operations, no FMA contraction) before the final
+// rounding to the destination type.
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -21,28 +22,33 @@ __device__ __forceinline__ float load_f16(const uint8_t* p) {
   return __half2float(__ushort_as_half(bits));
 }
 
-// One thread per output value; `n` values in total (a whole number of 32-value blocks).
-template <int kFormat, typename TOut>
+// One thread per output value; `n` values in total (a whole number of blocks).
+template <DType kFormat, typename TOut>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ src, TOut* __restrict__ dst,
                                   int64_t n) {
-  constexpr int kBlockBytes = kFormat == 0 ? 34 : kFormat == 1 ? 18 : 20;
+  constexpr int kElems = block_elems(kFormat), kBytes = block_bytes(kFormat);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint8_t* b = src + (i / kQuantBlock) * kBlockBytes;
-    const int j = static_cast<int>(i % kQuantBlock);
+    const uint8_t* b = src + (i / kElems) * kBytes;
+    const int j = static_cast<int>(i % kElems);
     const float d = load_f16(b);
     float v;
-    if constexpr (kFormat == 0) {  // Q8_0: d * q
+    if constexpr (kFormat == DType::kQ8_0) {  // d * q
       v = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(b[2 + j])));
-    } else if constexpr (kFormat == 1) {  // Q4_0: d * (q - 8), low nibbles first
+    } else if constexpr (kFormat == DType::kQ4_0) {  // d * (q - 8), low nibbles first
       const uint8_t byte = b[2 + (j & 15)];
       const int q = j < 16 ? (byte & 0xf) : (byte >> 4);
       v = __fmul_rn(d, static_cast<float>(q - 8));
-    } else {  // Q4_1: d * q + m
+    } else if constexpr (kFormat == DType::kQ4_1) {  // d * q + m
       const float m = load_f16(b + 2);
       const uint8_t byte = b[4 + (j & 15)];
       const int q = j < 16 ? (byte & 0xf) : (byte >> 4);
       v = __fadd_rn(__fmul_rn(d, static_cast<float>(q)), m);
+    } else {  // I4G: d * (q - z), each 32-value chunk laid out as Q4_0's
+      static_assert(is_group_int4(kFormat));
+      const uint8_t byte = b[4 + 16 * (j / 32) + (j & 15)];
+      const int q = (j & 31) < 16 ? (byte & 0xf) : (byte >> 4);
+      v = __fmul_rn(d, static_cast<float>(q - b[2]));
     }
     dst[i] = from_float<TOut>(v);
   }
@@ -73,15 +79,31 @@ void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dt
                        int64_t n_rows, int64_t cols, cudaStream_t stream) {
   const int64_t n = n_rows * cols;
   if (n == 0) return;
-  PAGELLM_CHECK_MSG(cols % kQuantBlock == 0, "dequantize: row length not a multiple of 32");
+  PAGELLM_CHECK_MSG(cols % block_elems(src_dtype) == 0,
+                    "dequantize: row length not a whole number of blocks");
   const auto* s = static_cast<const uint8_t*>(src);
   dispatch_float_type(dst_dtype, [&](auto to) {
     using TOut = decltype(to);
     auto* d = static_cast<TOut*>(dst);
     switch (src_dtype) {
-      case DType::kQ8_0: dequantize_kernel<0, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n); break;
-      case DType::kQ4_0: dequantize_kernel<1, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n); break;
-      case DType::kQ4_1: dequantize_kernel<2, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n); break;
+      case DType::kQ8_0:
+        dequantize_kernel<DType::kQ8_0, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+        break;
+      case DType::kQ4_0:
+        dequantize_kernel<DType::kQ4_0, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+        break;
+      case DType::kQ4_1:
+        dequantize_kernel<DType::kQ4_1, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+        break;
+      case DType::kI4G32:
+        dequantize_kernel<DType::kI4G32, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+        break;
+      case DType::kI4G64:
+        dequantize_kernel<DType::kI4G64, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+        break;
+      case DType::kI4G128:
+        dequantize_kernel<DType::kI4G128, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+        break;
       default: PAGELLM_CHECK_MSG(false, "dequantize: not a block-quantized type");
     }
     CUDA_CHECK_LAUNCH();

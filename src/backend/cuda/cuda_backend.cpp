@@ -369,9 +369,10 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
                             " tensor " + host.shape_string() + " to " +
                             std::string(dtype_name(target)));
   const int64_t cols = host.cols(), n_rows = host.rows();
-  if (is_quantized(host.dtype) && cols % kQuantBlock != 0)
+  if (is_quantized(host.dtype) && cols % block_elems(host.dtype) != 0)
     return invalid_argument("upload_weight: quantized tensor " + host.shape_string() +
-                            " has rows that are not a whole number of 32-value blocks");
+                            " has rows that are not a whole number of " +
+                            std::to_string(block_elems(host.dtype)) + "-value blocks");
   PAGELLM_ASSIGN_OR_RETURN(storage, allocate_or_error(dtype_bytes(target, host.numel()),
                                                       "a weight " + host.shape_string()));
   Tensor dev = host;

@@ -26,20 +26,25 @@ std::string describe(const MatmulCase& c, uint32_t seed) {
 
 std::vector<MatmulCase> cases() {
   std::vector<MatmulCase> out;
-  const DType all[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+  const DType all[] = {DType::kF32,  DType::kF16,   DType::kBF16,  DType::kQ8_0,  DType::kQ4_0,
+                       DType::kQ4_1, DType::kI4G32, DType::kI4G64, DType::kI4G128};
   int variant = 0;
   for (DType t : all) {
+    // Row lengths a whole number of blocks: 128-value groups take multiples of 128.
+    const bool wide = block_elems(t) > 32;
     for (int64_t n : {1, 2, 7, 19, 111}) {
-      for (auto [k, m] : {std::pair<int64_t, int64_t>{96, 224}, {224, 96}}) {
+      for (auto [k, m] :
+           {std::pair<int64_t, int64_t>{wide ? 128 : 96, 224}, {wide ? 384 : 224, 96}}) {
         ++variant;
         out.push_back({t, n, k, m, variant % 2 == 0, variant % 3 == 0});
       }
     }
     // K spans several 512-wide GEMM slices, M leaves a partial panel, n two row blocks; and
     // every GEMV row count up to 8 with a non-power-of-two M.
-    out.push_back({t, 300, 1056, 130, true, true});
-    out.push_back({t, 3, 1056, 130, false, true});
-    for (int64_t n = 3; n <= 8; ++n) out.push_back({t, n, 160, 37, n % 2 == 1, n % 2 == 0});
+    out.push_back({t, 300, wide ? 1152 : 1056, 130, true, true});
+    out.push_back({t, 3, wide ? 1152 : 1056, 130, false, true});
+    for (int64_t n = 3; n <= 8; ++n)
+      out.push_back({t, n, wide ? 256 : 160, 37, n % 2 == 1, n % 2 == 0});
     // Plain types take any K: exercise the scalar tails.
     if (!is_quantized(t)) {
       out.push_back({t, 5, 45, 19, true, false});

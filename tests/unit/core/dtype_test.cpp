@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -57,6 +58,46 @@ TEST(DType, QuantizedRoundTripWithinHalfAStep) {
             << dtype_name(t) << " block " << b << " elem " << j;
     }
   }
+}
+
+// The I4G types quantize each group with its min and max (AWQ's round-to-nearest): every value
+// lands within half a step of the group's range / 15, the scale rounded to f16.
+TEST(DType, GroupInt4RoundTripWithinHalfAStep) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> dist(0.3f, 1.0f);
+  for (DType t : {DType::kI4G32, DType::kI4G64, DType::kI4G128}) {
+    const int g = block_elems(t);
+    std::vector<float> x(g * 5), y(x.size());
+    for (float& v : x) v = dist(rng);
+    std::vector<uint8_t> q(dtype_bytes(t, x.size()));
+    ASSERT_EQ(q.size(), x.size() / g * (4 + g / 2));
+    from_f32(t, x.data(), q.data(), x.size());
+    to_f32(t, q.data(), y.data(), x.size());
+    for (size_t b = 0; b < x.size() / g; ++b) {
+      const auto [lo, hi] = std::minmax_element(x.begin() + b * g, x.begin() + (b + 1) * g);
+      const float step = (*hi - *lo) / 15;
+      for (int j = 0; j < g; ++j)
+        ASSERT_LE(std::fabs(x[b * g + j] - y[b * g + j]), 0.5f * step * 1.01f + 1e-3f)
+            << dtype_name(t) << " group " << b << " elem " << j;
+      EXPECT_LE(q[b * (4 + g / 2) + 2], 15);  // the zero point
+    }
+  }
+}
+
+// d * (q - z) exactly, for each nibble position of the layout (value 32c + j in the low nibble
+// of qs[16c + j], 32c + j + 16 in its high nibble).
+TEST(DType, GroupInt4Layout) {
+  BlockI4G<64> b{};
+  b.d = f32_to_f16(0.5f);
+  b.z = 3;
+  for (int i = 0; i < 32; ++i) b.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  float y[64];
+  to_f32(DType::kI4G64, &b, y, 64);
+  for (int c = 0; c < 2; ++c)
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(y[32 * c + j], 0.5f * (j - 3));
+      EXPECT_EQ(y[32 * c + j + 16], 0.5f * (15 - j - 3));
+    }
 }
 
 }  // namespace

@@ -528,8 +528,8 @@ TEST(Config, RefusesMathWeDoNotImplement) {
   expect_refused(j, StatusCode::kUnimplemented, "hidden_act");
 
   j = load_json("llama-3-8b.json");
-  j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
-  expect_refused(j, StatusCode::kUnimplemented, "quantization_config");
+  j["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
+  expect_refused(j, StatusCode::kUnimplemented, "quantization_config.quant_method");
 
   j = load_json("llama-3-8b.json");
   j["attn_logit_softcapping"] = nullptr;  // null is fine

@@ -206,10 +206,11 @@ def main():
     golden.mkdir(exist_ok=True)
     for d in sorted((ROOT / "tests" / "data" / "golden").iterdir()):
         # MoE / MLA fixtures (Mixtral, DeepSeek-V2/V3) are not converted: hf_to_gguf.py covers
-        # the Llama family only.
+        # the Llama family only, and float checkpoints only (not the 4-bit packed ones).
         if not (d / "config.json").exists() or d.name == "llama_dynamic":
             continue
-        if json.loads((d / "config.json").read_text()).get("model_type") in ("llama", "mistral", "qwen2", "qwen3"):
+        config = json.loads((d / "config.json").read_text())
+        if config.get("model_type") in ("llama", "mistral", "qwen2", "qwen3") and "quantization_config" not in config:
             subprocess.run([sys.executable, str(ROOT / "scripts" / "hf_to_gguf.py"), str(d), "--outtype", "f32",
                             "--outfile", str(golden / f"{d.name}.gguf")], check=True, stdout=subprocess.DEVNULL)
     print(f"make_gguf_fixture: wrote {out}")

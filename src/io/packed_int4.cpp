@@ -1,0 +1,355 @@
+// The three packings, for a linear of N outputs and K inputs with groups of G inputs:
+//   AWQ (GEMM):  qweight i32 [K, N/8], packed along the outputs in AWQ's interleaved order (the
+//                nibble at bits 4i of a word holds output 8c + kAwqOrder[i]); qzeros i32
+//                [K/G, N/8], the same way; scales f16 [K/G, N].        w = s * (q - z)
+//   GPTQ:        qweight i32 [K/8, N], packed along the inputs (nibble i of word r: input 8r + i);
+//                qzeros i32 [K/G, N/8], packed along the outputs in order; scales f16 [K/G, N];
+//                g_idx i32 [K], each input's group. The v1 format stores z - 1 in 4 bits
+//                (so z = 0 is stored as 15); AutoGPTQ reads back ((stored + 1) & 15).
+//                                                                     w = s * (q - z)
+//   compressed-tensors pack-quantized: weight_packed i32 [N, K/8] (nibble i of word c: input
+//                8c + i), values offset by +8; weight_scale [N, K/G]; weight_zero_point i32
+//                [N/8, K/G] packed along the outputs (asymmetric only), also offset by +8;
+//                weight_shape [2] = [N, K].                           w = s * (q - z)
+#include "io/packed_int4.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/thread_pool.h"
+#include "io/file_util.h"
+
+namespace pagellm {
+namespace {
+
+using io_detail::quote_name;
+
+// AWQ's packing puts output 8c + kAwqOrder[i] in nibble i; kAwqNibble is its inverse.
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int nibble(const int32_t* words, int64_t word, int i) {
+  return static_cast<int>((static_cast<uint32_t>(words[word]) >> (4 * i)) & 0xfu);
+}
+
+// One quantized linear, read through accessors of output n, input k and group g.
+struct PackedLinear {
+  int64_t n = 0, k = 0, group = 0;  // group: the checkpoint's, resolved (-1 -> K)
+  std::function<int(int64_t n, int64_t k)> q;
+  std::function<int(int64_t n, int64_t g)> zero;
+  std::vector<uint16_t> scales;  // f16 [N, K/group]
+};
+
+// The I4G blocks of a linear (storage group: the largest of 128, 64, 32 dividing the
+// checkpoint's group; a larger group's scale and zero point repeat in each of its blocks).
+template <int G>
+void fill_blocks(const PackedLinear& p, uint8_t* out) {
+  const int64_t blocks = p.k / G, groups = p.k / p.group;
+  ThreadPool::global().parallel_for(p.n, 16, [&](int64_t nb, int64_t ne) {
+    for (int64_t n = nb; n < ne; ++n) {
+      auto* row = reinterpret_cast<BlockI4G<G>*>(out) + n * blocks;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t g = b * G / p.group, k0 = b * G;
+        BlockI4G<G>& blk = row[b];
+        blk.d = p.scales[n * groups + g];
+        blk.z = static_cast<uint8_t>(p.zero(n, g));
+        blk.pad = 0;
+        for (int c = 0; c < G / 32; ++c)
+          for (int j = 0; j < 16; ++j)
+            blk.qs[16 * c + j] =
+                static_cast<uint8_t>(p.q(n, k0 + 32 * c + j) | (p.q(n, k0 + 32 * c + j + 16) << 4));
+      }
+    }
+  });
+}
+
+class UnpackedInt4Weights final : public WeightSource {
+ public:
+  UnpackedInt4Weights(std::unique_ptr<WeightSource> inner, const QuantConfig& q)
+      : inner_(std::move(inner)), q_(q) {}
+
+  Status unpack() {
+    const bool ct = q_.method == QuantMethod::kCompressedTensors;
+    const std::vector<std::string> parts =
+        ct ? std::vector<std::string>{"weight_packed", "weight_scale", "weight_zero_point",
+                                      "weight_shape"}
+           : std::vector<std::string>{"qweight", "qzeros", "scales", "g_idx"};
+    const std::string packed_suffix = ct ? ".weight_packed" : ".qweight";
+    std::unordered_set<std::string> consumed;
+    std::vector<std::string> prefixes;
+    for (const TensorInfo& t : inner_->tensors())
+      if (ends_with(t.name, packed_suffix))
+        prefixes.push_back(t.name.substr(0, t.name.size() - packed_suffix.size()));
+    for (const std::string& prefix : prefixes) {
+      if (inner_->find(prefix + ".weight"))
+        return data_loss(describe(prefix + ".weight") + " exists beside its packed form " +
+                         quote_name(prefix + packed_suffix));
+      PackedLinear p;
+      switch (q_.method) {
+        case QuantMethod::kAwq:
+          PAGELLM_RETURN_IF_ERROR(read_awq(prefix, p));
+          break;
+        case QuantMethod::kGptq:
+          PAGELLM_RETURN_IF_ERROR(read_gptq(prefix, p));
+          break;
+        case QuantMethod::kCompressedTensors:
+          PAGELLM_RETURN_IF_ERROR(read_ct(prefix, p));
+          break;
+      }
+      PAGELLM_RETURN_IF_ERROR(add_unpacked(prefix, p));
+      for (const std::string& part : parts) consumed.insert(prefix + "." + part);
+    }
+    for (const TensorInfo& t : inner_->tensors()) {
+      if (consumed.count(t.name)) continue;
+      for (const std::string& part : parts)
+        if (ends_with(t.name, "." + part))
+          return data_loss(describe(t.name) + " belongs to no " + packed_suffix.substr(1) +
+                           " tensor: the checkpoint is incomplete");
+      tensors_.push_back(t);
+    }
+    for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
+    return Status::ok_status();
+  }
+
+  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
+  const TensorInfo* find(const std::string& name) const override {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : &tensors_[it->second];
+  }
+  std::string description() const override {
+    return inner_->description() + " (" + quant_method_name(q_.method) + " 4-bit)";
+  }
+
+ private:
+  std::string describe(const std::string& name) const {
+    const TensorInfo* t = inner_->find(name);
+    return (t ? t->file : inner_->description()) + ": tensor " + quote_name(name);
+  }
+
+  // The tensor `name` as i32 of `shape` (or any shape of `ndim` dims when shape is empty).
+  Result<const TensorInfo*> part(const std::string& name, DType dtype,
+                                 const std::vector<int64_t>& shape) const {
+    const TensorInfo* t = inner_->find(name);
+    if (!t)
+      return not_found(describe(name) + " is missing (" + quant_method_name(q_.method) +
+                       " checkpoints need it beside the packed weight)");
+    if (t->dtype != dtype)
+      return data_loss(describe(name) + " is " + std::string(dtype_name(t->dtype)) + ", expected " +
+                       std::string(dtype_name(dtype)));
+    if (t->shape != shape)
+      return data_loss(describe(name) + " has shape " + shape_str(t->shape) + ", expected " +
+                       shape_str(shape));
+    return t;
+  }
+
+  // Scales of any float type as f16, which must hold them exactly (they are f16 in AWQ and GPTQ
+  // checkpoints; compressed-tensors writes the model's dtype, bf16 values fit f16 unless tiny).
+  Result<std::vector<uint16_t>> scales_f16(const std::string& name,
+                                           const std::vector<int64_t>& shape) const {
+    const TensorInfo* t = inner_->find(name);
+    if (!t) return not_found(describe(name) + " is missing");
+    if (t->dtype != DType::kF16 && t->dtype != DType::kBF16 && t->dtype != DType::kF32)
+      return data_loss(describe(name) + " is " + std::string(dtype_name(t->dtype)) +
+                       ", expected a float type");
+    if (t->shape != shape)
+      return data_loss(describe(name) + " has shape " + shape_str(t->shape) + ", expected " +
+                       shape_str(shape));
+    const int64_t count = shape[0] * shape[1];
+    std::vector<uint16_t> out(count);
+    if (t->dtype == DType::kF16) {
+      std::memcpy(out.data(), t->data, count * 2);
+      return out;
+    }
+    std::vector<float> f(count);
+    to_f32(t->dtype, t->data, f.data(), count);
+    for (int64_t i = 0; i < count; ++i) {
+      out[i] = f32_to_f16(f[i]);
+      if (f16_to_f32(out[i]) != f[i])
+        return unimplemented(describe(name) + " holds the scale " + std::to_string(f[i]) +
+                             ", which f16 cannot hold exactly");
+    }
+    return out;
+  }
+
+  Status check_shape(const std::string& prefix, int64_t n, int64_t k, int64_t& group) const {
+    group = q_.group_size < 0 ? k : q_.group_size;
+    if (n <= 0 || k <= 0 || group <= 0 || n % 8 != 0 || k % 32 != 0 || k % group != 0)
+      return data_loss(describe(prefix + ".weight") + " unpacks to [" + std::to_string(n) + ", " +
+                       std::to_string(k) + "]: outputs must be a multiple of 8 and inputs a " +
+                       "multiple of 32 and of the group size " + std::to_string(group));
+    return Status::ok_status();
+  }
+
+  Status read_awq(const std::string& prefix, PackedLinear& p) {
+    const TensorInfo* qw = inner_->find(prefix + ".qweight");
+    if (qw->dtype != DType::kI32 || qw->shape.size() != 2)
+      return data_loss(describe(qw->name) + " must be a 2-D i32 tensor, is " +
+                       std::string(dtype_name(qw->dtype)) + " " + shape_str(qw->shape));
+    p.k = qw->shape[0];
+    p.n = qw->shape[1] * 8;
+    PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
+    const int64_t groups = p.k / p.group;
+    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qz,
+                             part(prefix + ".qzeros", DType::kI32, {groups, p.n / 8}));
+    PAGELLM_ASSIGN_OR_RETURN(std::vector<uint16_t> s,
+                             scales_f16(prefix + ".scales", {groups, p.n}));
+    p.scales = transpose(s, groups, p.n);
+    const auto* w = static_cast<const int32_t*>(qw->data);
+    const auto* z = static_cast<const int32_t*>(qz->data);
+    const int64_t words = p.n / 8;
+    p.q = [w, words](int64_t n, int64_t k) {
+      return nibble(w, k * words + n / 8, kAwqNibble[n % 8]);
+    };
+    p.zero = [z, words](int64_t n, int64_t g) {
+      return nibble(z, g * words + n / 8, kAwqNibble[n % 8]);
+    };
+    return Status::ok_status();
+  }
+
+  Status read_gptq(const std::string& prefix, PackedLinear& p) {
+    const TensorInfo* qw = inner_->find(prefix + ".qweight");
+    if (qw->dtype != DType::kI32 || qw->shape.size() != 2)
+      return data_loss(describe(qw->name) + " must be a 2-D i32 tensor, is " +
+                       std::string(dtype_name(qw->dtype)) + " " + shape_str(qw->shape));
+    p.k = qw->shape[0] * 8;
+    p.n = qw->shape[1];
+    PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
+    const int64_t groups = p.k / p.group;
+    if (const TensorInfo* gi = inner_->find(prefix + ".g_idx")) {
+      PAGELLM_ASSIGN_OR_RETURN(gi, part(prefix + ".g_idx", DType::kI32, {p.k}));
+      const auto* g = static_cast<const int32_t*>(gi->data);
+      for (int64_t k = 0; k < p.k; ++k) {
+        if (g[k] < 0 || g[k] >= groups)
+          return data_loss(describe(gi->name) + " gives input " + std::to_string(k) +
+                           " the group " + std::to_string(g[k]) + " of " + std::to_string(groups));
+        if (g[k] != k / p.group)
+          return unimplemented(
+              describe(gi->name) +
+              " permutes the inputs (GPTQ act-order, desc_act): not supported yet");
+      }
+    }
+    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qz,
+                             part(prefix + ".qzeros", DType::kI32, {groups, p.n / 8}));
+    PAGELLM_ASSIGN_OR_RETURN(std::vector<uint16_t> s,
+                             scales_f16(prefix + ".scales", {groups, p.n}));
+    p.scales = transpose(s, groups, p.n);
+    const auto* w = static_cast<const int32_t*>(qw->data);
+    const auto* z = static_cast<const int32_t*>(qz->data);
+    const int64_t n_dim = p.n, words = p.n / 8;
+    const int plus = q_.gptq_zeros_minus_one ? 1 : 0;
+    p.q = [w, n_dim](int64_t n, int64_t k) {
+      return nibble(w, (k / 8) * n_dim + n, static_cast<int>(k % 8));
+    };
+    p.zero = [z, words, plus](int64_t n, int64_t g) {
+      return (nibble(z, g * words + n / 8, static_cast<int>(n % 8)) + plus) & 0xf;
+    };
+    return Status::ok_status();
+  }
+
+  Status read_ct(const std::string& prefix, PackedLinear& p) {
+    const TensorInfo* wp = inner_->find(prefix + ".weight_packed");
+    const TensorInfo* ws = inner_->find(prefix + ".weight_shape");
+    if (!ws) return not_found(describe(prefix + ".weight_shape") + " is missing");
+    if ((ws->dtype != DType::kI64 && ws->dtype != DType::kI32) ||
+        ws->shape != std::vector<int64_t>{2})
+      return data_loss(describe(ws->name) + " must hold the 2 integers [out, in]");
+    if (ws->dtype == DType::kI64) {
+      const auto* v = static_cast<const int64_t*>(ws->data);
+      p.n = v[0], p.k = v[1];
+    } else {
+      const auto* v = static_cast<const int32_t*>(ws->data);
+      p.n = v[0], p.k = v[1];
+    }
+    PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
+    const int64_t groups = p.k / p.group;
+    PAGELLM_ASSIGN_OR_RETURN(wp, part(wp->name, DType::kI32, {p.n, p.k / 8}));
+    PAGELLM_ASSIGN_OR_RETURN(p.scales, scales_f16(prefix + ".weight_scale", {p.n, groups}));
+    const auto* w = static_cast<const int32_t*>(wp->data);
+    const int64_t k_words = p.k / 8;
+    p.q = [w, k_words](int64_t n, int64_t k) {
+      return nibble(w, n * k_words + k / 8, static_cast<int>(k % 8));
+    };
+    if (q_.zero_point) {
+      PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* zp,
+                               part(prefix + ".weight_zero_point", DType::kI32, {p.n / 8, groups}));
+      const auto* z = static_cast<const int32_t*>(zp->data);
+      p.zero = [z, groups](int64_t n, int64_t g) {
+        return nibble(z, (n / 8) * groups + g, static_cast<int>(n % 8));
+      };
+    } else {
+      if (inner_->find(prefix + ".weight_zero_point"))
+        return data_loss(describe(prefix + ".weight_zero_point") +
+                         " is present but the scheme is symmetric");
+      p.zero = [](int64_t, int64_t) { return 8; };
+    }
+    return Status::ok_status();
+  }
+
+  static std::vector<uint16_t> transpose(const std::vector<uint16_t>& s, int64_t rows,
+                                         int64_t cols) {
+    std::vector<uint16_t> t(s.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = s[r * cols + c];
+    return t;
+  }
+
+  Status add_unpacked(const std::string& prefix, const PackedLinear& p) {
+    const int g = p.group % 128 == 0 ? 128 : p.group % 64 == 0 ? 64 : 32;
+    const DType dt = group_int4_dtype(g);
+    const int64_t bytes = dtype_bytes(dt, p.n * p.k);
+    auto buf = std::make_unique<uint8_t[]>(bytes);
+    switch (g) {
+      case 128:
+        fill_blocks<128>(p, buf.get());
+        break;
+      case 64:
+        fill_blocks<64>(p, buf.get());
+        break;
+      default:
+        fill_blocks<32>(p, buf.get());
+        break;
+    }
+    TensorInfo t;
+    t.name = prefix + ".weight";
+    t.dtype = dt;
+    t.shape = {p.n, p.k};
+    t.data = buf.get();
+    t.nbytes = bytes;
+    const TensorInfo* src = inner_->find(
+        prefix + (q_.method == QuantMethod::kCompressedTensors ? ".weight_packed" : ".qweight"));
+    t.file = src->file;
+    storage_.push_back(std::move(buf));
+    tensors_.push_back(std::move(t));
+    return Status::ok_status();
+  }
+
+  std::unique_ptr<WeightSource> inner_;
+  QuantConfig q_;
+  std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> by_name_;
+  std::vector<std::unique_ptr<uint8_t[]>> storage_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<WeightSource>> unpack_int4_weights(std::unique_ptr<WeightSource> packed,
+                                                          const QuantConfig& q) {
+  auto w = std::make_unique<UnpackedInt4Weights>(std::move(packed), q);
+  PAGELLM_RETURN_IF_ERROR(w->unpack());
+  return std::unique_ptr<WeightSource>(std::move(w));
+}
+
+}  // namespace pagellm

@@ -1,0 +1,25 @@
+// Packed 4-bit checkpoints (AWQ, GPTQ, compressed-tensors pack-quantized) as I4G weights: each
+// quantized linear's packed parts (qweight / qzeros / scales / g_idx, or weight_packed /
+// weight_scale / weight_zero_point / weight_shape) become one tensor "<module>.weight" [out, in]
+// of the I4G type of its group size (core/dtype.h), the layout both backends compute from. The
+// values are the checkpoint's exactly: every 4-bit value, scale and zero point is kept, so
+// d * (q - z) in f32 is what the writer's own dequantization gives before it rounds to 16 bits.
+// Every other tensor passes through untouched.
+#pragma once
+
+#include <memory>
+
+#include "core/status.h"
+#include "io/quant_config.h"
+#include "io/weights.h"
+
+namespace pagellm {
+
+// Unpacks every quantized linear of `packed` now (the converted weights are held in memory; the
+// packed ones stay mapped but unread afterwards). A tensor whose parts are missing, of the wrong
+// type or shape, or inconsistent with `q` is an error naming it; so is act-order (a g_idx that
+// permutes the rows), which is not supported yet.
+Result<std::unique_ptr<WeightSource>> unpack_int4_weights(std::unique_ptr<WeightSource> packed,
+                                                          const QuantConfig& q);
+
+}  // namespace pagellm
