@@ -13,8 +13,11 @@
 // the output's own size, so each output gets that much slack (2^-6 of it: 14x the rounding's
 // standard deviation, while a wrong norm scale or a missed row is off by whole units). SwiGLU
 // carries those errors of gate and up, and the bf16 rounding of each, through silu(g) * u.
-// matmul_add reads x exactly as the reference does; only a bias added after the rounding of the
-// sum gets slack (as in matmul).
+// matmul_add reads x exactly as the reference does; a bias added after the rounding of the sum
+// gets slack (as in matmul), and so does the product: cuBLASLt may round it to bf16 before adding
+// the residual (the H100 does for 19 x 4096 x 4096, algorithm 66 without split-K: outputs up to
+// 0.007 off on the 2^-7 grid of their ~1-2 sized products), the rounding transformers' own
+// o_proj + residual makes. Half an ulp of the product, 2^-8 of it, where a wrong row is whole units.
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -153,9 +156,12 @@ void run_case(Backend& cuda, Backend& cpu, uint64_t seed, const FusedCase& c) {
         for (int64_t k = 0; k < c.k; ++k) s += static_cast<double>(hr[k]) * wr[k] * hr[k] * wr[k];
         spread[r] = std::sqrt(s);
       }
-      // matmul_add reads x as both sides have it; its bias may be added after a rounding.
+      // matmul_add reads x as both sides have it; its bias may be added after a rounding, and its
+      // product rounded before the residual is added.
       double e = norm ? std::ldexp(spread[0], -6) : 0.0;
       if (c.bias && !norm) e += std::ldexp(std::fabs(want[i * c.m + col] - bias[col]), -8);
+      if (c.op == Fused::kMatmulAdd)
+        e += std::ldexp(std::fabs(want[i * c.m + col] - resid[i * c.m + col]), -8);
       if (swiglu) {
         const double g = y_ref[i * wrows + col], u = y_ref[i * wrows + c.m + col];
         const double sg = 1.0 / (1.0 + std::exp(-g));

@@ -2,6 +2,8 @@
 // Q8_0, Q4_0, Q4_1; the I4G types of AWQ / GPTQ checkpoints) dequantized to a float type. Values
 // match core/dtype.cpp's to_f32 exactly (same operations, no FMA contraction) before the final
 // rounding to the destination type.
+#include <type_traits>
+
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -22,11 +24,11 @@ __device__ __forceinline__ float load_f16(const uint8_t* p) {
   return __half2float(__ushort_as_half(bits));
 }
 
-// One thread per output value; `n` values in total (a whole number of blocks).
-template <DType kFormat, typename TOut>
+// One thread per output value; `n` values in total (a whole number of blocks of kElems values in
+// kBytes bytes: block_elems / block_bytes of kFormat, passed in from the host side).
+template <DType kFormat, int kElems, int kBytes, typename TOut>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ src, TOut* __restrict__ dst,
                                   int64_t n) {
-  constexpr int kElems = block_elems(kFormat), kBytes = block_bytes(kFormat);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t* b = src + (i / kElems) * kBytes;
@@ -45,7 +47,6 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ src, TOut* __restr
       const int q = j < 16 ? (byte & 0xf) : (byte >> 4);
       v = __fadd_rn(__fmul_rn(d, static_cast<float>(q)), m);
     } else {  // I4G: d * (q - z), each 32-value chunk laid out as Q4_0's
-      static_assert(is_group_int4(kFormat));
       const uint8_t byte = b[4 + 16 * (j / 32) + (j & 15)];
       const int q = (j & 31) < 16 ? (byte & 0xf) : (byte >> 4);
       v = __fmul_rn(d, static_cast<float>(q - b[2]));
@@ -85,25 +86,19 @@ void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dt
   dispatch_float_type(dst_dtype, [&](auto to) {
     using TOut = decltype(to);
     auto* d = static_cast<TOut*>(dst);
+    // The block geometry is a template argument: dtype.h's constexpr functions are host-only.
+    auto launch = [&](auto format) {
+      constexpr DType f = decltype(format)::value;
+      dequantize_kernel<f, block_elems(f), block_bytes(f), TOut>
+          <<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+    };
     switch (src_dtype) {
-      case DType::kQ8_0:
-        dequantize_kernel<DType::kQ8_0, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
-        break;
-      case DType::kQ4_0:
-        dequantize_kernel<DType::kQ4_0, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
-        break;
-      case DType::kQ4_1:
-        dequantize_kernel<DType::kQ4_1, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
-        break;
-      case DType::kI4G32:
-        dequantize_kernel<DType::kI4G32, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
-        break;
-      case DType::kI4G64:
-        dequantize_kernel<DType::kI4G64, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
-        break;
-      case DType::kI4G128:
-        dequantize_kernel<DType::kI4G128, TOut><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
-        break;
+      case DType::kQ8_0: launch(std::integral_constant<DType, DType::kQ8_0>{}); break;
+      case DType::kQ4_0: launch(std::integral_constant<DType, DType::kQ4_0>{}); break;
+      case DType::kQ4_1: launch(std::integral_constant<DType, DType::kQ4_1>{}); break;
+      case DType::kI4G32: launch(std::integral_constant<DType, DType::kI4G32>{}); break;
+      case DType::kI4G64: launch(std::integral_constant<DType, DType::kI4G64>{}); break;
+      case DType::kI4G128: launch(std::integral_constant<DType, DType::kI4G128>{}); break;
       default: PAGELLM_CHECK_MSG(false, "dequantize: not a block-quantized type");
     }
     CUDA_CHECK_LAUNCH();
