@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/kquants.h"
 
 namespace pagellm {
 
@@ -23,6 +24,22 @@ std::string_view dtype_name(DType t) {
       return "i4g64";
     case DType::kI4G128:
       return "i4g128";
+    case DType::kQ5_0:
+      return "q5_0";
+    case DType::kQ5_1:
+      return "q5_1";
+    case DType::kQ2_K:
+      return "q2_K";
+    case DType::kQ3_K:
+      return "q3_K";
+    case DType::kQ4_K:
+      return "q4_K";
+    case DType::kQ5_K:
+      return "q5_K";
+    case DType::kQ6_K:
+      return "q6_K";
+    case DType::kQ8_K:
+      return "q8_K";
   }
   return "?";
 }
@@ -168,6 +185,20 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       return i4g_to_f32<64>(src, dst, n);
     case DType::kI4G128:
       return i4g_to_f32<128>(src, dst, n);
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kQ8_K: {
+      const int per_block = block_elems(t) / kQuantBlock;
+      for (int64_t i = 0; i < n / kQuantBlock; ++i)
+        dequantize_chunk(t, static_cast<const char*>(src) + (i / per_block) * block_bytes(t),
+                         static_cast<int>(i % per_block), dst + i * kQuantBlock);
+      return;
+    }
     case DType::kI32:
     case DType::kI64: break;
   }
@@ -240,8 +271,8 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       return i4g_from_f32<64>(src, dst, n);
     case DType::kI4G128:
       return i4g_from_f32<128>(src, dst, n);
-    case DType::kI32:
-    case DType::kI64: break;
+    default:
+      break;  // the 5-bit and k-quant types are written by llama.cpp's quantizer, not here
   }
   PAGELLM_CHECK_MSG(false, "from_f32: unsupported dtype");
 }

@@ -23,6 +23,15 @@ enum class DType : uint8_t {
   kI4G32,
   kI4G64,
   kI4G128,
+  // GGUF's 5-bit types (32 values a block) and k-quants (256): layouts in core/kquants.h.
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kQ8_K,
 };
 
 inline constexpr int kQuantBlock = 32;
@@ -31,7 +40,16 @@ constexpr bool is_group_int4(DType t) {
   return t == DType::kI4G32 || t == DType::kI4G64 || t == DType::kI4G128;
 }
 constexpr bool is_quantized(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || is_group_int4(t);
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI32:
+    case DType::kI64:
+      return false;
+    default:
+      return true;
+  }
 }
 // Number of values in one storage block (1 for plain types). Every quantized block is a whole
 // number of 32-value chunks, the unit the kernels decode.
@@ -41,6 +59,13 @@ constexpr int block_elems(DType t) {
       return 64;
     case DType::kI4G128:
       return 128;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kQ8_K:
+      return 256;
     default:
       return is_quantized(t) ? kQuantBlock : 1;
   }
@@ -69,6 +94,22 @@ constexpr int block_bytes(DType t) {
       return 4 + 32;
     case DType::kI4G128:
       return 4 + 64;
+    case DType::kQ5_0:
+      return 22;
+    case DType::kQ5_1:
+      return 24;
+    case DType::kQ2_K:
+      return 84;
+    case DType::kQ3_K:
+      return 110;
+    case DType::kQ4_K:
+      return 144;
+    case DType::kQ5_K:
+      return 176;
+    case DType::kQ6_K:
+      return 210;
+    case DType::kQ8_K:
+      return 292;
   }
   return 0;
 }

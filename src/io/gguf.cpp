@@ -263,6 +263,22 @@ std::optional<DType> dtype_from_ggml(uint32_t type) {
     case GgmlType::kQ8_0: return DType::kQ8_0;
     case GgmlType::kQ4_0: return DType::kQ4_0;
     case GgmlType::kQ4_1: return DType::kQ4_1;
+    case GgmlType::kQ5_0:
+      return DType::kQ5_0;
+    case GgmlType::kQ5_1:
+      return DType::kQ5_1;
+    case GgmlType::kQ2_K:
+      return DType::kQ2_K;
+    case GgmlType::kQ3_K:
+      return DType::kQ3_K;
+    case GgmlType::kQ4_K:
+      return DType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return DType::kQ5_K;
+    case GgmlType::kQ6_K:
+      return DType::kQ6_K;
+    case GgmlType::kQ8_K:
+      return DType::kQ8_K;
   }
   return std::nullopt;
 }
@@ -275,6 +291,22 @@ std::optional<uint32_t> ggml_from_dtype(DType t) {
     case DType::kQ8_0: return static_cast<uint32_t>(GgmlType::kQ8_0);
     case DType::kQ4_0: return static_cast<uint32_t>(GgmlType::kQ4_0);
     case DType::kQ4_1: return static_cast<uint32_t>(GgmlType::kQ4_1);
+    case DType::kQ5_0:
+      return static_cast<uint32_t>(GgmlType::kQ5_0);
+    case DType::kQ5_1:
+      return static_cast<uint32_t>(GgmlType::kQ5_1);
+    case DType::kQ2_K:
+      return static_cast<uint32_t>(GgmlType::kQ2_K);
+    case DType::kQ3_K:
+      return static_cast<uint32_t>(GgmlType::kQ3_K);
+    case DType::kQ4_K:
+      return static_cast<uint32_t>(GgmlType::kQ4_K);
+    case DType::kQ5_K:
+      return static_cast<uint32_t>(GgmlType::kQ5_K);
+    case DType::kQ6_K:
+      return static_cast<uint32_t>(GgmlType::kQ6_K);
+    case DType::kQ8_K:
+      return static_cast<uint32_t>(GgmlType::kQ8_K);
     case DType::kI32: case DType::kI64: return std::nullopt;
     case DType::kI4G32:
     case DType::kI4G64:

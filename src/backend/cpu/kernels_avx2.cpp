@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "backend/cpu/kernels.h"
+#include "core/kquants.h"
 
 namespace pagellm::cpu {
 namespace {
@@ -56,6 +57,18 @@ struct I {
     const __m128i mask = _mm_set1_epi8(0x0f);
     *lo = _mm_and_si128(q, mask);
     *hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  }
+  // 32 4-bit values as f32: the low (shift 0) or high (shift 4) nibbles of 32 bytes (Q4_K).
+  static void nibbles32(const uint8_t* q, int shift, V* out) {
+    const __m128i mask = _mm_set1_epi8(0x0f), count = _mm_cvtsi32_si128(shift);
+    const __m128i a = _mm_and_si128(
+        _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), count), mask);
+    const __m128i b = _mm_and_si128(
+        _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), count), mask);
+    out[0] = i8_to_f32(a);
+    out[1] = i8_to_f32(_mm_srli_si128(a, 8));
+    out[2] = i8_to_f32(b);
+    out[3] = i8_to_f32(_mm_srli_si128(b, 8));
   }
   // 32 4-bit values less a zero point, times d (Q4_0's and the I4G types' nibble layout).
   static void decode_i4(const uint8_t* qs, float d, int z, V* out) {

@@ -388,17 +388,30 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
   }
   // Convert on the device in chunks of whole rows through a reusable staging buffer; the copies
   // and kernels are ordered on the stream, so the next chunk's copy waits for this chunk's kernel.
+  // The 5-bit and k-quant types, which no device kernel decodes, are dequantized to f32 here
+  // first (a pageable source: the copy has left the host buffer when cudaMemcpyAsync returns).
+  const bool host_dequant = is_quantized(host.dtype) && !device_dequantizes(host.dtype);
   const int64_t src_row_bytes = dtype_bytes(host.dtype, cols);
+  const int64_t staged_row_bytes = host_dequant ? cols * 4 : src_row_bytes;
   const int64_t chunk_rows =
-      std::max<int64_t>(1, kUploadChunkBytes / std::max<int64_t>(src_row_bytes, 1));
-  void* staging = ensure_upload_staging(std::min(n_rows, chunk_rows) * src_row_bytes);
+      std::max<int64_t>(1, kUploadChunkBytes / std::max<int64_t>(staged_row_bytes, 1));
+  void* staging = ensure_upload_staging(std::min(n_rows, chunk_rows) * staged_row_bytes);
   const char* src = static_cast<const char*>(host.data);
   char* dst = static_cast<char*>(dev.data);
+  std::vector<float> dequantized;
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk_rows) {
     const int64_t nr = std::min(chunk_rows, n_rows - r0);
+    void* out = dst + dtype_bytes(target, r0 * cols);
+    if (host_dequant) {
+      dequantized.resize(nr * cols);
+      pagellm::to_f32(host.dtype, src + r0 * src_row_bytes, dequantized.data(), nr * cols);
+      CUDA_CHECK(cudaMemcpyAsync(staging, dequantized.data(), nr * cols * 4, cudaMemcpyHostToDevice,
+                                 stream_));
+      launch_convert(staging, DType::kF32, out, target, nr * cols, stream_);
+      continue;
+    }
     CUDA_CHECK(cudaMemcpyAsync(staging, src + r0 * src_row_bytes, nr * src_row_bytes,
                                cudaMemcpyHostToDevice, stream_));
-    void* out = dst + dtype_bytes(target, r0 * cols);
     if (is_quantized(host.dtype)) {
       launch_dequantize(staging, host.dtype, out, target, nr, cols, stream_);
     } else {

@@ -122,8 +122,12 @@ void launch_add_bias(const RowView& out, const void* bias, DType bias_dtype, cud
 // dst[i] = src[i] converted, for n values of plain float types (f32, f16, bf16), contiguous.
 void launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                     cudaStream_t stream);
-// Dequantizes n_rows rows of a GGUF block format (Q8_0, Q4_0, Q4_1), `cols` values per row, to
-// dst_dtype (f32, f16 or bf16), contiguous.
+// Dequantizes n_rows rows of a block format launch_dequantize decodes (device_dequantizes: GGUF's
+// Q8_0, Q4_0, Q4_1 and the I4G types), `cols` values per row, to dst_dtype (f32, f16 or bf16),
+// contiguous.
+inline bool device_dequantizes(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || is_group_int4(t);
+}
 void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n_rows,
                        int64_t cols, cudaStream_t stream);
 

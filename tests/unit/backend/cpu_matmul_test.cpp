@@ -4,13 +4,57 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/kquants.h"
 #include "cpu_test_util.h"
 
 namespace pagellm::testing {
 namespace {
+
+// Weights of the types pagellm only reads (GGUF's 5-bit and k-quants: llama.cpp quantizes them):
+// random bytes with every block's f16 (Q8_K: f32) scales set to small finite values.
+void random_blocks(DType t, std::mt19937& rng, std::vector<uint8_t>& bytes) {
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  auto h = [&] { return f32_to_f16(scale(rng)); };
+  for (size_t off = 0; off < bytes.size(); off += block_bytes(t)) {
+    void* b = bytes.data() + off;
+    switch (t) {
+      case DType::kQ5_0:
+        static_cast<BlockQ5_0*>(b)->d = h();
+        break;
+      case DType::kQ5_1:
+        static_cast<BlockQ5_1*>(b)->d = h(), static_cast<BlockQ5_1*>(b)->m = h();
+        break;
+      case DType::kQ2_K:
+        static_cast<BlockQ2_K*>(b)->d = h(), static_cast<BlockQ2_K*>(b)->dmin = h();
+        break;
+      case DType::kQ3_K:
+        static_cast<BlockQ3_K*>(b)->d = h();
+        break;
+      case DType::kQ4_K:
+        static_cast<BlockQ4_K*>(b)->d = h(), static_cast<BlockQ4_K*>(b)->dmin = h();
+        break;
+      case DType::kQ5_K:
+        static_cast<BlockQ5_K*>(b)->d = h(), static_cast<BlockQ5_K*>(b)->dmin = h();
+        break;
+      case DType::kQ6_K:
+        static_cast<BlockQ6_K*>(b)->d = h();
+        break;
+      case DType::kQ8_K: {
+        const float d = scale(rng);
+        std::memcpy(&static_cast<BlockQ8_K*>(b)->d, &d, 4);
+        break;
+      }
+      default:
+        FAIL() << "random_blocks: " << dtype_name(t);
+    }
+  }
+}
 
 struct MatmulCase {
   DType dtype;
@@ -26,23 +70,28 @@ std::string describe(const MatmulCase& c, uint32_t seed) {
 
 std::vector<MatmulCase> cases() {
   std::vector<MatmulCase> out;
-  const DType all[] = {DType::kF32,  DType::kF16,   DType::kBF16,  DType::kQ8_0,  DType::kQ4_0,
-                       DType::kQ4_1, DType::kI4G32, DType::kI4G64, DType::kI4G128};
+  const DType all[] = {DType::kF32,  DType::kF16,   DType::kBF16,  DType::kQ8_0,   DType::kQ4_0,
+                       DType::kQ4_1, DType::kI4G32, DType::kI4G64, DType::kI4G128, DType::kQ5_0,
+                       DType::kQ5_1, DType::kQ2_K,  DType::kQ3_K,  DType::kQ4_K,   DType::kQ5_K,
+                       DType::kQ6_K, DType::kQ8_K};
   int variant = 0;
   for (DType t : all) {
-    // Row lengths a whole number of blocks: 128-value groups take multiples of 128.
-    const bool wide = block_elems(t) > 32;
+    // Row lengths a whole number of blocks: 128-value groups take multiples of 128, k-quants of
+    // 256 (their K = 1280 GEMM ends on a half slice).
+    const int64_t e = block_elems(t);
+    const bool wide = e > 32;
     for (int64_t n : {1, 2, 7, 19, 111}) {
       for (auto [k, m] :
-           {std::pair<int64_t, int64_t>{wide ? 128 : 96, 224}, {wide ? 384 : 224, 96}}) {
+           {std::pair<int64_t, int64_t>{wide ? e : 96, 224}, {wide ? 3 * e : 224, 96}}) {
         ++variant;
         out.push_back({t, n, k, m, variant % 2 == 0, variant % 3 == 0});
       }
     }
     // K spans several 512-wide GEMM slices, M leaves a partial panel, n two row blocks; and
     // every GEMV row count up to 8 with a non-power-of-two M.
-    out.push_back({t, 300, wide ? 1152 : 1056, 130, true, true});
-    out.push_back({t, 3, wide ? 1152 : 1056, 130, false, true});
+    const int64_t big = e == 256 ? 1280 : wide ? 1152 : 1056;
+    out.push_back({t, 300, big, 130, true, true});
+    out.push_back({t, 3, big, 130, false, true});
     for (int64_t n = 3; n <= 8; ++n)
       out.push_back({t, n, wide ? 256 : 160, 37, n % 2 == 1, n % 2 == 0});
     // Plain types take any K: exercise the scalar tails.
@@ -67,7 +116,11 @@ struct MatmulData {
     std::mt19937 rng(seed);
     const std::vector<float> wf = random_floats(rng, c.m * c.k);
     w_bytes.resize(dtype_bytes(c.dtype, c.m * c.k));
-    from_f32(c.dtype, wf.data(), w_bytes.data(), c.m * c.k);
+    if (c.dtype == DType::kQ5_0 || c.dtype == DType::kQ5_1 || is_kquant(c.dtype)) {
+      random_blocks(c.dtype, rng, w_bytes);
+    } else {
+      from_f32(c.dtype, wf.data(), w_bytes.data(), c.m * c.k);
+    }
     w_deq.resize(c.m * c.k);
     pagellm::to_f32(c.dtype, w_bytes.data(), w_deq.data(), c.m * c.k);
     ldx = c.strided ? c.k + 13 : c.k;  // strided: x rows are a slice of a wider buffer

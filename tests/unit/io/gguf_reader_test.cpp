@@ -222,17 +222,17 @@ INSTANTIATE_TEST_SUITE_P(Versions, GgufTensorTypes, ::testing::Values(2u, 3u));
 
 TEST(GgufReader, UnsupportedTensorTypeIsNamed) {
   GgufBuilder g;
-  // q4_K: 256 values in 144 bytes. The file itself is valid; pagellm cannot compute with it.
-  g.tensor("blk.0.attn_q.weight", 12, {256, 2}, Bytes(2 * 144, 0));
+  // iq4_xs: 256 values in 136 bytes. The file itself is valid; pagellm cannot compute with it.
+  g.tensor("blk.0.attn_q.weight", 23, {256, 2}, Bytes(2 * 136, 0));
   const Bytes img = g.build();
   auto f = GgufFile::parse(img.data(), static_cast<int64_t>(img.size()), "k.gguf");
   ASSERT_TRUE(f.ok()) << f.status().to_string();
-  EXPECT_EQ(ggml_type_name(f->tensors()[0].ggml_type), "q4_K");
+  EXPECT_EQ(ggml_type_name(f->tensors()[0].ggml_type), "iq4_xs");
   auto ws = GgufWeightSource::create(std::make_shared<const GgufFile>(std::move(f).value()), {});
   ASSERT_FALSE(ws.ok());
   EXPECT_EQ(ws.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(ws.status().message().find("blk.0.attn_q.weight"), std::string::npos);
-  EXPECT_NE(ws.status().message().find("q4_K"), std::string::npos);
+  EXPECT_NE(ws.status().message().find("iq4_xs"), std::string::npos);
 }
 
 TEST(GgufReader, TensorWithoutHfNameIsRefused) {
