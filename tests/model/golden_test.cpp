@@ -58,13 +58,23 @@ int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
 
-// A checkpoint folder whose config.json is `config_file` of the fixture (classic or v5 keys).
+// A GGUF fixture (make_gguf_kquant_fixtures.py) holds model.gguf, its config in its metadata.
+bool is_gguf_fixture(const std::string& name) {
+  return fs::exists(golden_dir() / name / "model.gguf");
+}
+
+// A checkpoint folder whose config.json is `config_file` of the fixture (classic or v5 keys); a
+// GGUF fixture's file alone.
 fs::path staged_checkpoint(const std::string& name, const std::string& config_file) {
   const fs::path src = golden_dir() / name;
   const fs::path dst = fs::temp_directory_path() /
                        ("pagellm_golden_" + std::to_string(::getpid()) + "_" + name + "_" + config_file);
   fs::remove_all(dst);
   fs::create_directories(dst);
+  if (is_gguf_fixture(name)) {
+    fs::create_symlink(src / "model.gguf", dst / "model.gguf");
+    return dst;
+  }
   fs::create_symlink(src / config_file, dst / "config.json");
   fs::create_symlink(src / "model.safetensors", dst / "model.safetensors");
   return dst;
@@ -170,7 +180,7 @@ std::vector<Param> all_params() {
   std::vector<Param> ps;
   for (const auto& name : fixture_names()) {
     ps.push_back({name, "config.json", true});
-    ps.push_back({name, "config_v5.json", true});
+    if (!is_gguf_fixture(name)) ps.push_back({name, "config_v5.json", true});
     ps.push_back({name, "config.json", false});
   }
   return ps;

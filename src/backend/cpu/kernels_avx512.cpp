@@ -70,6 +70,21 @@ struct I {
     out[1] = i8_to_f32(_mm_and_si128(
         _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), count), mask));
   }
+  // 32 6-bit values less 32 as f32 (Q6_K): 4 bits from ql >> lo_shift, 2 from qh >> hi_shift.
+  static void six_bits32(const uint8_t* ql, int lo_shift, const uint8_t* qh, int hi_shift, V* out) {
+    const __m128i lo_mask = _mm_set1_epi8(0x0f), hi_mask = _mm_set1_epi8(3),
+                  off = _mm_set1_epi8(32);
+    const __m128i lc = _mm_cvtsi32_si128(lo_shift), hc = _mm_cvtsi32_si128(hi_shift);
+    for (int half = 0; half < 2; ++half) {
+      const __m128i l = _mm_and_si128(
+          _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * half)), lc),
+          lo_mask);
+      const __m128i h = _mm_and_si128(
+          _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half)), hc),
+          hi_mask);
+      out[half] = i8_to_f32(_mm_sub_epi8(_mm_or_si128(l, _mm_slli_epi16(h, 4)), off));
+    }
+  }
   // 32 4-bit values less a zero point, times d (Q4_0's and the I4G types' nibble layout).
   static void decode_i4(const uint8_t* qs, float d, int z, V* out) {
     const V dv = set1(d);
