@@ -28,7 +28,8 @@ namespace {
 
 using io_detail::quote_name;
 
-// AWQ's packing puts output 8c + kAwqOrder[i] in nibble i; kAwqNibble is its inverse.
+// AWQ's packing puts output 8c + order[i] in nibble i, order = {0, 2, 4, 6, 1, 3, 5, 7};
+// kAwqNibble is its inverse: the nibble of output 8c + j.
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -343,7 +344,53 @@ class UnpackedInt4Weights final : public WeightSource {
   std::vector<std::unique_ptr<uint8_t[]>> storage_;
 };
 
+template <int G>
+void pack_awq_t(const float* w, int64_t n, int64_t k, AwqTensors& out) {
+  const int64_t words = n / 8, groups = k / G;
+  out.qweight.assign(k * words, 0);
+  out.qzeros.assign(groups * words, 0);
+  out.scales.assign(groups * n, 0);
+  // Each task owns 8 outputs (one column of words), so no two write the same word.
+  ThreadPool::global().parallel_for(words, 1, [&](int64_t cb, int64_t ce) {
+    std::vector<BlockI4G<G>> row(groups);
+    for (int64_t c = cb; c < ce; ++c)
+      for (int j = 0; j < 8; ++j) {
+        const int64_t r = 8 * c + j;
+        from_f32(group_int4_dtype(G), w + r * k, row.data(), k);
+        const int shift = 4 * kAwqNibble[j];
+        for (int64_t g = 0; g < groups; ++g) {
+          const BlockI4G<G>& b = row[g];
+          out.scales[g * n + r] = b.d;
+          out.qzeros[g * words + c] |= static_cast<int32_t>(static_cast<uint32_t>(b.z) << shift);
+          for (int i = 0; i < G; ++i) {
+            const int chunk = i / 32, l = i % 32;
+            const uint8_t byte = b.qs[16 * chunk + (l & 15)];
+            const uint32_t q = l < 16 ? (byte & 0xfu) : (byte >> 4);
+            out.qweight[(g * G + i) * words + c] |= static_cast<int32_t>(q << shift);
+          }
+        }
+      }
+  });
+}
+
 }  // namespace
+
+AwqTensors pack_awq(const float* w, int64_t n, int64_t k, int group) {
+  PAGELLM_CHECK(n % 8 == 0 && (group == 32 || group == 64 || group == 128) && k % group == 0);
+  AwqTensors out;
+  switch (group) {
+    case 32:
+      pack_awq_t<32>(w, n, k, out);
+      break;
+    case 64:
+      pack_awq_t<64>(w, n, k, out);
+      break;
+    default:
+      pack_awq_t<128>(w, n, k, out);
+      break;
+  }
+  return out;
+}
 
 Result<std::unique_ptr<WeightSource>> unpack_int4_weights(std::unique_ptr<WeightSource> packed,
                                                           const QuantConfig& q) {

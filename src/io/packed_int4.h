@@ -7,7 +7,9 @@
 // Every other tensor passes through untouched.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/status.h"
 #include "io/quant_config.h"
@@ -21,5 +23,15 @@ namespace pagellm {
 // permutes the rows), which is not supported yet.
 Result<std::unique_ptr<WeightSource>> unpack_int4_weights(std::unique_ptr<WeightSource> packed,
                                                           const QuantConfig& q);
+
+// A [n, k] weight rounded to 4 bits as AWQ's quantizer rounds (core/dtype.h's I4G from_f32: the
+// group's min and max, zero point on) and packed in AWQ's GEMM layout: qweight i32 [k, n / 8],
+// qzeros i32 [k / group, n / 8], scales f16 [k / group, n]. group 32, 64 or 128; n a multiple of
+// 8, k of the group. Read back by unpack_int4_weights, it gives from_f32's blocks exactly.
+struct AwqTensors {
+  std::vector<int32_t> qweight, qzeros;
+  std::vector<uint16_t> scales;
+};
+AwqTensors pack_awq(const float* w, int64_t n, int64_t k, int group);
 
 }  // namespace pagellm

@@ -291,6 +291,32 @@ TEST(PackedInt4, InconsistentCheckpointsAreErrorsNamingTheTensor) {
               HasSubstr("which f16 cannot hold exactly"));
 }
 
+// pack_awq writes what unpack_int4_weights reads: from_f32's blocks, byte for byte.
+TEST(PackedInt4, AwqPackingReadsBackAsTheRoundedWeights) {
+  for (int g : {32, 64, 128}) {
+    const int64_t n = 24, k = 256;
+    std::mt19937 rng(g);
+    std::normal_distribution<float> dist(0.1f, 1.0f);
+    std::vector<float> w(n * k);
+    for (float& v : w) v = dist(rng);
+    const AwqTensors a = pack_awq(w.data(), n, k, g);
+    auto src = std::make_unique<MemorySource>();
+    src->add("p.qweight", DType::kI32, {k, n / 8}, a.qweight);
+    src->add("p.qzeros", DType::kI32, {k / g, n / 8}, a.qzeros);
+    src->add("p.scales", DType::kF16, {k / g, n}, a.scales);
+    auto r = unpack_int4_weights(std::move(src), config(QuantMethod::kAwq, g));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const TensorInfo* t = (*r)->find("p.weight");
+    ASSERT_NE(t, nullptr);
+    const DType dt = group_int4_dtype(g);
+    ASSERT_EQ(t->dtype, dt);
+    std::vector<uint8_t> want(dtype_bytes(dt, n * k));
+    from_f32(dt, w.data(), want.data(), n * k);
+    ASSERT_EQ(t->nbytes, static_cast<int64_t>(want.size()));
+    EXPECT_EQ(std::memcmp(t->data, want.data(), want.size()), 0) << "group " << g;
+  }
+}
+
 Status parse(const json& j) {
   return parse_quant_config(j.dump(), "config.json").status();
 }
