@@ -5,7 +5,7 @@
 namespace pagellm::cli {
 
 void add_model_options(std::vector<std::string>& spec) {
-  for (const char* s : {"model", "device", "load-format"}) spec.emplace_back(s);
+  for (const char* s : {"model", "device", "load-format", "quantization"}) spec.emplace_back(s);
   add_engine_options(spec);
 }
 
@@ -28,6 +28,7 @@ Result<std::unique_ptr<ServingModel>> load_model_from_args(const Args& a) {
   o.model_path = a.get_or("model", "");
   o.device = a.get_or("device", "cpu");
   o.load_format = a.get_or("load-format", "auto");
+  o.quantization = a.get_or("quantization", "");
   return load_serving_model(o);
 }
 

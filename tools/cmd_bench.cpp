@@ -61,6 +61,7 @@ pass (the sampling kernel, and whatever of the token's trip the pipeline does no
   --model PATH          model folder, .gguf file, or config.json with --load-format dummy
   --device cpu|cuda     (cpu)
   --load-format F       auto | dummy: random weights of the config's shape (auto)
+  --quantization Q      with dummy: awq | gptq | q4_k random 4-bit projections (CPU only)
   --input-len N         prompt tokens (128)
   --output-len N        generated tokens, >= 2 (128)
   --iters N             timed repetitions after one warm-up; the best is reported (3)
@@ -99,9 +100,10 @@ Result<double> peak_tflops(const Args& a, const std::string& backend_name) {
 }
 
 int bench_latency(int argc, char** argv) {
-  std::vector<std::string> spec = {
-      "model", "device",   "load-format", "input-len",     "output-len", "iters",         "json!",
-      "seed",  "profile!", "peak-tflops", "max-model-len", "sampling",   "step-by-step!", "help!"};
+  std::vector<std::string> spec = {"model",     "device",        "load-format", "quantization",
+                                   "input-len", "output-len",    "iters",       "json!",
+                                   "seed",      "profile!",      "peak-tflops", "max-model-len",
+                                   "sampling",  "step-by-step!", "help!"};
   Args a("bench latency", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
   if (a.flag("help")) {
@@ -114,6 +116,7 @@ int bench_latency(int argc, char** argv) {
   o.device = a.get_or("device", "cpu");
   o.load_tokenizer = false;
   o.load_format = a.get_or("load-format", "auto");
+  o.quantization = a.get_or("quantization", "");
   o.profile_ops = profile;
   const auto t_load = Clock::now();
   auto sm = load_serving_model(o);
@@ -354,6 +357,7 @@ int bench_throughput(int argc, char** argv) {
   o.device = a.get_or("device", "cpu");
   o.load_tokenizer = a.has("dataset");
   o.load_format = a.get_or("load-format", "auto");
+  o.quantization = a.get_or("quantization", "");
   const bool profile = a.flag("profile");
   o.profile_ops = profile;
   auto sm = load_serving_model(o);

@@ -187,6 +187,13 @@ Status parse_compressed_tensors(const Reader& r, const json& root, QuantConfig& 
 
 }  // namespace
 
+bool is_quantized_projection(const std::string& n, size_t ndim) {
+  auto has = [&](const char* part) { return n.find(part) != std::string::npos; };
+  return ndim == 2 && has("layers.") && n.size() > 7 &&
+         n.compare(n.size() - 7, 7, ".weight") == 0 && !has("norm") && !has("mlp.gate.weight") &&
+         !has("block_sparse_moe.gate.weight");
+}
+
 const char* quant_method_name(QuantMethod m) {
   switch (m) {
     case QuantMethod::kAwq:

@@ -37,4 +37,9 @@ Result<QuantConfig> parse_quant_config(const std::string& json_text, const std::
 // "awq", "gptq", "compressed-tensors".
 const char* quant_method_name(QuantMethod m);
 
+// The weights 4-bit checkpoints quantize: the decoder's 2-D projections ("...layers.N...weight"),
+// less norms and the MoE routers that score experts (mlp.gate, block_sparse_moe.gate), which
+// AWQ's and GPTQ's writers leave in float like the embeddings and the LM head.
+bool is_quantized_projection(const std::string& name, size_t ndim);
+
 }  // namespace pagellm

@@ -8,6 +8,7 @@
 
 #include "io/file_util.h"
 #include "io/packed_int4.h"
+#include "io/quant_config.h"
 #include "io/safetensors_writer.h"
 #include "io/weights.h"
 
@@ -15,19 +16,6 @@ namespace pagellm {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool contains(const std::string& s, const char* part) {
-  return s.find(part) != std::string::npos;
-}
-
-// The decoder's projections: 2-D weights inside the layers, less norms and MoE routers (the
-// gates that score experts, which AWQ leaves in float too).
-bool is_projection(const TensorInfo& t) {
-  const std::string& n = t.name;
-  return t.shape.size() == 2 && contains(n, "layers.") && n.size() > 7 &&
-         n.compare(n.size() - 7, 7, ".weight") == 0 && !contains(n, "norm") &&
-         !contains(n, "mlp.gate.weight") && !contains(n, "block_sparse_moe.gate.weight");
-}
 
 }  // namespace
 
@@ -61,7 +49,7 @@ Status quantize_checkpoint(const std::string& model_dir, const std::string& out_
                               std::string(dtype_name(t.dtype)) + ", not a float type");
     const int64_t n = t.shape.empty() ? 1 : t.shape[0];
     const int64_t k = t.shape.size() == 2 ? t.shape[1] : 0;
-    if (!is_projection(t) || n % 8 != 0 || k % o.group_size != 0) {
+    if (!is_quantized_projection(t.name, t.shape.size()) || n % 8 != 0 || k % o.group_size != 0) {
       out.push_back({t.name, t.dtype, t.shape, [&t](char* dst) {
                        std::memcpy(dst, t.data, t.nbytes);
                        return Status::ok_status();

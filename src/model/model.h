@@ -94,6 +94,9 @@ class Model {
 struct LoadOptions {
   // Storage type for dense weights on device backends; kF32 on CPU means "keep as stored".
   DType weight_dtype = DType::kBF16;
+  // With dummy weights (--load-format dummy --quantization): the quantized type of the decoder's
+  // projections (io/quant_config.h's is_quantized_projection) whose rows it fits; kF32: none.
+  DType dummy_quantized = DType::kF32;
 };
 
 using ModelFactory = std::function<Result<std::unique_ptr<Model>>(

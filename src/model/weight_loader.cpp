@@ -3,6 +3,8 @@
 #include <cmath>
 #include <functional>
 
+#include "io/quant_config.h"
+
 namespace pagellm {
 
 WeightLoader::WeightLoader(Backend& backend, const WeightSource& source, const LoadOptions& options)
@@ -39,7 +41,9 @@ Result<Tensor> WeightLoader::matrix(const std::string& name, std::vector<int64_t
   if (source_.is_dummy()) {
     // Uniform with the spread of a 1/sqrt(fan_in)-scaled init, so activations stay O(1).
     const float a = std::sqrt(3.0f / static_cast<float>(shape.back()));
-    const DType dt = backend_.device() == Device::kCpu ? DType::kBF16 : options_.weight_dtype;
+    const DType dt = dummy_quantized(name, shape)        ? options_.dummy_quantized
+                     : backend_.device() == Device::kCpu ? DType::kBF16
+                                                         : options_.weight_dtype;
     return dummy(name, std::move(shape), dt, -a, a);
   }
   PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, std::move(shape)));
@@ -114,7 +118,19 @@ Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, floa
   return stack_loaded(pieces, 1, parts.size(), stack_name(parts));
 }
 
+bool WeightLoader::dummy_quantized(const std::string& name,
+                                   const std::vector<int64_t>& shape) const {
+  const DType q = options_.dummy_quantized;
+  return source_.is_dummy() && q != DType::kF32 && is_quantized_projection(name, shape.size()) &&
+         shape.back() % block_elems(q) == 0;
+}
+
 bool WeightLoader::stays_quantized(const std::string& name) const {
+  // Dummy weights: the shape is not known here, so any projection may be (the rows of every
+  // published shape fit the 4-bit blocks).
+  if (source_.is_dummy())
+    return options_.dummy_quantized != DType::kF32 && backend_.device() == Device::kCpu &&
+           is_quantized_projection(name, 2);
   const TensorInfo* info = source_.find(name);
   return backend_.device() == Device::kCpu && info != nullptr && is_quantized(info->dtype);
 }

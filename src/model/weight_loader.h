@@ -80,6 +80,8 @@ class WeightLoader {
  private:
   Result<Tensor> dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, float lo,
                        float hi);
+  // Whether a dummy matrix takes LoadOptions::dummy_quantized.
+  bool dummy_quantized(const std::string& name, const std::vector<int64_t>& shape) const;
   // " (after 1.2 GiB of weights)": how far loading got, for an out-of-memory error.
   std::string loaded_so_far() const;
   // Copies `loaded` (pieces of the last n_owned tensors loaded) into one stacked buffer and frees

@@ -61,7 +61,27 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     sm->profiler = prof.get();
     sm->backend = std::move(prof);
   }
-  PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend));
+  LoadOptions load;
+  if (!options.quantization.empty()) {
+    if (options.load_format != "dummy")
+      return invalid_argument("--quantization " + options.quantization +
+                              " is for --load-format dummy: a checkpoint's own quantization is "
+                              "read from it");
+    if (options.quantization == "awq" || options.quantization == "gptq") {
+      load.dummy_quantized = DType::kI4G128;
+    } else if (options.quantization == "q4_k") {
+      load.dummy_quantized = DType::kQ4_K;
+    } else {
+      return invalid_argument("--quantization must be awq, gptq or q4_k, got '" +
+                              options.quantization + "'");
+    }
+    if (options.device != "cpu")
+      return unimplemented(
+          "--quantization " + options.quantization + " on --device " + options.device +
+          ": the GPU's 4-bit kernels are not written yet (it "
+          "dequantizes 4-bit checkpoints to bf16, so the figures would be bf16's)");
+  }
+  PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend, load));
   if (options.load_tokenizer && options.load_format != "dummy") {
     const std::string tok_path =
         sm->checkpoint.gguf_path.empty() ? sm->path : sm->checkpoint.gguf_path;

@@ -25,6 +25,9 @@ struct ServingModelOptions {
   // "auto": the checkpoint at model_path; "dummy": random weights of the shape model_path's
   // config.json describes (a file or a folder), made on the device, for benchmarks.
   std::string load_format = "auto";
+  // With load_format "dummy": random 4-bit projections, "awq" / "gptq" (their group-128 blocks)
+  // or "q4_k"; empty: bf16. On the CPU only for now.
+  std::string quantization;
   // Wrap the backend in a ProfilingBackend before the model is loaded, so that every op of a
   // step can be timed (`bench latency --profile`); recording stays off until asked for.
   bool profile_ops = false;

@@ -5,6 +5,8 @@
 // weight, the bytes wanted and the bytes free, never a crash (a GPU smaller than the model).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -147,6 +149,41 @@ TEST(WeightLoader, AStackWithoutMemoryIsAnErrorNamingItsParts) {
   EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status().message();
   EXPECT_NE(s.status().message().find("the stack of 2 weights 'q' .. 'k'"), std::string::npos)
       << s.status().message();
+}
+
+// --load-format dummy --quantization: the decoder's projections whose rows fit the blocks get the
+// 4-bit type, with values over the same range as the bf16 dummies; the rest stays bf16; the
+// model loads and runs a step.
+TEST(WeightLoader, DummyQuantizedProjections) {
+  auto ck = open_dummy_checkpoint(test_source_dir() + "/tests/data/golden/awq_llama/config.json");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  auto backend = make_cpu_backend(true);
+  for (DType q : {DType::kI4G128, DType::kQ4_K}) {
+    LoadOptions o;
+    o.dummy_quantized = q;
+    WeightLoader ld(*backend, *ck->weights, o);
+    auto down = ld.matrix("model.layers.0.mlp.down_proj.weight", {128, 256});
+    ASSERT_TRUE(down.ok()) << down.status().to_string();
+    EXPECT_EQ(down->dtype, q);
+    std::vector<float> v(128 * 256);
+    to_f32(q, down->data, v.data(), static_cast<int64_t>(v.size()));
+    const float a = std::sqrt(3.0f / 256.0f);
+    float lo = v[0], hi = v[0];
+    for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+    // 16 levels cannot centre on 0: the range may be off by half a step (2a / 15 / 2).
+    EXPECT_GE(lo, -a * 1.08f);
+    EXPECT_LE(hi, a * 1.08f);
+    EXPECT_LT(lo, -a * 0.8f);  // spread over the range, not a constant
+    EXPECT_GT(hi, a * 0.8f);
+    auto q_proj = ld.matrix("model.layers.0.self_attn.q_proj.weight", {128, 128});
+    ASSERT_TRUE(q_proj.ok());
+    EXPECT_EQ(q_proj->dtype, q == DType::kQ4_K ? DType::kBF16 : q);  // 128-wide rows: no Q4_K
+    auto embed = ld.matrix("model.embed_tokens.weight", {256, 128});
+    ASSERT_TRUE(embed.ok());
+    EXPECT_EQ(embed->dtype, DType::kBF16);
+    auto model = load_model(*ck, *backend, o);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // ISA this CPU has (kernels.h) spread over the global thread pool. Both paths share the
 // precondition checks below.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -11,10 +12,12 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/reference.h"
 #include "core/check.h"
+#include "core/kquants.h"
 #include "core/thread_pool.h"
 
 namespace pagellm {
@@ -114,7 +117,8 @@ class CpuBackend final : public Backend {
   void moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,
                    const MoeExpertWeights& experts, const Tensor& shared, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override {
-    PAGELLM_CHECK(t.is_contiguous() && !is_quantized(t.dtype));
+    PAGELLM_CHECK(t.is_contiguous());
+    if (is_quantized(t.dtype)) return fill_random_blocks(t, seed, lo, hi);
     const int64_t n = t.numel();
     ThreadPool::global().parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -130,6 +134,10 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Random 4-bit blocks (--load-format dummy --quantization) whose values spread over [lo, hi]:
+  // random nibbles, every group's scale and zero point (I4G) or every chunk's scale and minimum
+  // (Q4_K) set so that 0..15 maps onto [lo, hi].
+  void fill_random_blocks(Tensor& t, uint64_t seed, float lo, float hi);
   void matmul_fast(const Tensor& x, const Tensor& w, const float* bias, Tensor& out);
   void check_rope(const Tensor& x, const Tensor& cos_sin) const;
 
@@ -138,6 +146,36 @@ class CpuBackend final : public Backend {
 };
 
 // --- weights ---
+
+void CpuBackend::fill_random_blocks(Tensor& t, uint64_t seed, float lo, float hi) {
+  const DType dt = t.dtype;
+  PAGELLM_CHECK_MSG(is_group_int4(dt) || dt == DType::kQ4_K,
+                    "fill_random: random blocks are made for the I4G types and Q4_K only");
+  const int64_t blocks = t.numel() / block_elems(dt), bytes = block_bytes(dt);
+  const float step = (hi - lo) / 15.0f;
+  ThreadPool::global().parallel_for(blocks, 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      uint8_t* blk = static_cast<uint8_t*>(t.data) + i * bytes;
+      for (int64_t j = 0; j < bytes; ++j)
+        blk[j] = static_cast<uint8_t>(
+            random_uniform_at(seed, static_cast<uint64_t>(i * bytes + j), 0.0f, 256.0f));
+      if (dt == DType::kQ4_K) {
+        // Every chunk's 6-bit scale and minimum 32 (the low six bits of bytes 0..7 and the top
+        // two of bytes 0..7 for chunks 4..7): x = d * 32 * q - dmin * 32.
+        auto* q = reinterpret_cast<BlockQ4_K*>(blk);
+        q->d = f32_to_f16(step / 32.0f);
+        q->dmin = f32_to_f16(-lo / 32.0f);
+        for (int j = 0; j < 8; ++j) q->scales[j] = 32 | (2 << 6);
+        for (int j = 8; j < 12; ++j) q->scales[j] = 0;
+      } else {
+        const uint16_t d = f32_to_f16(step);  // x = d * (q - z): d = step, z = -lo / step
+        std::memcpy(blk, &d, 2);
+        blk[2] = static_cast<uint8_t>(std::clamp(static_cast<int>(std::lround(-lo / step)), 0, 15));
+        blk[3] = 0;
+      }
+    }
+  });
+}
 
 Result<Tensor> CpuBackend::upload_weight(const Tensor& host, DType dtype,
                                          std::unique_ptr<Buffer>& storage) {
