@@ -34,16 +34,6 @@ void q5_chunk(const uint8_t qh_bytes[4], const uint8_t qs[16], float d, float m,
 
 }  // namespace
 
-void kquant_scale_min(const uint8_t* s, int c, int* scale, int* min) {
-  if (c < 4) {
-    *scale = s[c] & 63;
-    *min = s[c + 4] & 63;
-  } else {
-    *scale = (s[c + 4] & 0xf) | ((s[c - 4] >> 6) << 4);
-    *min = (s[c + 4] >> 4) | ((s[c] >> 6) << 4);
-  }
-}
-
 void dequantize_chunk(DType t, const void* block, int c, float* out) {
   switch (t) {
     case DType::kQ5_0: {

@@ -78,7 +78,17 @@ constexpr bool is_kquant(DType t) {
 }
 
 // Q4_K / Q5_K: the 6-bit scale and minimum of 32-value chunk c (0..7) from the 12 packed bytes.
-void kquant_scale_min(const uint8_t* scales, int c, int* scale, int* min);
+// Static: each file gets its own copy, compiled with that file's instruction set (the CPU
+// kernels' files are built for AVX2 and AVX-512; a shared inline copy could be either).
+static inline void kquant_scale_min(const uint8_t* s, int c, int* scale, int* min) {
+  if (c < 4) {
+    *scale = s[c] & 63;
+    *min = s[c + 4] & 63;
+  } else {
+    *scale = (s[c + 4] & 0xf) | ((s[c - 4] >> 6) << 4);
+    *min = (s[c + 4] >> 4) | ((s[c] >> 6) << 4);
+  }
+}
 
 // Values [32c, 32c + 32) of the block at `block` of type t (Q5_0, Q5_1 or a k-quant), in f32.
 void dequantize_chunk(DType t, const void* block, int c, float* out);

@@ -88,11 +88,7 @@ struct I {
   // Q5_0 / Q5_1: 32 5-bit values less `offset` as f32. Value j < 16 is qs[j]'s low nibble with bit
   // j of qh as its fifth bit; value j + 16 the high nibble with bit j + 16.
   static __m128i fifth_bits(uint32_t qh16) {  // 16 bits of qh -> 16 bytes of 0x10 or 0
-    const __m128i spread = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m128i bit = _mm_set_epi8(-128, 64, 32, 16, 8, 4, 2, 1, -128, 64, 32, 16, 8, 4, 2, 1);
-    const __m128i v =
-        _mm_and_si128(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(qh16)), spread), bit);
-    return _mm_and_si128(_mm_cmpeq_epi8(v, bit), _mm_set1_epi8(0x10));
+    return _mm_maskz_set1_epi8(static_cast<__mmask16>(qh16), 0x10);  // AVX-512BW/VL: one op
   }
   static void five_bits32(const uint8_t* qs, uint32_t qh, int offset, V* out) {
     __m128i lo, hi;
