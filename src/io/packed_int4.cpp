@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -42,21 +41,52 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-int nibble(const int32_t* words, int64_t word, int i) {
-  return static_cast<int>((static_cast<uint32_t>(words[word]) >> (4 * i)) & 0xfu);
+// Element i of a mapped tensor. safetensors does not align tensors to their element size, so a
+// file may place an i32 tensor at any byte: loads go through memcpy.
+template <typename T>
+T load_at(const void* base, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(base) + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
 }
 
-// One quantized linear, read through accessors of output n, input k and group g.
+int nibble(const int32_t* words, int64_t word, int i) {
+  return static_cast<int>((load_at<uint32_t>(words, word) >> (4 * i)) & 0xfu);
+}
+
+enum class Packing { kAwq, kGptq, kCompressedTensors };
+
+// One quantized linear: where its packed values and zero points are, read by output n, input k
+// and group g (a template on the packing, so the unpacking loop has no call per value).
 struct PackedLinear {
   int64_t n = 0, k = 0, group = 0;  // group: the checkpoint's, resolved (-1 -> K)
-  std::function<int(int64_t n, int64_t k)> q;
-  std::function<int(int64_t n, int64_t g)> zero;
+  Packing packing = Packing::kAwq;
+  const int32_t* w = nullptr;    // packed values
+  const int32_t* z = nullptr;    // packed zero points; null: 8 (symmetric compressed-tensors)
+  int zero_plus = 0;             // GPTQ v1 stores z - 1
   std::vector<uint16_t> scales;  // f16 [N, K/group]
+
+  template <Packing P>
+  int q(int64_t row, int64_t col) const {
+    if constexpr (P == Packing::kAwq)
+      return nibble(w, col * (n / 8) + row / 8, kAwqNibble[row % 8]);
+    if constexpr (P == Packing::kGptq)
+      return nibble(w, (col / 8) * n + row, static_cast<int>(col % 8));
+    return nibble(w, row * (k / 8) + col / 8, static_cast<int>(col % 8));
+  }
+  template <Packing P>
+  int zero(int64_t row, int64_t g) const {
+    if constexpr (P == Packing::kAwq) return nibble(z, g * (n / 8) + row / 8, kAwqNibble[row % 8]);
+    if constexpr (P == Packing::kGptq)
+      return (nibble(z, g * (n / 8) + row / 8, static_cast<int>(row % 8)) + zero_plus) & 0xf;
+    if (z == nullptr) return 8;
+    return nibble(z, (row / 8) * (k / group) + g, static_cast<int>(row % 8));
+  }
 };
 
 // The I4G blocks of a linear (storage group: the largest of 128, 64, 32 dividing the
 // checkpoint's group; a larger group's scale and zero point repeat in each of its blocks).
-template <int G>
+template <int G, Packing P>
 void fill_blocks(const PackedLinear& p, uint8_t* out) {
   const int64_t blocks = p.k / G, groups = p.k / p.group;
   ThreadPool::global().parallel_for(p.n, 16, [&](int64_t nb, int64_t ne) {
@@ -66,15 +96,58 @@ void fill_blocks(const PackedLinear& p, uint8_t* out) {
         const int64_t g = b * G / p.group, k0 = b * G;
         BlockI4G<G>& blk = row[b];
         blk.d = p.scales[n * groups + g];
-        blk.z = static_cast<uint8_t>(p.zero(n, g));
+        blk.z = static_cast<uint8_t>(p.zero<P>(n, g));
         blk.pad = 0;
         for (int c = 0; c < G / 32; ++c)
           for (int j = 0; j < 16; ++j)
-            blk.qs[16 * c + j] =
-                static_cast<uint8_t>(p.q(n, k0 + 32 * c + j) | (p.q(n, k0 + 32 * c + j + 16) << 4));
+            blk.qs[16 * c + j] = static_cast<uint8_t>(p.q<P>(n, k0 + 32 * c + j) |
+                                                      (p.q<P>(n, k0 + 32 * c + j + 16) << 4));
       }
     }
   });
+}
+
+// AWQ packs along the outputs: a word holds one input of 8 rows, and the words of one row are n / 8
+// apart. So the 8 rows of a word column are filled together, each word read once.
+template <int G>
+void fill_blocks_awq(const PackedLinear& p, uint8_t* out) {
+  const int64_t blocks = p.k / G, groups = p.k / p.group, words = p.n / 8;
+  ThreadPool::global().parallel_for(words, 2, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      BlockI4G<G>* rows[8];
+      for (int j = 0; j < 8; ++j)
+        rows[j] = reinterpret_cast<BlockI4G<G>*>(out) + (8 * c + j) * blocks;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t g = b * G / p.group;
+        for (int j = 0; j < 8; ++j) {
+          BlockI4G<G>& blk = rows[j][b];
+          blk.d = p.scales[(8 * c + j) * groups + g];
+          blk.z = static_cast<uint8_t>(p.zero<Packing::kAwq>(8 * c + j, g));
+          blk.pad = 0;
+          std::memset(blk.qs, 0, sizeof blk.qs);
+        }
+        for (int i = 0; i < G; ++i) {
+          const uint32_t word = load_at<uint32_t>(p.w, (b * G + i) * words + c);
+          const int byte = 16 * (i / 32) + (i & 15), shift = (i & 31) < 16 ? 0 : 4;
+          for (int j = 0; j < 8; ++j)
+            rows[j][b].qs[byte] |=
+                static_cast<uint8_t>(((word >> (4 * kAwqNibble[j])) & 0xfu) << shift);
+        }
+      }
+    }
+  });
+}
+
+template <int G>
+void fill_blocks_of(const PackedLinear& p, uint8_t* out) {
+  switch (p.packing) {
+    case Packing::kAwq:
+      return fill_blocks_awq<G>(p, out);
+    case Packing::kGptq:
+      return fill_blocks<G, Packing::kGptq>(p, out);
+    case Packing::kCompressedTensors:
+      return fill_blocks<G, Packing::kCompressedTensors>(p, out);
+  }
 }
 
 class UnpackedInt4Weights final : public WeightSource {
@@ -174,8 +247,14 @@ class UnpackedInt4Weights final : public WeightSource {
       std::memcpy(out.data(), t->data, count * 2);
       return out;
     }
+    // An aligned copy first: the mapped tensor may sit at any byte (see load_at).
     std::vector<float> f(count);
-    to_f32(t->dtype, t->data, f.data(), count);
+    std::memcpy(f.data(), t->data, t->nbytes);
+    if (t->dtype == DType::kBF16) {
+      std::vector<uint16_t> h(count);
+      std::memcpy(h.data(), f.data(), count * 2);
+      to_f32(DType::kBF16, h.data(), f.data(), count);
+    }
     for (int64_t i = 0; i < count; ++i) {
       out[i] = f32_to_f16(f[i]);
       if (f16_to_f32(out[i]) != f[i])
@@ -208,15 +287,9 @@ class UnpackedInt4Weights final : public WeightSource {
     PAGELLM_ASSIGN_OR_RETURN(std::vector<uint16_t> s,
                              scales_f16(prefix + ".scales", {groups, p.n}));
     p.scales = transpose(s, groups, p.n);
-    const auto* w = static_cast<const int32_t*>(qw->data);
-    const auto* z = static_cast<const int32_t*>(qz->data);
-    const int64_t words = p.n / 8;
-    p.q = [w, words](int64_t n, int64_t k) {
-      return nibble(w, k * words + n / 8, kAwqNibble[n % 8]);
-    };
-    p.zero = [z, words](int64_t n, int64_t g) {
-      return nibble(z, g * words + n / 8, kAwqNibble[n % 8]);
-    };
+    p.packing = Packing::kAwq;
+    p.w = static_cast<const int32_t*>(qw->data);
+    p.z = static_cast<const int32_t*>(qz->data);
     return Status::ok_status();
   }
 
@@ -231,12 +304,12 @@ class UnpackedInt4Weights final : public WeightSource {
     const int64_t groups = p.k / p.group;
     if (const TensorInfo* gi = inner_->find(prefix + ".g_idx")) {
       PAGELLM_ASSIGN_OR_RETURN(gi, part(prefix + ".g_idx", DType::kI32, {p.k}));
-      const auto* g = static_cast<const int32_t*>(gi->data);
       for (int64_t k = 0; k < p.k; ++k) {
-        if (g[k] < 0 || g[k] >= groups)
+        const int32_t g = load_at<int32_t>(gi->data, k);
+        if (g < 0 || g >= groups)
           return data_loss(describe(gi->name) + " gives input " + std::to_string(k) +
-                           " the group " + std::to_string(g[k]) + " of " + std::to_string(groups));
-        if (g[k] != k / p.group)
+                           " the group " + std::to_string(g) + " of " + std::to_string(groups));
+        if (g != k / p.group)
           return unimplemented(
               describe(gi->name) +
               " permutes the inputs (GPTQ act-order, desc_act): not supported yet");
@@ -247,16 +320,10 @@ class UnpackedInt4Weights final : public WeightSource {
     PAGELLM_ASSIGN_OR_RETURN(std::vector<uint16_t> s,
                              scales_f16(prefix + ".scales", {groups, p.n}));
     p.scales = transpose(s, groups, p.n);
-    const auto* w = static_cast<const int32_t*>(qw->data);
-    const auto* z = static_cast<const int32_t*>(qz->data);
-    const int64_t n_dim = p.n, words = p.n / 8;
-    const int plus = q_.gptq_zeros_minus_one ? 1 : 0;
-    p.q = [w, n_dim](int64_t n, int64_t k) {
-      return nibble(w, (k / 8) * n_dim + n, static_cast<int>(k % 8));
-    };
-    p.zero = [z, words, plus](int64_t n, int64_t g) {
-      return (nibble(z, g * words + n / 8, static_cast<int>(n % 8)) + plus) & 0xf;
-    };
+    p.packing = Packing::kGptq;
+    p.w = static_cast<const int32_t*>(qw->data);
+    p.z = static_cast<const int32_t*>(qz->data);
+    p.zero_plus = q_.gptq_zeros_minus_one ? 1 : 0;
     return Status::ok_status();
   }
 
@@ -268,33 +335,23 @@ class UnpackedInt4Weights final : public WeightSource {
         ws->shape != std::vector<int64_t>{2})
       return data_loss(describe(ws->name) + " must hold the 2 integers [out, in]");
     if (ws->dtype == DType::kI64) {
-      const auto* v = static_cast<const int64_t*>(ws->data);
-      p.n = v[0], p.k = v[1];
+      p.n = load_at<int64_t>(ws->data, 0), p.k = load_at<int64_t>(ws->data, 1);
     } else {
-      const auto* v = static_cast<const int32_t*>(ws->data);
-      p.n = v[0], p.k = v[1];
+      p.n = load_at<int32_t>(ws->data, 0), p.k = load_at<int32_t>(ws->data, 1);
     }
     PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
     const int64_t groups = p.k / p.group;
     PAGELLM_ASSIGN_OR_RETURN(wp, part(wp->name, DType::kI32, {p.n, p.k / 8}));
     PAGELLM_ASSIGN_OR_RETURN(p.scales, scales_f16(prefix + ".weight_scale", {p.n, groups}));
-    const auto* w = static_cast<const int32_t*>(wp->data);
-    const int64_t k_words = p.k / 8;
-    p.q = [w, k_words](int64_t n, int64_t k) {
-      return nibble(w, n * k_words + k / 8, static_cast<int>(k % 8));
-    };
+    p.packing = Packing::kCompressedTensors;
+    p.w = static_cast<const int32_t*>(wp->data);
     if (q_.zero_point) {
       PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* zp,
                                part(prefix + ".weight_zero_point", DType::kI32, {p.n / 8, groups}));
-      const auto* z = static_cast<const int32_t*>(zp->data);
-      p.zero = [z, groups](int64_t n, int64_t g) {
-        return nibble(z, (n / 8) * groups + g, static_cast<int>(n % 8));
-      };
-    } else {
-      if (inner_->find(prefix + ".weight_zero_point"))
-        return data_loss(describe(prefix + ".weight_zero_point") +
-                         " is present but the scheme is symmetric");
-      p.zero = [](int64_t, int64_t) { return 8; };
+      p.z = static_cast<const int32_t*>(zp->data);
+    } else if (inner_->find(prefix + ".weight_zero_point")) {
+      return data_loss(describe(prefix + ".weight_zero_point") +
+                       " is present but the scheme is symmetric");
     }
     return Status::ok_status();
   }
@@ -314,13 +371,13 @@ class UnpackedInt4Weights final : public WeightSource {
     auto buf = std::make_unique<uint8_t[]>(bytes);
     switch (g) {
       case 128:
-        fill_blocks<128>(p, buf.get());
+        fill_blocks_of<128>(p, buf.get());
         break;
       case 64:
-        fill_blocks<64>(p, buf.get());
+        fill_blocks_of<64>(p, buf.get());
         break;
       default:
-        fill_blocks<32>(p, buf.get());
+        fill_blocks_of<32>(p, buf.get());
         break;
     }
     TensorInfo t;
