@@ -273,11 +273,17 @@ class UnpackedInt4Weights final : public WeightSource {
     return Status::ok_status();
   }
 
-  Status read_awq(const std::string& prefix, PackedLinear& p) {
+  // The packed values of AWQ and GPTQ: a 2-D i32 tensor.
+  Result<const TensorInfo*> qweight(const std::string& prefix) const {
     const TensorInfo* qw = inner_->find(prefix + ".qweight");
     if (qw->dtype != DType::kI32 || qw->shape.size() != 2)
       return data_loss(describe(qw->name) + " must be a 2-D i32 tensor, is " +
                        std::string(dtype_name(qw->dtype)) + " " + shape_str(qw->shape));
+    return qw;
+  }
+
+  Status read_awq(const std::string& prefix, PackedLinear& p) {
+    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qw, qweight(prefix));
     p.k = qw->shape[0];
     p.n = qw->shape[1] * 8;
     PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
@@ -294,10 +300,7 @@ class UnpackedInt4Weights final : public WeightSource {
   }
 
   Status read_gptq(const std::string& prefix, PackedLinear& p) {
-    const TensorInfo* qw = inner_->find(prefix + ".qweight");
-    if (qw->dtype != DType::kI32 || qw->shape.size() != 2)
-      return data_loss(describe(qw->name) + " must be a 2-D i32 tensor, is " +
-                       std::string(dtype_name(qw->dtype)) + " " + shape_str(qw->shape));
+    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qw, qweight(prefix));
     p.k = qw->shape[0] * 8;
     p.n = qw->shape[1];
     PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));

@@ -146,6 +146,34 @@ def reference(model, prompt):
             "full_logprobs": full_lp}
 
 
+def write_reference(folder, name, arch, weight_dtype, vocab_size, load, extra=None):
+    """Runs the fixture's prompts through transformers (load(dtype) gives the model in float32 or
+    bfloat16) and writes folder/reference.json: the cases, and transformers' own bf16 error
+    against its float32 reference on the same sequences, the yardstick for engines that compute
+    in bf16 (the CUDA golden tests allow a multiple of it). `extra` adds keys after weight_dtype.
+    Returns the smallest greedy top-2 margin."""
+    model = load(torch.float32)
+    gen = torch.Generator().manual_seed(1234 + len(name))
+    cases = []
+    for n in PROMPT_LENS:
+        prompt = torch.randint(3, vocab_size, (n,), generator=gen).tolist()
+        cases.append(reference(model, prompt))
+    model16 = load(torch.bfloat16)
+    errs = []
+    for c in cases:
+        full = c["prompt"] + c["greedy"]
+        with torch.no_grad():
+            lp16 = torch.log_softmax(model16(torch.tensor([full])).logits[0].float(), dim=-1)
+        errs += [abs(lp16[i - 1, full[i]].item() - c["full_logprobs"][i]) for i in range(1, len(full))]
+    meta = {"name": name, "architecture": arch, "weight_dtype": weight_dtype, **(extra or {}),
+            "transformers_bf16_noise": {"max_abs_err": max(errs), "mean_abs_err": sum(errs) / len(errs)},
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "cases": cases}
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(meta, f)
+    return min(min(c["greedy_margins"]) for c in cases)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/golden")
@@ -189,30 +217,10 @@ def main():
                 os.remove(p)
         write_configs()  # save_pretrained rewrote config.json in its own style
         # The reference runs in float32 on the stored (rounded) weights.
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        gen = torch.Generator().manual_seed(1234 + len(name))
-        cases = []
-        for n in PROMPT_LENS:
-            prompt = torch.randint(3, BASE["vocab_size"], (n,), generator=gen).tolist()
-            cases.append(reference(model, prompt))
-        # transformers' own bf16 error against its float32 reference on the same sequences: the
-        # yardstick for engines that compute in bf16 (the CUDA golden tests allow a multiple of it).
-        model16 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-        errs = []
-        for c in cases:
-            full = c["prompt"] + c["greedy"]
-            with torch.no_grad():
-                lp16 = torch.log_softmax(model16(torch.tensor([full])).logits[0].float(), dim=-1)
-            errs += [abs(lp16[i - 1, full[i]].item() - c["full_logprobs"][i]) for i in range(1, len(full))]
-        meta_bf16 = {"max_abs_err": max(errs), "mean_abs_err": sum(errs) / len(errs)}
-        meta = {"name": name, "architecture": arch, "weight_dtype": str(dtype).split(".")[-1],
-                "transformers_bf16_noise": meta_bf16,
-                "torch": torch.__version__, "transformers": transformers.__version__,
-                "cases": cases}
-        with open(os.path.join(folder, "reference.json"), "w") as f:
-            json.dump(meta, f)
-        m = min(min(c["greedy_margins"]) for c in cases)
-        print(f"{name}: {arch} {meta['weight_dtype']}, min greedy margin {m:.4f}")
+        wdt = str(dtype).split(".")[-1]
+        m = write_reference(folder, name, arch, wdt, BASE["vocab_size"],
+                            lambda dt: AutoModelForCausalLM.from_pretrained(folder, dtype=dt).eval())
+        print(f"{name}: {arch} {wdt}, min greedy margin {m:.4f}")
 
 
 if __name__ == "__main__":

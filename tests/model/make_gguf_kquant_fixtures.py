@@ -23,11 +23,10 @@ import tempfile
 
 import gguf
 import torch
-import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import BASE, PROMPT_LENS, classic_config, reference  # noqa: E402
+from make_fixtures import BASE, classic_config, write_reference  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,31 +87,11 @@ def main():
         types = sorted({t.tensor_type.name for t in gguf.GGUFReader(out).tensors})
 
         # The reference: transformers reading the quantized file (the gguf package dequantizes).
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf",
-                                                     dtype=torch.float32).eval()
-        gen = torch.Generator().manual_seed(1234 + len(name))
-        cases = []
-        for n in PROMPT_LENS:
-            prompt = torch.randint(3, classic["vocab_size"], (n,), generator=gen).tolist()
-            cases.append(reference(model, prompt))
-        model16 = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf",
-                                                       dtype=torch.bfloat16).eval()
-        errs = []
-        for c in cases:
-            full = c["prompt"] + c["greedy"]
-            with torch.no_grad():
-                lp16 = torch.log_softmax(model16(torch.tensor([full])).logits[0].float(), -1)
-            errs += [abs(lp16[i - 1, full[i]].item() - c["full_logprobs"][i])
-                     for i in range(1, len(full))]
-        meta = {"name": name, "architecture": arch, "weight_dtype": f"gguf {ftype}",
-                "gguf_tensor_types": types,
-                "transformers_bf16_noise": {"max_abs_err": max(errs),
-                                            "mean_abs_err": sum(errs) / len(errs)},
-                "torch": torch.__version__, "transformers": transformers.__version__,
-                "cases": cases}
-        with open(os.path.join(folder, "reference.json"), "w") as f:
-            json.dump(meta, f)
-        m = min(min(c["greedy_margins"]) for c in cases)
+        m = write_reference(
+            folder, name, arch, f"gguf {ftype}", classic["vocab_size"],
+            lambda dt: AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf",
+                                                            dtype=dt).eval(),
+            {"gguf_tensor_types": types})
         print(f"{name}: {ftype} ({', '.join(types)}), {os.path.getsize(out)} bytes, "
               f"min greedy margin {m:.4f}")
 

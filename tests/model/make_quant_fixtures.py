@@ -25,12 +25,11 @@ import warnings
 
 import numpy as np
 import torch
-import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import BASE, MLA, PROMPT_LENS, classic_config, reference, v5_config  # noqa: E402
+from make_fixtures import BASE, MLA, classic_config, v5_config, write_reference  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -286,29 +285,10 @@ def main():
                 json.dump(plain, f)
             save_file({k: v.contiguous() for k, v in dequant.items()},
                       os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-            model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-            gen = torch.Generator().manual_seed(1234 + len(name))
-            cases = []
-            for n in PROMPT_LENS:
-                prompt = torch.randint(3, classic["vocab_size"], (n,), generator=gen).tolist()
-                cases.append(reference(model, prompt))
-            model16 = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16).eval()
-            errs = []
-            for c in cases:
-                full = c["prompt"] + c["greedy"]
-                with torch.no_grad():
-                    lp16 = torch.log_softmax(model16(torch.tensor([full])).logits[0].float(), -1)
-                errs += [abs(lp16[i - 1, full[i]].item() - c["full_logprobs"][i])
-                         for i in range(1, len(full))]
-        meta = {"name": name, "architecture": arch, "weight_dtype": f"{fmt} 4-bit",
-                "quantization": {"format": fmt, "group_size": group, "symmetric": symmetric},
-                "transformers_bf16_noise": {"max_abs_err": max(errs),
-                                            "mean_abs_err": sum(errs) / len(errs)},
-                "torch": torch.__version__, "transformers": transformers.__version__,
-                "cases": cases}
-        with open(os.path.join(folder, "reference.json"), "w") as f:
-            json.dump(meta, f)
-        m = min(min(c["greedy_margins"]) for c in cases)
+            m = write_reference(
+                folder, name, arch, f"{fmt} 4-bit", classic["vocab_size"],
+                lambda dt: AutoModelForCausalLM.from_pretrained(tmp, dtype=dt).eval(),
+                {"quantization": {"format": fmt, "group_size": group, "symmetric": symmetric}})
         print(f"{name}: {arch} {fmt} group {group}, min greedy margin {m:.4f}")
 
 

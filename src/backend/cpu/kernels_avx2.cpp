@@ -58,67 +58,20 @@ struct I {
     *lo = _mm_and_si128(q, mask);
     *hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
   }
-  // 32 4-bit values as f32: the low (shift 0) or high (shift 4) nibbles of 32 bytes (Q4_K).
-  static void nibbles32(const uint8_t* q, int shift, V* out) {
-    const __m128i mask = _mm_set1_epi8(0x0f), count = _mm_cvtsi32_si128(shift);
-    const __m128i a = _mm_and_si128(
-        _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), count), mask);
-    const __m128i b = _mm_and_si128(
-        _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), count), mask);
+  // 16 + 16 signed bytes -> 32 f32 values.
+  static void bytes32_to_f32(__m128i a, __m128i b, V* out) {
     out[0] = i8_to_f32(a);
     out[1] = i8_to_f32(_mm_srli_si128(a, 8));
     out[2] = i8_to_f32(b);
     out[3] = i8_to_f32(_mm_srli_si128(b, 8));
   }
-  // 32 6-bit values less 32 as f32 (Q6_K): 4 bits from ql >> lo_shift, 2 from qh >> hi_shift.
-  static void six_bits32(const uint8_t* ql, int lo_shift, const uint8_t* qh, int hi_shift, V* out) {
-    const __m128i lo_mask = _mm_set1_epi8(0x0f), hi_mask = _mm_set1_epi8(3),
-                  off = _mm_set1_epi8(32);
-    const __m128i lc = _mm_cvtsi32_si128(lo_shift), hc = _mm_cvtsi32_si128(hi_shift);
-    for (int half = 0; half < 2; ++half) {
-      const __m128i l = _mm_and_si128(
-          _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * half)), lc),
-          lo_mask);
-      const __m128i h = _mm_and_si128(
-          _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half)), hc),
-          hi_mask);
-      const __m128i v = _mm_sub_epi8(_mm_or_si128(l, _mm_slli_epi16(h, 4)), off);
-      out[2 * half] = i8_to_f32(v);
-      out[2 * half + 1] = i8_to_f32(_mm_srli_si128(v, 8));
-    }
-  }
-  // Q5_0 / Q5_1: 32 5-bit values less `offset` as f32. Value j < 16 is qs[j]'s low nibble with bit
-  // j of qh as its fifth bit; value j + 16 the high nibble with bit j + 16.
+  // Q5_0 / Q5_1's fifth bits: bit j of 16 bits of qh -> byte j, 0x10 or 0.
   static __m128i fifth_bits(uint32_t qh16) {  // 16 bits of qh -> 16 bytes of 0x10 or 0
     const __m128i spread = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m128i bit = _mm_set_epi8(-128, 64, 32, 16, 8, 4, 2, 1, -128, 64, 32, 16, 8, 4, 2, 1);
     const __m128i v =
         _mm_and_si128(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(qh16)), spread), bit);
     return _mm_and_si128(_mm_cmpeq_epi8(v, bit), _mm_set1_epi8(0x10));
-  }
-  static void five_bits32(const uint8_t* qs, uint32_t qh, int offset, V* out) {
-    __m128i lo, hi;
-    nibbles(qs, &lo, &hi);
-    const __m128i off = _mm_set1_epi8(static_cast<char>(offset));
-    lo = _mm_sub_epi8(_mm_or_si128(lo, fifth_bits(qh & 0xffffu)), off);
-    hi = _mm_sub_epi8(_mm_or_si128(hi, fifth_bits(qh >> 16)), off);
-    out[0] = i8_to_f32(lo);
-    out[1] = i8_to_f32(_mm_srli_si128(lo, 8));
-    out[2] = i8_to_f32(hi);
-    out[3] = i8_to_f32(_mm_srli_si128(hi, 8));
-  }
-  // 32 4-bit values less a zero point, times d (Q4_0's and the I4G types' nibble layout).
-  static void decode_i4(const uint8_t* qs, float d, int z, V* out) {
-    const V dv = set1(d);
-    __m128i lo, hi;
-    nibbles(qs, &lo, &hi);
-    const __m128i zv = _mm_set1_epi8(static_cast<char>(z));
-    lo = _mm_sub_epi8(lo, zv);
-    hi = _mm_sub_epi8(hi, zv);
-    out[0] = mul(i8_to_f32(lo), dv);
-    out[1] = mul(i8_to_f32(_mm_srli_si128(lo, 8)), dv);
-    out[2] = mul(i8_to_f32(hi), dv);
-    out[3] = mul(i8_to_f32(_mm_srli_si128(hi, 8)), dv);
   }
   static void decode_q4_1(const BlockQ4_1* b, V* out) {
     const V d = set1(f16(b->d)), m = set1(f16(b->m));
