@@ -146,6 +146,25 @@ def reference(model, prompt):
             "full_logprobs": full_lp}
 
 
+def random_model(config_dir, name):
+    """The fixture's model in float32: transformers' initialisation seeded by the name, norm
+    weights and biases random too, so a missing or misapplied norm or bias cannot go unnoticed."""
+    config = AutoConfig.from_pretrained(config_dir)
+    torch.manual_seed(sum(map(ord, name)))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif n.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                # Large enough to change which experts win against sigmoid scores in (0, 1).
+                b.copy_(0.3 * torch.randn_like(b))
+    return model
+
+
 def write_reference(folder, name, arch, weight_dtype, vocab_size, load, extra=None):
     """Runs the fixture's prompts through transformers (load(dtype) gives the model in float32 or
     bfloat16) and writes folder/reference.json: the cases, and transformers' own bf16 error
@@ -195,20 +214,7 @@ def main():
                 json.dump(v5_config(classic), f, indent=1)
 
         write_configs()
-        config = AutoConfig.from_pretrained(folder)
-        torch.manual_seed(sum(map(ord, name)))
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        # Norm weights random too, so a missing or misapplied norm cannot go unnoticed.
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if "norm" in n:
-                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
-                elif n.endswith("bias"):
-                    p.copy_(0.2 * torch.randn_like(p))
-            for n, b in model.named_buffers():
-                if n.endswith("e_score_correction_bias"):
-                    # Large enough to change which experts win against sigmoid scores in (0, 1).
-                    b.copy_(0.3 * torch.randn_like(b))
+        model = random_model(folder, name)
         model = model.to(dtype)
         model.save_pretrained(folder, safe_serialization=True)
         for extra in ("generation_config.json",):

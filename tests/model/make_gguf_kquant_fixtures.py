@@ -22,11 +22,10 @@ import sys
 import tempfile
 
 import gguf
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import BASE, classic_config, write_reference  # noqa: E402
+from make_fixtures import BASE, classic_config, random_model, write_reference  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,15 +66,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, "config.json"), "w") as f:
                 json.dump(classic, f)
-            config = AutoConfig.from_pretrained(tmp)
-            torch.manual_seed(sum(map(ord, name)))
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if "norm" in n:
-                        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-                    elif n.endswith("bias"):
-                        p.copy_(0.2 * torch.randn_like(p))
+            model = random_model(tmp, name)
             model.save_pretrained(tmp)
             f32 = os.path.join(tmp, "model-f32.gguf")
             subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "hf_to_gguf.py"), tmp,

@@ -26,10 +26,10 @@ import warnings
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import BASE, MLA, classic_config, v5_config, write_reference  # noqa: E402
+from make_fixtures import BASE, MLA, classic_config, random_model, v5_config, write_reference  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -236,15 +236,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, "config.json"), "w") as f:
                 json.dump(classic, f)
-            config = AutoConfig.from_pretrained(tmp)
-            torch.manual_seed(sum(map(ord, name)))
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if "norm" in n:
-                        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-                    elif n.endswith("bias"):
-                        p.copy_(0.2 * torch.randn_like(p))
+            model = random_model(tmp, name)
             model.to(torch.float16 if fmt != "ct" else torch.bfloat16).save_pretrained(tmp)
             state = load_file(os.path.join(tmp, "model.safetensors"))
         packed, dequant = {}, {}
