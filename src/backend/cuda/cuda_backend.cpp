@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_views.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "core/tuning.h"
 
 namespace pagellm {
@@ -404,7 +405,10 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
     void* out = dst + dtype_bytes(target, r0 * cols);
     if (host_dequant) {
       dequantized.resize(nr * cols);
-      pagellm::to_f32(host.dtype, src + r0 * src_row_bytes, dequantized.data(), nr * cols);
+      ThreadPool::global().parallel_for(nr, 64, [&](int64_t b, int64_t e) {  // rows are independent
+        pagellm::to_f32(host.dtype, src + (r0 + b) * src_row_bytes, dequantized.data() + b * cols,
+                        (e - b) * cols);
+      });
       CUDA_CHECK(cudaMemcpyAsync(staging, dequantized.data(), nr * cols * 4, cudaMemcpyHostToDevice,
                                  stream_));
       launch_convert(staging, DType::kF32, out, target, nr * cols, stream_);
