@@ -42,25 +42,6 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     return not_found("the default model is not installed at " + sm->path +
                      " (run scripts/setup.sh, or give --model DIR)");
   }
-  if (options.load_format == "dummy") {
-    PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_dummy_checkpoint(sm->path));
-  } else if (options.load_format == "auto") {
-    PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_checkpoint(sm->path));
-  } else {
-    return invalid_argument("--load-format must be auto or dummy, got '" + options.load_format + "'");
-  }
-  if (options.device == "cuda") {
-    PAGELLM_ASSIGN_OR_RETURN(sm->backend, make_cuda_backend(0));
-  } else if (options.device == "cpu") {
-    sm->backend = make_cpu_backend();
-  } else {
-    return invalid_argument("--device must be cpu or cuda, got '" + options.device + "'");
-  }
-  if (options.profile_ops) {
-    auto prof = std::make_unique<ProfilingBackend>(std::move(sm->backend));
-    sm->profiler = prof.get();
-    sm->backend = std::move(prof);
-  }
   LoadOptions load;
   if (!options.quantization.empty()) {
     if (options.load_format != "dummy")
@@ -80,6 +61,26 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
           "--quantization " + options.quantization + " on --device " + options.device +
           ": the GPU's 4-bit kernels are not written yet (it "
           "dequantizes 4-bit checkpoints to bf16, so the figures would be bf16's)");
+  }
+  if (options.load_format == "dummy") {
+    PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_dummy_checkpoint(sm->path));
+  } else if (options.load_format == "auto") {
+    PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_checkpoint(sm->path));
+  } else {
+    return invalid_argument("--load-format must be auto or dummy, got '" + options.load_format +
+                            "'");
+  }
+  if (options.device == "cuda") {
+    PAGELLM_ASSIGN_OR_RETURN(sm->backend, make_cuda_backend(0));
+  } else if (options.device == "cpu") {
+    sm->backend = make_cpu_backend();
+  } else {
+    return invalid_argument("--device must be cpu or cuda, got '" + options.device + "'");
+  }
+  if (options.profile_ops) {
+    auto prof = std::make_unique<ProfilingBackend>(std::move(sm->backend));
+    sm->profiler = prof.get();
+    sm->backend = std::move(prof);
   }
   PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend, load));
   if (options.load_tokenizer && options.load_format != "dummy") {

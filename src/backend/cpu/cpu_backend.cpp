@@ -12,7 +12,6 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
-
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/reference.h"

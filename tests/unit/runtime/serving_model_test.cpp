@@ -1,0 +1,39 @@
+// load_serving_model's --quantization: random 4-bit projections for benchmarks, refused (before
+// anything is loaded) where it would mean something else or measure bf16.
+#include "runtime/serving_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "source_dir.h"
+
+namespace pagellm {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ServingModel, DummyQuantizationOnTheCpuAndRefusedElsewhere) {
+  ServingModelOptions o;
+  o.model_path = test_source_dir() + "/tests/data/golden/awq_llama/config.json";
+  o.load_tokenizer = false;
+  o.load_format = "dummy";
+  for (const char* q : {"awq", "gptq", "q4_k"}) {
+    o.quantization = q;
+    auto sm = load_serving_model(o);
+    EXPECT_TRUE(sm.ok()) << q << ": " << sm.status().to_string();
+  }
+  o.quantization = "int3";
+  EXPECT_THAT(load_serving_model(o).status().to_string(), HasSubstr("must be awq, gptq or q4_k"));
+  o.quantization = "awq";
+  o.device = "cuda";
+  auto gpu = load_serving_model(o);
+  EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(gpu.status().to_string(), HasSubstr("GPU's 4-bit kernels"));
+  o.device = "cpu";
+  o.load_format = "auto";
+  o.model_path = test_source_dir() + "/tests/data/golden/awq_llama";
+  EXPECT_THAT(load_serving_model(o).status().to_string(), HasSubstr("is for --load-format dummy"));
+}
+
+}  // namespace
+}  // namespace pagellm
