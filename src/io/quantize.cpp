@@ -57,7 +57,8 @@ Status quantize_checkpoint(const std::string& model_dir, const std::string& out_
       ++kept;
       continue;
     }
-    // The three packed tensors of one weight are made together, on the first one's turn.
+    // The three packed tensors of one weight are made together, on the first one's turn (the
+    // writer fills tensors in order; the last one frees them).
     auto packs = std::make_shared<AwqTensors>();
     const std::string prefix = t.name.substr(0, t.name.size() - 7);
     const int g = o.group_size;
@@ -72,11 +73,13 @@ Status quantize_checkpoint(const std::string& model_dir, const std::string& out_
                      std::memcpy(dst, packs->qweight.data(), packs->qweight.size() * 4);
                      return Status::ok_status();
                    }});
-    out.push_back({prefix + ".qzeros", DType::kI32, {k / g, n / 8}, [packs](char* dst) {
+    out.push_back({prefix + ".qzeros", DType::kI32, {k / g, n / 8}, [make, packs](char* dst) {
+                     make();
                      std::memcpy(dst, packs->qzeros.data(), packs->qzeros.size() * 4);
                      return Status::ok_status();
                    }});
-    out.push_back({prefix + ".scales", DType::kF16, {k / g, n}, [packs](char* dst) {
+    out.push_back({prefix + ".scales", DType::kF16, {k / g, n}, [make, packs](char* dst) {
+                     make();
                      std::memcpy(dst, packs->scales.data(), packs->scales.size() * 2);
                      *packs = AwqTensors();  // done with this weight
                      return Status::ok_status();
