@@ -50,6 +50,32 @@ VARIANTS = {
 }
 
 
+def write_byte_tokenizer(folder):
+    """A byte-level BPE tokenizer.json of the fixtures' 256 tokens, one a byte: the GGUF files
+    carry a vocabulary so that llama.cpp loads them (add_llama_cpp_reference.py). llama.cpp
+    wants merges too: one ("a" + "b"), whose result no token is, so it never applies."""
+    # GPT-2's byte-to-character map: printable bytes map to themselves, the rest above 255.
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+           "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                             "use_regex": False},
+           "post_processor": None, "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                     "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                     "fuse_unk": False, "byte_fallback": False,
+                     "vocab": {chars[b]: b for b in range(256)}, "merges": ["a b"]}}
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/golden")
@@ -68,6 +94,7 @@ def main():
                 json.dump(classic, f)
             model = random_model(tmp, name)
             model.save_pretrained(tmp)
+            write_byte_tokenizer(tmp)
             f32 = os.path.join(tmp, "model-f32.gguf")
             subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "hf_to_gguf.py"), tmp,
                             "--outtype", "f32", "--outfile", f32], check=True,
