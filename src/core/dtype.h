@@ -1,7 +1,7 @@
 // Element types and their conversions. Quantized types are block formats: a block of
 // block_elems() values stored in block_bytes() bytes, rows always a whole number of blocks. The
-// Q types are GGUF's (32 values a block); the I4G types hold the 4-bit group-quantized weights of
-// AWQ, GPTQ and compressed-tensors checkpoints, one group a block.
+// Q types are GGUF's (32 values a block; the k-quants 256); the I4G types hold the 4-bit
+// group-quantized weights of AWQ, GPTQ and compressed-tensors checkpoints, one group a block.
 #pragma once
 
 #include <cstdint>
@@ -172,7 +172,8 @@ static_assert(sizeof(BlockI4G<32>) == 20 && sizeof(BlockI4G<64>) == 36 &&
 // Converts n values of type `t` starting at `src` to f32 (n a multiple of block_elems(t)).
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values into type `t` (quantizing blockwise for quantized types: as ggml does for
-// the Q types; for I4G, round-to-nearest with the group's min and max, as AWQ's quantizer does).
+// Q8_0, Q4_0 and Q4_1; for I4G, round-to-nearest with the group's min and max, as AWQ's quantizer
+// does). The 5-bit and k-quant types are only read (llama.cpp's quantizer writes them).
 void from_f32(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace pagellm
