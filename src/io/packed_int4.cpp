@@ -282,21 +282,26 @@ class UnpackedInt4Weights final : public WeightSource {
     return qw;
   }
 
-  Status read_awq(const std::string& prefix, PackedLinear& p) {
-    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qw, qweight(prefix));
-    p.k = qw->shape[0];
-    p.n = qw->shape[1] * 8;
-    PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
+  // AWQ's and GPTQ's zero points, i32 [K/G, N/8], and scales, [K/G, N] (kept [N, K/G]).
+  Status read_zeros_and_scales(const std::string& prefix, PackedLinear& p) {
     const int64_t groups = p.k / p.group;
     PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qz,
                              part(prefix + ".qzeros", DType::kI32, {groups, p.n / 8}));
     PAGELLM_ASSIGN_OR_RETURN(std::vector<uint16_t> s,
                              scales_f16(prefix + ".scales", {groups, p.n}));
     p.scales = transpose(s, groups, p.n);
-    p.packing = Packing::kAwq;
-    p.w = static_cast<const int32_t*>(qw->data);
     p.z = static_cast<const int32_t*>(qz->data);
     return Status::ok_status();
+  }
+
+  Status read_awq(const std::string& prefix, PackedLinear& p) {
+    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qw, qweight(prefix));
+    p.k = qw->shape[0];
+    p.n = qw->shape[1] * 8;
+    PAGELLM_RETURN_IF_ERROR(check_shape(prefix, p.n, p.k, p.group));
+    p.packing = Packing::kAwq;
+    p.w = static_cast<const int32_t*>(qw->data);
+    return read_zeros_and_scales(prefix, p);
   }
 
   Status read_gptq(const std::string& prefix, PackedLinear& p) {
@@ -318,16 +323,10 @@ class UnpackedInt4Weights final : public WeightSource {
               " permutes the inputs (GPTQ act-order, desc_act): not supported yet");
       }
     }
-    PAGELLM_ASSIGN_OR_RETURN(const TensorInfo* qz,
-                             part(prefix + ".qzeros", DType::kI32, {groups, p.n / 8}));
-    PAGELLM_ASSIGN_OR_RETURN(std::vector<uint16_t> s,
-                             scales_f16(prefix + ".scales", {groups, p.n}));
-    p.scales = transpose(s, groups, p.n);
     p.packing = Packing::kGptq;
     p.w = static_cast<const int32_t*>(qw->data);
-    p.z = static_cast<const int32_t*>(qz->data);
     p.zero_plus = q_.gptq_zeros_minus_one ? 1 : 0;
-    return Status::ok_status();
+    return read_zeros_and_scales(prefix, p);
   }
 
   Status read_ct(const std::string& prefix, PackedLinear& p) {

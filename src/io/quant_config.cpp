@@ -12,82 +12,31 @@
 //                                     "input_activations": null}}, "ignore": ["lm_head"]}
 #include "io/quant_config.h"
 
-#include <nlohmann/json.hpp>
+#include "io/json_fields.h"
 
 namespace pagellm {
 namespace {
 
-using json = nlohmann::json;
+using io_detail::Fields;
+using io_detail::json;
 
-class Reader {
- public:
-  Reader(const json& obj, std::string path, std::string where)
-      : obj_(obj), path_(std::move(path)), where_(std::move(where)) {}
+Status unsupported(const Fields& f, const std::string& key, const std::string& what) {
+  return f.error(StatusCode::kUnimplemented, key, what);
+}
 
-  const json* get(const char* key) const {
-    auto it = obj_.find(key);
-    return it == obj_.end() || it->is_null() ? nullptr : &*it;
-  }
-  // "config.json: field 'quantization_config.bits' is 8: ...", as config.cpp names fields.
-  Status error(const std::string& key, const std::string& what) const {
-    return invalid_argument(path_ + ": field '" + where_ + "." + key + "' " + what);
-  }
-  Status unsupported(const std::string& key, const std::string& what) const {
-    return unimplemented(path_ + ": field '" + where_ + "." + key + "' " + what);
-  }
-  Status read_int(const char* key, int64_t& out) const {
-    const json* v = get(key);
-    if (!v) return Status::ok_status();
-    if (v->is_number_integer() || v->is_number_unsigned()) {
-      out = v->get<int64_t>();
-      return Status::ok_status();
-    }
-    return error(key, "must be an integer");
-  }
-  Status read_bool(const char* key, bool& out) const {
-    const json* v = get(key);
-    if (!v) return Status::ok_status();
-    if (!v->is_boolean()) return error(key, "must be true or false");
-    out = v->get<bool>();
-    return Status::ok_status();
-  }
-  Status read_string(const char* key, std::string& out) const {
-    const json* v = get(key);
-    if (!v) return Status::ok_status();
-    if (!v->is_string()) return error(key, "must be a string");
-    out = v->get<std::string>();
-    return Status::ok_status();
-  }
-  Status read_strings(const char* key, std::vector<std::string>& out) const {
-    const json* v = get(key);
-    if (!v) return Status::ok_status();
-    if (!v->is_array()) return error(key, "must be a list of strings");
-    for (const json& s : *v) {
-      if (!s.is_string()) return error(key, "must be a list of strings");
-      out.push_back(s.get<std::string>());
-    }
-    return Status::ok_status();
-  }
-  const std::string& path() const { return path_; }
-  const std::string& where() const { return where_; }
-
- private:
-  const json& obj_;
-  std::string path_;   // the config file
-  std::string where_;  // the object's field name, e.g. quantization_config.config_groups.group_0
-};
-
-Status check_bits_and_group(const Reader& r, const char* bits_key, int64_t bits, int64_t group) {
+Status check_bits_and_group(const Fields& r, const char* bits_key, int64_t bits, int64_t group) {
   if (bits != 4)
-    return r.unsupported(bits_key, "is " + std::to_string(bits) +
-                                       ": only 4-bit weights are supported in this format");
+    return unsupported(
+        r, bits_key,
+        "is " + std::to_string(bits) + ": only 4-bit weights are supported in this format");
   if (group != -1 && (group <= 0 || group % 32 != 0))
-    return r.unsupported("group_size", "is " + std::to_string(group) +
-                                           ": groups must be -1 or a positive multiple of 32");
+    return unsupported(
+        r, "group_size",
+        "is " + std::to_string(group) + ": groups must be -1 or a positive multiple of 32");
   return Status::ok_status();
 }
 
-Status parse_awq(const Reader& r, QuantConfig& q) {
+Status parse_awq(const Fields& r, QuantConfig& q) {
   q.method = QuantMethod::kAwq;
   int64_t bits = 4;
   PAGELLM_RETURN_IF_ERROR(r.read_int("bits", bits));
@@ -97,18 +46,19 @@ Status parse_awq(const Reader& r, QuantConfig& q) {
   PAGELLM_RETURN_IF_ERROR(check_bits_and_group(r, "bits", bits, q.group_size));
   PAGELLM_RETURN_IF_ERROR(r.read_bool("zero_point", q.zero_point));
   if (!q.zero_point)
-    return r.unsupported("zero_point", "is false: AWQ without zero points is not supported");
+    return unsupported(r, "zero_point", "is false: AWQ without zero points is not supported");
   std::string version = "gemm";
   PAGELLM_RETURN_IF_ERROR(r.read_string("version", version));
   for (char& c : version) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (version != "gemm")
-    return r.unsupported("version", "is '" + version +
-                                        "': only AWQ's GEMM packing is supported (not gemv, "
-                                        "marlin, exllama or ipex)");
+    return unsupported(r, "version",
+                       "is '" + version +
+                           "': only AWQ's GEMM packing is supported (not gemv, "
+                           "marlin, exllama or ipex)");
   return r.read_strings("modules_to_not_convert", q.unquantized_modules);
 }
 
-Status parse_gptq(const Reader& r, QuantConfig& q) {
+Status parse_gptq(const Fields& r, QuantConfig& q) {
   q.method = QuantMethod::kGptq;
   int64_t bits = 4;
   PAGELLM_RETURN_IF_ERROR(r.read_int("bits", bits));
@@ -123,47 +73,52 @@ Status parse_gptq(const Reader& r, QuantConfig& q) {
   if (format == "gptq_v2") {
     q.gptq_zeros_minus_one = false;
   } else if (format != "gptq") {
-    return r.unsupported("checkpoint_format",
-                         "is '" + format + "': only 'gptq' and 'gptq_v2' are supported");
+    return unsupported(r, "checkpoint_format",
+                       "is '" + format + "': only 'gptq' and 'gptq_v2' are supported");
   }
   return r.read_strings("modules_to_not_convert", q.unquantized_modules);
 }
 
-Status parse_compressed_tensors(const Reader& r, const json& root, QuantConfig& q) {
+Status parse_compressed_tensors(const Fields& r, QuantConfig& q) {
   q.method = QuantMethod::kCompressedTensors;
   std::string format;
   PAGELLM_RETURN_IF_ERROR(r.read_string("format", format));
   if (format != "pack-quantized")
-    return r.unsupported("format", "is '" + format +
-                                       "': of compressed-tensors, only 'pack-quantized' (W4A16) "
-                                       "is supported");
+    return unsupported(r, "format",
+                       "is '" + format +
+                           "': of compressed-tensors, only 'pack-quantized' (W4A16) "
+                           "is supported");
   const json* groups = r.get("config_groups");
   if (!groups || !groups->is_object() || groups->empty())
-    return r.error("config_groups", "must be an object with one scheme");
+    return r.error(StatusCode::kInvalidArgument, "config_groups",
+                   "must be an object with one scheme");
   if (groups->size() != 1)
-    return r.unsupported("config_groups", "has " + std::to_string(groups->size()) +
-                                              " schemes: only one scheme for every layer is "
-                                              "supported");
+    return unsupported(r, "config_groups",
+                       "has " + std::to_string(groups->size()) +
+                           " schemes: only one scheme for every layer is "
+                           "supported");
   const std::string name = groups->begin().key();
   const json& scheme = groups->begin().value();
-  if (!scheme.is_object()) return r.error("config_groups." + name, "must be an object");
-  const Reader s(scheme, r.path(), r.where() + ".config_groups." + name);
+  if (!scheme.is_object())
+    return r.error(StatusCode::kInvalidArgument, "config_groups." + name, "must be an object");
+  const Fields s(scheme, r.path(), r.name("config_groups." + name + "."));
   if (s.get("input_activations") || s.get("output_activations"))
-    return s.unsupported("input_activations",
-                         "is set: only weight-only (W4A16) schemes are supported");
+    return unsupported(s, "input_activations",
+                       "is set: only weight-only (W4A16) schemes are supported");
   std::vector<std::string> targets;
   PAGELLM_RETURN_IF_ERROR(s.read_strings("targets", targets));
   if (targets != std::vector<std::string>{"Linear"})
-    return s.unsupported("targets", "must be [\"Linear\"]");
+    return unsupported(s, "targets", "must be [\"Linear\"]");
   const json* w = s.get("weights");
-  if (!w || !w->is_object()) return s.error("weights", "must be an object");
-  const Reader wr(*w, s.path(), s.where() + ".weights");
+  if (!w || !w->is_object())
+    return s.error(StatusCode::kInvalidArgument, "weights", "must be an object");
+  const Fields wr(*w, s.path(), s.name("weights."));
   int64_t bits = 0;
   PAGELLM_RETURN_IF_ERROR(wr.read_int("num_bits", bits));
   std::string type = "int", strategy;
   PAGELLM_RETURN_IF_ERROR(wr.read_string("type", type));
   if (type != "int")
-    return wr.unsupported("type", "is '" + type + "': only int weights are supported here");
+    return unsupported(wr, "type", "is '" + type + "': only int weights are supported here");
   PAGELLM_RETURN_IF_ERROR(wr.read_string("strategy", strategy));
   if (strategy == "group") {
     q.group_size = 0;
@@ -171,18 +126,18 @@ Status parse_compressed_tensors(const Reader& r, const json& root, QuantConfig& 
   } else if (strategy == "channel") {
     q.group_size = -1;
   } else {
-    return wr.unsupported("strategy",
-                          "is '" + strategy + "': only 'group' and 'channel' are supported");
+    return unsupported(wr, "strategy",
+                       "is '" + strategy + "': only 'group' and 'channel' are supported");
   }
   PAGELLM_RETURN_IF_ERROR(check_bits_and_group(wr, "num_bits", bits, q.group_size));
   bool symmetric = true, dynamic = false;
   PAGELLM_RETURN_IF_ERROR(wr.read_bool("symmetric", symmetric));
   PAGELLM_RETURN_IF_ERROR(wr.read_bool("dynamic", dynamic));
-  if (dynamic) return wr.unsupported("dynamic", "is true: weights must have stored scales");
+  if (dynamic) return unsupported(wr, "dynamic", "is true: weights must have stored scales");
   if (wr.get("actorder"))
-    return wr.unsupported("actorder", "is set: activation ordering is not supported yet");
+    return unsupported(wr, "actorder", "is set: activation ordering is not supported yet");
   q.zero_point = !symmetric;
-  return Reader(root, r.path(), r.where()).read_strings("ignore", q.unquantized_modules);
+  return r.read_strings("ignore", q.unquantized_modules);
 }
 
 }  // namespace
@@ -210,7 +165,10 @@ Result<QuantConfig> parse_quant_config(const std::string& json_text, const std::
   const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object())
     return invalid_argument(path + ": field 'quantization_config' must be an object");
-  const Reader r(root, path, "quantization_config");
+  return parse_quant_config(Fields(root, path, "quantization_config."));
+}
+
+Result<QuantConfig> parse_quant_config(const io_detail::Fields& r) {
   std::string method;
   PAGELLM_RETURN_IF_ERROR(r.read_string("quant_method", method));
   QuantConfig q;
@@ -219,13 +177,14 @@ Result<QuantConfig> parse_quant_config(const std::string& json_text, const std::
   } else if (method == "gptq") {
     PAGELLM_RETURN_IF_ERROR(parse_gptq(r, q));
   } else if (method == "compressed-tensors") {
-    PAGELLM_RETURN_IF_ERROR(parse_compressed_tensors(r, root, q));
+    PAGELLM_RETURN_IF_ERROR(parse_compressed_tensors(r, q));
   } else if (method.empty()) {
-    return r.error("quant_method", "is missing");
+    return r.missing("quant_method");
   } else {
-    return r.unsupported("quant_method", "is '" + method +
-                                             "': supported are awq, gptq and compressed-tensors "
-                                             "(pack-quantized)");
+    return unsupported(r, "quant_method",
+                       "is '" + method +
+                           "': supported are awq, gptq and compressed-tensors "
+                           "(pack-quantized)");
   }
   // desc_act is read, not refused: the loader refuses act-order only where a tensor's g_idx
   // really permutes the rows (writers set the flag on checkpoints in the plain order too).

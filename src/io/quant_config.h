@@ -33,6 +33,11 @@ struct QuantConfig {
 
 // Parses the `quantization_config` object (JSON text of it); `path` is for messages.
 Result<QuantConfig> parse_quant_config(const std::string& json_text, const std::string& path);
+// The same from the object as config.cpp reads it (io/json_fields.h).
+namespace io_detail {
+class Fields;
+}
+Result<QuantConfig> parse_quant_config(const io_detail::Fields& quantization_config);
 
 // "awq", "gptq", "compressed-tensors".
 const char* quant_method_name(QuantMethod m);
