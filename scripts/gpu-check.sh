@@ -477,6 +477,19 @@ PY
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
       --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
+    # 4-bit weights (issue 43): the Llama-3-8B shape with random AWQ-style projections (group 128,
+    # bf16 lm_head): batch-1 latency, its per-op tables, and the offline run. PAGELLM_CHECK_INT4=0
+    # skips them.
+    if [ "${PAGELLM_CHECK_INT4:-1}" = 1 ]; then
+      run_bench latency-llama3-8b-awq latency --model $cfg/llama-3-8b.json --load-format dummy \
+        --quantization awq --device cuda --input-len 512 --output-len 256 --iters 2
+      run_bench profile-llama3-8b-awq latency --profile --model $cfg/llama-3-8b.json \
+        --load-format dummy --quantization awq --device cuda --input-len 512 --output-len 8 --iters 1
+      run_bench throughput-llama3-8b-awq throughput --model $cfg/llama-3-8b.json --load-format dummy \
+        --quantization awq --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 \
+        --output-len 256 --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} \
+        --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
+    fi
     # PAGELLM_CHECK_PROFILE_OFFLINE=1: where an offline run's time goes, op by op (`bench
     # throughput --profile`: eager, every op timed, summed per op kind and weight shape; the
     # table is in $logs/bench-profile-offline-*.log). Fewer prompts than the timed run.

@@ -168,6 +168,14 @@ class Backend {
   // (e.g. keep Q4_1, or convert f32 to bf16); kF32 for norms and other small vectors.
   virtual Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                        std::unique_ptr<Buffer>& storage) = 0;
+  // The quantized type this backend keeps a [rows, cols] weight stored as `host` (a quantized
+  // type) in, to pass to upload_weight; kF32 when it dequantizes such a weight to its float
+  // weight type instead. The CPU keeps every type; the CUDA backend the 4-bit group types and
+  // Q4_0 where their rows fit its layout.
+  virtual DType quantized_storage(DType host, int64_t rows, int64_t cols) const {
+    (void)host, (void)rows, (void)cols;
+    return DType::kF32;
+  }
   // A pre-norm's weight g [D] (f32) and the projection w [M, D] that reads its output, at load:
   // a backend that normalizes faster with a weight of ones scales w's columns by g in place
   // (rms_norm(x) * g @ w^T == rms_norm(x) @ (w * g)^T, w rounded once more to its type) and

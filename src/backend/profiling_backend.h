@@ -111,6 +111,9 @@ class ProfilingBackend final : public Backend {
                                std::unique_ptr<Buffer>& storage) override {
     return inner_->upload_weight(host, dtype, storage);
   }
+  DType quantized_storage(DType host, int64_t rows, int64_t cols) const override {
+    return inner_->quantized_storage(host, rows, cols);
+  }
   Tensor fold_norm_weight(const Tensor& g, Tensor& w) override {
     return inner_->fold_norm_weight(g, w);
   }

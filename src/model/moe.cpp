@@ -69,8 +69,9 @@ Status load_routed_experts(WeightLoader& ld, Backend& backend, int64_t E, int64_
       gate_up.push_back({names.up(e), F});
       down.push_back({names.down(e), D});
     }
-    PAGELLM_ASSIGN_OR_RETURN(Tensor gu, ld.stacked_matrix(gate_up, D));  // [E*2F, D]
-    PAGELLM_ASSIGN_OR_RETURN(Tensor dn, ld.stacked_matrix(down, F));     // [E*D, F]
+    // The device MoE kernels read bf16 experts: 4-bit checkpoints' experts are dequantized.
+    PAGELLM_ASSIGN_OR_RETURN(Tensor gu, ld.stacked_matrix(gate_up, D, false));  // [E*2F, D]
+    PAGELLM_ASSIGN_OR_RETURN(Tensor dn, ld.stacked_matrix(down, F, false));     // [E*D, F]
     if (gu.dtype != DType::kBF16 || dn.dtype != DType::kBF16) {
       return unimplemented("routed experts stored as " + std::string(dtype_name(gu.dtype)) +
                            ": the device MoE kernels read bf16 expert weights");

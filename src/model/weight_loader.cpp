@@ -29,32 +29,39 @@ Result<Tensor> WeightLoader::dummy(const std::string& name, std::vector<int64_t>
       backend_.allocate_or_error(dtype_bytes(dtype, n), "weight '" + name + "'" + loaded_so_far()));
   auto& buf = storage_.emplace_back(std::move(made));
   Tensor t(buf->data(), dtype, {n}, backend_.device());
-  backend_.fill_random(t, std::hash<std::string>{}(name), lo, hi);
-  t.ndim = static_cast<int>(shape.size());
+  t.ndim = static_cast<int>(shape.size());  // the shape first: a device's 4-bit layout has rows
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];
   t.set_contiguous_strides();
+  backend_.fill_random(t, std::hash<std::string>{}(name), lo, hi);
   bytes_ += dtype_bytes(dtype, n);
   return t;
 }
 
-Result<Tensor> WeightLoader::matrix(const std::string& name, std::vector<int64_t> shape) {
+Result<Tensor> WeightLoader::matrix(const std::string& name, std::vector<int64_t> shape,
+                                    bool keep_quantized) {
+  const bool cpu = backend_.device() == Device::kCpu;
   if (source_.is_dummy()) {
     // Uniform with the spread of a 1/sqrt(fan_in)-scaled init, so activations stay O(1).
     const float a = std::sqrt(3.0f / static_cast<float>(shape.back()));
-    const DType dt = dummy_quantized(name, shape)        ? options_.dummy_quantized
-                     : backend_.device() == Device::kCpu ? DType::kBF16
-                                                         : options_.weight_dtype;
+    const DType dt = keep_quantized && dummy_quantized(name, shape) ? options_.dummy_quantized
+                     : cpu                                          ? DType::kBF16
+                                                                    : options_.weight_dtype;
     return dummy(name, std::move(shape), dt, -a, a);
   }
   PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, std::move(shape)));
-  const DType want = backend_.device() == Device::kCpu ? host.dtype : options_.weight_dtype;
+  DType want = cpu ? host.dtype : options_.weight_dtype;
+  if (!cpu && keep_quantized) {
+    const DType kept = device_quantized(name, host.rows(), host.cols());
+    if (kept != DType::kF32) want = kept;
+  }
   PAGELLM_ASSIGN_OR_RETURN(Tensor t, backend_.upload_weight(host, want, storage_.emplace_back()));
   bytes_ += dtype_bytes(t.dtype, t.numel());
   return t;
 }
 
 Result<Tensor> WeightLoader::float_matrix(const std::string& name, std::vector<int64_t> shape) {
-  if (source_.is_dummy() || !stays_quantized(name)) return matrix(name, std::move(shape));
+  if (source_.is_dummy() || !stays_quantized(name))
+    return matrix(name, std::move(shape), /*keep_quantized=*/false);
   PAGELLM_ASSIGN_OR_RETURN(Tensor host, source_.get(name, std::move(shape)));
   PAGELLM_ASSIGN_OR_RETURN(Tensor t,
                            backend_.upload_weight(host, DType::kF32, storage_.emplace_back()));
@@ -74,12 +81,15 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
                                           size_t n_owned, const std::string& what) {
   PAGELLM_CHECK(!loaded.empty() && n_owned <= storage_.size());
   const DType dt = loaded[0].dtype;
+  // Quantized rows are whole blocks, so pieces of one quantized tensor reorder byte for byte, and
+  // on devices (whose 4-bit layout is 16-row stripes, each as many bytes as its rows' blocks) so
+  // do pieces of several, in whole stripes. The CPU stacks none: it never fuses projections.
+  const bool stripes = is_quantized(dt) && backend_.device() != Device::kCpu;
   int64_t rows = 0;
   for (const Tensor& t : loaded) {
-    // Quantized rows are whole blocks, so pieces of one quantized tensor reorder byte for byte;
-    // parts of several are refused (devices dequantize each on upload).
-    if (t.dtype != dt || (is_quantized(dt) && n_owned != 1) || !t.is_contiguous() ||
-        t.numel() % cols != 0)
+    const bool whole = t.numel() % cols == 0 && (!stripes || (t.numel() / cols) % 16 == 0);
+    if (t.dtype != dt || (is_quantized(dt) && n_owned != 1 && !stripes) || !t.is_contiguous() ||
+        !whole)
       return invalid_argument("cannot stack weights of different or quantized types (" +
                               t.shape_string() + ")");
     rows += t.numel() / cols;
@@ -100,10 +110,21 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
   return out;
 }
 
-Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int64_t cols) {
+Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int64_t cols,
+                                            bool keep_quantized) {
+  // On a device the parts stay quantized together or not at all: one type of one kept layout,
+  // and reordered ranges in whole stripes.
+  if (backend_.device() != Device::kCpu && keep_quantized) {
+    const DType first = device_quantized(parts.front().name, parts.front().rows, cols);
+    for (const Part& p : parts) {
+      keep_quantized = keep_quantized && device_quantized(p.name, p.rows, cols) == first;
+      for (const auto& [b, e] : p.ranges)
+        keep_quantized = keep_quantized && b % 16 == 0 && e % 16 == 0;
+    }
+  }
   std::vector<Tensor> pieces;
   for (const Part& p : parts) {
-    PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}));
+    PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}, keep_quantized));
     for (const Tensor& piece : pieces_of(t, cols, p.ranges)) pieces.push_back(piece);
   }
   return stack_loaded(pieces, cols, parts.size(), stack_name(parts));
@@ -121,8 +142,21 @@ Result<Tensor> WeightLoader::stacked_vector(const std::vector<Part>& parts, floa
 bool WeightLoader::dummy_quantized(const std::string& name,
                                    const std::vector<int64_t>& shape) const {
   const DType q = options_.dummy_quantized;
-  return source_.is_dummy() && q != DType::kF32 && is_quantized_projection(name, shape.size()) &&
-         shape.back() % block_elems(q) == 0;
+  if (!source_.is_dummy() || q == DType::kF32 || !is_quantized_projection(name, shape.size()) ||
+      shape.back() % block_elems(q) != 0)
+    return false;
+  if (backend_.device() == Device::kCpu) return true;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return backend_.quantized_storage(q, rows, shape.back()) == q;
+}
+
+DType WeightLoader::device_quantized(const std::string& name, int64_t rows, int64_t cols) const {
+  if (source_.is_dummy())
+    return dummy_quantized(name, {rows, cols}) ? options_.dummy_quantized : DType::kF32;
+  const TensorInfo* info = source_.find(name);
+  if (info == nullptr || !is_quantized(info->dtype)) return DType::kF32;
+  return backend_.quantized_storage(info->dtype, rows, cols);
 }
 
 bool WeightLoader::stays_quantized(const std::string& name) const {
@@ -208,7 +242,8 @@ Status WeightLoader::qkv_into(const std::string& prefix, const std::string& kind
 Status WeightLoader::embeddings_and_head(const ModelConfig& cfg, Tensor& embed, Tensor& final_norm,
                                          Tensor& lm_head) {
   const int64_t V = cfg.vocab_size, D = cfg.hidden_size;
-  PAGELLM_RETURN_IF_ERROR(matrix_into("model.embed_tokens.weight", {V, D}, embed));
+  // The table is read by rows (embedding), never as a product's weight: float on devices.
+  PAGELLM_ASSIGN_OR_RETURN(embed, matrix("model.embed_tokens.weight", {V, D}, false));
   PAGELLM_RETURN_IF_ERROR(norm_into("model.norm.weight", D, final_norm));
   if (has("lm_head.weight")) return matrix_into("lm_head.weight", {V, D}, lm_head);
   if (!cfg.tie_word_embeddings) {

@@ -1,6 +1,7 @@
 // WeightLoader: moves a checkpoint's tensors onto a backend for a model, by Hugging Face name and
-// expected shape. Matrices keep their stored type on the CPU (zero-copy from the mapped file) and
-// take LoadOptions::weight_dtype on devices; vectors (norms, biases) become f32. With dummy weights
+// expected shape. Matrices keep their stored type on the CPU (zero-copy from the mapped file); on
+// devices they take LoadOptions::weight_dtype, or stay quantized where the backend keeps their
+// type (Backend::quantized_storage); vectors (norms, biases) become f32. With dummy weights
 // (--load-format dummy) the tensors are allocated on the backend and filled with random values
 // there, seeded by the tensor's name so every run builds the same model.
 #pragma once
@@ -21,11 +22,14 @@ class WeightLoader {
  public:
   WeightLoader(Backend& backend, const WeightSource& source, const LoadOptions& options);
 
-  // A [rows, cols] (or any-rank) weight matrix.
-  Result<Tensor> matrix(const std::string& name, std::vector<int64_t> shape);
+  // A [rows, cols] (or any-rank) weight matrix. keep_quantized false: a device stores it in
+  // LoadOptions::weight_dtype even where it could keep its quantized type (the routed experts,
+  // whose device kernels read bf16).
+  Result<Tensor> matrix(const std::string& name, std::vector<int64_t> shape,
+                        bool keep_quantized = true);
   // A matrix that must be of a float type wherever it lives (MLA's kv_b_proj: absorbed into other
-  // weights and viewed per head): a quantized stored type becomes f32 on the CPU (devices store
-  // LoadOptions::weight_dtype, a float type, anyway).
+  // weights and viewed per head): a quantized stored type becomes f32 on the CPU and
+  // LoadOptions::weight_dtype on devices.
   Result<Tensor> float_matrix(const std::string& name, std::vector<int64_t> shape);
   // A 1-D weight; `dummy_value` is what dummy weights hold (1 for norm scales, 0 for biases).
   Result<Tensor> vector(const std::string& name, int64_t n, float dummy_value);
@@ -46,16 +50,18 @@ class WeightLoader {
   // gate|up, so a device runs one GEMM where the checkpoint has several (DeepSeek's query
   // projection and kv_a on every backend). Each part is loaded (or made, for dummy weights)
   // exactly as matrix() / vector() would load it alone, so the stack holds the same values.
-  // Quantized parts are refused (see stays_quantized).
+  // Quantized parts stack on devices when each is whole 16-row stripes of the device's 4-bit
+  // layout; elsewhere they are refused (see stays_quantized).
   struct Part {
     std::string name;
     int64_t rows;
     RowRanges ranges = {};  // the part's rows in this order; empty: as stored
   };
-  Result<Tensor> stacked_matrix(const std::vector<Part>& parts, int64_t cols);
+  Result<Tensor> stacked_matrix(const std::vector<Part>& parts, int64_t cols,
+                                bool keep_quantized = true);
   Result<Tensor> stacked_vector(const std::vector<Part>& parts, float dummy_value);
-  // Whether `name` keeps a quantized stored type when loaded (the CPU keeps GGUF blocks; devices
-  // dequantize on upload): such weights cannot be stacked with others.
+  // Whether `name` keeps a quantized stored type on the CPU (which keeps every block type): such
+  // weights cannot be stacked with others there.
   bool stays_quantized(const std::string& name) const;
 
   // The same, storing into `out`: for the long load sequences of the architecture files.
@@ -80,8 +86,12 @@ class WeightLoader {
  private:
   Result<Tensor> dummy(const std::string& name, std::vector<int64_t> shape, DType dtype, float lo,
                        float hi);
-  // Whether a dummy matrix takes LoadOptions::dummy_quantized.
+  // Whether a dummy matrix takes LoadOptions::dummy_quantized (on devices: where the backend
+  // keeps that type for the shape).
   bool dummy_quantized(const std::string& name, const std::vector<int64_t>& shape) const;
+  // On a device: the quantized type matrix() keeps the [rows, cols] weight `name` in, or kF32
+  // when it stores it in LoadOptions::weight_dtype.
+  DType device_quantized(const std::string& name, int64_t rows, int64_t cols) const;
   // " (after 1.2 GiB of weights)": how far loading got, for an out-of-memory error.
   std::string loaded_so_far() const;
   // Copies `loaded` (pieces of the last n_owned tensors loaded) into one stacked buffer and frees

@@ -56,11 +56,11 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
       return invalid_argument("--quantization must be awq, gptq or q4_k, got '" +
                               options.quantization + "'");
     }
-    if (options.device != "cpu")
-      return unimplemented(
-          "--quantization " + options.quantization + " on --device " + options.device +
-          ": the GPU's 4-bit kernels are not written yet (it "
-          "dequantizes 4-bit checkpoints to bf16, so the figures would be bf16's)");
+    if (options.device != "cpu" && load.dummy_quantized == DType::kQ4_K)
+      return unimplemented("--quantization q4_k on --device " + options.device +
+                           ": the GPU keeps the 4-bit group types (awq, gptq) and Q4_0 4-bit; "
+                           "k-quants are dequantized to bf16 there, so the figures would be "
+                           "bf16's");
   }
   if (options.load_format == "dummy") {
     PAGELLM_ASSIGN_OR_RETURN(sm->checkpoint, open_dummy_checkpoint(sm->path));

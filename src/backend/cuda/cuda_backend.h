@@ -7,10 +7,11 @@
 // - All work is queued on one non-default stream owned by the backend; ops are asynchronous and
 //   copy_to_host / synchronize wait. The backend is used from one thread at a time (the engine
 //   loop), and that thread's current device must be the backend's (set by the constructor).
-// - Weights: upload_weight converts f32/f16/bf16 to the requested float type on the device. GGUF
-//   block formats (Q8_0/Q4_0/Q4_1) are dequantized to bf16 on upload for now (requests for a
-//   quantized storage type also get bf16); matmul reads bf16 weights through cuBLASLt and f32/f16
-//   weights through a plain tiled kernel.
+// - Weights: upload_weight converts f32/f16/bf16 to the requested float type on the device. The
+//   4-bit group types (AWQ, GPTQ, compressed-tensors) and GGUF's Q4_0 stay 4-bit, repacked into
+//   the layout of int4_gemm.cu (cuda_int4.cpp); the other block formats are dequantized to bf16
+//   on upload. matmul reads bf16 weights through cuBLASLt or the GEMV, 4-bit ones through the
+//   4-bit GEMV or dequantized slices, and f32/f16 weights through a plain tiled kernel.
 // - Preconditions of ops (shapes, dtypes, devices) are CHECKed: a violation is a programmer error.
 //   CUDA/cuBLAS failures abort with the failing call, file and line (cuda_check.h).
 #pragma once
@@ -57,6 +58,7 @@ class CudaBackend final : public Backend {
   bool background_work() override;
   Result<Tensor> upload_weight(const Tensor& host, DType dtype,
                                std::unique_ptr<Buffer>& storage) override;
+  DType quantized_storage(DType host, int64_t rows, int64_t cols) const override;
   // Folds with PAGELLM_GEMV_FUSIONS's "fold" (off by default; cuda_backend.cpp says why) and bf16
   // w; the weight of ones it returns is one buffer per width, which fused_gemv recognizes by its
   // address.
@@ -161,6 +163,10 @@ class CudaBackend final : public Backend {
   static constexpr int kSlots = 16;
   // Device staging for weight conversion on upload, in chunks of whole rows.
   static constexpr int64_t kUploadChunkBytes = 64 << 20;
+  // The bf16 slice a 4-bit weight is dequantized into for products past the 4-bit GEMV's rows:
+  // small enough that the slice and the activations stay in L2 (50 MB on the H100 and H200)
+  // between the dequantization and cuBLASLt's read of it.
+  static constexpr int64_t kInt4SliceBytes = 16 << 20;
 
   // matmul()'s operands, checked: x, w and out as row views and the bias pointer and type.
   struct MatmulOperands {
@@ -186,6 +192,14 @@ class CudaBackend final : public Backend {
   void run_attention_mla(const AttentionArgs& a, int64_t n_tokens, const MlaProjection* proj);
   // rms_norm's checks and launch; release_early as launch_rms_norm's (kernels.h).
   void run_rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out, bool release_early);
+
+  // 4-bit weights (cuda_int4.cpp): upload_weight's repacking, fill_random's, and the products of
+  // matmul (add_scratch null) and matmul_add (its scratch).
+  Result<Tensor> upload_int4(const Tensor& host, DType dtype, std::unique_ptr<Buffer>& storage);
+  void fill_random_int4(Tensor& t, uint64_t seed, float lo, float hi);
+  void int4_matmul(const MatmulOperands& m, const Tensor* add_scratch);
+  // The slices of both streams, allocated with the first 4-bit weight.
+  void ensure_int4_slices();
 
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);
@@ -229,6 +243,8 @@ class CudaBackend final : public Backend {
   int64_t attn_workspace_bytes_ = 0;
   std::unique_ptr<Buffer> attn_counters_;  // freeing it moves the allocation epoch
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
+  // int4_matmul's bf16 slice for the stream in use, and the other stream's (swapped with it).
+  std::unique_ptr<Buffer> int4_slice_, side_int4_slice_;
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
   std::unique_ptr<Buffer> chain_counter_;  // launch_gemv_stream_chain's grid-wide count

@@ -131,6 +131,43 @@ inline bool device_dequantizes(DType t) {
 void launch_dequantize(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n_rows,
                        int64_t cols, cudaStream_t stream);
 
+// --- int4_gemm.cu ---
+// 4-bit weights kept 4-bit on the device: the I4G types, in the stripe layout int4_gemm.cu
+// describes (a tensor's bytes are dtype_bytes of its type; only the CUDA backend reads them).
+// GGUF's Q4_0 is uploaded as I4G32 (zero point 8: the same values).
+inline int64_t int4_group(DType t) {
+  return is_group_int4(t) ? block_elems(t) : 0;
+}
+// The device type a host 4-bit type is kept as, or kF32 when it is not kept 4-bit.
+inline DType int4_device_type(DType host) {
+  if (host == DType::kQ4_0) return DType::kI4G32;
+  return is_group_int4(host) ? host : DType::kF32;
+}
+// Whether a [rows, cols] weight of I4G type t fits the layout: whole 16-row stripes, whole
+// 64-column chunks and groups.
+inline bool int4_layout_fits(DType t, int64_t rows, int64_t cols) {
+  return is_group_int4(t) && rows % 16 == 0 && cols % 64 == 0 && cols % int4_group(t) == 0;
+}
+// Host blocks (src_dtype: the I4G type itself, or Q4_0 for I4G32) of n_rows x cols -> the device
+// layout of dst_dtype. src and dst are device memory.
+void launch_int4_repack(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                        int64_t n_rows, int64_t cols, cudaStream_t stream);
+// Rows [first_row, first_row + n_rows) (whole stripes) of a device-layout weight -> bf16
+// row-major [n_rows, cols] at out: what cuBLASLt multiplies for batches past the GEMV's.
+void launch_int4_dequantize(const void* w, DType dtype, int64_t first_row, int64_t n_rows,
+                            int64_t cols, void* out, cudaStream_t stream);
+// Random weights equal to the CPU backend's fill_random of the same type, seed and range: n_rows
+// rows (whole stripes) from the tensor's block first_block on, made in `staging` (their bytes,
+// device memory) and repacked into `data` (where those rows start).
+void launch_int4_random(void* data, DType dtype, int64_t n_rows, int64_t cols, int64_t first_block,
+                        void* staging, uint64_t seed, float lo, float hi, cudaStream_t stream);
+// The decode product with 4-bit weights: out (+)= x . w^T + bias for up to kInt4GemvMaxRows rows
+// of x, reading each weight byte once (tensor-core mma on the dequantized fragments, fp32 sums).
+constexpr int64_t kInt4GemvMaxRows = 16;
+bool int4_gemv_supported(const RowView& x, const RowView& w, const RowView& out);
+void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                      const RowView& out, bool accumulate, cudaStream_t stream);
+
 // --- gemm.cu (fallback) ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
 // cannot pair with bf16 activations (f32, f16). x bf16; out bf16 or f32; bias may be null.

@@ -12,7 +12,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(ServingModel, DummyQuantizationOnTheCpuAndRefusedElsewhere) {
+TEST(ServingModel, DummyQuantizationAndItsRefusals) {
   ServingModelOptions o;
   o.model_path = test_source_dir() + "/tests/data/golden/awq_llama/config.json";
   o.load_tokenizer = false;
@@ -24,11 +24,13 @@ TEST(ServingModel, DummyQuantizationOnTheCpuAndRefusedElsewhere) {
   }
   o.quantization = "int3";
   EXPECT_THAT(load_serving_model(o).status().to_string(), HasSubstr("must be awq, gptq or q4_k"));
-  o.quantization = "awq";
+  // The GPU keeps awq/gptq 4-bit (checked on the device); dummy k-quants would be bf16 there.
+  o.quantization = "q4_k";
   o.device = "cuda";
   auto gpu = load_serving_model(o);
   EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented);
-  EXPECT_THAT(gpu.status().to_string(), HasSubstr("GPU's 4-bit kernels"));
+  EXPECT_THAT(gpu.status().to_string(), HasSubstr("k-quants are dequantized to bf16"));
+  o.quantization = "awq";
   o.device = "cpu";
   o.load_format = "auto";
   o.model_path = test_source_dir() + "/tests/data/golden/awq_llama";
