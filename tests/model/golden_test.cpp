@@ -212,6 +212,17 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, Golden, testing::ValuesIn(all_params(
 // models). pagellm must stay within 1.5x of that, mean and max: another bf16 implementation,
 // rounding in different places, lands at the same distance, never a multiple of it. Greedy tokens
 // must agree wherever transformers' top-2 margin exceeds 0.3. Skipped (visibly) without a GPU.
+//
+// MoE fixtures record the float32 router's margins (add_router_margins.py): at a position where
+// the k-th and (k+1)-th experts' routing probabilities are within kRouterTie, the bf16 hidden
+// state (2^-9 relative per value) can flip the choice, as it can in any bf16 engine, and the
+// token then runs through another expert: its log-probability moves by whole units on these tiny
+// models. Such positions are left out of the bounds and counted in the report.
+constexpr double kRouterTie = 0.005;  // about 2^-8: bf16's resolution of a probability near 1
+bool router_tied(const json& c, size_t position) {
+  return c.contains("router_margins") && c["router_margins"][position].get<double>() < kRouterTie;
+}
+
 // The fixture's name, its reference and the GPU, for the tests on the CUDA backend.
 class GoldenCuda : public testing::TestWithParam<std::string> {
  protected:
@@ -238,8 +249,8 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
   const int64_t V = (*model)->config().vocab_size;
   const bool dynamic = (*model)->config().rope.type == RopeType::kDynamic;
   SequenceRunner runner(**model, *gpu_, 128, 16, dynamic ? 128 : 13);
-  double max_err = 0, sum_err = 0;
-  int n = 0, n_greedy = 0;
+  double max_err = 0, sum_err = 0, tied_err = 0;
+  int n = 0, n_greedy = 0, n_tied = 0;
   for (const json& c : ref["cases"]) {
     const auto prompt = c["prompt"].get<std::vector<int32_t>>();
     const auto greedy = c["greedy"].get<std::vector<int32_t>>();
@@ -252,6 +263,11 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
     for (size_t i = 1; i < full.size(); ++i) {
       const auto lp = log_softmax(all->data() + (i - 1) * V, V);
       const double e = std::fabs(lp[full[i]] - c["full_logprobs"][i].get<double>());
+      if (router_tied(c, i - 1)) {
+        tied_err = std::max(tied_err, e);
+        ++n_tied;
+        continue;
+      }
       max_err = std::max(max_err, e);
       sum_err += e;
       ++n;
@@ -263,6 +279,7 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
     for (size_t s = 0; s < greedy.size(); ++s) {
       const int32_t tok = argmax(row.data(), V);
       if (tok != greedy[s]) {
+        if (router_tied(c, prompt.size() - 1 + s)) break;
         EXPECT_LT(margins[s], 0.3) << name << ": greedy step " << s << " chose " << tok
                                    << ", transformers " << greedy[s] << " (margin " << margins[s] << ")";
         break;
@@ -276,6 +293,10 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
   ASSERT_GT(n, 0);
   std::printf("[ golden-cuda ] %-16s max |dlogprob| %.4f, mean %.5f over %d positions; %d greedy tokens equal\n",
               name.c_str(), max_err, sum_err / n, n, n_greedy);
+  if (n_tied > 0)
+    std::printf(
+        "[ golden-cuda ] %-16s %d positions with a tied router left out (max |dlogprob| %.4f)\n",
+        name.c_str(), n_tied, tied_err);
   const json& noise = ref["transformers_bf16_noise"];
   EXPECT_LE(sum_err / n, 1.5 * noise["mean_abs_err"].get<double>()) << name;
   EXPECT_LE(max_err, 1.5 * noise["max_abs_err"].get<double>()) << name;
@@ -289,7 +310,8 @@ TEST_P(GoldenCuda, MatchesTransformersInBf16) {
 // reference token on the GPU is compared with the CPU backend's (f32) at the same step. The bound
 // is the prefill test's, transformers' own bf16 error (1.5x, mean and max), plus the CPU's own
 // tolerance. A MoE step whose router is near-tied may route differently in bf16 and f32 (as
-// transformers in bf16 does); scripts/moe-decode-margins.py explains such steps on larger samples.
+// transformers in bf16 does): such steps are left out (kRouterTie); scripts/moe-decode-margins.py
+// explains them on larger samples.
 TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
   const std::string& name = name_;
   auto ckpt = open_checkpoint((golden_dir() / name).string());
@@ -303,8 +325,8 @@ TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
   const bool dynamic = (*gpu_model)->config().rope.type == RopeType::kDynamic;
   SequenceRunner on_gpu(**gpu_model, *gpu_, 128, 16, dynamic ? 128 : 13);
   SequenceRunner on_cpu(**cpu_model, *cpu, 128, 16, dynamic ? 128 : 13);
-  double max_err = 0, sum_err = 0;
-  int n = 0, worst_step = -1;
+  double max_err = 0, sum_err = 0, tied_err = 0;
+  int n = 0, worst_step = -1, n_tied = 0;
   for (const json& c : ref_["cases"]) {
     const auto prompt = c["prompt"].get<std::vector<int32_t>>();
     const auto greedy = c["greedy"].get<std::vector<int32_t>>();
@@ -317,10 +339,15 @@ TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
       ASSERT_TRUE(h.ok()) << h.status().to_string();
       const double e =
           std::fabs(log_softmax(g->data(), V)[greedy[s]] - log_softmax(h->data(), V)[greedy[s]]);
-      if (e > max_err) worst_step = static_cast<int>(s);
-      max_err = std::max(max_err, e);
-      sum_err += e;
-      ++n;
+      if (router_tied(c, prompt.size() - 1 + s)) {
+        tied_err = std::max(tied_err, e);
+        ++n_tied;
+      } else {
+        if (e > max_err) worst_step = static_cast<int>(s);
+        max_err = std::max(max_err, e);
+        sum_err += e;
+        ++n;
+      }
       if (s + 1 == greedy.size()) break;
       g = on_gpu.feed(std::vector<int32_t>{greedy[s]}, LogitsWanted::kLast);
       h = on_cpu.feed(std::vector<int32_t>{greedy[s]}, LogitsWanted::kLast);
@@ -331,6 +358,10 @@ TEST_P(GoldenCuda, DecodeStepsMatchTheCpuWithinBf16Noise) {
       "[ golden-cuda ] %-16s decode steps: max |dlogprob| %.4f (step %d), mean %.5f over "
       "%d steps\n",
       name.c_str(), max_err, worst_step, sum_err / n, n);
+  if (n_tied > 0)
+    std::printf(
+        "[ golden-cuda ] %-16s %d steps with a tied router left out (max |dlogprob| %.4f)\n",
+        name.c_str(), n_tied, tied_err);
   const json& noise = ref_["transformers_bf16_noise"];
   EXPECT_LE(sum_err / n, 1.5 * noise["mean_abs_err"].get<double>() + kLogprobTol) << name;
   EXPECT_LE(max_err, 1.5 * noise["max_abs_err"].get<double>() + kLogprobTol) << name;

@@ -39,7 +39,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;  // 16-byte chunk loads a lane has in flight per trip
+constexpr int kUnroll = 8;  // 16-byte chunk loads a lane keeps in flight (the ring's slots)
 
 // Row offset (0 or 8) and column offset (0..3) within a lane's k-tile of nibble i of its word.
 __host__ __device__ constexpr int nibble_row(int i) {
@@ -86,7 +86,7 @@ __global__ void repack_kernel(const uint8_t* __restrict__ src, uint8_t* __restri
       const int64_t chunk = w / 128;
       const int lane = static_cast<int>(w % 128) / 4, j = static_cast<int>(w % 4);
       const int r = lane / 4, q = lane % 4;
-      const int64_t c = chunk * 64 + 32 * (j >> 1) + 8 * q + 4 * (j & 1);
+      const int64_t c = chunk * 64 + tile_col(q, j);
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         const uint8_t* row = src + (s * 16 + r + nibble_row(n)) * src_row;
@@ -177,8 +177,10 @@ __device__ __forceinline__ float bias_value(const void* bias, DType t, int64_t m
 // chunk at G = 32) add to the warp's accumulators. The stripe's warps then meet in shared memory
 // and its first warp adds their sums in a fixed order (no dependence on timing) and stores.
 template <int G, int NT, typename TOut, bool kAdd>
-__global__ void __launch_bounds__(kThreads) int4_gemv_kernel(const Int4GemvParams p) {
+__global__ void __launch_bounds__(kThreads, 2) int4_gemv_kernel(const Int4GemvParams p) {
   constexpr int kGroupsPerChunk = G < 64 ? 2 : 1;
+  // G = 32's two headers a chunk take the registers of two ring slots (128 a thread at most).
+  constexpr int kRing = G < 64 ? kUnroll - 2 : kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split, part = warp & (split - 1);
   const int64_t stripe = static_cast<int64_t>(blockIdx.x) * (kWarps / split) + warp / split;
@@ -196,44 +198,38 @@ __global__ void __launch_bounds__(kThreads) int4_gemv_kernel(const Int4GemvParam
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
-  // A trip: kUnroll chunks of this warp, with their headers (rows r and r + 8 of each group).
-  uint4 wv[kUnroll];
-  uint32_t hv[kUnroll][kGroupsPerChunk][2];
-  auto load = [&](int64_t c0) {
+  // A ring of kRing chunk loads (with their headers, rows r and r + 8 of each group) per lane:
+  // a slot is refilled with its next chunk as soon as its data is taken, so kRing loads stay in
+  // flight through the whole stream without a second set of registers.
+  uint4 wv[kRing];
+  uint32_t hv[kRing][kGroupsPerChunk][2];
+  auto load_slot = [&](int u, int64_t c) {
+    const bool ok = active && c < n_chunks;
+    wv[u] = ok ? load_stream_u4(values + 32 * c) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + static_cast<int64_t>(u) * split;
-      const bool ok = active && c < n_chunks;
-      wv[u] = ok ? load_stream_u4(values + 32 * c) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int h = 0; h < kGroupsPerChunk; ++h) {
-        const int64_t g = (c * 64 + 32 * h) / G;
-        hv[u][h][0] = ok ? __ldg(headers + g * 16 + r) : 0u;
-        hv[u][h][1] = ok ? __ldg(headers + g * 16 + r + 8) : 0u;
-      }
+    for (int h = 0; h < kGroupsPerChunk; ++h) {
+      const int64_t g = (c * 64 + 32 * h) / G;
+      hv[u][h][0] = ok ? __ldg(headers + g * 16 + r) : 0u;
+      hv[u][h][1] = ok ? __ldg(headers + g * 16 + r + 8) : 0u;
     }
   };
-  // The weights are no kernel's output: the first trip's loads go out before the wait.
-  load(part);
+  // The weights are no kernel's output: the ring's first loads go out before the wait.
+#pragma unroll
+  for (int u = 0; u < kRing; ++u) load_slot(u, part + static_cast<int64_t>(u) * split);
   pdl_wait();
   pdl_allow_next();
 
-  const int64_t trip = static_cast<int64_t>(kUnroll) * split;
+  const int64_t trip = static_cast<int64_t>(kRing) * split;
   for (int64_t c0 = part; active && c0 < n_chunks; c0 += trip) {
-    uint4 cur[kUnroll];
-    uint32_t hcur[kUnroll][kGroupsPerChunk][2];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      cur[u] = wv[u];
-#pragma unroll
-      for (int h = 0; h < kGroupsPerChunk; ++h)
-        hcur[u][h][0] = hv[u][h][0], hcur[u][h][1] = hv[u][h][1];
-    }
-    if (c0 + trip < n_chunks) load(c0 + trip);  // the next trip streams while this one computes
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kRing; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * split;
       if (c >= n_chunks) break;
+      const uint4 w = wv[u];
+      uint32_t hd[kGroupsPerChunk][2];
+#pragma unroll
+      for (int h = 0; h < kGroupsPerChunk; ++h) hd[h][0] = hv[u][h][0], hd[h][1] = hv[u][h][1];
+      load_slot(u, c + trip);
       // x: lane (r, q) reads row t * 8 + r, columns c * 64 + 8q .. +8 and c * 64 + 32 + 8q .. +8.
       uint4 xv[NT][2];
 #pragma unroll
@@ -244,29 +240,29 @@ __global__ void __launch_bounds__(kThreads) int4_gemv_kernel(const Int4GemvParam
         xv[t][1] =
             xr < p.n ? __ldg(reinterpret_cast<const uint4*>(xrow + 32)) : make_uint4(0, 0, 0, 0);
       }
+      // One group per chunk (G >= 64): its four k-tiles sum unscaled, then the scale applies once;
+      // at G = 32 each 32-column half is a group of its own.
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // the chunk's two 32-column halves
-        const int hg = kGroupsPerChunk == 2 ? h : 0;
-        const uint32_t zr = header_zero(hcur[u][hg][0]), zr8 = header_zero(hcur[u][hg][1]);
+      for (int hg = 0; hg < kGroupsPerChunk; ++hg) {
+        const uint32_t zr = header_zero(hd[hg][0]), zr8 = header_zero(hd[hg][1]);
         float part_sum[NT][4];
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
           for (int i = 0; i < 4; ++i) part_sum[t][i] = 0.0f;
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int j = 2 * h + jj;
+        for (int j = 4 / kGroupsPerChunk * hg; j < 4 / kGroupsPerChunk * (hg + 1); ++j) {
           uint32_t a[4];
-          decode_word(word_of(cur[u], j), zr, zr8, a);
+          decode_word(word_of(w, j), zr, zr8, a);
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
-            const uint4& xh = xv[t][h];
-            const uint32_t b0 = jj == 0 ? xh.x : xh.z, b1 = jj == 0 ? xh.y : xh.w;
+            const uint4& xh = xv[t][j >> 1];
+            const uint32_t b0 = (j & 1) == 0 ? xh.x : xh.z, b1 = (j & 1) == 0 ? xh.y : xh.w;
             mma_bf16(part_sum[t], a, b0, b1);
           }
         }
         // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
-        const float dr = header_scale(hcur[u][hg][0]), dr8 = header_scale(hcur[u][hg][1]);
+        const float dr = header_scale(hd[hg][0]), dr8 = header_scale(hd[hg][1]);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           acc[t][0] = fmaf(dr, part_sum[t][0], acc[t][0]);
@@ -314,40 +310,41 @@ __global__ void __launch_bounds__(kThreads) int4_gemv_kernel(const Int4GemvParam
 }
 
 // Rows [0, n_stripes * 16) of a device-layout weight -> bf16 row-major [rows, K] (row stride K),
-// x = d * (q - z) rounded to bf16 once. One thread per value word.
+// x = d * (q - z) rounded to bf16 once. One thread per lane piece (16 bytes: 32 values of rows r
+// and r + 8), so a warp stores 64 contiguous bytes of each of 16 rows per chunk half.
 template <int G>
 __global__ void dequantize_layout_kernel(const uint8_t* __restrict__ w, bf16* __restrict__ out,
                                          int64_t n_stripes, int64_t k_dim) {
   const int64_t stripe_bytes = 8 * k_dim + 64 * (k_dim / G);
-  const int64_t words = 2 * k_dim;
+  const int64_t pieces = k_dim / 2;  // 32 lanes x K / 64 chunks
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n_stripes * words; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t s = i / words, wi = i % words;
+       i < n_stripes * pieces; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t s = i / pieces, pi = i % pieces, chunk = pi / 32;
+    const int lane = static_cast<int>(pi % 32), r = lane / 4, q = lane % 4;
     const uint8_t* base = w + s * stripe_bytes;
-    const uint32_t word = reinterpret_cast<const uint32_t*>(base)[wi];
-    const int64_t chunk = wi / 128;
-    const int lane = static_cast<int>(wi % 128) / 4, j = static_cast<int>(wi % 4);
-    const int r = lane / 4, q = lane % 4;
-    const int64_t c = chunk * 64 + tile_col(q, j);
+    const uint4 v = reinterpret_cast<const uint4*>(base)[pi];
     const uint32_t* headers = reinterpret_cast<const uint32_t*>(base + 8 * k_dim);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // rows r and r + 8
-      const int row = r + 8 * half;
-      const uint32_t h = headers[(c / G) * 16 + row];
-      const float d = header_scale(h);
-      const int z = static_cast<int>((h >> 16) & 0xff);
-      float v[4];
+    for (int half = 0; half < 2; ++half) {  // k-tiles 2 half, 2 half + 1: 8 columns
+      const int64_t c = chunk * 64 + 32 * half + 8 * q;
+      const int64_t g = c / G;
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
-        if (nibble_row(n) == 8 * half)
-          v[nibble_col(n)] =
-              __fmul_rn(d, static_cast<float>(static_cast<int>((word >> (4 * n)) & 15) - z));
-      bf16* o = out + (s * 16 + row) * k_dim + c;
-      __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
-      uint2 pair;
-      pair.x = *reinterpret_cast<const uint32_t*>(&lo);
-      pair.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(o) = pair;
+      for (int rr = 0; rr < 2; ++rr) {  // rows r and r + 8
+        const uint32_t h = headers[g * 16 + r + 8 * rr];
+        const float d = header_scale(h);
+        const int z = static_cast<int>((h >> 16) & 0xff);
+        float f[8];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const uint32_t word = word_of(v, 2 * half + jj);
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            if (nibble_row(n) == 8 * rr)
+              f[4 * jj + nibble_col(n)] =
+                  __fmul_rn(d, static_cast<float>(static_cast<int>((word >> (4 * n)) & 15) - z));
+        }
+        *reinterpret_cast<uint4*>(out + (s * 16 + r + 8 * rr) * k_dim + c) = pack_bf16x8(f);
+      }
     }
   }
 }
@@ -480,11 +477,12 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
   p.bias_dtype = bias_dtype;
   p.out = out.data;
   p.ldo = out.ld;
-  // Split each stripe's chunks between warps until the grid has about 16 warps an SM (enough
-  // loads in flight to cover the memory latency), keeping two trips a warp at least.
+  // Split each stripe's chunks between warps until the grid has about 16 warps an SM (two blocks,
+  // what the registers allow: 16 x 32 lanes x kUnroll 16-byte loads keep 64 KB in flight), keeping
+  // a whole ring of chunks a warp.
   const int64_t n_chunks = w.cols / 64, target = int64_t{16} * sm_count();
   int split = 1;
-  while (split < kWarps && p.n_stripes * split < target && n_chunks >= 2 * kUnroll * split * 2)
+  while (split < kWarps && p.n_stripes * split < target && n_chunks >= kUnroll * split * 2)
     split *= 2;
   p.k_split = split;
   const dim3 grid(ceil_div(p.n_stripes, kWarps / split));
