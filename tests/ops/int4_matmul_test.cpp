@@ -1,7 +1,7 @@
 // 4-bit weights on the device (int4_gemm.cu, cuda_int4.cpp) against the CPU reference, which
 // multiplies the same host blocks: the repacked layout decoded back bit for bit, random dummy
-// weights equal to the CPU's, and matmul / matmul_add at batch 1, 7, 16 (the 4-bit GEMV), 17, 64
-// and 512 (dequantized slices through cuBLASLt), every group size, GGUF Q4_0, odd shapes, bias,
+// weights equal to the CPU's, and matmul / matmul_add at batch 1, 7, 16, 32 (the 4-bit GEMV), 33,
+// 64 and 512 (dequantized slices through cuBLASLt), every group size, GGUF Q4_0, odd shapes, bias,
 // bf16 and f32 outputs, and the Llama-3-8B projection shapes.
 #include "op_test_util.h"
 
@@ -171,7 +171,7 @@ TEST(Int4, EveryGroupSizeAndBatch) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9200;
   for (DType t : {DType::kI4G32, DType::kI4G64, DType::kI4G128, DType::kQ4_0})
-    for (int64_t n : {1, 2, 7, 8, 9, 16, 17, 64, 512}) {
+    for (int64_t n : {1, 2, 7, 8, 9, 16, 17, 24, 32, 33, 64, 512}) {
       run_int4_case(cuda, cpu, ++seed, {n, 256, 48, t});
       run_int4_case(cuda, cpu, ++seed, {n, 1152, 80, t, DType::kF32, true});
     }
@@ -191,14 +191,14 @@ TEST(Int4, AddBiasAndOutputs) {
 TEST(Int4, Llama8BShapes) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9400;
-  for (int64_t n : {1, 7, 16}) {
+  for (int64_t n : {1, 7, 16, 32}) {
     run_int4_case(cuda, cpu, ++seed, {n, 4096, 4096});
     run_int4_case(cuda, cpu, ++seed, {n, 4096, 6144});
     run_int4_case(cuda, cpu, ++seed, {n, 14336, 4096, DType::kI4G128, DType::kBF16, false, true});
   }
-  // Three slices of 2,048 rows; two of 512 (K = 14336: at most 576 rows a slice).
+  // Two slices of 3,072 rows; two of 1,024 (K = 14336: at most 1,168 rows a 32 MB slice).
   run_int4_case(cuda, cpu, ++seed, {64, 4096, 6144});
-  run_int4_case(cuda, cpu, ++seed, {33, 14336, 1024, DType::kI4G128, DType::kBF16, false, true});
+  run_int4_case(cuda, cpu, ++seed, {33, 14336, 2048, DType::kI4G128, DType::kBF16, false, true});
 }
 
 }  // namespace

@@ -163,10 +163,11 @@ class CudaBackend final : public Backend {
   static constexpr int kSlots = 16;
   // Device staging for weight conversion on upload, in chunks of whole rows.
   static constexpr int64_t kUploadChunkBytes = 64 << 20;
-  // The bf16 slice a 4-bit weight is dequantized into for products past the 4-bit GEMV's rows:
-  // small enough that the slice and the activations stay in L2 (50 MB on the H100 and H200)
-  // between the dequantization and cuBLASLt's read of it.
-  static constexpr int64_t kInt4SliceBytes = 16 << 20;
+  // The bf16 slice a 4-bit weight is dequantized into for products past the 4-bit GEMV's rows,
+  // mostly still in L2 (50 MB on the H100 and H200) when cuBLASLt reads it. Llama-3-8B's
+  // 512-token prefill on the H100: 26.5 ms with 16 MB slices (down_proj's 576 rows make narrow
+  // GEMMs), 20.6 ms with 32 MB, 20.5 ms with 48 MB.
+  static constexpr int64_t kInt4SliceBytes = 32 << 20;
 
   // matmul()'s operands, checked: x, w and out as row views and the bias pointer and type.
   struct MatmulOperands {

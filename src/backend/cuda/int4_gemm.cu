@@ -27,6 +27,7 @@
 //   i:      0      1       2       3       4       5       6       7
 //   value:  (r,c)  (r+8,c) (r,c+2) (r+8,c+2) (r,c+1) (r+8,c+1) (r,c+3) (r+8,c+3)
 // so that (word >> 4s) & 0x000F000F holds A register s's pair in its two halves.
+#include <cmath>
 #include <type_traits>
 
 #include "backend/backend.h"
@@ -39,7 +40,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 8;  // 16-byte chunk loads a lane keeps in flight (the ring's slots)
+constexpr int kUnroll = 4;  // 16-byte chunk loads of a lane a trip (a trip in flight, one computed)
 
 // Row offset (0 or 8) and column offset (0..3) within a lane's k-tile of nibble i of its word.
 __host__ __device__ constexpr int nibble_row(int i) {
@@ -123,8 +124,8 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
 }
 
 // A word of 8 nibbles -> the mma's A fragment of (q - z) as exact bf16 integers: or-ing a nibble
-// into the mantissa of bf16 128 (0x4300) gives 128 + q, and subtracting 128 + z leaves q - z.
-// zr is row r's zero pair, zr8 row r + 8's.
+// into the mantissa of bf16 128 (0x4300) gives 128 + q, two values per bit operation, and
+// subtracting 128 + z leaves q - z. zr is row r's zero pair, zr8 row r + 8's.
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t zr, uint32_t zr8,
                                             uint32_t (&a)[4]) {
 #pragma unroll
@@ -171,26 +172,51 @@ __device__ __forceinline__ float bias_value(const void* bias, DType t, int64_t m
   }
 }
 
+// Blocks of the GEMV an SM holds: three where the registers allow it (one tile of x rows, one
+// header a chunk: 80 registers a thread with 8 bytes spilled), else two.
+__host__ __device__ constexpr int int4_gemv_blocks(int g, int nt) { return nt == 1 && g >= 64 ? 3 : 2; }
+
+// d = a . b (an mma without an accumulator to add: no zeroing of d first).
+__device__ __forceinline__ void mma_bf16_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
 // out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.n <= 8 NT. Warp `part` of a stripe's
-// k_split warps takes the chunks part, part + k_split, ...; each chunk's four k-tiles go through
-// one mma per 8 rows of x (NT), into partial sums that the chunk's group scales (two groups per
-// chunk at G = 32) add to the warp's accumulators. The stripe's warps then meet in shared memory
-// and its first warp adds their sums in a fixed order (no dependence on timing) and stores.
+// k_split warps takes the chunks part, part + k_split, ..., streaming them a trip of kUnroll
+// chunks ahead (the next trip's loads go out before this one's math); each chunk's k-tiles go
+// through one mma per 8 rows of x (NT) into partial sums that the group's scale adds to the warp's
+// accumulators. The stripe's warps then meet in shared memory and its first warp adds their sums
+// in a fixed order (no dependence on timing) and stores. The loop walks pointers (a chunk is a
+// fixed step in the weights, headers and x), which keeps the instructions a chunk few: the
+// kernel issues ~50% of the cycles at full speed (Nsight Compute), so every one counts.
 template <int G, int NT, typename TOut, bool kAdd>
-__global__ void __launch_bounds__(kThreads, 2) int4_gemv_kernel(const Int4GemvParams p) {
+__global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_kernel(const Int4GemvParams p) {
   constexpr int kGroupsPerChunk = G < 64 ? 2 : 1;
-  // G = 32's two headers a chunk take the registers of two ring slots (128 a thread at most).
-  constexpr int kRing = G < 64 ? kUnroll - 2 : kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split, part = warp & (split - 1);
   const int64_t stripe = static_cast<int64_t>(blockIdx.x) * (kWarps / split) + warp / split;
   const bool active = stripe < p.n_stripes;
-  const int64_t k_dim = p.k_dim, n_chunks = k_dim / 64;
-  const int64_t stripe_bytes = 8 * k_dim + 64 * (k_dim / G);
+  const int k_dim = static_cast<int>(p.k_dim), n_chunks = k_dim / 64;
+  const int64_t stripe_bytes = 8 * static_cast<int64_t>(k_dim) + 64 * (k_dim / G);
   const uint8_t* base = p.w + (active ? stripe : 0) * stripe_bytes;
-  const uint4* values = reinterpret_cast<const uint4*>(base) + lane;  // chunk c at [32 c]
-  const uint32_t* headers = reinterpret_cast<const uint32_t*>(base + 8 * k_dim);
   const int r = lane >> 2, q = lane & 3;
+  // This warp's chunks: part + i * split for i < mine.
+  const int mine = active && part < n_chunks ? (n_chunks - part + split - 1) / split : 0;
+  const uint4* vp = reinterpret_cast<const uint4*>(base) + lane + 32 * part;
+  const int vstep = 32 * split;  // uint4 from one of this warp's chunks to its next
+  // Header word of row r of the group of column c: hp + (c / G) * 16.
+  const uint32_t* hp = reinterpret_cast<const uint32_t*>(base + 8 * static_cast<int64_t>(k_dim)) + r;
+  const bf16* xp = p.x + static_cast<int64_t>(r) * p.ldx + part * 64 + 8 * q;
+  const int xstep = 64 * split;
+  const int64_t xtile = 8 * p.ldx;  // from one tile of 8 rows of x to the next
+  bool xrow[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < p.n;
 
   float acc[NT][4];
 #pragma unroll
@@ -198,77 +224,72 @@ __global__ void __launch_bounds__(kThreads, 2) int4_gemv_kernel(const Int4GemvPa
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
-  // A ring of kRing chunk loads (with their headers, rows r and r + 8 of each group) per lane:
-  // a slot is refilled with its next chunk as soon as its data is taken, so kRing loads stay in
-  // flight through the whole stream without a second set of registers.
-  uint4 wv[kRing];
-  uint32_t hv[kRing][kGroupsPerChunk][2];
-  auto load_slot = [&](int u, int64_t c) {
-    const bool ok = active && c < n_chunks;
-    wv[u] = ok ? load_stream_u4(values + 32 * c) : make_uint4(0, 0, 0, 0);
+  // A trip: kUnroll chunks (i0 .. i0 + kUnroll - 1 of this warp's) with their headers (rows r and
+  // r + 8 of each group); past `mine` they are zeros, never read.
+  uint4 wv[kUnroll];
+  uint32_t hv[kUnroll][kGroupsPerChunk][2];
+  auto load_trip = [&](int i0) {
 #pragma unroll
-    for (int h = 0; h < kGroupsPerChunk; ++h) {
-      const int64_t g = (c * 64 + 32 * h) / G;
-      hv[u][h][0] = ok ? __ldg(headers + g * 16 + r) : 0u;
-      hv[u][h][1] = ok ? __ldg(headers + g * 16 + r + 8) : 0u;
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool ok = i0 + u < mine;
+      wv[u] = ok ? load_stream_u4(vp + (i0 + u) * vstep) : make_uint4(0, 0, 0, 0);
+      const uint32_t* h = hp + (part + (i0 + u) * split) * 64 / G * 16;
+#pragma unroll
+      for (int g = 0; g < kGroupsPerChunk; ++g) {
+        hv[u][g][0] = ok ? __ldg(h + 16 * g) : 0u;
+        hv[u][g][1] = ok ? __ldg(h + 16 * g + 8) : 0u;
+      }
     }
   };
-  // The weights are no kernel's output: the ring's first loads go out before the wait.
-#pragma unroll
-  for (int u = 0; u < kRing; ++u) load_slot(u, part + static_cast<int64_t>(u) * split);
+  // The weights are no kernel's output: the first trip's loads go out before the wait.
+  load_trip(0);
   pdl_wait();
   pdl_allow_next();
 
-  const int64_t trip = static_cast<int64_t>(kRing) * split;
-  for (int64_t c0 = part; active && c0 < n_chunks; c0 += trip) {
+  for (int i0 = 0; i0 < mine; i0 += kUnroll) {
+    uint4 cur[kUnroll];
+    uint32_t hcur[kUnroll][kGroupsPerChunk][2];
 #pragma unroll
-    for (int u = 0; u < kRing; ++u) {
-      const int64_t c = c0 + static_cast<int64_t>(u) * split;
-      if (c >= n_chunks) break;
-      const uint4 w = wv[u];
-      uint32_t hd[kGroupsPerChunk][2];
+    for (int u = 0; u < kUnroll; ++u) {
+      cur[u] = wv[u];
 #pragma unroll
-      for (int h = 0; h < kGroupsPerChunk; ++h) hd[h][0] = hv[u][h][0], hd[h][1] = hv[u][h][1];
-      load_slot(u, c + trip);
-      // x: lane (r, q) reads row t * 8 + r, columns c * 64 + 8q .. +8 and c * 64 + 32 + 8q .. +8.
+      for (int g = 0; g < kGroupsPerChunk; ++g) hcur[u][g][0] = hv[u][g][0], hcur[u][g][1] = hv[u][g][1];
+    }
+    if (i0 + kUnroll < mine) load_trip(i0 + kUnroll);  // streams while this trip computes
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i0 + u >= mine) break;
+      const bf16* xc = xp + (i0 + u) * xstep;
+      // x: lane (r, q) reads row t * 8 + r, columns 8q .. + 8 of each 32-column half of the
+      // chunk, the B fragments of the half's two k-tiles (k-tile j: words 2 (j % 2), + 1).
       uint4 xv[NT][2];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int xr = t * 8 + r;
-        const bf16* xrow = p.x + static_cast<int64_t>(xr) * p.ldx + c * 64 + 8 * q;
-        xv[t][0] = xr < p.n ? __ldg(reinterpret_cast<const uint4*>(xrow)) : make_uint4(0, 0, 0, 0);
-        xv[t][1] =
-            xr < p.n ? __ldg(reinterpret_cast<const uint4*>(xrow + 32)) : make_uint4(0, 0, 0, 0);
-      }
-      // One group per chunk (G >= 64): its four k-tiles sum unscaled, then the scale applies once;
-      // at G = 32 each 32-column half is a group of its own.
+      for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int hg = 0; hg < kGroupsPerChunk; ++hg) {
-        const uint32_t zr = header_zero(hd[hg][0]), zr8 = header_zero(hd[hg][1]);
-        float part_sum[NT][4];
+        for (int h = 0; h < 2; ++h)
+          xv[t][h] = xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xc + t * xtile + 32 * h))
+                             : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) part_sum[t][i] = 0.0f;
-#pragma unroll
-        for (int j = 4 / kGroupsPerChunk * hg; j < 4 / kGroupsPerChunk * (hg + 1); ++j) {
-          uint32_t a[4];
-          decode_word(word_of(w, j), zr, zr8, a);
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const uint4& xh = xv[t][j >> 1];
-            const uint32_t b0 = (j & 1) == 0 ? xh.x : xh.z, b1 = (j & 1) == 0 ? xh.y : xh.w;
-            mma_bf16(part_sum[t], a, b0, b1);
-          }
-        }
-        // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
-        const float dr = header_scale(hd[hg][0]), dr8 = header_scale(hd[hg][1]);
+      for (int h = 0; h < 2; ++h) {  // the chunk's two 32-column halves: independent sums
+        const int g = kGroupsPerChunk == 2 ? h : 0;
+        const uint32_t zr = header_zero(hcur[u][g][0]), zr8 = header_zero(hcur[u][g][1]);
+        uint32_t a0[4], a1[4];
+        decode_word(word_of(cur[u], 2 * h), zr, zr8, a0);
+        decode_word(word_of(cur[u], 2 * h + 1), zr, zr8, a1);
+        float ps[NT][4];
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          acc[t][0] = fmaf(dr, part_sum[t][0], acc[t][0]);
-          acc[t][1] = fmaf(dr, part_sum[t][1], acc[t][1]);
-          acc[t][2] = fmaf(dr8, part_sum[t][2], acc[t][2]);
-          acc[t][3] = fmaf(dr8, part_sum[t][3], acc[t][3]);
+          mma_bf16_first(ps[t], a0, xv[t][h].x, xv[t][h].y);
+          mma_bf16(ps[t], a1, xv[t][h].z, xv[t][h].w);
+        }
+        // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
+        const float dr = header_scale(hcur[u][g][0]), dr8 = header_scale(hcur[u][g][1]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          acc[t][0] = fmaf(dr, ps[t][0], acc[t][0]);
+          acc[t][1] = fmaf(dr, ps[t][1], acc[t][1]);
+          acc[t][2] = fmaf(dr8, ps[t][2], acc[t][2]);
+          acc[t][3] = fmaf(dr8, ps[t][3], acc[t][3]);
         }
       }
     }
@@ -287,9 +308,9 @@ __global__ void __launch_bounds__(kThreads, 2) int4_gemv_kernel(const Int4GemvPa
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float s = red[warp][t * 4 + i][lane];
-        for (int o = 1; o < split; ++o) s += red[warp + o][t * 4 + i][lane];
-        acc[t][i] = s;
+        float sum = red[warp][t * 4 + i][lane];
+        for (int o = 1; o < split; ++o) sum += red[warp + o][t * 4 + i][lane];
+        acc[t][i] = sum;
       }
   }
   if (!active) return;
@@ -477,13 +498,21 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
   p.bias_dtype = bias_dtype;
   p.out = out.data;
   p.ldo = out.ld;
-  // Split each stripe's chunks between warps until the grid has about 16 warps an SM (two blocks,
-  // what the registers allow: 16 x 32 lanes x kUnroll 16-byte loads keep 64 KB in flight), keeping
-  // a whole ring of chunks a warp.
-  const int64_t n_chunks = w.cols / 64, target = int64_t{16} * sm_count();
+  // How many warps share each stripe's chunks (1, 2, 4 or 8; at least a trip of chunks a warp):
+  // the split whose grid best fills whole waves of the blocks the SMs hold. A last wave that is
+  // mostly empty costs as much as a full one, and a grid short of one wave leaves loads that
+  // could be in flight unissued: Llama-3-8B's gate|up at 3 blocks an SM took 68 us as 448 blocks
+  // (1.13 waves) against 31 us for down's 256 (Nsight Compute, H100).
+  const int blocks = int4_gemv_blocks(static_cast<int>(int4_group(w.dtype)), x.n_rows <= 8 ? 1 : 2);
+  const int64_t n_chunks = w.cols / 64, capacity = int64_t{blocks} * sm_count();
   int split = 1;
-  while (split < kWarps && p.n_stripes * split < target && n_chunks >= kUnroll * split * 2)
-    split *= 2;
+  double best = 1e30;
+  for (int s = 1; s <= kWarps && n_chunks >= int64_t{kUnroll} * s; s *= 2) {
+    const double waves = static_cast<double>((p.n_stripes + kWarps / s - 1) / (kWarps / s)) /
+                         static_cast<double>(capacity);
+    const double cost = waves < 1.0 ? 1.0 / waves : std::ceil(waves) / waves;
+    if (cost < best - 1e-9) best = cost, split = s;
+  }
   p.k_split = split;
   const dim3 grid(ceil_div(p.n_stripes, kWarps / split));
   auto launch = [&](auto g, auto nt, auto out_type, auto add) {
@@ -508,8 +537,10 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
     };
     if (x.n_rows <= 8) {
       with_nt(std::integral_constant<int, 1>{});
-    } else {
+    } else if (x.n_rows <= 16) {
       with_nt(std::integral_constant<int, 2>{});
+    } else {
+      with_nt(std::integral_constant<int, 4>{});
     }
   });
   CUDA_CHECK_LAUNCH();

@@ -163,7 +163,7 @@ void launch_int4_random(void* data, DType dtype, int64_t n_rows, int64_t cols, i
                         void* staging, uint64_t seed, float lo, float hi, cudaStream_t stream);
 // The decode product with 4-bit weights: out (+)= x . w^T + bias for up to kInt4GemvMaxRows rows
 // of x, reading each weight byte once (tensor-core mma on the dequantized fragments, fp32 sums).
-constexpr int64_t kInt4GemvMaxRows = 16;
+constexpr int64_t kInt4GemvMaxRows = 32;
 bool int4_gemv_supported(const RowView& x, const RowView& w, const RowView& out);
 void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                       const RowView& out, bool accumulate, cudaStream_t stream);
