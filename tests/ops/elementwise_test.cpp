@@ -65,8 +65,9 @@ TEST(UploadWeight, DequantizesBlockFormatsToBf16) {
   for (DType q : kQuant)
     for (auto [rows, blocks] : {std::pair<int64_t, int64_t>{1, 1}, {7, 3}, {111, 4096 / 128}})
       for (DType request : {DType::kBF16, q}) {
-        const int64_t cols =
-            blocks * block_elems(q);  // asking to keep the quantized type gets bf16 too
+        // Asking to keep the quantized type gets bf16 too: none of these row counts is whole
+        // 16-row stripes of the 4-bit layout (int4_matmul_test covers those).
+        const int64_t cols = blocks * block_elems(q);
         ++seed;
         Rng rng(seed);
         std::vector<float> v(rows * cols);

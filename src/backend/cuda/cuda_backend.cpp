@@ -363,9 +363,11 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
                             " is not in host memory");
   if (!host.is_contiguous())
     return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not contiguous");
-  if (is_group_int4(dtype)) return upload_int4(host, dtype, storage);
+  // 4-bit types where they fit the device's layout (quantized_storage says so) stay 4-bit.
+  if (quantized_storage(host.dtype, host.rows(), host.cols()) == dtype)
+    return upload_int4(host, dtype, storage);
   const bool src_float = is_float_type(host.dtype) || is_quantized(host.dtype);
-  // Other quantized storage types are not kept on the GPU: such requests get bf16.
+  // Other requests for a quantized storage type get bf16.
   const DType target = is_quantized(dtype) ? DType::kBF16 : dtype;
   if (host.dtype != target && !(src_float && is_float_type(target)))
     return invalid_argument("upload_weight: cannot convert " + std::string(dtype_name(host.dtype)) +
