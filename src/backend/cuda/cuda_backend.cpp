@@ -364,7 +364,7 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
   if (!host.is_contiguous())
     return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not contiguous");
   // 4-bit types where they fit the device's layout (quantized_storage says so) stay 4-bit.
-  if (quantized_storage(host.dtype, host.rows(), host.cols()) == dtype)
+  if (is_group_int4(dtype) && quantized_storage(host.dtype, host.rows(), host.cols()) == dtype)
     return upload_int4(host, dtype, storage);
   const bool src_float = is_float_type(host.dtype) || is_quantized(host.dtype);
   // Other requests for a quantized storage type get bf16.
