@@ -54,9 +54,10 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(t);
 }
 
-// 16 bytes (8 bf16) of a weight row that is read once per pass: the load bypasses L1 so the
-// activation rows the GEMV kernels reuse stay there (gemv.cu, moe.cu).
-__device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
+// 16 bytes of a weight row that is read once per pass (8 bf16, or 32 packed 4-bit values): the
+// load bypasses L1 so the activation rows the GEMV kernels reuse stay there (gemv.cu, moe.cu,
+// int4_gemm.cu).
+__device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)

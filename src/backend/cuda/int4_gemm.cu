@@ -135,14 +135,6 @@ __device__ __forceinline__ void decode_word(uint32_t w, uint32_t zr, uint32_t zr
   }
 }
 
-__device__ __forceinline__ uint4 load_stream_u4(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
@@ -175,16 +167,6 @@ __device__ __forceinline__ float bias_value(const void* bias, DType t, int64_t m
 // Blocks of the GEMV an SM holds: three where the registers allow it (one tile of x rows, one
 // header a chunk: 80 registers a thread with 8 bytes spilled), else two.
 __host__ __device__ constexpr int int4_gemv_blocks(int g, int nt) { return nt == 1 && g >= 64 ? 3 : 2; }
-
-// d = a . b (an mma without an accumulator to add: no zeroing of d first).
-__device__ __forceinline__ void mma_bf16_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%10, %10, %10, %10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
 
 // out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.n <= 8 NT. Warp `part` of a stripe's
 // k_split warps takes the chunks part, part + k_split, ..., streaming them a trip of kUnroll
@@ -232,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const bool ok = i0 + u < mine;
-      wv[u] = ok ? load_stream_u4(vp + (i0 + u) * vstep) : make_uint4(0, 0, 0, 0);
+      wv[u] = ok ? load_stream(vp + (i0 + u) * vstep) : make_uint4(0, 0, 0, 0);
       const uint32_t* h = hp + (part + (i0 + u) * split) * 64 / G * 16;
 #pragma unroll
       for (int g = 0; g < kGroupsPerChunk; ++g) {
