@@ -1,7 +1,9 @@
 #include "core/dtype.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 #include "core/kquants.h"
@@ -40,6 +42,10 @@ std::string_view dtype_name(DType t) {
       return "q6_K";
     case DType::kQ8_K:
       return "q8_K";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
+    case DType::kF8B32:
+      return "f8b32";
   }
   return "?";
 }
@@ -134,6 +140,40 @@ uint16_t f32_to_f16(float f) {
   return sign | static_cast<uint16_t>((r - 0x38000000u) >> 13);
 }
 
+const float* e4m3_values() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) {
+      const int e = (c >> 3) & 0xf, m = c & 7;
+      float v = e == 0 ? std::ldexp(static_cast<float>(m), -9)  // subnormal: m / 8 * 2^-6
+                       : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+      if (e == 15 && m == 7) v = std::numeric_limits<float>::quiet_NaN();
+      t[c] = (c & 0x80) ? -v : v;
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+float e4m3_to_f32(uint8_t q) { return e4m3_values()[q]; }
+
+uint8_t f32_to_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (and +-inf)
+  if (a < 0.015625f) {                  // below 2^-6: subnormal steps of 2^-9 (8 steps: 2^-6)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  int ex = 0;
+  const float fr = std::frexp(a, &ex);  // a = fr * 2^ex, fr in [0.5, 1)
+  int e = ex - 1 + 7;                    // biased exponent of 1.m
+  int m = static_cast<int>(std::nearbyint((2.0f * fr - 1.0f) * 8.0f));  // exact, then to even
+  if (m == 8) m = 0, ++e;
+  if (e > 15 || (e == 15 && m == 7)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>((e << 3) | m);
+}
+
 void to_f32(DType t, const void* src, float* dst, int64_t n) {
   switch (t) {
     case DType::kF32: std::memcpy(dst, src, n * 4); return;
@@ -185,6 +225,17 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       return i4g_to_f32<64>(src, dst, n);
     case DType::kI4G128:
       return i4g_to_f32<128>(src, dst, n);
+    case DType::kF8E4M3: {
+      auto* q = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_to_f32(q[i]);
+      return;
+    }
+    case DType::kF8B32: {
+      auto* b = static_cast<const BlockF8B32*>(src);
+      for (int64_t i = 0; i < n / 32; ++i)
+        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = b[i].d * e4m3_to_f32(b[i].q[j]);
+      return;
+    }
     case DType::kQ5_0:
     case DType::kQ5_1:
     case DType::kQ2_K:
@@ -271,6 +322,22 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       return i4g_from_f32<64>(src, dst, n);
     case DType::kI4G128:
       return i4g_from_f32<128>(src, dst, n);
+    case DType::kF8E4M3: {
+      auto* q = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) q[i] = f32_to_e4m3(src[i]);
+      return;
+    }
+    case DType::kF8B32: {
+      auto* b = static_cast<BlockF8B32*>(dst);
+      for (int64_t i = 0; i < n / 32; ++i) {
+        const float* x = src + i * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        b[i].d = amax / 448.0f;
+        for (int j = 0; j < 32; ++j) b[i].q[j] = b[i].d > 0.0f ? f32_to_e4m3(x[j] / b[i].d) : 0;
+      }
+      return;
+    }
     default:
       break;  // the 5-bit and k-quant types are written by llama.cpp's quantizer, not here
   }

@@ -1,7 +1,9 @@
 // Element types and their conversions. Quantized types are block formats: a block of
 // block_elems() values stored in block_bytes() bytes, rows always a whole number of blocks. The
 // Q types are GGUF's (32 values a block; the k-quants 256); the I4G types hold the 4-bit
-// group-quantized weights of AWQ, GPTQ and compressed-tensors checkpoints, one group a block.
+// group-quantized weights of AWQ, GPTQ and compressed-tensors checkpoints, one group a block;
+// F8B32 holds FP8 (e4m3) checkpoints' weights with their scales, 32 values a block.
+// F8_E4M3 is the plain FP8 element as safetensors stores it, read only to build F8B32 blocks.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,8 @@ enum class DType : uint8_t {
   kQ5_K,
   kQ6_K,
   kQ8_K,
+  kF8E4M3,  // one float8_e4m3fn (FP8 checkpoints' raw weights; no op reads it)
+  kF8B32,   // 32 x float8_e4m3fn + f32 scale: x = d * e4m3(q)        (36 bytes / 32 values)
 };
 
 inline constexpr int kQuantBlock = 32;
@@ -46,6 +50,7 @@ constexpr bool is_quantized(DType t) {
     case DType::kBF16:
     case DType::kI32:
     case DType::kI64:
+    case DType::kF8E4M3:
       return false;
     default:
       return true;
@@ -110,6 +115,10 @@ constexpr int block_bytes(DType t) {
       return 210;
     case DType::kQ8_K:
       return 292;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kF8B32:
+      return 4 + 32;
   }
   return 0;
 }
@@ -135,6 +144,13 @@ inline uint16_t f32_to_bf16(float f) {
 }
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// float8_e4m3fn (torch's and the FP8 checkpoints'): 1 sign, 4 exponent (bias 7), 3 mantissa bits,
+// subnormals, no infinities, S.1111.111 is NaN, 448 the largest finite value. Rounding is to
+// nearest even; values past 448 saturate to +-448 (the checkpoint writers scale into range first).
+float e4m3_to_f32(uint8_t q);
+uint8_t f32_to_e4m3(float f);
+// The 256 values of e4m3_to_f32, indexed by code (for kernels that decode a block at a time).
+const float* e4m3_values();
 
 // Block layouts (GGUF's, byte-exact).
 #pragma pack(push, 1)
@@ -169,11 +185,20 @@ struct BlockI4G {
 static_assert(sizeof(BlockI4G<32>) == 20 && sizeof(BlockI4G<64>) == 36 &&
               sizeof(BlockI4G<128>) == 68);
 
+// 32 FP8 values and the scale their checkpoint gives them (a 128 x 128 block's, a row's or the
+// tensor's): d * e4m3_to_f32(q) in f32 is the value the checkpoint's own dequantization gives.
+struct BlockF8B32 {
+  float d;
+  uint8_t q[32];
+};
+static_assert(sizeof(BlockF8B32) == 36);
+
 // Converts n values of type `t` starting at `src` to f32 (n a multiple of block_elems(t)).
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values into type `t` (quantizing blockwise for quantized types: as ggml does for
 // Q8_0, Q4_0 and Q4_1; for I4G, round-to-nearest with the group's min and max, as AWQ's quantizer
-// does). The 5-bit and k-quant types are only read (llama.cpp's quantizer writes them).
+// does; for F8B32, the block's largest magnitude to 448). The 5-bit and k-quant types are only
+// read (llama.cpp's quantizer writes them).
 void from_f32(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace pagellm

@@ -721,10 +721,20 @@ std::string describe(const ModelConfig& cfg) {
   line("tie_word_embeddings", yes_no(cfg.tie_word_embeddings));
   if (cfg.quantization) {
     const QuantConfig& q = *cfg.quantization;
-    line("quantization",
-         std::string(quant_method_name(q.method)) + ", " + std::to_string(q.bits) + "-bit, group " +
-             (q.group_size < 0 ? std::string("per row") : std::to_string(q.group_size)) +
-             (q.zero_point ? ", zero points" : ", symmetric") + (q.desc_act ? ", desc_act" : ""));
+    if (q.method == QuantMethod::kFp8) {
+      line("quantization",
+           std::string("fp8 e4m3, scales ") +
+               (q.fp8_block.empty() ? std::string("per tensor or channel")
+                                    : "per " + std::to_string(q.fp8_block[0]) + " x " +
+                                          std::to_string(q.fp8_block[1]) + " block") +
+               (q.fp8_static_activations ? ", static activation scales" : ""));
+    } else {
+      line("quantization",
+           std::string(quant_method_name(q.method)) + ", " + std::to_string(q.bits) +
+               "-bit, group " +
+               (q.group_size < 0 ? std::string("per row") : std::to_string(q.group_size)) +
+               (q.zero_point ? ", zero points" : ", symmetric") + (q.desc_act ? ", desc_act" : ""));
+    }
   }
 
   if (cfg.kv_lora_rank > 0) {

@@ -182,6 +182,8 @@ class UnpackedInt4Weights final : public WeightSource {
         case QuantMethod::kCompressedTensors:
           PAGELLM_RETURN_IF_ERROR(read_ct(prefix, p));
           break;
+        case QuantMethod::kFp8:  // io/fp8_weights.h reads those
+          return invalid_argument("unpack_int4_weights: an FP8 checkpoint is not 4-bit");
       }
       PAGELLM_RETURN_IF_ERROR(add_unpacked(prefix, p));
       for (const std::string& part : parts) consumed.insert(prefix + "." + part);

@@ -10,6 +10,13 @@
 //                                     "weights": {"num_bits": 4, "type": "int", "symmetric": true,
 //                                                 "strategy": "group", "group_size": 128},
 //                                     "input_activations": null}}, "ignore": ["lm_head"]}
+//   FP8 (DeepSeek-V3, transformers' fine-grained FP8, FBGEMM-style per channel):
+//                                  {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+//                                   "dynamic", "weight_block_size": [128, 128]}
+//   compressed-tensors FP8:        "format": "float-quantized", weights {"num_bits": 8, "type":
+//                                   "float", "strategy": "tensor" | "channel" | "block",
+//                                   "block_structure": [128, 128]}, input_activations dynamic or
+//                                   static
 #include "io/quant_config.h"
 
 #include "io/json_fields.h"
@@ -79,15 +86,77 @@ Status parse_gptq(const Fields& r, QuantConfig& q) {
   return r.read_strings("modules_to_not_convert", q.unquantized_modules);
 }
 
+// An FP8 weight block size: two positive ints, the columns a multiple of 32 (the loader keeps
+// 32-value blocks, each of one scale).
+Status read_fp8_block(const Fields& r, const std::string& key, QuantConfig& q) {
+  const json* b = r.get(key);
+  if (!b || b->is_null()) return Status::ok_status();
+  if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() ||
+      !(*b)[1].is_number_integer() || (*b)[0].get<int64_t>() <= 0 || (*b)[1].get<int64_t>() <= 0)
+    return r.error(StatusCode::kInvalidArgument, key, "must be two positive integers [rows, columns]");
+  q.fp8_block = {(*b)[0].get<int64_t>(), (*b)[1].get<int64_t>()};
+  if (q.fp8_block[1] % 32 != 0)
+    return unsupported(r, key, "has " + std::to_string(q.fp8_block[1]) +
+                                   " columns: FP8 blocks must be a multiple of 32 columns wide");
+  return Status::ok_status();
+}
+
+Status parse_fp8(const Fields& r, QuantConfig& q) {
+  q.method = QuantMethod::kFp8;
+  q.bits = 8;
+  q.zero_point = false;
+  std::string fmt = "e4m3", scheme = "dynamic";
+  PAGELLM_RETURN_IF_ERROR(r.read_string("fmt", fmt));
+  if (fmt != "e4m3")
+    return unsupported(r, "fmt", "is '" + fmt + "': only e4m3 FP8 weights are supported");
+  PAGELLM_RETURN_IF_ERROR(r.read_string("activation_scheme", scheme));
+  if (scheme != "dynamic" && scheme != "static")
+    return unsupported(r, "activation_scheme", "is '" + scheme + "': dynamic or static");
+  q.fp8_static_activations = scheme == "static";
+  PAGELLM_RETURN_IF_ERROR(read_fp8_block(r, "weight_block_size", q));
+  PAGELLM_RETURN_IF_ERROR(r.read_strings("modules_to_not_convert", q.unquantized_modules));
+  if (q.unquantized_modules.empty())
+    PAGELLM_RETURN_IF_ERROR(r.read_strings("ignored_layers", q.unquantized_modules));
+  return Status::ok_status();
+}
+
+// compressed-tensors' float-quantized FP8 scheme (`s`: its config group).
+Status parse_compressed_fp8(const Fields& r, const Fields& s, const Fields& wr, QuantConfig& q) {
+  q.method = QuantMethod::kFp8;
+  q.bits = 8;
+  q.zero_point = false;
+  int64_t bits = 0;
+  std::string type, strategy;
+  PAGELLM_RETURN_IF_ERROR(wr.read_int("num_bits", bits));
+  PAGELLM_RETURN_IF_ERROR(wr.read_string("type", type));
+  if (bits != 8 || type != "float")
+    return unsupported(wr, "type", "must be 8-bit float in a float-quantized scheme");
+  PAGELLM_RETURN_IF_ERROR(wr.read_string("strategy", strategy));
+  if (strategy == "block") {
+    PAGELLM_RETURN_IF_ERROR(read_fp8_block(wr, "block_structure", q));
+    if (q.fp8_block.empty()) return wr.missing("block_structure");
+  } else if (strategy != "tensor" && strategy != "channel") {
+    return unsupported(wr, "strategy",
+                       "is '" + strategy + "': FP8 weights per tensor, channel or block");
+  }
+  if (const json* in = s.get("input_activations"); in && in->is_object()) {
+    const Fields ir(*in, s.path(), s.name("input_activations."));
+    bool dynamic = true;
+    PAGELLM_RETURN_IF_ERROR(ir.read_bool("dynamic", dynamic));
+    q.fp8_static_activations = !dynamic;
+  }
+  return r.read_strings("ignore", q.unquantized_modules);
+}
+
 Status parse_compressed_tensors(const Fields& r, QuantConfig& q) {
   q.method = QuantMethod::kCompressedTensors;
   std::string format;
   PAGELLM_RETURN_IF_ERROR(r.read_string("format", format));
-  if (format != "pack-quantized")
+  if (format != "pack-quantized" && format != "float-quantized")
     return unsupported(r, "format",
                        "is '" + format +
-                           "': of compressed-tensors, only 'pack-quantized' (W4A16) "
-                           "is supported");
+                           "': of compressed-tensors, 'pack-quantized' (W4A16) and "
+                           "'float-quantized' (FP8) are supported");
   const json* groups = r.get("config_groups");
   if (!groups || !groups->is_object() || groups->empty())
     return r.error(StatusCode::kInvalidArgument, "config_groups",
@@ -102,6 +171,12 @@ Status parse_compressed_tensors(const Fields& r, QuantConfig& q) {
   if (!scheme.is_object())
     return r.error(StatusCode::kInvalidArgument, "config_groups." + name, "must be an object");
   const Fields s(scheme, r.path(), r.name("config_groups." + name + "."));
+  if (format == "float-quantized") {
+    const json* w = s.get("weights");
+    if (!w || !w->is_object())
+      return s.error(StatusCode::kInvalidArgument, "weights", "must be an object");
+    return parse_compressed_fp8(r, s, Fields(*w, s.path(), s.name("weights.")), q);
+  }
   if (s.get("input_activations") || s.get("output_activations"))
     return unsupported(s, "input_activations",
                        "is set: only weight-only (W4A16) schemes are supported");
@@ -157,6 +232,8 @@ const char* quant_method_name(QuantMethod m) {
       return "gptq";
     case QuantMethod::kCompressedTensors:
       return "compressed-tensors";
+    case QuantMethod::kFp8:
+      return "fp8";
   }
   return "?";
 }
@@ -178,13 +255,15 @@ Result<QuantConfig> parse_quant_config(const io_detail::Fields& r) {
     PAGELLM_RETURN_IF_ERROR(parse_gptq(r, q));
   } else if (method == "compressed-tensors") {
     PAGELLM_RETURN_IF_ERROR(parse_compressed_tensors(r, q));
+  } else if (method == "fp8") {
+    PAGELLM_RETURN_IF_ERROR(parse_fp8(r, q));
   } else if (method.empty()) {
     return r.missing("quant_method");
   } else {
     return unsupported(r, "quant_method",
                        "is '" + method +
-                           "': supported are awq, gptq and compressed-tensors "
-                           "(pack-quantized)");
+                           "': supported are awq, gptq, fp8 and compressed-tensors "
+                           "(pack-quantized, float-quantized)");
   }
   // desc_act is read, not refused: the loader refuses act-order only where a tensor's g_idx
   // really permutes the rows (writers set the flag on checkpoints in the plain order too).

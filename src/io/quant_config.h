@@ -1,7 +1,9 @@
 // QuantConfig: how a Hugging Face checkpoint's linear weights are packed, from config.json's
 // `quantization_config`. The 4-bit group-quantized formats (AWQ's GEMM layout, GPTQ, and
-// compressed-tensors' pack-quantized W4A16) are read; any other method, bit width or layout is
-// refused at parse time with an error naming the field, never loaded as something else.
+// compressed-tensors' pack-quantized W4A16) and FP8 e4m3 weights (quant_method "fp8", per
+// tensor, per channel or in 128 x 128 blocks as DeepSeek-V3 is published, and compressed-tensors'
+// float-quantized) are read; any other method, bit width or layout is refused at parse time with
+// an error naming the field, never loaded as something else.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +14,7 @@
 
 namespace pagellm {
 
-enum class QuantMethod { kAwq, kGptq, kCompressedTensors };
+enum class QuantMethod { kAwq, kGptq, kCompressedTensors, kFp8 };
 
 struct QuantConfig {
   QuantMethod method = QuantMethod::kAwq;
@@ -29,6 +31,12 @@ struct QuantConfig {
   // Module names (or name suffixes / prefixes, as the checkpoint writer lists them) left in their
   // float type: AWQ's modules_to_not_convert, compressed-tensors' ignore.
   std::vector<std::string> unquantized_modules;
+  // FP8 (bits 8): the [rows, columns] of a weight scale's block (weight_block_size, or
+  // compressed-tensors' block_structure); empty where each tensor's scale is per tensor or per
+  // output channel (its shape says which). Static activation scales (input_scale tensors) are
+  // read by the GPU's FP8 GEMMs; weight-only dequantization ignores them.
+  std::vector<int64_t> fp8_block;
+  bool fp8_static_activations = false;
 };
 
 // Parses the `quantization_config` object (JSON text of it); `path` is for messages.
@@ -39,7 +47,7 @@ class Fields;
 }
 Result<QuantConfig> parse_quant_config(const io_detail::Fields& quantization_config);
 
-// "awq", "gptq", "compressed-tensors".
+// "awq", "gptq", "compressed-tensors", "fp8".
 const char* quant_method_name(QuantMethod m);
 
 // The weights 4-bit checkpoints quantize: the decoder's 2-D projections ("...layers.N...weight"),

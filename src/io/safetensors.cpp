@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "io/file_util.h"
 #include "io/mapped_file.h"
+#include "io/fp8_weights.h"
 #include "io/packed_int4.h"
 
 namespace pagellm {
@@ -25,9 +26,11 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kMetadataKey = "__metadata__";
 
-// safetensors dtype names -> ours. Everything else in the format (BOOL, U8, I8, I16, U16, U32, U64,
-// F64, F8_*, F6_*, F4) is refused: no model we serve stores weights that way unquantized.
+// safetensors dtype names -> ours. F8_E4M3 is read for FP8 checkpoints (io/fp8_weights.h turns
+// each such weight and its scale into blocks). Everything else in the format (BOOL, U8, I8, I16,
+// U16, U32, U64, F64, F8_E5M2, F6_*, F4) is refused: no model we serve stores weights that way.
 std::optional<DType> dtype_from_safetensors(const std::string& s) {
+  if (s == "F8_E4M3") return DType::kF8E4M3;
   if (s == "F32") return DType::kF32;
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
@@ -370,9 +373,19 @@ Result<LoadedCheckpoint> open_safetensors_checkpoint(const std::string& model_di
   LoadedCheckpoint ckpt;
   PAGELLM_ASSIGN_OR_RETURN(ckpt.config, load_hf_config(model_dir));
   PAGELLM_ASSIGN_OR_RETURN(ckpt.weights, open_safetensors_weights(model_dir));
-  if (ckpt.config.quantization) {
+  if (ckpt.config.quantization && ckpt.config.quantization->method == QuantMethod::kFp8) {
     PAGELLM_ASSIGN_OR_RETURN(
-        ckpt.weights, unpack_int4_weights(std::move(ckpt.weights), *ckpt.config.quantization));
+        ckpt.weights, fp8_block_weights(std::move(ckpt.weights), *ckpt.config.quantization));
+  } else {
+    // FP8 values mean nothing without the scales an fp8 quantization_config says how to read.
+    for (const TensorInfo& t : ckpt.weights->tensors())
+      if (t.dtype == DType::kF8E4M3)
+        return data_loss(t.file + ": tensor " + io_detail::quote_name(t.name) +
+                         " is FP8 (F8_E4M3) but config.json has no fp8 quantization_config");
+    if (ckpt.config.quantization) {
+      PAGELLM_ASSIGN_OR_RETURN(
+          ckpt.weights, unpack_int4_weights(std::move(ckpt.weights), *ckpt.config.quantization));
+    }
   }
   ckpt.config.source = ckpt.weights->description();
   return ckpt;
