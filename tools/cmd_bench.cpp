@@ -61,7 +61,8 @@ pass (the sampling kernel, and whatever of the token's trip the pipeline does no
   --model PATH          model folder, .gguf file, or config.json with --load-format dummy
   --device cpu|cuda     (cpu)
   --load-format F       auto | dummy: random weights of the config's shape (auto)
-  --quantization Q      with dummy: awq | gptq | q4_k random 4-bit projections (CPU only)
+  --quantization Q      with dummy: random awq | gptq (CPU, GPU) or q4_k | fp8 | fp8-block (CPU)
+                        projections
   --input-len N         prompt tokens (128)
   --output-len N        generated tokens, >= 2 (128)
   --iters N             timed repetitions after one warm-up; the best is reported (3)
