@@ -1,4 +1,4 @@
-// pagellm quantize: a float Hugging Face checkpoint to a 4-bit AWQ one (io/quantize.h).
+// pagellm quantize: a float Hugging Face checkpoint to an AWQ or FP8 one (io/quantize.h).
 #include <cstdio>
 
 #include "io/quantize.h"
@@ -11,13 +11,16 @@ int run_quantize(int argc, char** argv) {
   Status st = args.parse(argc, argv);
   if (st.ok() && args.flag("help")) {
     std::printf(
-        "usage: pagellm quantize --model DIR --out DIR [--format awq] [--group-size 128]\n"
+        "usage: pagellm quantize --model DIR --out DIR [--format awq|fp8|fp8-block]\n"
+        "                        [--group-size 128]\n"
         "  --model       a Hugging Face model folder with float weights (f32, f16 or bf16)\n"
         "  --out         the folder to write (model.safetensors, config.json, tokenizer files)\n"
-        "  --format      awq: AWQ's GEMM packing, loaded by pagellm, vLLM and transformers\n"
-        "  --group-size  inputs sharing a scale and zero point: 32, 64 or 128 (default 128)\n"
-        "Every decoder projection is rounded to 4 bits (round-to-nearest, zero point on);\n"
-        "embeddings, norms, the LM head and MoE routers stay as they are.\n");
+        "  --format      awq (default): 4-bit, AWQ's GEMM packing (pagellm, vLLM, transformers)\n"
+        "                fp8: e4m3, one scale per output row (compressed-tensors, vLLM, SGLang)\n"
+        "                fp8-block: e4m3, one scale per 128 x 128 block (DeepSeek-V3's layout)\n"
+        "  --group-size  awq: inputs sharing a scale and zero point: 32, 64 or 128 (default 128)\n"
+        "Every decoder projection is rounded (to nearest; awq with zero points); embeddings,\n"
+        "norms, the LM head and MoE routers stay as they are.\n");
     return 0;
   }
   QuantizeOptions o;

@@ -1,8 +1,14 @@
-// `pagellm quantize`: a float Hugging Face checkpoint in, a 4-bit one out that other engines load
-// as published (vLLM, transformers, TGI: AWQ's GEMM packing). Round-to-nearest with a scale and
-// zero point per group: AWQ's formula without its activation-aware scale search, in f32 with the
-// scale rounded to f16 first (AutoAWQ works in f16 throughout, so a value on a rounding tie may
-// land one level apart). AutoAWQ's own dequantize_gemm reads the output as written.
+// `pagellm quantize`: a float Hugging Face checkpoint in, a quantized one out that other engines
+// load as published:
+//   awq        4-bit, AWQ's GEMM packing (vLLM, transformers, TGI). Round-to-nearest with a scale
+//              and zero point per group: AWQ's formula without its activation-aware scale
+//              search, in f32 with the scale rounded to f16 first (AutoAWQ works in f16
+//              throughout, so a value on a rounding tie may land one level apart). AutoAWQ's own
+//              dequantize_gemm reads the output as written.
+//   fp8        FP8 e4m3 with one f32 scale per output row (the row's largest magnitude / 448),
+//              as compressed-tensors' float-quantized channel scheme (vLLM, SGLang).
+//   fp8-block  FP8 e4m3 with one f32 scale per 128 x 128 block, DeepSeek-V3's layout
+//              (quant_method "fp8", weight_scale_inv; vLLM, SGLang, transformers).
 #pragma once
 
 #include <string>
@@ -12,8 +18,8 @@
 namespace pagellm {
 
 struct QuantizeOptions {
-  std::string format = "awq";  // the only one written so far
-  int group_size = 128;        // 32, 64 or 128
+  std::string format = "awq";  // awq, fp8 or fp8-block
+  int group_size = 128;        // awq: 32, 64 or 128
 };
 
 // Reads the model folder `model_dir` (config.json + float safetensors) and writes `out_dir`:

@@ -20,6 +20,8 @@ const char* safetensors_dtype(DType t) {
       return "I32";
     case DType::kI64:
       return "I64";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
     default:
       return nullptr;
   }

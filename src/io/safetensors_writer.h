@@ -16,7 +16,7 @@ namespace pagellm {
 
 struct TensorToWrite {
   std::string name;
-  DType dtype;  // f32, f16, bf16, i32 or i64
+  DType dtype;  // f32, f16, bf16, i32, i64 or f8_e4m3
   std::vector<int64_t> shape;
   // Fills the tensor's dtype_bytes(dtype, numel) bytes at dst.
   std::function<Status(char* dst)> fill;

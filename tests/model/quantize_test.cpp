@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -66,6 +68,65 @@ TEST(Quantize, GoldenLlamaToAwqReadsBackAsRoundedWeights) {
   o.group_size = 48;
   EXPECT_FALSE(quantize_checkpoint(src, (out / "g48").string(), o, nullptr).ok());
   fs::remove_all(out);
+}
+
+// FP8, per row and per 128 x 128 block: each projection reads back (as F8B32 blocks) as
+// s * e4m3(w / s) with s the largest magnitude it covers over 448, within e4m3's 2^-4 of w, and
+// the model loads.
+TEST(Quantize, GoldenLlamaToFp8ReadsBackAsRoundedWeights) {
+  const std::string src = test_source_dir() + "/tests/data/golden/llama";
+  for (const char* format : {"fp8", "fp8-block"}) {
+    const bool blocks = std::string(format) == "fp8-block";
+    const fs::path out =
+        fs::temp_directory_path() / ("pagellm_quantize_" + std::string(format) + "_" + std::to_string(getpid()));
+    fs::remove_all(out);
+    QuantizeOptions o;
+    o.format = format;
+    std::string summary;
+    ASSERT_TRUE(quantize_checkpoint(src, out.string(), o, &summary).ok()) << format;
+    EXPECT_NE(summary.find("14 weights packed"), std::string::npos) << summary;
+    auto a = open_checkpoint(src);
+    auto b = open_checkpoint(out.string());
+    ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
+    int packed = 0;
+    for (const TensorInfo& t : a->weights->tensors()) {
+      const TensorInfo* q = b->weights->find(t.name);
+      ASSERT_NE(q, nullptr) << t.name;
+      if (q->dtype != DType::kF8B32) {
+        ASSERT_EQ(q->dtype, t.dtype) << t.name;
+        EXPECT_EQ(std::memcmp(q->data, t.data, t.nbytes), 0) << t.name;
+        continue;
+      }
+      const int64_t n = t.shape[0], k = t.shape[1];
+      std::vector<float> w(n * k), got(n * k);
+      to_f32(t.dtype, t.data, w.data(), n * k);
+      to_f32(DType::kF8B32, q->data, got.data(), n * k);
+      const int64_t b0 = blocks ? 128 : 1, b1 = blocks ? 128 : k;
+      int64_t bad = 0;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < k; ++c) {
+          float amax = 0.0f;
+          for (int64_t rr = r / b0 * b0; rr < std::min(n, r / b0 * b0 + b0); ++rr)
+            for (int64_t cc = c / b1 * b1; cc < std::min(k, c / b1 * b1 + b1); ++cc)
+              amax = std::max(amax, std::fabs(w[rr * k + cc]));
+          const float s = amax > 0.0f ? amax / 448.0f : 1.0f, x = w[r * k + c];
+          bad += got[r * k + c] != s * e4m3_to_f32(f32_to_e4m3(x / s)) ||
+                 std::fabs(got[r * k + c] - x) > std::fabs(x) / 16 + s / 512;
+        }
+      EXPECT_EQ(bad, 0) << format << " " << t.name;
+      ++packed;
+    }
+    EXPECT_EQ(packed, 14) << format;
+    auto backend = make_cpu_backend(true);
+    auto model = load_model(*b, *backend);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    fs::remove_all(out);
+  }
+  QuantizeOptions bad;
+  bad.format = "int3";
+  EXPECT_FALSE(quantize_checkpoint(src, (fs::temp_directory_path() / "pagellm_q_int3").string(),
+                                   bad, nullptr)
+                   .ok());
 }
 
 }  // namespace
