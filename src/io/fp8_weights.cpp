@@ -2,27 +2,17 @@
 
 #include <cmath>
 #include <cstring>
-#include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "core/thread_pool.h"
-#include "io/file_util.h"
+#include "io/converted_weights.h"
 
 namespace pagellm {
 namespace {
 
+using io_detail::ends_with;
 using io_detail::quote_name;
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+using io_detail::shape_str;
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -30,17 +20,17 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-class Fp8BlockWeights final : public WeightSource {
+class Fp8BlockWeights final : public io_detail::ConvertedWeights {
  public:
   Fp8BlockWeights(std::unique_ptr<WeightSource> inner, const QuantConfig& q)
-      : inner_(std::move(inner)), q_(q) {}
+      : ConvertedWeights(std::move(inner)), q_(q) {}
 
   Status convert() {
     std::unordered_set<std::string> consumed;
     for (const TensorInfo& t : inner_->tensors()) {
       if (t.dtype != DType::kF8E4M3) continue;
       if (!ends_with(t.name, ".weight"))
-        return data_loss(describe(t) + " is FP8 but not a weight ('<module>.weight')");
+        return data_loss(describe(t.name) + " is FP8 but not a weight ('<module>.weight')");
       const std::string prefix = t.name.substr(0, t.name.size() - 7);
       PAGELLM_RETURN_IF_ERROR(add_blocks(t, prefix, consumed));
     }
@@ -48,25 +38,16 @@ class Fp8BlockWeights final : public WeightSource {
       if (t.dtype == DType::kF8E4M3 || consumed.count(t.name)) continue;
       for (const char* part : {".weight_scale_inv", ".weight_scale", ".input_scale"})
         if (ends_with(t.name, part))
-          return data_loss(describe(t) + " belongs to no FP8 weight: the checkpoint is inconsistent");
-      tensors_.push_back(t);
+          return data_loss(describe(t.name) + " belongs to no FP8 weight: the checkpoint is inconsistent");
+      pass_through(t);
     }
-    for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
+    index();
     return Status::ok_status();
   }
 
-  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
-  const TensorInfo* find(const std::string& name) const override {
-    auto it = by_name_.find(name);
-    return it == by_name_.end() ? nullptr : &tensors_[it->second];
-  }
   std::string description() const override { return inner_->description() + " (fp8 e4m3)"; }
 
  private:
-  static std::string describe(const TensorInfo& t) {
-    return t.file + ": tensor " + quote_name(t.name);
-  }
-
   // A scale tensor's values as f32, each finite and positive.
   Result<std::vector<float>> scale_values(const TensorInfo& s) const {
     const int64_t n = numel(s.shape);
@@ -76,16 +57,16 @@ class Fp8BlockWeights final : public WeightSource {
       std::vector<uint8_t> raw(s.nbytes);
       std::memcpy(raw.data(), s.data, s.nbytes);
       if (s.nbytes != dtype_bytes(s.dtype, n))
-        return data_loss(describe(s) + " holds " + std::to_string(s.nbytes) + " bytes for " +
+        return data_loss(describe(s.name) + " holds " + std::to_string(s.nbytes) + " bytes for " +
                          std::to_string(n) + " values");
       to_f32(s.dtype, raw.data(), out.data(), n);
     } else {
-      return data_loss(describe(s) + " is " + std::string(dtype_name(s.dtype)) +
+      return data_loss(describe(s.name) + " is " + std::string(dtype_name(s.dtype)) +
                        ", expected a float scale");
     }
     for (int64_t i = 0; i < n; ++i)
       if (!std::isfinite(out[i]) || out[i] <= 0.0f)
-        return data_loss(describe(s) + " holds the scale " + std::to_string(out[i]) + " at " +
+        return data_loss(describe(s.name) + " holds the scale " + std::to_string(out[i]) + " at " +
                          std::to_string(i) + ": scales must be finite and positive");
     return out;
   }
@@ -93,14 +74,14 @@ class Fp8BlockWeights final : public WeightSource {
   Status add_blocks(const TensorInfo& w, const std::string& prefix,
                     std::unordered_set<std::string>& consumed) {
     if (w.shape.size() != 2 || w.shape[0] <= 0 || w.shape[1] <= 0 || w.shape[1] % 32 != 0)
-      return data_loss(describe(w) + " has shape " + shape_str(w.shape) +
+      return data_loss(describe(w.name) + " has shape " + shape_str(w.shape) +
                        ": FP8 weights must be 2-D with rows a multiple of 32 values");
     const int64_t m = w.shape[0], k = w.shape[1];
-    if (w.nbytes != m * k) return data_loss(describe(w) + " holds the wrong number of bytes");
+    if (w.nbytes != m * k) return data_loss(describe(w.name) + " holds the wrong number of bytes");
     const TensorInfo* s = inner_->find(prefix + ".weight_scale_inv");
     if (!s) s = inner_->find(prefix + ".weight_scale");
     if (!s)
-      return not_found(describe(w) + " has no scale ('" + prefix + ".weight_scale_inv' or '" +
+      return not_found(describe(w.name) + " has no scale ('" + prefix + ".weight_scale_inv' or '" +
                        prefix + ".weight_scale')");
     PAGELLM_ASSIGN_OR_RETURN(std::vector<float> scales, scale_values(*s));
     // Which scale covers (row, column): per tensor, per row, or per block.
@@ -121,13 +102,13 @@ class Fp8BlockWeights final : public WeightSource {
         want += " or [" + std::to_string((m + q_.fp8_block[0] - 1) / q_.fp8_block[0]) + ", " +
                 std::to_string((k + q_.fp8_block[1] - 1) / q_.fp8_block[1]) + "] (blocks of " +
                 std::to_string(q_.fp8_block[0]) + " x " + std::to_string(q_.fp8_block[1]) + ")";
-      return data_loss(describe(*s) + " has shape " + shape_str(s->shape) + " for the weight " +
+      return data_loss(describe(s->name) + " has shape " + shape_str(s->shape) + " for the weight " +
                        shape_str(w.shape) + ": expected " + want);
     }
     if (const TensorInfo* in = inner_->find(prefix + ".input_scale")) {
       PAGELLM_RETURN_IF_ERROR(scale_values(*in).status());
       if (numel(in->shape) != 1)
-        return data_loss(describe(*in) + " must hold one value, has shape " + shape_str(in->shape));
+        return data_loss(describe(in->name) + " must hold one value, has shape " + shape_str(in->shape));
       consumed.insert(in->name);
     }
     consumed.insert(s->name);
@@ -151,16 +132,11 @@ class Fp8BlockWeights final : public WeightSource {
     t.data = buf.get();
     t.nbytes = dtype_bytes(DType::kF8B32, m * k);
     t.file = w.file;
-    storage_.push_back(std::move(buf));
-    tensors_.push_back(std::move(t));
+    add_converted(std::move(t), std::move(buf));
     return Status::ok_status();
   }
 
-  std::unique_ptr<WeightSource> inner_;
   QuantConfig q_;
-  std::vector<TensorInfo> tensors_;
-  std::unordered_map<std::string, size_t> by_name_;
-  std::vector<std::unique_ptr<uint8_t[]>> storage_;
 };
 
 }  // namespace

@@ -20,26 +20,19 @@
 #include <unordered_set>
 
 #include "core/thread_pool.h"
-#include "io/file_util.h"
+#include "io/converted_weights.h"
 
 namespace pagellm {
 namespace {
 
+using io_detail::ends_with;
 using io_detail::quote_name;
+using io_detail::shape_str;
 
 // AWQ's packing puts output 8c + order[i] in nibble i, order = {0, 2, 4, 6, 1, 3, 5, 7};
 // kAwqNibble is its inverse: the nibble of output 8c + j.
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // Element i of a mapped tensor. safetensors does not align tensors to their element size, so a
 // file may place an i32 tensor at any byte: loads go through memcpy.
@@ -150,10 +143,10 @@ void fill_blocks_of(const PackedLinear& p, uint8_t* out) {
   }
 }
 
-class UnpackedInt4Weights final : public WeightSource {
+class UnpackedInt4Weights final : public io_detail::ConvertedWeights {
  public:
   UnpackedInt4Weights(std::unique_ptr<WeightSource> inner, const QuantConfig& q)
-      : inner_(std::move(inner)), q_(q) {}
+      : ConvertedWeights(std::move(inner)), q_(q) {}
 
   Status unpack() {
     const bool ct = q_.method == QuantMethod::kCompressedTensors;
@@ -194,26 +187,17 @@ class UnpackedInt4Weights final : public WeightSource {
         if (ends_with(t.name, "." + part))
           return data_loss(describe(t.name) + " belongs to no " + packed_suffix.substr(1) +
                            " tensor: the checkpoint is incomplete");
-      tensors_.push_back(t);
+      pass_through(t);
     }
-    for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
+    index();
     return Status::ok_status();
   }
 
-  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
-  const TensorInfo* find(const std::string& name) const override {
-    auto it = by_name_.find(name);
-    return it == by_name_.end() ? nullptr : &tensors_[it->second];
-  }
   std::string description() const override {
     return inner_->description() + " (" + quant_method_name(q_.method) + " 4-bit)";
   }
 
  private:
-  std::string describe(const std::string& name) const {
-    const TensorInfo* t = inner_->find(name);
-    return (t ? t->file : inner_->description()) + ": tensor " + quote_name(name);
-  }
 
   // The tensor `name` as i32 of `shape` (or any shape of `ndim` dims when shape is empty).
   Result<const TensorInfo*> part(const std::string& name, DType dtype,
@@ -393,16 +377,11 @@ class UnpackedInt4Weights final : public WeightSource {
     const TensorInfo* src = inner_->find(
         prefix + (q_.method == QuantMethod::kCompressedTensors ? ".weight_packed" : ".qweight"));
     t.file = src->file;
-    storage_.push_back(std::move(buf));
-    tensors_.push_back(std::move(t));
+    add_converted(std::move(t), std::move(buf));
     return Status::ok_status();
   }
 
-  std::unique_ptr<WeightSource> inner_;
   QuantConfig q_;
-  std::vector<TensorInfo> tensors_;
-  std::unordered_map<std::string, size_t> by_name_;
-  std::vector<std::unique_ptr<uint8_t[]>> storage_;
 };
 
 template <int G>
