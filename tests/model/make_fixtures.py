@@ -16,9 +16,11 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 
 import torch
 import transformers
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 BASE = dict(
@@ -191,6 +193,27 @@ def write_reference(folder, name, arch, weight_dtype, vocab_size, load, extra=No
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(meta, f)
     return min(min(c["greedy_margins"]) for c in cases)
+
+
+def write_quantized_fixture(folder, name, arch, classic, stored, dequant, weight_dtype, extra):
+    """A quantized fixture: folder/config.json (with its quantization_config), config_v5.json and
+    model.safetensors holding `stored` as the quantized format writes it, and the reference:
+    transformers in float32 on `dequant`, the exact dequantized weights (the math the engine
+    does). Returns write_reference's smallest greedy margin."""
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(classic, f, indent=1)
+    with open(os.path.join(folder, "config_v5.json"), "w") as f:
+        json.dump(v5_config(classic), f, indent=1)
+    save_file(stored, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = {k: v for k, v in classic.items() if k != "quantization_config"}
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(plain, f)
+        save_file({k: v.contiguous() for k, v in dequant.items()},
+                  os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        return write_reference(
+            folder, name, arch, weight_dtype, classic["vocab_size"],
+            lambda dt: AutoModelForCausalLM.from_pretrained(tmp, dtype=dt).eval(), extra)
 
 
 def main():

@@ -26,11 +26,11 @@ import sys
 import tempfile
 
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import BASE, MLA, classic_config, random_model, v5_config, write_reference  # noqa: E402
+from make_fixtures import (BASE, MLA, classic_config, random_model,  # noqa: E402
+                           write_quantized_fixture)
 
 FP8_MAX = 448.0
 # Row lengths that are multiples of 32 (pagellm keeps 32-value blocks) and of the 128-wide
@@ -135,23 +135,9 @@ def main():
             dequant[n] = deq
         classic["quantization_config"] = quant_config(scheme)
         classic["torch_dtype"] = "bfloat16"
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(classic, f, indent=1)
-        with open(os.path.join(folder, "config_v5.json"), "w") as f:
-            json.dump(v5_config(classic), f, indent=1)
-        save_file(stored, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-
-        # The reference: transformers in float32 on the exact dequantized weights.
-        with tempfile.TemporaryDirectory() as tmp:
-            plain = {k: v for k, v in classic.items() if k != "quantization_config"}
-            with open(os.path.join(tmp, "config.json"), "w") as f:
-                json.dump(plain, f)
-            save_file({k: v.contiguous() for k, v in dequant.items()},
-                      os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-            m = write_reference(
-                folder, name, arch, f"fp8 e4m3 ({scheme})", classic["vocab_size"],
-                lambda dt: AutoModelForCausalLM.from_pretrained(tmp, dtype=dt).eval(),
-                {"quantization": {"format": "fp8", "scales": scheme}})
+        m = write_quantized_fixture(folder, name, arch, classic, stored, dequant,
+                                    f"fp8 e4m3 ({scheme})",
+                                    {"quantization": {"format": "fp8", "scales": scheme}})
         print(f"{name}: {arch} fp8 {scheme}, min greedy margin {m:.4f}")
 
 

@@ -25,11 +25,11 @@ import warnings
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import BASE, MLA, classic_config, random_model, v5_config, write_reference  # noqa: E402
+from make_fixtures import (BASE, MLA, classic_config, random_model,  # noqa: E402
+                           write_quantized_fixture)
 
 warnings.filterwarnings("ignore")
 
@@ -264,23 +264,9 @@ def main():
             dequant[n] = torch.from_numpy(mine)
         classic["quantization_config"] = quant_config(fmt, group, symmetric)
         classic["torch_dtype"] = "float16" if fmt != "ct" else "bfloat16"
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(classic, f, indent=1)
-        with open(os.path.join(folder, "config_v5.json"), "w") as f:
-            json.dump(v5_config(classic), f, indent=1)
-        save_file(packed, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-
-        # The reference: transformers in float32 on the exact dequantized weights.
-        with tempfile.TemporaryDirectory() as tmp:
-            plain = {k: v for k, v in classic.items() if k != "quantization_config"}
-            with open(os.path.join(tmp, "config.json"), "w") as f:
-                json.dump(plain, f)
-            save_file({k: v.contiguous() for k, v in dequant.items()},
-                      os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-            m = write_reference(
-                folder, name, arch, f"{fmt} 4-bit", classic["vocab_size"],
-                lambda dt: AutoModelForCausalLM.from_pretrained(tmp, dtype=dt).eval(),
-                {"quantization": {"format": fmt, "group_size": group, "symmetric": symmetric}})
+        m = write_quantized_fixture(
+            folder, name, arch, classic, packed, dequant, f"{fmt} 4-bit",
+            {"quantization": {"format": fmt, "group_size": group, "symmetric": symmetric}})
         print(f"{name}: {arch} {fmt} group {group}, min greedy margin {m:.4f}")
 
 
