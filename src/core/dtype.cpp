@@ -140,6 +140,9 @@ uint16_t f32_to_f16(float f) {
   return sign | static_cast<uint16_t>((r - 0x38000000u) >> 13);
 }
 
+namespace {
+
+// The 256 values of e4m3_to_f32, indexed by code.
 const float* e4m3_values() {
   static const auto table = [] {
     std::array<float, 256> t{};
@@ -154,6 +157,8 @@ const float* e4m3_values() {
   }();
   return table.data();
 }
+
+}  // namespace
 
 float e4m3_to_f32(uint8_t q) { return e4m3_values()[q]; }
 

@@ -149,8 +149,6 @@ uint16_t f32_to_f16(float f);
 // nearest even; values past 448 saturate to +-448 (the checkpoint writers scale into range first).
 float e4m3_to_f32(uint8_t q);
 uint8_t f32_to_e4m3(float f);
-// The 256 values of e4m3_to_f32, indexed by code (for kernels that decode a block at a time).
-const float* e4m3_values();
 
 // Block layouts (GGUF's, byte-exact).
 #pragma pack(push, 1)

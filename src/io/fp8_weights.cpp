@@ -113,6 +113,12 @@ class Fp8BlockWeights final : public io_detail::ConvertedWeights {
     }
     consumed.insert(s->name);
 
+    // NaN codes (S.1111.111) mean a broken file; refused, the kernels need not decode them.
+    const auto* codes = static_cast<const uint8_t*>(w.data);
+    for (int64_t i = 0; i < m * k; ++i)
+      if ((codes[i] & 0x7f) == 0x7f)
+        return data_loss(describe(w.name) + " holds a NaN (code " + std::to_string(codes[i]) +
+                         ") at " + std::to_string(i));
     const int64_t blocks = k / 32;
     auto buf = std::make_unique<uint8_t[]>(dtype_bytes(DType::kF8B32, m * k));
     auto* out = reinterpret_cast<BlockF8B32*>(buf.get());

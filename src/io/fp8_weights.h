@@ -17,9 +17,9 @@
 
 namespace pagellm {
 
-// Converts every FP8 weight of `fp8` now (held in memory). An FP8 weight without a scale, a scale
-// of the wrong shape or type, or one that is not finite and positive (NaN, zero, negative) is an
-// error naming the tensor; so is a scale with no FP8 weight beside it.
+// Converts every FP8 weight of `fp8` now (held in memory). An FP8 weight without a scale or with a
+// NaN value, a scale of the wrong shape or type, or one that is not finite and positive (NaN,
+// zero, negative) is an error naming the tensor; so is a scale with no FP8 weight beside it.
 Result<std::unique_ptr<WeightSource>> fp8_block_weights(std::unique_ptr<WeightSource> fp8,
                                                         const QuantConfig& q);
 

@@ -42,6 +42,15 @@ struct I {
   }
   // 8 signed bytes -> f32
   static V i8_to_f32(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+  // 8 e4m3 codes at p -> f32, exactly: the code's magnitude bits placed as an f32's exponent and
+  // mantissa (e4m3 subnormals become f32 subnormals), times 2^120 to move the exponent bias from
+  // f32's 127 to e4m3's 7. NaN codes are not decoded (the loader refuses them).
+  static V e4m3_to_f32(const uint8_t* p) {
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), 20);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)), _mm256_set1_ps(0x1p120f));
+  }
   static void decode_q8_0(const BlockQ8_0* b, V* out) {
     const V d = set1(f16(b->d));
     const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));

@@ -73,7 +73,7 @@ std::vector<MatmulCase> cases() {
   const DType all[] = {DType::kF32,  DType::kF16,   DType::kBF16,  DType::kQ8_0,   DType::kQ4_0,
                        DType::kQ4_1, DType::kI4G32, DType::kI4G64, DType::kI4G128, DType::kQ5_0,
                        DType::kQ5_1, DType::kQ2_K,  DType::kQ3_K,  DType::kQ4_K,   DType::kQ5_K,
-                       DType::kQ6_K, DType::kQ8_K};
+                       DType::kQ6_K, DType::kQ8_K, DType::kF8B32};
   int variant = 0;
   for (DType t : all) {
     // Row lengths a whole number of blocks: 128-value groups take multiples of 128, k-quants of

@@ -167,6 +167,14 @@ TEST(Fp8Weights, BrokenScalesAreErrorsNamingTheTensor) {
          s.add("l.w.weight_scale_inv", DType::kI32, {1, 1}, std::vector<int32_t>{1});
        },
        "expected a float scale"},
+      {"NaN weight",
+       [](MemorySource& s) {
+         std::vector<uint8_t> q(32 * 64, 0x38);
+         q[100] = 0xff;
+         s.remove("l.w.weight");
+         s.add("l.w.weight", DType::kF8E4M3, {32, 64}, q);
+       },
+       "holds a NaN (code 255) at 100"},
       {"orphan scale",
        [](MemorySource& s) {
          s.add("l.v.weight_scale", DType::kF32, {}, std::vector<float>{1.0f});
