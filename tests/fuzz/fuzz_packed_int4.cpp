@@ -6,32 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "io/packed_int4.h"
 #include "io/safetensors.h"
-
-namespace {
-
-class HeaderSource final : public pagellm::WeightSource {
- public:
-  explicit HeaderSource(std::vector<pagellm::TensorInfo> t) : tensors_(std::move(t)) {
-    for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
-  }
-  const std::vector<pagellm::TensorInfo>& tensors() const override { return tensors_; }
-  const pagellm::TensorInfo* find(const std::string& name) const override {
-    auto it = by_name_.find(name);
-    return it == by_name_.end() ? nullptr : &tensors_[it->second];
-  }
-  std::string description() const override { return "fuzz.safetensors"; }
-
- private:
-  std::vector<pagellm::TensorInfo> tensors_;
-  std::unordered_map<std::string, size_t> by_name_;
-};
-
-}  // namespace
+#include "header_source.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
@@ -43,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   q.gptq_zeros_minus_one = (data[1] & 8) != 0;
   auto h = pagellm::parse_safetensors(data + 2, static_cast<int64_t>(size - 2), "fuzz.safetensors");
   if (!h.ok()) return 0;
-  auto w = pagellm::unpack_int4_weights(std::make_unique<HeaderSource>(std::move(h->tensors)), q);
+  auto w = pagellm::unpack_int4_weights(std::make_unique<pagellm::fuzz::HeaderSource>(std::move(h->tensors)), q);
   if (!w.ok()) return 0;
   volatile float sink = 0;
   for (const pagellm::TensorInfo& t : (*w)->tensors()) {
