@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "io/converted_weights.h"
 
@@ -58,6 +59,7 @@ struct PackedLinear {
   const int32_t* z = nullptr;    // packed zero points; null: 8 (symmetric compressed-tensors)
   int zero_plus = 0;             // GPTQ v1 stores z - 1
   std::vector<uint16_t> scales;  // f16 [N, K/group]
+  std::vector<int32_t> g_idx;    // GPTQ act-order: each input's group (empty: k / group)
 
   template <Packing P>
   int q(int64_t row, int64_t col) const {
@@ -303,11 +305,11 @@ class UnpackedInt4Weights final : public io_detail::ConvertedWeights {
         if (g < 0 || g >= groups)
           return data_loss(describe(gi->name) + " gives input " + std::to_string(k) +
                            " the group " + std::to_string(g) + " of " + std::to_string(groups));
-        if (g != k / p.group)
-          return unimplemented(
-              describe(gi->name) +
-              " permutes the inputs (GPTQ act-order, desc_act): not supported yet");
+        p.g_idx.push_back(g);
       }
+      bool plain = true;
+      for (int64_t k = 0; k < p.k && plain; ++k) plain = p.g_idx[k] == k / p.group;
+      if (plain) p.g_idx.clear();
     }
     p.packing = Packing::kGptq;
     p.w = static_cast<const int32_t*>(qw->data);
@@ -353,6 +355,7 @@ class UnpackedInt4Weights final : public io_detail::ConvertedWeights {
   }
 
   Status add_unpacked(const std::string& prefix, const PackedLinear& p) {
+    if (!p.g_idx.empty()) return add_act_order(prefix, p);
     const int g = p.group % 128 == 0 ? 128 : p.group % 64 == 0 ? 64 : 32;
     const DType dt = group_int4_dtype(g);
     const int64_t bytes = dtype_bytes(dt, p.n * p.k);
@@ -377,6 +380,34 @@ class UnpackedInt4Weights final : public io_detail::ConvertedWeights {
     const TensorInfo* src = inner_->find(
         prefix + (q_.method == QuantMethod::kCompressedTensors ? ".weight_packed" : ".qweight"));
     t.file = src->file;
+    add_converted(std::move(t), std::move(buf));
+    return Status::ok_status();
+  }
+
+  // GPTQ act-order: inputs quantized in another order, so a block of consecutive inputs mixes
+  // groups, which no I4G block holds. The weight becomes f32, s * (q - z) of each input's own
+  // group exactly (4 bytes a weight: the 4-bit kernels need contiguous groups).
+  Status add_act_order(const std::string& prefix, const PackedLinear& p) {
+    PAGELLM_LOG_WARN("%s: GPTQ act-order (desc_act) permutes the inputs; loaded as f32 weights",
+                     describe(prefix + ".g_idx").c_str());
+    const int64_t groups = p.k / p.group, bytes = p.n * p.k * 4;
+    auto buf = std::make_unique<uint8_t[]>(bytes);
+    float* w = reinterpret_cast<float*>(buf.get());
+    ThreadPool::global().parallel_for(p.n, 16, [&](int64_t nb, int64_t ne) {
+      for (int64_t n = nb; n < ne; ++n)
+        for (int64_t k = 0; k < p.k; ++k) {
+          const int32_t g = p.g_idx[k];
+          w[n * p.k + k] = f16_to_f32(p.scales[n * groups + g]) *
+                           static_cast<float>(p.q<Packing::kGptq>(n, k) - p.zero<Packing::kGptq>(n, g));
+        }
+    });
+    TensorInfo t;
+    t.name = prefix + ".weight";
+    t.dtype = DType::kF32;
+    t.shape = {p.n, p.k};
+    t.data = buf.get();
+    t.nbytes = bytes;
+    t.file = inner_->find(prefix + ".qweight")->file;
     add_converted(std::move(t), std::move(buf));
     return Status::ok_status();
   }

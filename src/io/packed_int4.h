@@ -19,8 +19,9 @@ namespace pagellm {
 
 // Unpacks every quantized linear of `packed` now (the converted weights are held in memory; the
 // packed ones stay mapped but unread afterwards). A tensor whose parts are missing, of the wrong
-// type or shape, or inconsistent with `q` is an error naming it; so is act-order (a g_idx that
-// permutes the rows), which is not supported yet.
+// type or shape, or inconsistent with `q` is an error naming it. GPTQ act-order (a g_idx that
+// permutes the inputs) gives an f32 weight instead: s * (q - z) with each input's own group,
+// exactly, at 4 bytes a weight (a warning says so).
 Result<std::unique_ptr<WeightSource>> unpack_int4_weights(std::unique_ptr<WeightSource> packed,
                                                           const QuantConfig& q);
 

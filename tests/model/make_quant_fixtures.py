@@ -76,6 +76,9 @@ VARIANTS = {
     "ct_llama": ("llama", "LlamaForCausalLM", {}, "ct", 64, True),
     "ct_mistral_rows": ("mistral", "MistralForCausalLM", {"sliding_window": None}, "ct", -1,
                         False),
+    # GPTQ act-order (desc_act): each linear's inputs quantized in a permuted order, g_idx giving
+    # each input's group.
+    "gptq_llama_act_order": ("llama", "LlamaForCausalLM", {}, "gptq_act_order", 64, False),
 }
 
 # Weights that stay in their float type: embeddings, norms, the LM head and MoE routers.
@@ -169,14 +172,23 @@ def pack_awq(w, group):
     return t, ref
 
 
-def pack_gptq(w, group, symmetric):
-    q, scale, zero = rtn(w, group, symmetric)
+def pack_gptq(w, group, symmetric, act_order=False):
     n, k = w.shape
-    lin = torch.nn.Linear(k, n, bias=False)
-    lin.weight.data = pseudo(q, scale, zero, group).half()
-    m = GptqLinear(4, group, k, n, bias=False)
     g = k if group == -1 else group
-    m.pack(lin, scale.half(), zero, torch.arange(k) // g)
+    if act_order:
+        # GPTQ orders the inputs by its Hessian's diagonal; any fixed permutation exercises the
+        # layout. Groups are formed in that order; g_idx gives each input its group.
+        perm = torch.randperm(k, generator=torch.Generator().manual_seed(k + n))
+        inv = torch.argsort(perm)
+        qp, scale, zero = rtn(w[:, perm], group, symmetric)
+        q, g_idx = qp[:, inv], inv // g
+    else:
+        q, scale, zero = rtn(w, group, symmetric)
+        g_idx = torch.arange(k) // g
+    lin = torch.nn.Linear(k, n, bias=False)
+    lin.weight.data = ((q - zero[:, g_idx]) * scale[:, g_idx]).half()
+    m = GptqLinear(4, group, k, n, bias=False)
+    m.pack(lin, scale.half(), zero, g_idx)
     t = {"qweight": m.qweight, "qzeros": m.qzeros, "scales": m.scales, "g_idx": m.g_idx}
     # AutoGPTQ's own (torch) dequantization, with float32 scales so nothing rounds.
     m.scales = m.scales.float()
@@ -208,10 +220,10 @@ def quant_config(fmt, group, symmetric):
     if fmt == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
                 "version": "gemm", "modules_to_not_convert": None}
-    if fmt == "gptq":
+    if fmt in ("gptq", "gptq_act_order"):
         return {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": symmetric,
-                "desc_act": False, "checkpoint_format": "gptq", "damp_percent": 0.01,
-                "true_sequential": True, "static_groups": False}
+                "desc_act": fmt == "gptq_act_order", "checkpoint_format": "gptq",
+                "damp_percent": 0.01, "true_sequential": True, "static_groups": False}
     cfg = QuantizationConfig(config_groups={"group_0": ct_scheme(group, symmetric)},
                              format="pack-quantized", ignore=["lm_head"])
     return cfg.model_dump(exclude_none=False, mode="json")
@@ -250,8 +262,8 @@ def main():
             if fmt == "awq":
                 t, ref = pack_awq(w32, group)
                 mine = unpack_awq(to_numpy(t), group)
-            elif fmt == "gptq":
-                t, ref = pack_gptq(w32, group, symmetric)
+            elif fmt in ("gptq", "gptq_act_order"):
+                t, ref = pack_gptq(w32, group, symmetric, act_order=fmt == "gptq_act_order")
                 mine = unpack_gptq(to_numpy(t), group)
             else:
                 t, ref = pack_ct(w32, group, symmetric)
