@@ -4,8 +4,8 @@
 // mma.sync, the dequantization of row slices for larger batches (cuBLASLt multiplies those), and
 // random weights for `--load-format dummy`.
 //
-// The device layout (int4_layout in kernels.h has the sizes). Rows are cut into stripes of 16;
-// a stripe is its packed values, then its group headers:
+// The device layout (int4_layout_fits in kernels.h says which shapes fit). Rows are cut into
+// stripes of 16; a stripe is its packed values, then its group headers:
 //   values:  K / 64 chunks of 512 bytes. Lane t of a warp loads the 16 bytes at t * 16 of a chunk:
 //            four 32-bit words, one per m16n8k16 k-tile, each already in the order of the mma's A
 //            fragment for rows r = t / 4 and r + 8, so that a few bit operations turn a word into
