@@ -192,7 +192,11 @@ Result<Tensor> WeightLoader::reorder_loaded(const std::string& name, const Tenso
 Result<Tensor> WeightLoader::reordered_matrix(const std::string& name, std::vector<int64_t> shape,
                                               const RowRanges& ranges) {
   const int64_t cols = shape.back();
-  PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(name, std::move(shape)));
+  // A device's 4-bit layout reorders in whole 16-row stripes only; other ranges get the float
+  // weight type (DeepSeek's rope rows of 8, say; the published shapes' are 64).
+  bool keep = true;
+  for (const auto& [b, e] : ranges) keep = keep && b % 16 == 0 && e % 16 == 0;
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(name, std::move(shape), keep));
   return reorder_loaded(name, t, cols, ranges);
 }
 
