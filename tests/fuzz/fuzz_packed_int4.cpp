@@ -1,8 +1,8 @@
 // Feeds arbitrary packed 4-bit checkpoints to the unpacker (io/packed_int4.h): the first two bytes
 // pick the packing (AWQ, GPTQ or compressed-tensors), the group size (32, 64, 128 or -1) and the
 // zero-point flags; the rest is a safetensors file. Whatever the unpacker accepts must be safe to
-// read: every unpacked tensor's bytes are touched and dequantized, so ASan catches a bound it
-// failed to check, and UBSan a shift or index out of range.
+// read: every unpacked tensor's bytes are touched and dequantized (act-order's f32 weights too),
+// so ASan catches a bound it failed to check, and UBSan a shift or index out of range.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!w.ok()) return 0;
   volatile float sink = 0;
   for (const pagellm::TensorInfo& t : (*w)->tensors()) {
-    if (!pagellm::is_group_int4(t.dtype)) continue;
+    // I4G blocks, and the f32 weights GPTQ act-order gives (their every value touched).
+    if (!pagellm::is_group_int4(t.dtype) && t.dtype != pagellm::DType::kF32) continue;
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     std::vector<float> v(n);
