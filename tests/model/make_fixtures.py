@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 BASE = dict(
@@ -193,6 +193,16 @@ def write_reference(folder, name, arch, weight_dtype, vocab_size, load, extra=No
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(meta, f)
     return min(min(c["greedy_margins"]) for c in cases)
+
+
+def random_state(classic, name, dtype):
+    """The fixture's random model (random_model) as the state dict save_pretrained writes in
+    `dtype`: the float weights a quantized fixture starts from."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(classic, f)
+        random_model(tmp, name).to(dtype).save_pretrained(tmp)
+        return load_file(os.path.join(tmp, "model.safetensors"))
 
 
 def write_quantized_fixture(folder, name, arch, classic, stored, dequant, weight_dtype, extra):

@@ -19,17 +19,14 @@ Needs torch and transformers. The outputs are committed:
     python tests/model/make_fp8_fixtures.py --out tests/data/golden
 """
 import argparse
-import json
 import os
 import shutil
 import sys
-import tempfile
 
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import (BASE, MLA, classic_config, random_model,  # noqa: E402
+from make_fixtures import (BASE, MLA, classic_config, random_state,  # noqa: E402
                            write_quantized_fixture)
 
 FP8_MAX = 448.0
@@ -116,12 +113,7 @@ def main():
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
         classic = classic_config(model_type, arch, dict(QBASE, **overrides))
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(os.path.join(tmp, "config.json"), "w") as f:
-                json.dump(classic, f)
-            model = random_model(tmp, name)
-            model.to(torch.bfloat16).save_pretrained(tmp)
-            state = load_file(os.path.join(tmp, "model.safetensors"))
+        state = random_state(classic, name, torch.bfloat16)
         stored, dequant = {}, {}
         for n, w in state.items():
             if not quantized(n, w.shape):
