@@ -490,6 +490,18 @@ PY
         --output-len 256 --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} \
         --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
     fi
+    # FP8 weights (issue 44): the same with random FP8 projections (one scale per 128 values of
+    # a row, as per-channel and 128x128-block checkpoints have). PAGELLM_CHECK_FP8=0 skips them.
+    if [ "${PAGELLM_CHECK_FP8:-1}" = 1 ]; then
+      run_bench latency-llama3-8b-fp8 latency --model $cfg/llama-3-8b.json --load-format dummy \
+        --quantization fp8 --device cuda --input-len 512 --output-len 256 --iters 2
+      run_bench profile-llama3-8b-fp8 latency --profile --model $cfg/llama-3-8b.json \
+        --load-format dummy --quantization fp8 --device cuda --input-len 512 --output-len 8 --iters 1
+      run_bench throughput-llama3-8b-fp8 throughput --model $cfg/llama-3-8b.json --load-format dummy \
+        --quantization fp8 --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 \
+        --output-len 256 --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} \
+        --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
+    fi
     # PAGELLM_CHECK_PROFILE_OFFLINE=1: where an offline run's time goes, op by op (`bench
     # throughput --profile`: eager, every op timed, summed per op kind and weight shape; the
     # table is in $logs/bench-profile-offline-*.log). Fewer prompts than the timed run.

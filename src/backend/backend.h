@@ -446,7 +446,12 @@ PAGELLM_BACKEND_HD inline float random_uniform_at(uint64_t seed, uint64_t index,
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
-  return lo + (hi - lo) * static_cast<float>((z >> 40) * (1.0 / 16777216.0));
+  const float u = static_cast<float>((z >> 40) * (1.0 / 16777216.0));
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(lo, __fmul_rn(hi - lo, u));  // no fused multiply-add: the CPU's rounding
+#else
+  return lo + (hi - lo) * u;
+#endif
 }
 
 // The CPU reference backend. `fast`: use the SIMD/threaded paths (default); false runs the plain

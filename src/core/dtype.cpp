@@ -46,11 +46,33 @@ std::string_view dtype_name(DType t) {
       return "f8_e4m3";
     case DType::kF8B32:
       return "f8b32";
+    case DType::kF8G128:
+      return "f8g128";
   }
   return "?";
 }
 
 namespace {
+
+// The FP8 block types (F8B32, F8G128): x = d * e4m3(q); written with the block's largest
+// magnitude mapped to 448.
+template <typename Block, int N>
+void f8_to_f32(const void* src, float* dst, int64_t n) {
+  auto* b = static_cast<const Block*>(src);
+  for (int64_t i = 0; i < n / N; ++i)
+    for (int j = 0; j < N; ++j) dst[i * N + j] = b[i].d * e4m3_to_f32(b[i].q[j]);
+}
+template <typename Block, int N>
+void f8_from_f32(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<Block*>(dst);
+  for (int64_t i = 0; i < n / N; ++i) {
+    const float* x = src + i * N;
+    float amax = 0.0f;
+    for (int j = 0; j < N; ++j) amax = std::max(amax, std::fabs(x[j]));
+    b[i].d = amax / 448.0f;
+    for (int j = 0; j < N; ++j) b[i].q[j] = b[i].d > 0.0f ? f32_to_e4m3(x[j] / b[i].d) : 0;
+  }
+}
 
 template <int G>
 void i4g_to_f32(const void* src, float* dst, int64_t n) {
@@ -235,12 +257,10 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_to_f32(q[i]);
       return;
     }
-    case DType::kF8B32: {
-      auto* b = static_cast<const BlockF8B32*>(src);
-      for (int64_t i = 0; i < n / 32; ++i)
-        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = b[i].d * e4m3_to_f32(b[i].q[j]);
-      return;
-    }
+    case DType::kF8B32:
+      return f8_to_f32<BlockF8B32, 32>(src, dst, n);
+    case DType::kF8G128:
+      return f8_to_f32<BlockF8G128, 128>(src, dst, n);
     case DType::kQ5_0:
     case DType::kQ5_1:
     case DType::kQ2_K:
@@ -332,17 +352,10 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) q[i] = f32_to_e4m3(src[i]);
       return;
     }
-    case DType::kF8B32: {
-      auto* b = static_cast<BlockF8B32*>(dst);
-      for (int64_t i = 0; i < n / 32; ++i) {
-        const float* x = src + i * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-        b[i].d = amax / 448.0f;
-        for (int j = 0; j < 32; ++j) b[i].q[j] = b[i].d > 0.0f ? f32_to_e4m3(x[j] / b[i].d) : 0;
-      }
-      return;
-    }
+    case DType::kF8B32:
+      return f8_from_f32<BlockF8B32, 32>(src, dst, n);
+    case DType::kF8G128:
+      return f8_from_f32<BlockF8G128, 128>(src, dst, n);
     default:
       break;  // the 5-bit and k-quant types are written by llama.cpp's quantizer, not here
   }

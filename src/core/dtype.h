@@ -2,7 +2,9 @@
 // block_elems() values stored in block_bytes() bytes, rows always a whole number of blocks. The
 // Q types are GGUF's (32 values a block; the k-quants 256); the I4G types hold the 4-bit
 // group-quantized weights of AWQ, GPTQ and compressed-tensors checkpoints, one group a block;
-// F8B32 holds FP8 (e4m3) checkpoints' weights with their scales, 32 values a block.
+// F8B32 holds FP8 (e4m3) checkpoints' weights with their scales, 32 values a block; F8G128 is
+// the same with one scale per 128 values, which every FP8 scheme's scales are constant over (per
+// tensor, per channel, 128 x 128 blocks): the CUDA backend keeps FP8 weights in it.
 // F8_E4M3 is the plain FP8 element as safetensors stores it, read only to build F8B32 blocks.
 #pragma once
 
@@ -36,6 +38,7 @@ enum class DType : uint8_t {
   kQ8_K,
   kF8E4M3,  // one float8_e4m3fn (FP8 checkpoints' raw weights; no op reads it)
   kF8B32,   // 32 x float8_e4m3fn + f32 scale: x = d * e4m3(q)        (36 bytes / 32 values)
+  kF8G128,  // 128 x float8_e4m3fn + f32 scale: x = d * e4m3(q)     (132 bytes / 128 values)
 };
 
 inline constexpr int kQuantBlock = 32;
@@ -63,6 +66,7 @@ constexpr int block_elems(DType t) {
     case DType::kI4G64:
       return 64;
     case DType::kI4G128:
+    case DType::kF8G128:
       return 128;
     case DType::kQ2_K:
     case DType::kQ3_K:
@@ -119,6 +123,8 @@ constexpr int block_bytes(DType t) {
       return 1;
     case DType::kF8B32:
       return 4 + 32;
+    case DType::kF8G128:
+      return 4 + 128;
   }
   return 0;
 }
@@ -190,12 +196,18 @@ struct BlockF8B32 {
   uint8_t q[32];
 };
 static_assert(sizeof(BlockF8B32) == 36);
+// F8G128's block: the same with 128 values.
+struct BlockF8G128 {
+  float d;
+  uint8_t q[128];
+};
+static_assert(sizeof(BlockF8G128) == 132);
 
 // Converts n values of type `t` starting at `src` to f32 (n a multiple of block_elems(t)).
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values into type `t` (quantizing blockwise for quantized types: as ggml does for
 // Q8_0, Q4_0 and Q4_1; for I4G, round-to-nearest with the group's min and max, as AWQ's quantizer
-// does; for F8B32, the block's largest magnitude to 448). The 5-bit and k-quant types are only
+// does; for F8B32 and F8G128, the block's largest magnitude to 448). The 5-bit and k-quant types are only
 // read (llama.cpp's quantizer writes them).
 void from_f32(DType t, const float* src, void* dst, int64_t n);
 

@@ -313,6 +313,7 @@ std::optional<uint32_t> ggml_from_dtype(DType t) {
     case DType::kI4G128:
     case DType::kF8E4M3:
     case DType::kF8B32:
+    case DType::kF8G128:
       return std::nullopt;  // no GGUF type
   }
   return std::nullopt;

@@ -1,6 +1,7 @@
 #include "model/weight_loader.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "io/quant_config.h"
@@ -81,15 +82,13 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
                                           size_t n_owned, const std::string& what) {
   PAGELLM_CHECK(!loaded.empty() && n_owned <= storage_.size());
   const DType dt = loaded[0].dtype;
-  // Quantized rows are whole blocks, so pieces of one quantized tensor reorder byte for byte, and
-  // on devices (whose 4-bit layout is 16-row stripes, each as many bytes as its rows' blocks) so
-  // do pieces of several, in whole stripes. The CPU stacks none: it never fuses projections.
-  const bool stripes = is_quantized(dt) && backend_.device() != Device::kCpu;
+  // Quantized rows are whole blocks, so pieces of one quantized tensor (the CPU's, which never
+  // fuses projections) reorder byte for byte; devices stack quantized weights on the host
+  // (stacked_on_host).
   int64_t rows = 0;
   for (const Tensor& t : loaded) {
-    const bool whole = t.numel() % cols == 0 && (!stripes || (t.numel() / cols) % 16 == 0);
-    if (t.dtype != dt || (is_quantized(dt) && n_owned != 1 && !stripes) || !t.is_contiguous() ||
-        !whole)
+    if (t.dtype != dt || (is_quantized(dt) && n_owned != 1) || !t.is_contiguous() ||
+        t.numel() % cols != 0)
       return invalid_argument("cannot stack weights of different or quantized types (" +
                               t.shape_string() + ")");
     rows += t.numel() / cols;
@@ -110,21 +109,80 @@ Result<Tensor> WeightLoader::stack_loaded(const std::vector<Tensor>& loaded, int
   return out;
 }
 
-Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int64_t cols,
-                                            bool keep_quantized) {
-  // On a device the parts stay quantized together or not at all: one type of one kept layout,
-  // and reordered ranges in whole stripes.
-  if (backend_.device() != Device::kCpu && keep_quantized) {
-    const DType first = device_quantized(parts.front().name, parts.front().rows, cols);
-    for (const Part& p : parts) {
-      keep_quantized = keep_quantized && device_quantized(p.name, p.rows, cols) == first;
-      for (const auto& [b, e] : p.ranges)
-        keep_quantized = keep_quantized && b % 16 == 0 && e % 16 == 0;
+DType WeightLoader::device_stack_type(const std::vector<Part>& parts, int64_t cols) const {
+  if (backend_.device() == Device::kCpu) return DType::kF32;
+  const DType kept = device_quantized(parts.front().name, parts.front().rows, cols);
+  int64_t rows = 0;
+  for (const Part& p : parts) {
+    if (device_quantized(p.name, p.rows, cols) != kept) return DType::kF32;
+    if (p.ranges.empty()) rows += p.rows;
+    for (const auto& [b, e] : p.ranges) rows += e - b;
+  }
+  if (kept == DType::kF32 || backend_.quantized_storage(kept, rows, cols) != kept)
+    return DType::kF32;
+  if (source_.is_dummy()) return kept;
+  // A checkpoint's parts: one stored type (which the device keeps as `kept`).
+  const TensorInfo* first = source_.find(parts.front().name);
+  for (const Part& p : parts) {
+    const TensorInfo* info = source_.find(p.name);
+    if (first == nullptr || info == nullptr || info->dtype != first->dtype) return DType::kF32;
+  }
+  return kept;
+}
+
+Result<Tensor> WeightLoader::stacked_on_host(const std::vector<Part>& parts, int64_t cols,
+                                             DType kept) {
+  int64_t rows = 0;
+  for (const Part& p : parts) {
+    if (p.ranges.empty()) rows += p.rows;
+    for (const auto& [b, e] : p.ranges) {
+      if (!(0 <= b && b < e && e <= p.rows))
+        return invalid_argument("weight '" + p.name + "': bad row range for a reordered weight");
+      rows += e - b;
     }
   }
+  if (source_.is_dummy()) {
+    const float a = std::sqrt(3.0f / static_cast<float>(cols));  // as matrix()'s
+    return dummy(stack_name(parts), {rows, cols}, kept, -a, a);
+  }
+  std::vector<Tensor> hosts;
+  for (const Part& p : parts) {
+    PAGELLM_ASSIGN_OR_RETURN(Tensor h, source_.get(p.name, {p.rows, cols}));
+    if (!h.is_contiguous() || (!hosts.empty() && h.dtype != hosts[0].dtype))
+      return invalid_argument(stack_name(parts) + ": the parts differ in type or layout");
+    hosts.push_back(h);
+  }
+  const DType dt = hosts[0].dtype;
+  const int64_t row_bytes = dtype_bytes(dt, cols);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * row_bytes));
+  uint8_t* dst = bytes.data();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto* src = static_cast<const uint8_t*>(hosts[i].data);
+    const RowRanges all = {{0, parts[i].rows}};
+    for (const auto& [b, e] : parts[i].ranges.empty() ? all : parts[i].ranges) {
+      std::memcpy(dst, src + b * row_bytes, static_cast<size_t>((e - b) * row_bytes));
+      dst += (e - b) * row_bytes;
+    }
+  }
+  const Tensor host(bytes.data(), dt, {rows, cols});
+  // upload_weight has read the host copy when it returns (pageable copies are staged).
+  PAGELLM_ASSIGN_OR_RETURN(Tensor t, backend_.upload_weight(host, kept, storage_.emplace_back()));
+  bytes_ += dtype_bytes(t.dtype, t.numel());
+  return t;
+}
+
+Result<Tensor> WeightLoader::stacked_matrix(const std::vector<Part>& parts, int64_t cols,
+                                            bool keep_quantized) {
+  // On a device, parts it keeps quantized (one type, one kept layout) are stacked on the host
+  // and uploaded as one weight: the device layouts need not concatenate.
+  if (keep_quantized) {
+    const DType kept = device_stack_type(parts, cols);
+    if (kept != DType::kF32) return stacked_on_host(parts, cols, kept);
+  }
+  const bool keep = backend_.device() == Device::kCpu && keep_quantized;
   std::vector<Tensor> pieces;
   for (const Part& p : parts) {
-    PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}, keep_quantized));
+    PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(p.name, {p.rows, cols}, keep));
     for (const Tensor& piece : pieces_of(t, cols, p.ranges)) pieces.push_back(piece);
   }
   return stack_loaded(pieces, cols, parts.size(), stack_name(parts));
@@ -191,13 +249,8 @@ Result<Tensor> WeightLoader::reorder_loaded(const std::string& name, const Tenso
 
 Result<Tensor> WeightLoader::reordered_matrix(const std::string& name, std::vector<int64_t> shape,
                                               const RowRanges& ranges) {
-  const int64_t cols = shape.back();
-  // A device's 4-bit layout reorders in whole 16-row stripes only; other ranges get the float
-  // weight type (DeepSeek's rope rows of 8, say; the published shapes' are 64).
-  bool keep = true;
-  for (const auto& [b, e] : ranges) keep = keep && b % 16 == 0 && e % 16 == 0;
-  PAGELLM_ASSIGN_OR_RETURN(Tensor t, matrix(name, std::move(shape), keep));
-  return reorder_loaded(name, t, cols, ranges);
+  PAGELLM_CHECK(shape.size() == 2);
+  return stacked_matrix({{name, shape[0], ranges}}, shape[1]);
 }
 
 Result<Tensor> WeightLoader::reordered_vector(const std::string& name, int64_t n, float dummy_value,

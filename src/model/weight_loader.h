@@ -50,8 +50,8 @@ class WeightLoader {
   // gate|up, so a device runs one GEMM where the checkpoint has several (DeepSeek's query
   // projection and kv_a on every backend). Each part is loaded (or made, for dummy weights)
   // exactly as matrix() / vector() would load it alone, so the stack holds the same values.
-  // Quantized parts stack on devices when each is whole 16-row stripes of the device's 4-bit
-  // layout; elsewhere they are refused (see stays_quantized).
+  // Quantized parts a device keeps quantized are stacked on the host and uploaded as one weight
+  // (dummy ones made as one); on the CPU they are refused (see stays_quantized).
   struct Part {
     std::string name;
     int64_t rows;
@@ -100,6 +100,12 @@ class WeightLoader {
                               const std::string& what);
   Result<Tensor> reorder_loaded(const std::string& name, const Tensor& t, int64_t cols,
                                 const RowRanges& ranges);
+  // On a device: the quantized type it keeps the stack of `parts` in (all parts stored in one
+  // type it keeps, the stack's shape fitting its layout), or kF32.
+  DType device_stack_type(const std::vector<Part>& parts, int64_t cols) const;
+  // The parts' host tensors (their ranges in order) copied into one host buffer and uploaded as
+  // `kept`; dummy weights: one random tensor of the stack's shape.
+  Result<Tensor> stacked_on_host(const std::vector<Part>& parts, int64_t cols, DType kept);
   // "the stack of 16 weights 'first' .. 'last'".
   static std::string stack_name(const std::vector<Part>& parts);
   // The row ranges of a loaded tensor of `cols` columns as views, in order (all of it for none).

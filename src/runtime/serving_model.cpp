@@ -53,16 +53,12 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     } else if (options.quantization == "q4_k") {
       load.dummy_quantized = DType::kQ4_K;
     } else if (options.quantization == "fp8" || options.quantization == "fp8-block") {
-      load.dummy_quantized = DType::kF8B32;  // per channel or per block: the same blocks here
+      // Per channel or per block: the same blocks here; the GPU keeps FP8 in 128-value groups.
+      load.dummy_quantized = options.device == "cpu" ? DType::kF8B32 : DType::kF8G128;
     } else {
       return invalid_argument("--quantization must be awq, gptq, q4_k, fp8 or fp8-block, got '" +
                               options.quantization + "'");
     }
-    if (options.device != "cpu" && load.dummy_quantized == DType::kF8B32)
-      return unimplemented("--quantization " + options.quantization + " on --device " +
-                           options.device +
-                           ": the GPU dequantizes FP8 weights to bf16 until its FP8 kernels "
-                           "exist, so the figures would be bf16's");
     if (options.device != "cpu" && load.dummy_quantized == DType::kQ4_K)
       return unimplemented("--quantization q4_k on --device " + options.device +
                            ": the GPU keeps the 4-bit group types (awq, gptq) and Q4_0 4-bit; "

@@ -135,8 +135,8 @@ class CpuBackend final : public Backend {
  private:
   // Random 4-bit blocks (--load-format dummy --quantization) whose values spread over [lo, hi]:
   // random nibbles, every group's scale and zero point (I4G) or every chunk's scale and minimum
-  // (Q4_K) set so that 0..15 maps onto [lo, hi]; FP8 blocks (F8B32): random values in [lo, hi]
-  // quantized as from_f32 does.
+  // (Q4_K) set so that 0..15 maps onto [lo, hi]; FP8 blocks (F8B32, F8G128): random values in
+  // [lo, hi] quantized as from_f32 does.
   void fill_random_blocks(Tensor& t, uint64_t seed, float lo, float hi);
   void matmul_fast(const Tensor& x, const Tensor& w, const float* bias, Tensor& out);
   void check_rope(const Tensor& x, const Tensor& cos_sin) const;
@@ -149,16 +149,18 @@ class CpuBackend final : public Backend {
 
 void CpuBackend::fill_random_blocks(Tensor& t, uint64_t seed, float lo, float hi) {
   const DType dt = t.dtype;
-  PAGELLM_CHECK_MSG(is_group_int4(dt) || dt == DType::kQ4_K || dt == DType::kF8B32,
-                    "fill_random: random blocks are made for the I4G types, Q4_K and F8B32 only");
+  const bool fp8 = dt == DType::kF8B32 || dt == DType::kF8G128;
+  PAGELLM_CHECK_MSG(is_group_int4(dt) || dt == DType::kQ4_K || fp8,
+                    "fill_random: random blocks are made for the I4G, Q4_K and FP8 types only");
   const int64_t blocks = t.numel() / block_elems(dt), bytes = block_bytes(dt);
-  if (dt == DType::kF8B32) {
+  if (fp8) {
+    const int n = block_elems(dt);
     ThreadPool::global().parallel_for(blocks, 256, [&](int64_t b, int64_t e) {
-      float v[32];
+      float v[128];
       for (int64_t i = b; i < e; ++i) {
-        for (int j = 0; j < 32; ++j)
-          v[j] = random_uniform_at(seed, static_cast<uint64_t>(i * 32 + j), lo, hi);
-        from_f32(dt, v, static_cast<uint8_t*>(t.data) + i * bytes, 32);
+        for (int j = 0; j < n; ++j)
+          v[j] = random_uniform_at(seed, static_cast<uint64_t>(i * n + j), lo, hi);
+        from_f32(dt, v, static_cast<uint8_t*>(t.data) + i * bytes, n);
       }
     });
     return;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/fp8_matmul.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_views.h"
@@ -254,7 +255,9 @@ void CudaBackend::advance_side(Side from, Side to, const char* misuse) {
 void CudaBackend::swap_side() {
   std::swap(stream_, side_stream_);
   std::swap(gemm_, side_gemm_);
-  std::swap(int4_slice_, side_int4_slice_);
+  std::swap(quant_slice_, side_quant_slice_);
+  std::swap(fp8_matmul_, side_fp8_matmul_);
+  std::swap(fp8_scratch_, side_fp8_scratch_);
 }
 
 void CudaBackend::begin_side() {
@@ -363,9 +366,12 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
                             " is not in host memory");
   if (!host.is_contiguous())
     return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not contiguous");
-  // 4-bit types where they fit the device's layout (quantized_storage says so) stay 4-bit.
-  if (is_group_int4(dtype) && quantized_storage(host.dtype, host.rows(), host.cols()) == dtype)
-    return upload_int4(host, dtype, storage);
+  // The 4-bit and FP8 types where they fit the device's layouts (quantized_storage says so) stay
+  // quantized; FP8 weights whose scales change within 128 columns (none of the FP8 checkpoint
+  // schemes') go to bf16 below.
+  if (kept_quantized(dtype) && quantized_storage(host.dtype, host.rows(), host.cols()) == dtype &&
+      fp8_scales_fit_groups(host.dtype, host.data, host.numel()))
+    return upload_kept(host, dtype, storage);
   const bool src_float = is_float_type(host.dtype) || is_quantized(host.dtype);
   // Other requests for a quantized storage type get bf16.
   const DType target = is_quantized(dtype) ? DType::kBF16 : dtype;
@@ -491,9 +497,9 @@ CudaBackend::MatmulOperands CudaBackend::matmul_operands(const Tensor& x, const 
   PAGELLM_CHECK_MSG(x.dtype == DType::kBF16,
                     (std::string(op) + ": activations must be bf16").c_str());
   PAGELLM_CHECK_MSG(
-      w.ndim == 2 && (is_float_type(w.dtype) || is_group_int4(w.dtype)),
-      (std::string(op) + ": weight must be a 2-D f32/f16/bf16 or 4-bit tensor (other quantized "
-                         "weights are dequantized on upload)")
+      w.ndim == 2 && (is_float_type(w.dtype) || kept_quantized(w.dtype)),
+      (std::string(op) + ": weight must be a 2-D f32/f16/bf16, 4-bit or FP8 tensor (other "
+                         "quantized weights are dequantized on upload)")
           .c_str());
   PAGELLM_CHECK_MSG(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
                     (std::string(op) + ": out must be bf16 or f32").c_str());
@@ -516,8 +522,8 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   const MatmulOperands m = matmul_operands(x, w, bias, out, "matmul");
   if (w.dtype == DType::kBF16) {
     gemm_->run(m.x, m.w, m.bias, m.bias_dtype, m.out);
-  } else if (is_group_int4(w.dtype)) {
-    int4_matmul(m, nullptr);
+  } else if (kept_quantized(w.dtype)) {
+    kept_matmul(m, nullptr);
   } else {
     launch_gemm_fallback(m.x, m.w, m.bias, m.bias_dtype, m.out, stream_);
   }
@@ -530,8 +536,8 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
   check_on_device(scratch, "scratch");
   if (w.dtype == DType::kBF16) {
     gemm_->run_add(m.x, m.w, m.bias, m.bias_dtype, m.out, rows_of(scratch));
-  } else if (is_group_int4(w.dtype)) {
-    int4_matmul(m, &scratch);
+  } else if (kept_quantized(w.dtype)) {
+    kept_matmul(m, &scratch);
   } else {
     launch_gemm_fallback(m.x, m.w, m.bias, m.bias_dtype, m.out, stream_, /*accumulate=*/true);
   }
@@ -1017,7 +1023,7 @@ void CudaBackend::to_f32(const Tensor& x, Tensor& out) {
 
 void CudaBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   check_on_device(t, "t");
-  if (is_group_int4(t.dtype)) return fill_random_int4(t, seed, lo, hi);
+  if (kept_quantized(t.dtype)) return fill_random_kept(t, seed, lo, hi);
   PAGELLM_CHECK(is_float_type(t.dtype) && t.is_contiguous());
   launch_fill_random(t.data, t.dtype, t.numel(), seed, lo, hi, stream_);
 }

@@ -9,9 +9,10 @@
 //   loop), and that thread's current device must be the backend's (set by the constructor).
 // - Weights: upload_weight converts f32/f16/bf16 to the requested float type on the device. The
 //   4-bit group types (AWQ, GPTQ, compressed-tensors) and GGUF's Q4_0 stay 4-bit, repacked into
-//   the layout of int4_gemm.cu (cuda_int4.cpp); the other block formats are dequantized to bf16
-//   on upload. matmul reads bf16 weights through cuBLASLt or the GEMV, 4-bit ones through the
-//   4-bit GEMV or dequantized slices, and f32/f16 weights through a plain tiled kernel.
+//   the layout of int4_gemm.cu, and FP8 weights stay FP8 in fp8_gemm.cu's (cuda_quantized.cpp);
+//   the other block formats are dequantized to bf16 on upload. matmul reads bf16 weights through
+//   cuBLASLt or the GEMV, kept quantized ones through their format's GEMV or dequantized slices,
+//   and f32/f16 weights through a plain tiled kernel.
 // - Preconditions of ops (shapes, dtypes, devices) are CHECKed: a violation is a programmer error.
 //   CUDA/cuBLAS failures abort with the failing call, file and line (cuda_check.h).
 #pragma once
@@ -32,6 +33,7 @@
 namespace pagellm::cuda {
 
 class Gemm;
+class Fp8Matmul;
 struct MoeWorkspace;
 
 // Whether PAGELLM_ABLATE_OPS names the op (a Backend method's name): it then returns at once,
@@ -163,11 +165,11 @@ class CudaBackend final : public Backend {
   static constexpr int kSlots = 16;
   // Device staging for weight conversion on upload, in chunks of whole rows.
   static constexpr int64_t kUploadChunkBytes = 64 << 20;
-  // The bf16 slice a 4-bit weight is dequantized into for products past the 4-bit GEMV's rows,
+  // The bf16 slice a quantized weight is dequantized into for products past its GEMV's rows,
   // mostly still in L2 (50 MB on the H100 and H200) when cuBLASLt reads it. Llama-3-8B's
   // 512-token prefill on the H100: 26.5 ms with 16 MB slices (down_proj's 576 rows make narrow
   // GEMMs), 20.6 ms with 32 MB, 20.5 ms with 48 MB.
-  static constexpr int64_t kInt4SliceBytes = 32 << 20;
+  static constexpr int64_t kQuantSliceBytes = 32 << 20;
 
   // matmul()'s operands, checked: x, w and out as row views and the bias pointer and type.
   struct MatmulOperands {
@@ -194,13 +196,17 @@ class CudaBackend final : public Backend {
   // rms_norm's checks and launch; release_early as launch_rms_norm's (kernels.h).
   void run_rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out, bool release_early);
 
-  // 4-bit weights (cuda_int4.cpp): upload_weight's repacking, fill_random's, and the products of
-  // matmul (add_scratch null) and matmul_add (its scratch).
-  Result<Tensor> upload_int4(const Tensor& host, DType dtype, std::unique_ptr<Buffer>& storage);
-  void fill_random_int4(Tensor& t, uint64_t seed, float lo, float hi);
-  void int4_matmul(const MatmulOperands& m, const Tensor* add_scratch);
-  // The slices of both streams, allocated with the first 4-bit weight.
-  void ensure_int4_slices();
+  // Weights kept quantized (kept_quantized: cuda_quantized.cpp): upload_weight's repacking,
+  // fill_random's, and the products of matmul (add_scratch null) and matmul_add (its scratch).
+  Result<Tensor> upload_kept(const Tensor& host, DType dtype, std::unique_ptr<Buffer>& storage);
+  void fill_random_kept(Tensor& t, uint64_t seed, float lo, float hi);
+  void kept_matmul(const MatmulOperands& m, const Tensor* add_scratch);
+  // The slices of both streams (and the FP8 GEMMs where the device has FP8 tensor cores),
+  // made with the first quantized weight.
+  void ensure_quant_slices();
+  // Fp8Matmul's scratch for x quantized on the stream in use, grown like the MoE workspace (a
+  // recording cannot grow it).
+  void* ensure_fp8_scratch(int64_t nbytes);
 
   int next_slot();
   void* ensure_upload_staging(int64_t nbytes);
@@ -244,8 +250,12 @@ class CudaBackend final : public Backend {
   int64_t attn_workspace_bytes_ = 0;
   std::unique_ptr<Buffer> attn_counters_;  // freeing it moves the allocation epoch
   std::unique_ptr<Buffer> moe_workspace_;  // freeing it moves the allocation epoch
-  // int4_matmul's bf16 slice for the stream in use, and the other stream's (swapped with it).
-  std::unique_ptr<Buffer> int4_slice_, side_int4_slice_;
+  // kept_matmul's bf16 slice for the stream in use, and the other stream's (swapped with it).
+  std::unique_ptr<Buffer> quant_slice_, side_quant_slice_;
+  // FP8 weights' GEMMs past the GEMV (null without FP8 tensor cores) and their activation
+  // scratch, for the stream in use and the other stream's (swapped with them).
+  std::unique_ptr<Fp8Matmul> fp8_matmul_, side_fp8_matmul_;
+  std::unique_ptr<Buffer> fp8_scratch_, side_fp8_scratch_;
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
   std::unique_ptr<Buffer> chain_counter_;  // launch_gemv_stream_chain's grid-wide count

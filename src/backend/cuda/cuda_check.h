@@ -27,6 +27,15 @@ namespace pagellm::cuda {
       ::pagellm::cuda::cublas_failed(_st, #call, __FILE__, __LINE__); \
   } while (0)
 
+namespace pagellm::cuda {
+// Whether `stream` is being recorded into a graph (which cannot allocate or synchronize).
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+}  // namespace pagellm::cuda
+
 // After a kernel launch: reports bad launch configurations at the launch site. Execution errors
 // surface at the next synchronizing call (run under compute-sanitizer to pin them down).
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

@@ -37,12 +37,6 @@ bool fused_down_combine() {
   return on;
 }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
-  return st != cudaStreamCaptureStatusNone;
-}
-
 }  // namespace
 
 void CudaBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,

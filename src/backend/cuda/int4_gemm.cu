@@ -34,12 +34,14 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/stripe_gemv.cuh"
 
 namespace pagellm::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+using stripe_gemv::grid_for;
+using stripe_gemv::kThreads;
+using stripe_gemv::kWarps;
 constexpr int kUnroll = 4;  // 16-byte chunk loads of a lane a trip (a trip in flight, one computed)
 
 // Row offset (0 or 8) and column offset (0..3) within a lane's k-tile of nibble i of its word.
@@ -142,38 +144,22 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
 struct Int4GemvParams {
   const bf16* x;
   int64_t ldx;
-  int n;  // rows of x
   const uint8_t* w;
   int64_t n_stripes, k_dim;
-  const void* bias;
-  DType bias_dtype;
-  void* out;
-  int64_t ldo;
   int k_split;  // warps sharing a stripe's chunks: 1, 2, 4 or 8
+  stripe_gemv::Output o;
 };
-
-__device__ __forceinline__ float bias_value(const void* bias, DType t, int64_t m) {
-  if (bias == nullptr) return 0.0f;
-  switch (t) {
-    case DType::kBF16:
-      return to_float(static_cast<const bf16*>(bias)[m]);
-    case DType::kF16:
-      return to_float(static_cast<const __half*>(bias)[m]);
-    default:
-      return static_cast<const float*>(bias)[m];
-  }
-}
 
 // Blocks of the GEMV an SM holds: three where the registers allow it (one tile of x rows, one
 // header a chunk: 80 registers a thread with 8 bytes spilled), else two.
 __host__ __device__ constexpr int int4_gemv_blocks(int g, int nt) { return nt == 1 && g >= 64 ? 3 : 2; }
 
-// out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.n <= 8 NT. Warp `part` of a stripe's
+// out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.o.n <= 8 NT. Warp `part` of a stripe's
 // k_split warps takes the chunks part, part + k_split, ..., streaming them a trip of kUnroll
 // chunks ahead (the next trip's loads go out before this one's math); each chunk's k-tiles go
 // through one mma per 8 rows of x (NT) into partial sums that the group's scale adds to the warp's
 // accumulators. The stripe's warps then meet in shared memory and its first warp adds their sums
-// in a fixed order (no dependence on timing) and stores. The loop walks pointers (a chunk is a
+// in a fixed order (finish_stripe) and stores. The loop walks pointers (a chunk is a
 // fixed step in the weights, headers and x), which keeps the instructions a chunk few: the
 // kernel issues ~50% of the cycles at full speed (Nsight Compute), so every one counts.
 template <int G, int NT, typename TOut, bool kAdd>
@@ -198,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
   const int64_t xtile = 8 * p.ldx;  // from one tile of 8 rows of x to the next
   bool xrow[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < p.n;
+  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < p.o.n;
 
   float acc[NT][4];
 #pragma unroll
@@ -277,39 +263,7 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
     }
   }
 
-  // The stripe's warps meet: each writes its sums, the first adds them in part order.
-  __shared__ float red[kWarps][NT * 4][32];
-  if (split > 1) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][t * 4 + i][lane] = acc[t][i];
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float sum = red[warp][t * 4 + i][lane];
-        for (int o = 1; o < split; ++o) sum += red[warp + o][t * 4 + i][lane];
-        acc[t][i] = sum;
-      }
-  }
-  if (!active) return;
-  TOut* out = static_cast<TOut*>(p.out);
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      // Accumulator i: row r (+ 8 for i >= 2) of the stripe, column 2q + (i & 1) of x's rows.
-      const int xr = t * 8 + 2 * q + (i & 1);
-      if (xr >= p.n) continue;
-      const int64_t m = stripe * 16 + r + (i >> 1) * 8;
-      float v = acc[t][i] + bias_value(p.bias, p.bias_dtype, m);
-      TOut* o = out + static_cast<int64_t>(xr) * p.ldo + m;
-      if constexpr (kAdd) v += to_float(*o);
-      *o = from_float<TOut>(v);
-    }
+  stripe_gemv::finish_stripe<NT, TOut, kAdd>(acc, split, part, active, stripe, p.o);
 }
 
 // Rows [0, n_stripes * 16) of a device-layout weight -> bf16 row-major [rows, K] (row stride K),
@@ -375,11 +329,6 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ out, int64_t n_blocks
   }
 }
 
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
-}
-
 // Calls f with std::integral_constant<int, G> for an I4G type's group size.
 template <typename F>
 void dispatch_group(DType t, F&& f) {
@@ -396,15 +345,6 @@ void dispatch_group(DType t, F&& f) {
     default:
       PAGELLM_CHECK_MSG(false, "int4: not a device 4-bit type");
   }
-}
-
-int sm_count() {
-  static std::atomic<int> cache[kMaxCachedDevices];
-  return cached_per_device(cache, [](int dev) {
-    int n = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  });
 }
 
 }  // namespace
@@ -472,58 +412,20 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
   Int4GemvParams p{};
   p.x = static_cast<const bf16*>(x.data);
   p.ldx = x.ld;
-  p.n = static_cast<int>(x.n_rows);
   p.w = static_cast<const uint8_t*>(w.data);
   p.n_stripes = w.n_rows / 16;
   p.k_dim = w.cols;
-  p.bias = bias;
-  p.bias_dtype = bias_dtype;
-  p.out = out.data;
-  p.ldo = out.ld;
-  // How many warps share each stripe's chunks (1, 2, 4 or 8; at least a trip of chunks a warp):
-  // the split whose grid best fills whole waves of the blocks the SMs hold. A last wave that is
-  // mostly empty costs as much as a full one, and a grid short of one wave leaves loads that
-  // could be in flight unissued: Llama-3-8B's gate|up at 3 blocks an SM took 68 us as 448 blocks
-  // (1.13 waves) against 31 us for down's 256 (Nsight Compute, H100).
+  p.o = {bias, bias_dtype, out.data, out.ld, static_cast<int>(x.n_rows)};
+  // At least a trip of chunks a warp.
   const int blocks = int4_gemv_blocks(static_cast<int>(int4_group(w.dtype)), x.n_rows <= 8 ? 1 : 2);
-  const int64_t n_chunks = w.cols / 64, capacity = int64_t{blocks} * sm_count();
-  int split = 1;
-  double best = 1e30;
-  for (int s = 1; s <= kWarps && n_chunks >= int64_t{kUnroll} * s; s *= 2) {
-    const double waves = static_cast<double>((p.n_stripes + kWarps / s - 1) / (kWarps / s)) /
-                         static_cast<double>(capacity);
-    const double cost = waves < 1.0 ? 1.0 / waves : std::ceil(waves) / waves;
-    if (cost < best - 1e-9) best = cost, split = s;
-  }
-  p.k_split = split;
-  const dim3 grid(ceil_div(p.n_stripes, kWarps / split));
-  auto launch = [&](auto g, auto nt, auto out_type, auto add) {
-    launch_overlapped(int4_gemv_kernel<decltype(g)::value, decltype(nt)::value, decltype(out_type),
-                                       decltype(add)::value>,
-                      grid, dim3(kThreads), 0, stream, p);
-  };
+  p.k_split = stripe_gemv::choose_k_split(p.n_stripes, w.cols / 64, kUnroll, blocks);
+  const dim3 grid(ceil_div(p.n_stripes, kWarps / p.k_split));
   dispatch_group(w.dtype, [&](auto g) {
-    auto with_nt = [&](auto nt) {
-      auto with_out = [&](auto o) {
-        if (accumulate) {
-          launch(g, nt, o, std::true_type{});
-        } else {
-          launch(g, nt, o, std::false_type{});
-        }
-      };
-      if (out.dtype == DType::kF32) {
-        with_out(float{});
-      } else {
-        with_out(bf16{});
-      }
-    };
-    if (x.n_rows <= 8) {
-      with_nt(std::integral_constant<int, 1>{});
-    } else if (x.n_rows <= 16) {
-      with_nt(std::integral_constant<int, 2>{});
-    } else {
-      with_nt(std::integral_constant<int, 4>{});
-    }
+    stripe_gemv::dispatch_tiles(x.n_rows, out.dtype, accumulate, [&](auto nt, auto o, auto add) {
+      launch_overlapped(int4_gemv_kernel<decltype(g)::value, decltype(nt)::value, decltype(o),
+                                         decltype(add)::value>,
+                        grid, dim3(kThreads), 0, stream, p);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -168,6 +168,55 @@ bool int4_gemv_supported(const RowView& x, const RowView& w, const RowView& out)
 void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
                       const RowView& out, bool accumulate, cudaStream_t stream);
 
+// --- fp8_gemm.cu ---
+// FP8 weights kept FP8 on the device: F8G128 in the layout fp8_gemm.cu describes (a tensor's
+// bytes are dtype_bytes of its type; only the CUDA backend reads them). Host F8B32
+// weights (FP8 checkpoints as the loader reads them) are kept as F8G128 where each 128 values of
+// a row share one scale, as every FP8 checkpoint scheme's do (fp8_scales_fit_groups).
+// Whether a [rows, cols] FP8 weight fits the layout: whole 16-row stripes and 128-column groups.
+inline bool fp8_layout_fits(int64_t rows, int64_t cols) {
+  return rows % 16 == 0 && cols % 128 == 0;
+}
+// n_rows rows of host blocks (src_dtype F8B32 or F8G128) -> rows [first_row, first_row + n_rows)
+// of the device-layout weight of total_rows x cols at w. src and w are device memory.
+void launch_fp8_repack(const void* src, DType src_dtype, void* w, int64_t total_rows,
+                       int64_t first_row, int64_t n_rows, int64_t cols, cudaStream_t stream);
+// Rows [first_row, first_row + n_rows) of a device-layout weight of total_rows rows -> bf16
+// row-major [n_rows, cols] at out.
+void launch_fp8_dequantize(const void* w, int64_t total_rows, int64_t first_row, int64_t n_rows,
+                           int64_t cols, void* out, cudaStream_t stream);
+// Random weights equal to the CPU backend's fill_random of F8G128 with the same seed and range:
+// rows [first_row, first_row + n_rows) of the weight at w, made in `staging` (their host blocks,
+// device memory) and repacked.
+void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows,
+                       int64_t cols, void* staging, uint64_t seed, float lo, float hi,
+                       cudaStream_t stream);
+// x (bf16, whole 128-column groups) -> values (e4m3, [n, K]) and scales ([K / 128][n] f32): each
+// row's groups with their largest magnitude mapped to 448 (Fp8Matmul's activations).
+void launch_fp8_quantize_rows(const RowView& x, uint8_t* values, float* scales,
+                              cudaStream_t stream);
+// The decode product with FP8 weights: out (+)= x . w^T + bias for up to kFp8GemvMaxRows rows of
+// x, reading each weight byte once (values decoded exactly to bf16 for tensor-core mma, fp32
+// sums, the scales applied per 128 columns).
+constexpr int64_t kFp8GemvMaxRows = 32;
+bool fp8_gemv_supported(const RowView& x, const RowView& w, const RowView& out);
+void launch_fp8_gemv(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
+                     const RowView& out, bool accumulate, cudaStream_t stream);
+
+// --- weights kept quantized on the device (cuda_quantized.cpp) ---
+inline bool kept_quantized(DType t) { return is_group_int4(t) || t == DType::kF8G128; }
+// The device type a host quantized type is kept as, or kF32 when it is not kept quantized.
+inline DType kept_type(DType host) {
+  if (host == DType::kF8B32 || host == DType::kF8G128) return DType::kF8G128;
+  return int4_device_type(host);
+}
+inline bool kept_layout_fits(DType t, int64_t rows, int64_t cols) {
+  return t == DType::kF8G128 ? fp8_layout_fits(rows, cols) : int4_layout_fits(t, rows, cols);
+}
+// Whether a host weight's FP8 scales (n values of F8B32 blocks at data) are constant over each
+// 128 values of a row, as F8G128 needs; true for the other types.
+bool fp8_scales_fit_groups(DType host, const void* data, int64_t n);
+
 // --- gemm.cu (fallback) ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
 // cannot pair with bf16 activations (f32, f16). x bf16; out bf16 or f32; bias may be null.
