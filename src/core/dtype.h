@@ -207,8 +207,8 @@ static_assert(sizeof(BlockF8G128) == 132);
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values into type `t` (quantizing blockwise for quantized types: as ggml does for
 // Q8_0, Q4_0 and Q4_1; for I4G, round-to-nearest with the group's min and max, as AWQ's quantizer
-// does; for F8B32 and F8G128, the block's largest magnitude to 448). The 5-bit and k-quant types are only
-// read (llama.cpp's quantizer writes them).
+// does; for F8B32 and F8G128, the block's largest magnitude to 448). The 5-bit and k-quant types
+// are only read (llama.cpp's quantizer writes them).
 void from_f32(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace pagellm

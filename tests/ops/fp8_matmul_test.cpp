@@ -123,8 +123,8 @@ void run_fp8_case(Backend& cuda, Backend& cpu, uint64_t seed, const Fp8Case& c) 
     got = download_bf16(out);
   }
   got.resize(c.n * c.m);
-  const std::string what = Label(c.add ? "fp8 matmul_add" : "fp8 matmul", seed)("n", c.n)(
-      "k", c.k)("m", c.m)("w", dtype_name(c.host))("out", dtype_name(c.out))("bias", c.bias);
+  const std::string what = Label(c.add ? "fp8 matmul_add" : "fp8 matmul", seed)("n", c.n)("k", c.k)(
+      "m", c.m)("w", dtype_name(c.host))("out", dtype_name(c.out))("bias", c.bias);
   EXPECT_TRUE(guards_ok(what, out));
   // Dequantized slices reach cuBLASLt rounded to bf16 (d * e4m3 has up to 27 significant bits):
   // the same slack as int4_matmul_test's, 4 standard deviations' worth of 2^-9 relative rounding

@@ -107,9 +107,8 @@ void CudaBackend::fill_random_kept(Tensor& t, uint64_t seed, float lo, float hi)
     if (t.dtype == DType::kF8G128) {
       launch_fp8_random(t.data, rows, r0, nr, cols, staging, seed, lo, hi, stream_);
     } else {
-      launch_int4_random(static_cast<char*>(t.data) + dtype_bytes(t.dtype, r0 * cols), t.dtype,
-                         nr, cols, r0 * cols / block_elems(t.dtype), staging, seed, lo, hi,
-                         stream_);
+      launch_int4_random(static_cast<char*>(t.data) + dtype_bytes(t.dtype, r0 * cols), t.dtype, nr,
+                         cols, r0 * cols / block_elems(t.dtype), staging, seed, lo, hi, stream_);
     }
   }
 }
@@ -132,7 +131,7 @@ void* CudaBackend::ensure_fp8_scratch(int64_t nbytes) {
     PAGELLM_CHECK_MSG(!capturing(stream_),
                       "matmul: the FP8 activation scratch must grow inside a graph recording; run "
                       "the same step directly first so it has its size");
-    synchronize();          // earlier steps may still use the old one
+    synchronize();         // earlier steps may still use the old one
     fp8_scratch_.reset();  // bumps the allocation epoch: recordings using it are stale
     fp8_scratch_ = must_allocate(std::max(nbytes, 2 * have), "the FP8 activation scratch");
   }
@@ -159,8 +158,8 @@ void CudaBackend::kept_matmul(const MatmulOperands& m, const Tensor* add_scratch
     const int64_t rest = m.x.n_rows - done;
     if (done > 0 && rest > 0) {
       const int64_t out_esz = dtype_bytes(m.out.dtype, 1);
-      const RowView x{static_cast<char*>(m.x.data) + done * m.x.ld * 2, m.x.dtype, rest,
-                      m.x.cols, m.x.ld};
+      const RowView x{static_cast<char*>(m.x.data) + done * m.x.ld * 2, m.x.dtype, rest, m.x.cols,
+                      m.x.ld};
       const RowView out{static_cast<char*>(m.out.data) + done * m.out.ld * out_esz, m.out.dtype,
                         rest, m.out.cols, m.out.ld};
       launch_fp8_gemv(x, m.w, m.bias, m.bias_dtype, out, accumulate, stream_);

@@ -52,7 +52,9 @@ struct Stage {     // one group of a warp's: lane t's 16 bytes of rows r, r + 8 
 };
 constexpr int kRingBytes = kWarps * kStages * static_cast<int>(sizeof(Stage));
 // Blocks of the GEMV an SM holds: three for one tile of x rows, two for more (registers).
-__host__ __device__ constexpr int fp8_gemv_blocks(int nt) { return nt == 1 ? 3 : 2; }
+__host__ __device__ constexpr int fp8_gemv_blocks(int nt) {
+  return nt == 1 ? 3 : 2;
+}
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
@@ -119,7 +121,7 @@ struct Fp8GemvParams {
   int64_t ldx;
   const uint8_t* w;
   int64_t n_stripes, k_dim;  // the weight's rows are 16 n_stripes
-  int k_split;  // warps sharing a stripe's groups: 1, 2, 4 or 8
+  int k_split;               // warps sharing a stripe's groups: 1, 2, 4 or 8
   stripe_gemv::Output o;
 };
 
@@ -130,7 +132,8 @@ struct Fp8GemvParams {
 // the group's scales add to the warp's accumulators. The stripe's warps then meet
 // (finish_stripe).
 template <int NT, typename TOut, bool kAdd>
-__global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT)) fp8_gemv_kernel(const Fp8GemvParams p) {
+__global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT))
+    fp8_gemv_kernel(const Fp8GemvParams p) {
   extern __shared__ uint4 ring_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   Stage* ring = reinterpret_cast<Stage*>(ring_raw) + warp * kStages;
@@ -200,8 +203,9 @@ __global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT)) fp8_gemv_kernel
       for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          xv[t][h] = xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xg + t * xtile + 64 * c + 8 * h))
-                             : make_uint4(0, 0, 0, 0);
+          xv[t][h] = xrow[t]
+                         ? __ldg(reinterpret_cast<const uint4*>(xg + t * xtile + 64 * c + 8 * h))
+                         : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // k-tile j: word j of rows r and r + 8
         uint32_t a[4];
@@ -220,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT)) fp8_gemv_kernel
       }
     }
     issue(i + kStages);  // the stage's values are in registers and used: refill it
-    // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
+                         // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       acc[t][0] = fmaf(s_r, ps[t][0], acc[t][0]);
@@ -246,8 +250,8 @@ __global__ void dequantize_layout_kernel(const uint8_t* __restrict__ w, bf16* __
                                          int64_t k_dim) {
   const float* scales = reinterpret_cast<const float*>(w + total_rows * k_dim);
   const int64_t pieces = k_dim / 8;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n_rows * pieces; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_rows * pieces;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / pieces, c = 8 * (i % pieces);
     const uint2 v = *reinterpret_cast<const uint2*>(w + (first_row + r) * k_dim + c);
     const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&v);
@@ -266,8 +270,8 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ out, int64_t n_blocks
                                      int64_t first_block, uint64_t seed, float lo, float hi) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       b < n_blocks; b += warps) {
+  for (int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; b < n_blocks;
+       b += warps) {
     float v[4], amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -281,10 +285,9 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ out, int64_t n_blocks
     if (lane == 0) *reinterpret_cast<float*>(blk) = d;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      blk[4 + lane + 32 * j] =
-          d > 0.0f ? static_cast<uint8_t>(
-                         __nv_cvt_float_to_fp8(__fdiv_rn(v[j], d), __NV_SATFINITE, __NV_E4M3))
-                   : 0;
+      blk[4 + lane + 32 * j] = d > 0.0f ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(
+                                              __fdiv_rn(v[j], d), __NV_SATFINITE, __NV_E4M3))
+                                        : 0;
   }
 }
 
@@ -303,15 +306,16 @@ __global__ void quantize_rows_kernel(const bf16* __restrict__ x, int64_t ldx, in
     const uint2 raw = *reinterpret_cast<const uint2*>(x + row * ldx + c);
     const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
+    const float amax =
+        warp_max(fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
     const float d = __fdiv_rn(amax, 448.0f);
     uint32_t q = 0;
     if (d > 0.0f) {
       const float v[4] = {lo.x, lo.y, hi.x, hi.y};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        q |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v[j], d), __NV_SATFINITE,
-                                                          __NV_E4M3))
+        q |= static_cast<uint32_t>(
+                 __nv_cvt_float_to_fp8(__fdiv_rn(v[j], d), __NV_SATFINITE, __NV_E4M3))
              << (8 * j);
     }
     *reinterpret_cast<uint32_t*>(values + row * k_dim + c) = q;
@@ -346,14 +350,12 @@ void launch_fp8_dequantize(const void* w, int64_t total_rows, int64_t first_row,
                     "fp8 dequantize: rows out of range");
   if (n_rows == 0) return;
   dequantize_layout_kernel<<<grid_for(n_rows * cols / 8), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(w), static_cast<bf16*>(out), total_rows, first_row, n_rows,
-      cols);
+      static_cast<const uint8_t*>(w), static_cast<bf16*>(out), total_rows, first_row, n_rows, cols);
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows,
-                       int64_t cols, void* staging, uint64_t seed, float lo, float hi,
-                       cudaStream_t stream) {
+void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows, int64_t cols,
+                       void* staging, uint64_t seed, float lo, float hi, cudaStream_t stream) {
   const int64_t n_blocks = n_rows * cols / kGroup;
   if (n_blocks == 0) return;
   random_blocks_kernel<<<grid_for(n_blocks * 32), kThreads, 0, stream>>>(
@@ -397,8 +399,8 @@ void launch_fp8_gemv(const RowView& x, const RowView& w, const void* bias, DType
     auto* kernel = fp8_gemv_kernel<decltype(nt)::value, decltype(o), decltype(add)::value>;
     // The ring is past the 48 KB a block gets without asking; asked once per kernel.
     static const bool sized = [&] {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      kRingBytes));
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
       return true;
     }();
     (void)sized;

@@ -41,7 +41,12 @@ int64_t Fp8Matmul::scratch_bytes(int64_t n, int64_t k) {
 const Fp8Matmul::Plan* Fp8Matmul::plan_for(int64_t n, int64_t m, int64_t k, const RowView& out,
                                            bool accumulate, const void* w_scales,
                                            const void* x_scales) {
-  const Key key{n, m, k, out.ld, static_cast<int>(out.dtype), accumulate,
+  const Key key{n,
+                m,
+                k,
+                out.ld,
+                static_cast<int>(out.dtype),
+                accumulate,
                 reinterpret_cast<uintptr_t>(out.data) % 16 == 0};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.desc != nullptr ? &it->second : nullptr;
@@ -65,12 +70,12 @@ const Fp8Matmul::Plan* Fp8Matmul::plan_for(int64_t n, int64_t m, int64_t k, cons
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kWorkspaceBytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d,
-                                                           pref, 1, &result, &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     // Kept as an empty plan, so the shape is not asked again.

@@ -37,7 +37,7 @@ class Fp8Matmul {
   // scales), or 0 (nothing queued) when cuBLASLt has no FP8 kernel for the operands (an output's
   // stride or alignment, say).
   int64_t run(const RowView& x, const RowView& w, const void* bias, DType bias_dtype,
-           const RowView& out, bool accumulate, void* scratch);
+              const RowView& out, bool accumulate, void* scratch);
 
  private:
   // Shape, out type and stride, whether the product is added (beta), whether out is 16-byte

@@ -188,9 +188,8 @@ void launch_fp8_dequantize(const void* w, int64_t total_rows, int64_t first_row,
 // Random weights equal to the CPU backend's fill_random of F8G128 with the same seed and range:
 // rows [first_row, first_row + n_rows) of the weight at w, made in `staging` (their host blocks,
 // device memory) and repacked.
-void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows,
-                       int64_t cols, void* staging, uint64_t seed, float lo, float hi,
-                       cudaStream_t stream);
+void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows, int64_t cols,
+                       void* staging, uint64_t seed, float lo, float hi, cudaStream_t stream);
 // x (bf16, whole 128-column groups) -> values (e4m3, [n, K]) and scales ([K / 128][n] f32): each
 // row's groups with their largest magnitude mapped to 448 (Fp8Matmul's activations).
 void launch_fp8_quantize_rows(const RowView& x, uint8_t* values, float* scales,
@@ -204,7 +203,9 @@ void launch_fp8_gemv(const RowView& x, const RowView& w, const void* bias, DType
                      const RowView& out, bool accumulate, cudaStream_t stream);
 
 // --- weights kept quantized on the device (cuda_quantized.cpp) ---
-inline bool kept_quantized(DType t) { return is_group_int4(t) || t == DType::kF8G128; }
+inline bool kept_quantized(DType t) {
+  return is_group_int4(t) || t == DType::kF8G128;
+}
 // The device type a host quantized type is kept as, or kF32 when it is not kept quantized.
 inline DType kept_type(DType host) {
   if (host == DType::kF8B32 || host == DType::kF8G128) return DType::kF8G128;

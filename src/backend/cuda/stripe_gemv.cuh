@@ -41,8 +41,8 @@ struct Output {
 // mma accumulator layout), the first adds them in part order (no dependence on timing) and
 // stores. Every thread of the block must call it (it synchronizes when split > 1).
 template <int NT, typename TOut, bool kAdd>
-__device__ __forceinline__ void finish_stripe(float (&acc)[NT][4], int split, int part,
-                                              bool active, int64_t stripe, const Output& o) {
+__device__ __forceinline__ void finish_stripe(float (&acc)[NT][4], int split, int part, bool active,
+                                              int64_t stripe, const Output& o) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, q = lane & 3;
   __shared__ float red[kWarps][NT * 4][32];
