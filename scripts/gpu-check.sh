@@ -515,23 +515,25 @@ PY
           --input-len 1000 --output-len 100 --max-num-seqs 256 --max-num-batched-tokens 16384
       fi
     fi
-    # The server on the GPU: a real `pagellm serve --device cuda` answering a completion.
-    t=$(now)
-    port_file=$logs/serve.port
-    "$build/tools/pagellm" serve --model tests/data/golden/llama --device cuda --port 0 \
-      >"$logs/serve.log" 2>&1 &
-    serve_pid=$!
-    for _ in $(seq 1 60); do grep -q "listening on" "$logs/serve.log" && break; sleep 0.5; done
-    url=$(grep -o "http://[0-9.:]*" "$logs/serve.log" | head -1)
-    if [ -n "$url" ] && curl -sf "$url/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"model": "tests/data/golden/llama", "prompt": [5, 17, 42], "max_tokens": 8, "temperature": 0, "return_token_ids": true}' \
-        >"$logs/serve-response.json"; then
-      record "serve --device cuda" "ok ($(( $(now) - t ))s): $(head -c 160 "$logs/serve-response.json")"
-    else
-      record "serve --device cuda" "FAILED (see $logs/serve.log)"
-      tail -5 "$logs/serve.log"
-    fi
-    kill -TERM $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null
+    # The server on the GPU: a real `pagellm serve --device cuda` answering a completion, on the
+    # bf16 Llama fixture and on the DeepSeek-V3-layout FP8 checkpoint (block scales, MLA, MoE).
+    for served in llama fp8_deepseek_v3_block; do
+      t=$(now)
+      "$build/tools/pagellm" serve --model tests/data/golden/$served --device cuda --port 0 \
+        >"$logs/serve-$served.log" 2>&1 &
+      serve_pid=$!
+      for _ in $(seq 1 60); do grep -q "listening on" "$logs/serve-$served.log" && break; sleep 0.5; done
+      url=$(grep -o "http://[0-9.:]*" "$logs/serve-$served.log" | head -1)
+      if [ -n "$url" ] && curl -sf "$url/v1/completions" -H 'Content-Type: application/json' \
+          -d '{"model": "tests/data/golden/'$served'", "prompt": [5, 17, 42], "max_tokens": 8, "temperature": 0, "return_token_ids": true}' \
+          >"$logs/serve-$served-response.json"; then
+        record "serve --device cuda ($served)" "ok ($(( $(now) - t ))s): $(head -c 160 "$logs/serve-$served-response.json")"
+      else
+        record "serve --device cuda ($served)" "FAILED (see $logs/serve-$served.log)"
+        tail -5 "$logs/serve-$served.log"
+      fi
+      kill -TERM $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null
+    done
 
     # The online serving benchmark of docs/BENCHMARKS.md (PAGELLM_CHECK_SERVE_BENCH=1): `bench
     # serve` starts `pagellm serve --device cuda` on random Llama-3-8B weights (the child reads

@@ -41,24 +41,7 @@ using stripe_gemv::grid_for;
 using stripe_gemv::kThreads;
 using stripe_gemv::kWarps;
 constexpr int kGroup = 128;  // values a scale covers
-// The GEMV's loads land in shared memory (cp.async), a ring of kStages groups a warp, so that
-// what is in flight is not bounded by registers: with loads into registers a warp held two
-// groups, an SM 64 KB, and the kernel waited on memory (Nsight Compute: 41% of DRAM bandwidth,
-// 31% of issue slots busy, Llama-3-8B gate|up at 16 rows on the H100).
-constexpr int kStages = 3;
-struct Stage {     // one group of a warp's: lane t's 16 bytes of rows r, r + 8 of both chunks
-  uint4 v[4][32];  // [chunk * 2 + (row r + 8)][lane]
-  float s[2][32];  // rows r, r + 8 scales
-};
-constexpr int kRingBytes = kWarps * kStages * static_cast<int>(sizeof(Stage));
-// Blocks of the GEMV an SM holds: three for one tile of x rows, two for more (registers).
-__host__ __device__ constexpr int fp8_gemv_blocks(int nt) {
-  return nt == 1 ? 3 : 2;
-}
-
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
+constexpr int kTrip = 2;     // groups a warp's loads run ahead (a trip in flight, one computed)
 
 // Where a row's value or scale of a source row in a host block format starts.
 template <DType kSrc>
@@ -126,17 +109,13 @@ struct Fp8GemvParams {
 };
 
 // out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.o.n <= 8 NT. Warp `part` of a stripe's
-// k_split warps takes the 128-column groups part, part + k_split, ..., copying each into its ring
-// kStages groups ahead (a lane copies, and later reads, only its own bytes: no synchronization);
-// a group's two chunks go through four mma per chunk and 8 rows of x (NT) into partial sums that
-// the group's scales add to the warp's accumulators. The stripe's warps then meet
-// (finish_stripe).
+// k_split warps takes the 128-column groups part, part + k_split, ..., streaming them a trip of
+// kTrip groups ahead (the next trip's loads go out before this one's math); a group's two chunks
+// go through four mma per chunk and 8 rows of x (NT) into partial sums that the group's scales add
+// to the warp's accumulators. The stripe's warps then meet (finish_stripe).
 template <int NT, typename TOut, bool kAdd>
-__global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT))
-    fp8_gemv_kernel(const Fp8GemvParams p) {
-  extern __shared__ uint4 ring_raw[];
+__global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  Stage* ring = reinterpret_cast<Stage*>(ring_raw) + warp * kStages;
   const int split = p.k_split, part = warp & (split - 1);
   const int64_t stripe = static_cast<int64_t>(blockIdx.x) * (kWarps / split) + warp / split;
   const bool active = stripe < p.n_stripes;
@@ -149,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT))
   // Rows r and r + 8, columns 16q.. of the first chunk of this warp's first group.
   const uint8_t* vp = p.w + row * k_dim + part * kGroup + 16 * q;
   const int64_t v8 = 8 * k_dim;  // from row r to row r + 8
-  const int64_t vstep = kGroup * split;
+  const int vstep = kGroup * split;
   const float* sp = reinterpret_cast<const float*>(p.w + n_rows * k_dim) + part * n_rows + row;
   const int64_t sstep = split * n_rows;
   const bf16* xp = p.x + static_cast<int64_t>(r) * p.ldx + part * kGroup + 16 * q;
@@ -165,75 +144,80 @@ __global__ void __launch_bounds__(kThreads, fp8_gemv_blocks(NT))
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
-  // Group i of this warp's into stage i % kStages; a group of copies is committed either way, so
-  // that waiting for all but the newest kStages - 1 always means group i has landed.
-  auto issue = [&](int i) {
-    if (i < mine) {
-      Stage& st = ring[i % kStages];
-      const uint8_t* v = vp + i * vstep;
+  // A trip: kTrip groups (i0 .. of this warp's): rows r and r + 8 of both 64-column chunks, and
+  // the two rows' scales; past `mine` they are zeros, never read.
+  uint4 wv[kTrip][2][2];  // [group][chunk][row r, r + 8]
+  float sv[kTrip][2];
+  auto load_trip = [&](int i0) {
+#pragma unroll
+    for (int g = 0; g < kTrip; ++g) {
+      const bool ok = i0 + g < mine;
+      const uint8_t* v = vp + static_cast<int64_t>(i0 + g) * vstep;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        cp_async_16(smem_u32(&st.v[2 * c][lane]), v + 64 * c, true);
-        cp_async_16(smem_u32(&st.v[2 * c + 1][lane]), v + 64 * c + v8, true);
+        wv[g][c][0] = ok ? load_stream(v + 64 * c) : make_uint4(0, 0, 0, 0);
+        wv[g][c][1] = ok ? load_stream(v + 64 * c + v8) : make_uint4(0, 0, 0, 0);
       }
-      cp_async_4(smem_u32(&st.s[0][lane]), sp + i * sstep);
-      cp_async_4(smem_u32(&st.s[1][lane]), sp + i * sstep + 8);
+      sv[g][0] = ok ? __ldg(sp + (i0 + g) * sstep) : 0.0f;
+      sv[g][1] = ok ? __ldg(sp + (i0 + g) * sstep + 8) : 0.0f;
     }
-    cp_async_commit();
   };
-  // The weights are no kernel's output: the first groups' copies go out before the wait.
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) issue(i);
+  // The weights are no kernel's output: the first trip's loads go out before the wait.
+  load_trip(0);
   pdl_wait();
   pdl_allow_next();
 
-  for (int i = 0; i < mine; ++i) {
-    cp_async_wait<kStages - 1>();
-    const Stage& st = ring[i % kStages];
-    uint4 w[4];
+  for (int i0 = 0; i0 < mine; i0 += kTrip) {
+    uint4 cur[kTrip][2][2];
+    float scur[kTrip][2];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = st.v[j][lane];
-    const float s_r = st.s[0][lane], s_r8 = st.s[1][lane];
-    const bf16* xg = xp + i * xstep;
-    float ps[NT][4];
+    for (int g = 0; g < kTrip; ++g) {
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      uint4 xv[NT][2];  // columns 16q .. + 7 and 16q + 8 .. + 15 of the chunk
+      for (int c = 0; c < 2; ++c) cur[g][c][0] = wv[g][c][0], cur[g][c][1] = wv[g][c][1];
+      scur[g][0] = sv[g][0], scur[g][1] = sv[g][1];
+    }
+    if (i0 + kTrip < mine) load_trip(i0 + kTrip);  // streams while this trip computes
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
+    for (int g = 0; g < kTrip; ++g) {
+      if (i0 + g >= mine) break;
+      const bf16* xg = xp + (i0 + g) * xstep;
+      float ps[NT][4];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          xv[t][h] = xrow[t]
-                         ? __ldg(reinterpret_cast<const uint4*>(xg + t * xtile + 64 * c + 8 * h))
-                         : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < 2; ++c) {
+        uint4 xv[NT][2];  // columns 16q .. + 7 and 16q + 8 .. + 15 of the chunk
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // k-tile j: word j of rows r and r + 8
-        uint32_t a[4];
-        decode_e4m3x4(word_of(w[2 * c], j), a[0], a[2]);
-        decode_e4m3x4(word_of(w[2 * c + 1], j), a[1], a[3]);
+        for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const uint4& xh = xv[t][j >> 1];
-          const uint32_t b0 = (j & 1) ? xh.z : xh.x, b1 = (j & 1) ? xh.w : xh.y;
-          if (c == 0 && j == 0) {
-            mma_bf16_first(ps[t], a, b0, b1);
-          } else {
-            mma_bf16(ps[t], a, b0, b1);
+          for (int h = 0; h < 2; ++h)
+            xv[t][h] = xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xg + t * xtile + 64 * c + 8 * h))
+                               : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // k-tile j: word j of rows r and r + 8
+          uint32_t a[4];
+          decode_e4m3x4(word_of(cur[g][c][0], j), a[0], a[2]);
+          decode_e4m3x4(word_of(cur[g][c][1], j), a[1], a[3]);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const uint4& xh = xv[t][j >> 1];
+            const uint32_t b0 = (j & 1) ? xh.z : xh.x, b1 = (j & 1) ? xh.w : xh.y;
+            if (c == 0 && j == 0) {
+              mma_bf16_first(ps[t], a, b0, b1);
+            } else {
+              mma_bf16(ps[t], a, b0, b1);
+            }
           }
         }
       }
-    }
-    issue(i + kStages);  // the stage's values are in registers and used: refill it
-                         // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
+      // The group's scales: rows r (sums 0, 1) and r + 8 (sums 2, 3).
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      acc[t][0] = fmaf(s_r, ps[t][0], acc[t][0]);
-      acc[t][1] = fmaf(s_r, ps[t][1], acc[t][1]);
-      acc[t][2] = fmaf(s_r8, ps[t][2], acc[t][2]);
-      acc[t][3] = fmaf(s_r8, ps[t][3], acc[t][3]);
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = fmaf(scur[g][0], ps[t][0], acc[t][0]);
+        acc[t][1] = fmaf(scur[g][0], ps[t][1], acc[t][1]);
+        acc[t][2] = fmaf(scur[g][1], ps[t][2], acc[t][2]);
+        acc[t][3] = fmaf(scur[g][1], ps[t][3], acc[t][3]);
+      }
     }
   }
-  cp_async_wait<0>();  // no copy outlives the block
 
   stripe_gemv::finish_stripe<NT, TOut, kAdd>(acc, split, part, active, stripe, p.o);
 }
@@ -392,19 +376,11 @@ void launch_fp8_gemv(const RowView& x, const RowView& w, const void* bias, DType
   p.n_stripes = w.n_rows / 16;
   p.k_dim = w.cols;
   p.o = {bias, bias_dtype, out.data, out.ld, static_cast<int>(x.n_rows)};
-  const int nt = x.n_rows <= 8 ? 1 : 2;  // 2: any more than one tile (registers)
-  p.k_split = stripe_gemv::choose_k_split(p.n_stripes, w.cols / kGroup, 2, fp8_gemv_blocks(nt));
+  p.k_split = stripe_gemv::choose_k_split(p.n_stripes, w.cols / kGroup, kTrip, 2);
   const dim3 grid(ceil_div(p.n_stripes, kWarps / p.k_split));
   stripe_gemv::dispatch_tiles(x.n_rows, out.dtype, accumulate, [&](auto nt, auto o, auto add) {
-    auto* kernel = fp8_gemv_kernel<decltype(nt)::value, decltype(o), decltype(add)::value>;
-    // The ring is past the 48 KB a block gets without asking; asked once per kernel.
-    static const bool sized = [&] {
-      CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
-      return true;
-    }();
-    (void)sized;
-    launch_overlapped(kernel, grid, dim3(kThreads), kRingBytes, stream, p);
+    launch_overlapped(fp8_gemv_kernel<decltype(nt)::value, decltype(o), decltype(add)::value>,
+                      grid, dim3(kThreads), 0, stream, p);
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -24,16 +24,13 @@ TEST(ServingModel, DummyQuantizationAndItsRefusals) {
   }
   o.quantization = "int3";
   EXPECT_THAT(load_serving_model(o).status().to_string(), HasSubstr("must be awq, gptq, q4_k, fp8 or fp8-block"));
-  // The GPU keeps awq/gptq 4-bit (checked on the device); dummy k-quants would be bf16 there.
+  // The GPU keeps awq/gptq 4-bit and fp8 FP8 (checked on the device); dummy k-quants would be
+  // bf16 there.
   o.quantization = "q4_k";
   o.device = "cuda";
   auto gpu = load_serving_model(o);
   EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented);
   EXPECT_THAT(gpu.status().to_string(), HasSubstr("k-quants are dequantized to bf16"));
-  o.quantization = "fp8-block";
-  gpu = load_serving_model(o);
-  EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented);
-  EXPECT_THAT(gpu.status().to_string(), HasSubstr("until its FP8 kernels exist"));
   o.quantization = "awq";
   o.device = "cpu";
   o.load_format = "auto";
