@@ -48,6 +48,8 @@ std::string_view dtype_name(DType t) {
       return "f8b32";
     case DType::kF8G128:
       return "f8g128";
+    case DType::kF8Row:
+      return "f8row";
   }
   return "?";
 }
@@ -260,6 +262,7 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
     case DType::kF8B32:
       return f8_to_f32<BlockF8B32, 32>(src, dst, n);
     case DType::kF8G128:
+    case DType::kF8Row:
       return f8_to_f32<BlockF8G128, 128>(src, dst, n);
     case DType::kQ5_0:
     case DType::kQ5_1:

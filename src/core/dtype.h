@@ -4,7 +4,8 @@
 // group-quantized weights of AWQ, GPTQ and compressed-tensors checkpoints, one group a block;
 // F8B32 holds FP8 (e4m3) checkpoints' weights with their scales, 32 values a block; F8G128 is
 // the same with one scale per 128 values, which every FP8 scheme's scales are constant over (per
-// tensor, per channel, 128 x 128 blocks): the CUDA backend keeps FP8 weights in it.
+// tensor, per channel, 128 x 128 blocks): the CUDA backend keeps FP8 weights in it, and in F8Row
+// (the same blocks) where a row's scales are all one, which its FP8 GEMM runs faster.
 // F8_E4M3 is the plain FP8 element as safetensors stores it, read only to build F8B32 blocks.
 #pragma once
 
@@ -39,6 +40,7 @@ enum class DType : uint8_t {
   kF8E4M3,  // one float8_e4m3fn (FP8 checkpoints' raw weights; no op reads it)
   kF8B32,   // 32 x float8_e4m3fn + f32 scale: x = d * e4m3(q)        (36 bytes / 32 values)
   kF8G128,  // 128 x float8_e4m3fn + f32 scale: x = d * e4m3(q)     (132 bytes / 128 values)
+  kF8Row,   // F8G128 whose scales are one per row (per tensor or per channel), the same bytes
 };
 
 inline constexpr int kQuantBlock = 32;
@@ -67,6 +69,7 @@ constexpr int block_elems(DType t) {
       return 64;
     case DType::kI4G128:
     case DType::kF8G128:
+    case DType::kF8Row:
       return 128;
     case DType::kQ2_K:
     case DType::kQ3_K:
@@ -124,6 +127,7 @@ constexpr int block_bytes(DType t) {
     case DType::kF8B32:
       return 4 + 32;
     case DType::kF8G128:
+    case DType::kF8Row:
       return 4 + 128;
   }
   return 0;

@@ -314,6 +314,7 @@ std::optional<uint32_t> ggml_from_dtype(DType t) {
     case DType::kF8E4M3:
     case DType::kF8B32:
     case DType::kF8G128:
+    case DType::kF8Row:
       return std::nullopt;  // no GGUF type
   }
   return std::nullopt;

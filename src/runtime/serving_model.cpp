@@ -53,8 +53,11 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     } else if (options.quantization == "q4_k") {
       load.dummy_quantized = DType::kQ4_K;
     } else if (options.quantization == "fp8" || options.quantization == "fp8-block") {
-      // Per channel or per block: the same blocks here; the GPU keeps FP8 in 128-value groups.
-      load.dummy_quantized = options.device == "cpu" ? DType::kF8B32 : DType::kF8G128;
+      // The CPU's blocks hold either. The GPU keeps block scales per 128 values of a row
+      // (F8G128) and per-channel ones per row (F8Row; the dummy's scale is one for all rows).
+      load.dummy_quantized = options.device == "cpu"               ? DType::kF8B32
+                             : options.quantization == "fp8-block" ? DType::kF8G128
+                                                                   : DType::kF8Row;
     } else {
       return invalid_argument("--quantization must be awq, gptq, q4_k, fp8 or fp8-block, got '" +
                               options.quantization + "'");

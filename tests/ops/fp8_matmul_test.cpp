@@ -22,7 +22,8 @@ struct Fp8Case {
   DType host = DType::kF8B32;  // how the weights reach upload_weight (F8B32: the loader's type)
   DType out = DType::kBF16;
   bool bias = false;
-  bool add = false;  // matmul_add onto random values
+  bool add = false;      // matmul_add onto random values
+  bool per_row = false;  // one scale a row (a per-channel checkpoint): kept as F8Row
 };
 
 // F8G128 blocks as F8B32 (the same codes, each group's scale on its four blocks): what the CPU
@@ -39,12 +40,41 @@ std::vector<uint8_t> as_f8b32(const std::vector<uint8_t>& g128, int64_t n) {
   return out;
 }
 
-// Random weights as F8G128 blocks (one scale per 128 values, from_f32's).
-std::vector<uint8_t> random_g128(Rng& rng, int64_t m, int64_t k) {
+// Random weights as F8G128 blocks (one scale per 128 values, from_f32's; per_row: each row's
+// largest magnitude to 448, one scale for the row, as a per-channel checkpoint has).
+std::vector<uint8_t> random_g128(Rng& rng, int64_t m, int64_t k, bool per_row = false) {
   const std::vector<float> w = random_bf16_values(rng, m * k);
   std::vector<uint8_t> bytes(dtype_bytes(DType::kF8G128, m * k));
   from_f32(DType::kF8G128, w.data(), bytes.data(), m * k);
+  if (!per_row) return bytes;
+  auto* b = reinterpret_cast<BlockF8G128*>(bytes.data());
+  for (int64_t r = 0; r < m; ++r) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(w[r * k + c]));
+    const float d = amax / 448.0f;
+    for (int64_t g = 0; g < k / 128; ++g) {
+      BlockF8G128& blk = b[r * (k / 128) + g];
+      blk.d = d;
+      for (int j = 0; j < 128; ++j) blk.q[j] = f32_to_e4m3(w[r * k + g * 128 + j] / d);
+    }
+  }
   return bytes;
+}
+
+// x as the device quantizes it for the FP8 GEMM: each row's 128-column groups (per_row false)
+// or each whole row with its largest magnitude to 448, round to nearest even; rows past n_q as
+// they are.
+std::vector<float> quantized_x(const std::vector<float>& x, int64_t n_q, int64_t k, bool per_row) {
+  std::vector<float> out = x;
+  const int64_t span = per_row ? k : 128;
+  for (int64_t s0 = 0; s0 < n_q * k; s0 += span) {
+    float amax = 0.0f;
+    for (int64_t i = s0; i < s0 + span; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 448.0f;
+    for (int64_t i = s0; i < s0 + span; ++i)
+      out[i] = d > 0.0f ? d * e4m3_to_f32(f32_to_e4m3(x[i] / d)) : 0.0f;
+  }
+  return out;
 }
 
 std::unique_ptr<Buffer> upload_kept(Backend& cuda, const Tensor& host, Tensor& dev) {
@@ -57,14 +87,14 @@ std::unique_ptr<Buffer> upload_kept(Backend& cuda, const Tensor& host, Tensor& d
 
 void run_fp8_case(Backend& cuda, Backend& cpu, uint64_t seed, const Fp8Case& c) {
   Rng rng(seed);
-  std::vector<uint8_t> g128 = random_g128(rng, c.m, c.k);
+  std::vector<uint8_t> g128 = random_g128(rng, c.m, c.k, c.per_row);
   std::vector<uint8_t> b32 = as_f8b32(g128, c.m * c.k);
   const Tensor w_ref(b32.data(), DType::kF8B32, {c.m, c.k});
   const Tensor w_host = c.host == DType::kF8B32 ? w_ref : Tensor(g128.data(), c.host, {c.m, c.k});
   ASSERT_EQ(cuda.quantized_storage(c.host, c.m, c.k), DType::kF8G128);
   Tensor w_dev;
   auto w_storage = upload_kept(cuda, w_host, w_dev);
-  ASSERT_EQ(w_dev.dtype, DType::kF8G128);
+  ASSERT_EQ(w_dev.dtype, c.per_row ? DType::kF8Row : DType::kF8G128);
   std::unique_ptr<Buffer> b_storage;
   std::vector<float> bias = random_bf16_values(rng, c.m, 4.0f);
   Tensor b_dev;
@@ -104,12 +134,7 @@ void run_fp8_case(Backend& cuda, Backend& cpu, uint64_t seed, const Fp8Case& c) 
   // four go through the GEMV.
   const bool w8a8 = c.n > cuda::kFp8GemvMaxRows && cuda::Fp8Matmul::supported();
   const int64_t n4 = w8a8 ? c.n / 4 * 4 : 0;
-  std::vector<float> x_ref = x;
-  if (w8a8) {
-    std::vector<uint8_t> xq(dtype_bytes(DType::kF8G128, n4 * c.k));
-    from_f32(DType::kF8G128, x.data(), xq.data(), n4 * c.k);
-    to_f32(DType::kF8G128, xq.data(), x_ref.data(), n4 * c.k);
-  }
+  std::vector<float> x_ref = quantized_x(x, n4, c.k, c.per_row);
   std::vector<float> want(c.n * c.m);
   Tensor want_t = host_f32(want, {c.n, c.m});
   Tensor bias_h = c.bias ? host_f32(bias, {c.m}) : Tensor();
@@ -171,7 +196,8 @@ TEST(Fp8, LayoutRoundTrip) {
       const Tensor host(bytes.data(), t, {m, k});
       Tensor dev;
       auto storage = upload_kept(cuda, host, dev);
-      ASSERT_EQ(dev.dtype, DType::kF8G128);
+      // One group a row (k = 128) is one scale a row: F8Row, the same bytes.
+      ASSERT_EQ(dev.dtype, k == 128 ? DType::kF8Row : DType::kF8G128);
       EXPECT_EQ(dev.nbytes(), dtype_bytes(DType::kF8G128, m * k));
       DevBuf out(cuda, m * k * 2);
       cuda::launch_fp8_dequantize(dev.data, m, 0, m, k, out.data(), cb->stream());
@@ -275,6 +301,17 @@ TEST(Fp8, EveryBatch) {
     }
 }
 
+// Per-channel weights (F8Row): the GEMV as for any scales, and past it x scaled per token and the
+// weight per row (cuBLASLt's OUTER_VEC scales).
+TEST(Fp8, PerRowScales) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9750;
+  for (int64_t n : {1, 7, 16, 32, 33, 64, 512}) {
+    run_fp8_case(cuda, cpu, ++seed, {n, 256, 48, DType::kF8B32, DType::kBF16, false, false, true});
+    run_fp8_case(cuda, cpu, ++seed, {n, 1152, 80, DType::kF8G128, DType::kF32, true, true, true});
+  }
+}
+
 TEST(Fp8, AddBiasAndOutputs) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9800;
@@ -296,6 +333,8 @@ TEST(Fp8, Llama8BShapes) {
   }
   run_fp8_case(cuda, cpu, ++seed, {64, 4096, 6144});
   run_fp8_case(cuda, cpu, ++seed, {33, 14336, 2048, DType::kF8B32, DType::kBF16, false, true});
+  run_fp8_case(cuda, cpu, ++seed,
+               {64, 4096, 6144, DType::kF8B32, DType::kBF16, false, false, true});
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ namespace {
 // of the kept weight of total_rows rows at w.
 void repack(const void* src, DType src_dtype, void* w, DType kept, int64_t total_rows,
             int64_t first_row, int64_t n_rows, int64_t cols, cudaStream_t stream) {
-  if (kept == DType::kF8G128) {
+  if (is_kept_fp8(kept)) {
     launch_fp8_repack(src, src_dtype, w, total_rows, first_row, n_rows, cols, stream);
   } else {  // 4-bit stripes are self-contained
     launch_int4_repack(src, src_dtype, static_cast<char*>(w) + dtype_bytes(kept, first_row * cols),
@@ -35,7 +35,7 @@ void repack(const void* src, DType src_dtype, void* w, DType kept, int64_t total
 // out.
 void dequantize_rows(const void* w, DType kept, int64_t total_rows, int64_t first_row,
                      int64_t n_rows, int64_t cols, void* out, cudaStream_t stream) {
-  if (kept == DType::kF8G128) {
+  if (is_kept_fp8(kept)) {
     launch_fp8_dequantize(w, total_rows, first_row, n_rows, cols, out, stream);
   } else {
     launch_int4_dequantize(w, kept, first_row, n_rows, cols, out, stream);
@@ -51,6 +51,18 @@ bool fp8_scales_fit_groups(DType host, const void* data, int64_t n) {
   for (int64_t g = 0; g < groups; ++g)
     for (int j = 1; j < 4; ++j)
       if (std::memcmp(&b[4 * g].d, &b[4 * g + j].d, sizeof(float)) != 0) return false;
+  return true;
+}
+
+bool fp8_scales_per_row(DType host, const void* data, int64_t rows, int64_t cols) {
+  const int n = host == DType::kF8B32 ? 32 : 128;  // values a block
+  const int64_t blocks = cols / n, bytes = block_bytes(host);
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = p + r * blocks * bytes;
+    for (int64_t b = 1; b < blocks; ++b)
+      if (std::memcmp(row, row + b * bytes, sizeof(float)) != 0) return false;
+  }
   return true;
 }
 
@@ -73,7 +85,11 @@ Result<Tensor> CudaBackend::upload_kept(const Tensor& host, DType dtype,
   ensure_quant_slices();
   Tensor dev = host;
   dev.data = storage->data();
-  dev.dtype = dtype;
+  // FP8 weights whose rows each have one scale (per-tensor and per-channel checkpoints) say so
+  // in their type: the same bytes, a faster GEMM (Fp8Matmul).
+  dev.dtype = dtype == DType::kF8G128 && fp8_scales_per_row(host.dtype, host.data, rows, cols)
+                  ? DType::kF8Row
+                  : dtype;
   dev.device = Device::kCuda;
   dev.set_contiguous_strides();
   // Whole stripes of host blocks through the staging buffer, repacked on the device.
@@ -104,8 +120,8 @@ void CudaBackend::fill_random_kept(Tensor& t, uint64_t seed, float lo, float hi)
   void* staging = ensure_upload_staging(std::min(rows / 16, stripes) * stripe);
   for (int64_t r0 = 0; r0 < rows; r0 += 16 * stripes) {
     const int64_t nr = std::min(16 * stripes, rows - r0);
-    if (t.dtype == DType::kF8G128) {
-      launch_fp8_random(t.data, rows, r0, nr, cols, staging, seed, lo, hi, stream_);
+    if (is_kept_fp8(t.dtype)) {
+      launch_fp8_random(t.data, t.dtype, rows, r0, nr, cols, staging, seed, lo, hi, stream_);
     } else {
       launch_int4_random(static_cast<char*>(t.data) + dtype_bytes(t.dtype, r0 * cols), t.dtype, nr,
                          cols, r0 * cols / block_elems(t.dtype), staging, seed, lo, hi, stream_);
@@ -140,7 +156,7 @@ void* CudaBackend::ensure_fp8_scratch(int64_t nbytes) {
 
 void CudaBackend::kept_matmul(const MatmulOperands& m, const Tensor* add_scratch) {
   const bool accumulate = add_scratch != nullptr;
-  if (m.w.dtype == DType::kF8G128 && fp8_gemv_supported(m.x, m.w, m.out)) {
+  if (is_kept_fp8(m.w.dtype) && fp8_gemv_supported(m.x, m.w, m.out)) {
     launch_fp8_gemv(m.x, m.w, m.bias, m.bias_dtype, m.out, accumulate, stream_);
     return;
   }
@@ -150,7 +166,7 @@ void CudaBackend::kept_matmul(const MatmulOperands& m, const Tensor* add_scratch
   }
   PAGELLM_CHECK_MSG(kept_layout_fits(m.w.dtype, m.w.n_rows, m.w.cols),
                     "matmul: a quantized weight not in the device layout");
-  if (m.w.dtype == DType::kF8G128 && fp8_matmul_ != nullptr) {
+  if (is_kept_fp8(m.w.dtype) && fp8_matmul_ != nullptr) {
     const int64_t done =
         fp8_matmul_->run(m.x, m.w, m.bias, m.bias_dtype, m.out, accumulate,
                          ensure_fp8_scratch(Fp8Matmul::scratch_bytes(m.x.n_rows, m.w.cols)));

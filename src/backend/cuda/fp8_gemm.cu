@@ -25,6 +25,7 @@
 // own, not ones pushed near fp32's underflow.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -249,9 +250,11 @@ __global__ void dequantize_layout_kernel(const uint8_t* __restrict__ w, bf16* __
 
 // Random F8G128 blocks in the host block format, exactly as the CPU backend's fill_random makes
 // them (cpu_backend.cpp, fill_random_blocks): values uniform in [lo, hi) by index, quantized as
-// from_f32 does (the block's largest magnitude to 448, round to nearest even). A warp a block.
+// from_f32 does (the block's largest magnitude to 448, round to nearest even), or with
+// fixed_scale (> 0) for every block. A warp a block.
 __global__ void random_blocks_kernel(uint8_t* __restrict__ out, int64_t n_blocks,
-                                     int64_t first_block, uint64_t seed, float lo, float hi) {
+                                     int64_t first_block, uint64_t seed, float lo, float hi,
+                                     float fixed_scale) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; b < n_blocks;
@@ -264,7 +267,7 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ out, int64_t n_blocks
       amax = fmaxf(amax, fabsf(v[j]));
     }
     amax = warp_max(amax);
-    const float d = __fdiv_rn(amax, 448.0f);
+    const float d = fixed_scale > 0.0f ? fixed_scale : __fdiv_rn(amax, 448.0f);
     uint8_t* blk = out + b * (4 + kGroup);
     if (lane == 0) *reinterpret_cast<float*>(blk) = d;
 #pragma unroll
@@ -307,6 +310,43 @@ __global__ void quantize_rows_kernel(const bf16* __restrict__ x, int64_t ldx, in
   }
 }
 
+// x bf16 [n, K] -> values e4m3 [n, K] and scales [n] f32: each whole row with its largest
+// magnitude mapped to 448 (per-token scales, for F8Row weights). A warp a row: its largest
+// magnitude first, then the values, eight a lane at a time.
+__global__ void quantize_whole_rows_kernel(const bf16* __restrict__ x, int64_t ldx, int64_t n,
+                                           int64_t k_dim, uint8_t* __restrict__ values,
+                                           float* __restrict__ scales) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < n;
+       row += warps) {
+    const bf16* xr = x + row * ldx;
+    float amax = 0.0f;
+    for (int64_t c = 8 * lane; c < k_dim; c += 256) {
+      float f[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(xr + c), f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+    }
+    amax = warp_max(amax);
+    const float d = __fdiv_rn(amax, 448.0f);
+    for (int64_t c = 8 * lane; c < k_dim; c += 256) {
+      float f[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(xr + c), f);
+      uint32_t q[2] = {0, 0};
+      if (d > 0.0f) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          q[j / 4] |= static_cast<uint32_t>(
+                          __nv_cvt_float_to_fp8(__fdiv_rn(f[j], d), __NV_SATFINITE, __NV_E4M3))
+                      << (8 * (j % 4));
+      }
+      *reinterpret_cast<uint2*>(values + row * k_dim + c) = make_uint2(q[0], q[1]);
+    }
+    if (lane == 0) scales[row] = d;
+  }
+}
+
 }  // namespace
 
 void launch_fp8_repack(const void* src, DType src_dtype, void* w, int64_t total_rows,
@@ -338,30 +378,38 @@ void launch_fp8_dequantize(const void* w, int64_t total_rows, int64_t first_row,
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows, int64_t cols,
-                       void* staging, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+void launch_fp8_random(void* w, DType dtype, int64_t total_rows, int64_t first_row, int64_t n_rows,
+                       int64_t cols, void* staging, uint64_t seed, float lo, float hi,
+                       cudaStream_t stream) {
   const int64_t n_blocks = n_rows * cols / kGroup;
   if (n_blocks == 0) return;
+  const float fixed =
+      dtype == DType::kF8Row ? std::max(std::fabs(lo), std::fabs(hi)) / 448.0f : 0.0f;
   random_blocks_kernel<<<grid_for(n_blocks * 32), kThreads, 0, stream>>>(
-      static_cast<uint8_t*>(staging), n_blocks, first_row * cols / kGroup, seed, lo, hi);
+      static_cast<uint8_t*>(staging), n_blocks, first_row * cols / kGroup, seed, lo, hi, fixed);
   CUDA_CHECK_LAUNCH();
   launch_fp8_repack(staging, DType::kF8G128, w, total_rows, first_row, n_rows, cols, stream);
 }
 
-void launch_fp8_quantize_rows(const RowView& x, uint8_t* values, float* scales,
+void launch_fp8_quantize_rows(const RowView& x, bool per_row, uint8_t* values, float* scales,
                               cudaStream_t stream) {
-  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16 && x.cols % kGroup == 0 && x.ld % 4 == 0,
+  PAGELLM_CHECK_MSG(x.dtype == DType::kBF16 && x.cols % kGroup == 0 && x.ld % 8 == 0,
                     "fp8 quantize: x must be bf16 with whole 128-column groups");
-  const int64_t items = x.n_rows * (x.cols / kGroup);
-  if (items == 0) return;
-  quantize_rows_kernel<<<grid_for(items * 32), kThreads, 0, stream>>>(
-      static_cast<const bf16*>(x.data), x.ld, x.n_rows, x.cols, values, scales);
+  if (x.n_rows == 0) return;
+  if (per_row) {
+    quantize_whole_rows_kernel<<<grid_for(x.n_rows * 32), kThreads, 0, stream>>>(
+        static_cast<const bf16*>(x.data), x.ld, x.n_rows, x.cols, values, scales);
+  } else {
+    const int64_t items = x.n_rows * (x.cols / kGroup);
+    quantize_rows_kernel<<<grid_for(items * 32), kThreads, 0, stream>>>(
+        static_cast<const bf16*>(x.data), x.ld, x.n_rows, x.cols, values, scales);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
 bool fp8_gemv_supported(const RowView& x, const RowView& w, const RowView& out) {
   return x.dtype == DType::kBF16 && x.n_rows >= 1 && x.n_rows <= kFp8GemvMaxRows &&
-         rows_aligned16(x) && w.dtype == DType::kF8G128 && fp8_layout_fits(w.n_rows, w.cols) &&
+         rows_aligned16(x) && is_kept_fp8(w.dtype) && fp8_layout_fits(w.n_rows, w.cols) &&
          x.cols == w.cols && (out.dtype == DType::kBF16 || out.dtype == DType::kF32) &&
          out.n_rows == x.n_rows && out.cols == w.n_rows;
 }

@@ -1,8 +1,10 @@
-// Fp8Matmul: cuBLASLt's FP8 GEMM on the device layout of F8G128 weights. The row-major problem
+// Fp8Matmul: cuBLASLt's FP8 GEMM on the device layout of FP8 weights. The row-major problem
 // maps onto column-major cuBLASLt as gemm.cu's does: D [M, n] = A^T . B with A the weight's
-// values (column-major [K, M], op T) and B the quantized x (column-major [K, n]); each operand's
-// scales are [K / 128][rows] f32, the layout cuBLASLt's VEC128_32F mode reads (outer dimension
-// contiguous).
+// values (column-major [K, M], op T) and B the quantized x (column-major [K, n]). F8G128: each
+// operand's scales are [K / 128][rows] f32, the layout cuBLASLt's VEC128_32F mode reads (outer
+// dimension contiguous). F8Row: one scale a row, its first [rows] scales, and x one a token
+// (OUTER_VEC_32F): on the H100, Llama-3-8B gate|up's shape ran at 1,058 TFLOP/s at 512 rows
+// against VEC128's 878 (1,221 and 1,067 at 2,048).
 #include "backend/cuda/fp8_matmul.h"
 
 #include <string>
@@ -39,15 +41,10 @@ int64_t Fp8Matmul::scratch_bytes(int64_t n, int64_t k) {
 }
 
 const Fp8Matmul::Plan* Fp8Matmul::plan_for(int64_t n, int64_t m, int64_t k, const RowView& out,
-                                           bool accumulate, const void* w_scales,
+                                           bool accumulate, bool per_row, const void* w_scales,
                                            const void* x_scales) {
-  const Key key{n,
-                m,
-                k,
-                out.ld,
-                static_cast<int>(out.dtype),
-                accumulate,
-                reinterpret_cast<uintptr_t>(out.data) % 16 == 0};
+  const bool out_aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
+  const Key key{n, m, k, out.ld, static_cast<int>(out.dtype), accumulate, out_aligned, per_row};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.desc != nullptr ? &it->second : nullptr;
   Plan p;
@@ -57,11 +54,12 @@ const Fp8Matmul::Plan* Fp8Matmul::plan_for(int64_t n, int64_t m, int64_t k, cons
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
-  const cublasLtMatmulMatrixScale_t vec128 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec128,
-                                              sizeof(vec128)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec128,
-                                              sizeof(vec128)));
+  const cublasLtMatmulMatrixScale_t mode = per_row ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                              sizeof(mode)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                              sizeof(mode)));
   set_scales(p, w_scales, x_scales);  // the heuristic sees the call's pointers
   const cudaDataType_t d_type = out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, k, m, k));
@@ -112,10 +110,11 @@ int64_t Fp8Matmul::run(const RowView& x, const RowView& w, const void* bias, DTy
   auto* xs = reinterpret_cast<float*>(xq + (n * k + 255) / 256 * 256);
   const void* w_scales = static_cast<const uint8_t*>(w.data) + m * k;
   const RowView out_n{out.data, out.dtype, n, out.cols, out.ld};
-  const Plan* plan = plan_for(n, m, k, out_n, accumulate, w_scales, xs);
+  const bool per_row = w.dtype == DType::kF8Row;
+  const Plan* plan = plan_for(n, m, k, out_n, accumulate, per_row, w_scales, xs);
   if (plan == nullptr) return 0;
   const Plan& p = *plan;
-  launch_fp8_quantize_rows(RowView{x.data, x.dtype, n, x.cols, x.ld}, xq, xs, stream_);
+  launch_fp8_quantize_rows(RowView{x.data, x.dtype, n, x.cols, x.ld}, per_row, xq, xs, stream_);
   set_scales(p, w_scales, xs);
   // beta = 1 with C = D = out: out = x . w^T + out.
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;

@@ -1,8 +1,10 @@
 // FP8 weights past the FP8 GEMV's rows on FP8 tensor cores (sm_89+): out (+)= x . w^T with x
-// quantized to e4m3 first, one scale per row of x and 128 columns (the recipe DeepSeek-V3's
-// checkpoints are made for), and cuBLASLt's FP8 GEMM reading the weight's values and scales
-// where the device layout keeps them (fp8_gemm.cu), both scales 128-value vectors along K
-// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F), fp32 accumulation, bf16 or f32 out.
+// quantized to e4m3 first and cuBLASLt's FP8 GEMM reading the weight's values and scales where
+// the device layout keeps them (fp8_gemm.cu), fp32 accumulation, bf16 or f32 out. F8G128
+// weights: x gets one scale per row and 128 columns (the recipe DeepSeek-V3's checkpoints are
+// made for), both operands' scales 128-value vectors along K (VEC128_32F). F8Row weights (one
+// scale a row: per-tensor and per-channel checkpoints): x gets one scale a row (per token), both
+// operands' scales vectors over their rows (OUTER_VEC_32F), the faster kernels.
 #pragma once
 
 #include <cublasLt.h>
@@ -41,8 +43,8 @@ class Fp8Matmul {
 
  private:
   // Shape, out type and stride, whether the product is added (beta), whether out is 16-byte
-  // aligned.
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, bool>;
+  // aligned, whether the scales are per row (F8Row).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -51,7 +53,7 @@ class Fp8Matmul {
   // The plan for these operands (made on first use: the heuristic's first algorithm), or null
   // when cuBLASLt has none.
   const Plan* plan_for(int64_t n, int64_t m, int64_t k, const RowView& out, bool accumulate,
-                       const void* w_scales, const void* x_scales);
+                       bool per_row, const void* w_scales, const void* x_scales);
   static void set_scales(const Plan& p, const void* w_scales, const void* x_scales);
   static void destroy(Plan& p);
 

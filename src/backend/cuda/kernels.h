@@ -185,14 +185,17 @@ void launch_fp8_repack(const void* src, DType src_dtype, void* w, int64_t total_
 // row-major [n_rows, cols] at out.
 void launch_fp8_dequantize(const void* w, int64_t total_rows, int64_t first_row, int64_t n_rows,
                            int64_t cols, void* out, cudaStream_t stream);
-// Random weights equal to the CPU backend's fill_random of F8G128 with the same seed and range:
-// rows [first_row, first_row + n_rows) of the weight at w, made in `staging` (their host blocks,
-// device memory) and repacked.
-void launch_fp8_random(void* w, int64_t total_rows, int64_t first_row, int64_t n_rows, int64_t cols,
-                       void* staging, uint64_t seed, float lo, float hi, cudaStream_t stream);
-// x (bf16, whole 128-column groups) -> values (e4m3, [n, K]) and scales ([K / 128][n] f32): each
-// row's groups with their largest magnitude mapped to 448 (Fp8Matmul's activations).
-void launch_fp8_quantize_rows(const RowView& x, uint8_t* values, float* scales,
+// Random weights: rows [first_row, first_row + n_rows) of the weight at w, made in `staging`
+// (their host blocks, device memory) and repacked. F8G128: equal to the CPU backend's fill_random
+// of F8G128 with the same seed and range; F8Row: the same values with one scale for all,
+// max(|lo|, |hi|) / 448.
+void launch_fp8_random(void* w, DType dtype, int64_t total_rows, int64_t first_row, int64_t n_rows,
+                       int64_t cols, void* staging, uint64_t seed, float lo, float hi,
+                       cudaStream_t stream);
+// x (bf16, whole 128-column groups) -> values (e4m3, [n, K]) and scales: each row's 128-column
+// groups with their largest magnitude mapped to 448, scales [K / 128][n] f32 (per_row false), or
+// each whole row, scales [n] (per_row true): Fp8Matmul's activations.
+void launch_fp8_quantize_rows(const RowView& x, bool per_row, uint8_t* values, float* scales,
                               cudaStream_t stream);
 // The decode product with FP8 weights: out (+)= x . w^T + bias for up to kFp8GemvMaxRows rows of
 // x, reading each weight byte once (values decoded exactly to bf16 for tensor-core mma, fp32
@@ -203,20 +206,28 @@ void launch_fp8_gemv(const RowView& x, const RowView& w, const void* bias, DType
                      const RowView& out, bool accumulate, cudaStream_t stream);
 
 // --- weights kept quantized on the device (cuda_quantized.cpp) ---
+// The device's FP8 types: F8G128, and F8Row where each row's scales are one (upload_weight finds
+// out; Fp8Matmul then scales per row and token instead of per 128 columns).
+inline bool is_kept_fp8(DType t) {
+  return t == DType::kF8G128 || t == DType::kF8Row;
+}
 inline bool kept_quantized(DType t) {
-  return is_group_int4(t) || t == DType::kF8G128;
+  return is_group_int4(t) || is_kept_fp8(t);
 }
 // The device type a host quantized type is kept as, or kF32 when it is not kept quantized.
 inline DType kept_type(DType host) {
   if (host == DType::kF8B32 || host == DType::kF8G128) return DType::kF8G128;
+  if (host == DType::kF8Row) return DType::kF8Row;
   return int4_device_type(host);
 }
 inline bool kept_layout_fits(DType t, int64_t rows, int64_t cols) {
-  return t == DType::kF8G128 ? fp8_layout_fits(rows, cols) : int4_layout_fits(t, rows, cols);
+  return is_kept_fp8(t) ? fp8_layout_fits(rows, cols) : int4_layout_fits(t, rows, cols);
 }
 // Whether a host weight's FP8 scales (n values of F8B32 blocks at data) are constant over each
 // 128 values of a row, as F8G128 needs; true for the other types.
 bool fp8_scales_fit_groups(DType host, const void* data, int64_t n);
+// Whether every row of a host FP8 weight (F8B32 or F8G128 blocks, `rows` x `cols`) has one scale.
+bool fp8_scales_per_row(DType host, const void* data, int64_t rows, int64_t cols);
 
 // --- gemm.cu (fallback) ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
