@@ -477,31 +477,23 @@ PY
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
       --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
-    # 4-bit weights (issue 43): the Llama-3-8B shape with random AWQ-style projections (group 128,
-    # bf16 lm_head): batch-1 latency, its per-op tables, and the offline run. PAGELLM_CHECK_INT4=0
-    # skips them.
-    if [ "${PAGELLM_CHECK_INT4:-1}" = 1 ]; then
-      run_bench latency-llama3-8b-awq latency --model $cfg/llama-3-8b.json --load-format dummy \
-        --quantization awq --device cuda --input-len 512 --output-len 256 --iters 2
-      run_bench profile-llama3-8b-awq latency --profile --model $cfg/llama-3-8b.json \
-        --load-format dummy --quantization awq --device cuda --input-len 512 --output-len 8 --iters 1
-      run_bench throughput-llama3-8b-awq throughput --model $cfg/llama-3-8b.json --load-format dummy \
-        --quantization awq --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 \
+    # Quantized weights: the Llama-3-8B shape with random 4-bit AWQ-style projections (issue 43:
+    # group 128, bf16 lm_head) and FP8 ones (issue 44: per channel, and per 128 columns of a row
+    # as block-scaled checkpoints have): batch-1 latency, its per-op tables, and the offline run.
+    # PAGELLM_CHECK_INT4=0 / PAGELLM_CHECK_FP8=0 skip them.
+    quantized=()
+    [ "${PAGELLM_CHECK_INT4:-1}" = 1 ] && quantized+=(awq)
+    [ "${PAGELLM_CHECK_FP8:-1}" = 1 ] && quantized+=(fp8 fp8-block)
+    for q in ${quantized[@]+"${quantized[@]}"}; do
+      run_bench latency-llama3-8b-$q latency --model $cfg/llama-3-8b.json --load-format dummy \
+        --quantization $q --device cuda --input-len 512 --output-len 256 --iters 2
+      run_bench profile-llama3-8b-$q latency --profile --model $cfg/llama-3-8b.json \
+        --load-format dummy --quantization $q --device cuda --input-len 512 --output-len 8 --iters 1
+      run_bench throughput-llama3-8b-$q throughput --model $cfg/llama-3-8b.json --load-format dummy \
+        --quantization $q --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 \
         --output-len 256 --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} \
         --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
-    fi
-    # FP8 weights (issue 44): the same with random FP8 projections (one scale per 128 values of
-    # a row, as per-channel and 128x128-block checkpoints have). PAGELLM_CHECK_FP8=0 skips them.
-    if [ "${PAGELLM_CHECK_FP8:-1}" = 1 ]; then
-      run_bench latency-llama3-8b-fp8 latency --model $cfg/llama-3-8b.json --load-format dummy \
-        --quantization fp8 --device cuda --input-len 512 --output-len 256 --iters 2
-      run_bench profile-llama3-8b-fp8 latency --profile --model $cfg/llama-3-8b.json \
-        --load-format dummy --quantization fp8 --device cuda --input-len 512 --output-len 8 --iters 1
-      run_bench throughput-llama3-8b-fp8 throughput --model $cfg/llama-3-8b.json --load-format dummy \
-        --quantization fp8 --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 \
-        --output-len 256 --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} \
-        --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
-    fi
+    done
     # PAGELLM_CHECK_PROFILE_OFFLINE=1: where an offline run's time goes, op by op (`bench
     # throughput --profile`: eager, every op timed, summed per op kind and weight shape; the
     # table is in $logs/bench-profile-offline-*.log). Fewer prompts than the timed run.

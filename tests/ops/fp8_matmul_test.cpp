@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "op_test_util.h"
+#include "quantized_matmul_run.h"
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/fp8_matmul.h"
@@ -95,88 +96,44 @@ void run_fp8_case(Backend& cuda, Backend& cpu, uint64_t seed, const Fp8Case& c) 
   Tensor w_dev;
   auto w_storage = upload_kept(cuda, w_host, w_dev);
   ASSERT_EQ(w_dev.dtype, c.per_row ? DType::kF8Row : DType::kF8G128);
-  std::unique_ptr<Buffer> b_storage;
-  std::vector<float> bias = random_bf16_values(rng, c.m, 4.0f);
-  Tensor b_dev;
-  if (c.bias) {
-    auto b = cuda.upload_weight(host_f32(bias, {c.m}), DType::kF32, b_storage);
-    ASSERT_TRUE(b.ok());
-    b_dev = *b;
-  }
-  std::vector<float> x = random_bf16_values(rng, c.n * c.k);
-  auto x_dev = upload_bf16(cuda, x);
-  const int64_t esz = c.out == DType::kF32 ? 4 : 2;
-  DevBuf out(cuda, c.n * c.m * esz);
-  std::vector<float> start(c.n * c.m, 0.0f);
-  if (c.add) {
-    start = random_bf16_values(rng, c.n * c.m, 4.0f);
-    if (esz == 4) {
-      out.upload(start.data(), c.n * c.m * 4);
-    } else {
-      const auto bits = to_bf16_bits(start);
-      out.upload(bits.data(), c.n * c.m * 2);
-    }
-  }
-  Tensor x_t = x_dev->view(DType::kBF16, {c.n, c.k});
-  Tensor out_t = out.view(c.out, {c.n, c.m});
-  DevBuf scratch(cuda, c.n * c.m * esz);
-  Tensor scratch_t = scratch.view(c.out, {c.n, c.m});
-  if (c.add) {
-    cuda.matmul_add(x_t, w_dev, b_dev, scratch_t, out_t);
-  } else {
-    cuda.matmul(x_t, w_dev, b_dev, out_t);
-  }
+  const std::string what =
+      Label(c.add ? "fp8 matmul_add" : "fp8 matmul", seed)("n", c.n)("k", c.k)("m", c.m)(
+          "w", dtype_name(c.host))("out", dtype_name(c.out))("bias", c.bias)("per_row", c.per_row);
+  QuantizedMatmulRun r =
+      run_quantized_matmul(cuda, rng, w_dev, {c.n, c.k, c.m, c.out, c.bias, c.add}, what);
 
-  // Past the GEMV on FP8 tensor cores x is quantized as from_f32's F8G128 does, on the device
-  // as here: the products are then exact, but Hopper's FP8 mma adds them with about 14 bits
-  // (DeepSeek-V3's report, 3.3.2; cuBLASLt promotes to fp32 once per 128 columns), so each
-  // output may be off by 2^-12 of the sum of its terms' magnitudes. Rows past the last whole
-  // four go through the GEMV.
+  // Past the GEMV on FP8 tensor cores x is quantized as the device does (quantized_x): the
+  // products are then exact, but Hopper's FP8 mma adds them with about 14 bits (DeepSeek-V3's
+  // report, 3.3.2; cuBLASLt promotes to fp32 once per 128 columns), so each output may be off by
+  // 2^-12 of the sum of its terms' magnitudes. Rows past the last whole four go through the GEMV,
+  // whose products are exact (e4m3 values and x are bf16, the sums fp32, the scale applied to a
+  // group's sum) and take no slack. Without FP8 tensor cores the weights reach cuBLASLt
+  // dequantized to bf16 (sliced_gemm_slack).
   const bool w8a8 = c.n > cuda::kFp8GemvMaxRows && cuda::Fp8Matmul::supported();
   const int64_t n4 = w8a8 ? c.n / 4 * 4 : 0;
-  std::vector<float> x_ref = quantized_x(x, n4, c.k, c.per_row);
+  std::vector<float> x_ref = quantized_x(r.x, n4, c.k, c.per_row);
   std::vector<float> want(c.n * c.m);
   Tensor want_t = host_f32(want, {c.n, c.m});
-  Tensor bias_h = c.bias ? host_f32(bias, {c.m}) : Tensor();
+  Tensor bias_h = c.bias ? host_f32(r.bias, {c.m}) : Tensor();
   cpu.matmul(host_f32(x_ref, {c.n, c.k}), w_ref, bias_h, want_t);
-  for (int64_t i = 0; i < c.n * c.m; ++i) want[i] += start[i];
-
-  std::vector<float> got(c.n * c.m);
-  if (esz == 4) {
-    got = out.download<float>();
-  } else {
-    got = download_bf16(out);
-  }
-  got.resize(c.n * c.m);
-  const std::string what = Label(c.add ? "fp8 matmul_add" : "fp8 matmul", seed)("n", c.n)("k", c.k)(
-      "m", c.m)("w", dtype_name(c.host))("out", dtype_name(c.out))("bias", c.bias);
-  EXPECT_TRUE(guards_ok(what, out));
-  // Dequantized slices reach cuBLASLt rounded to bf16 (d * e4m3 has up to 27 significant bits):
-  // the same slack as int4_matmul_test's, 4 standard deviations' worth of 2^-9 relative rounding
-  // per term and half an ulp of the product. The GEMV's products are exact (e4m3 values and x
-  // are bf16, the sums fp32, the scale applied to a group's sum) and take none.
+  for (int64_t i = 0; i < c.n * c.m; ++i) want[i] += r.start[i];
   std::vector<float> slack(c.n * c.m, 0.0f);
   if (c.n > cuda::kFp8GemvMaxRows) {
     std::vector<float> wf(c.m * c.k);
     to_f32(DType::kF8B32, b32.data(), wf.data(), c.m * c.k);
     for (int64_t i = 0; i < c.n; ++i)
       for (int64_t j = 0; j < c.m; ++j) {
-        double ss = 0.0, dot = 0.0, mag = 0.0;
-        for (int64_t l = 0; l < c.k; ++l) {
-          const double t = static_cast<double>(x_ref[i * c.k + l]) * wf[j * c.k + l];
-          ss += t * t;
-          dot += t;
-          mag += std::fabs(t);
-        }
         if (i < n4) {
+          double mag = 0.0;
+          for (int64_t l = 0; l < c.k; ++l)
+            mag += std::fabs(static_cast<double>(x_ref[i * c.k + l]) * wf[j * c.k + l]);
           slack[i * c.m + j] = static_cast<float>(std::ldexp(mag, -12));
         } else if (!w8a8) {
-          slack[i * c.m + j] = static_cast<float>(4.0 * std::ldexp(std::sqrt(ss), -9) +
-                                                  std::ldexp(std::fabs(dot), -8));
+          slack[i * c.m + j] = sliced_gemm_slack(&r.x[i * c.k], &wf[j * c.k], c.k);
         }
       }
   }
-  EXPECT_TRUE(compare(what, got, want,
+  EXPECT_TRUE(compare(what, r.got, want,
                       c.out == DType::kF32 ? Tol{1e-3, 5e-2, "f32 output"} : kBf16Tol, &slack));
 }
 

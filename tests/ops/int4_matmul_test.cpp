@@ -4,6 +4,7 @@
 // 64 and 512 (dequantized slices through cuBLASLt), every group size, GGUF Q4_0, odd shapes, bias,
 // bf16 and f32 outputs, and the Llama-3-8B projection shapes.
 #include "op_test_util.h"
+#include "quantized_matmul_run.h"
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
@@ -33,81 +34,31 @@ void run_int4_case(Backend& cuda, Backend& cpu, uint64_t seed, const Int4Case& c
   const Tensor w_host(w_bytes.data(), c.host, {c.m, c.k});
   const DType kept = cuda::int4_device_type(c.host);
   ASSERT_EQ(cuda.quantized_storage(c.host, c.m, c.k), kept);
-  std::unique_ptr<Buffer> w_storage, b_storage;
+  std::unique_ptr<Buffer> w_storage;
   auto w_dev = cuda.upload_weight(w_host, kept, w_storage);
   ASSERT_TRUE(w_dev.ok()) << w_dev.status().to_string();
   ASSERT_EQ(w_dev->dtype, kept);
-  std::vector<float> bias = random_bf16_values(rng, c.m, 4.0f);
-  Tensor b_dev;
-  if (c.bias) {
-    auto b = cuda.upload_weight(host_f32(bias, {c.m}), DType::kF32, b_storage);
-    ASSERT_TRUE(b.ok());
-    b_dev = *b;
-  }
-  std::vector<float> x = random_bf16_values(rng, c.n * c.k);
-  auto x_dev = upload_bf16(cuda, x);
-  const int64_t esz = c.out == DType::kF32 ? 4 : 2;
-  DevBuf out(cuda, c.n * c.m * esz);
-  std::vector<float> start(c.n * c.m, 0.0f);
-  if (c.add) {
-    start = random_bf16_values(rng, c.n * c.m, 4.0f);
-    if (esz == 4) {
-      out.upload(start.data(), c.n * c.m * 4);
-    } else {
-      const auto bits = to_bf16_bits(start);
-      out.upload(bits.data(), c.n * c.m * 2);
-    }
-  }
-  Tensor x_t = x_dev->view(DType::kBF16, {c.n, c.k});
-  Tensor out_t = out.view(c.out, {c.n, c.m});
-  DevBuf scratch(cuda, c.n * c.m * esz);
-  Tensor scratch_t = scratch.view(c.out, {c.n, c.m});
-  if (c.add) {
-    cuda.matmul_add(x_t, *w_dev, b_dev, scratch_t, out_t);
-  } else {
-    cuda.matmul(x_t, *w_dev, b_dev, out_t);
-  }
+  const std::string what = Label(c.add ? "int4 matmul_add" : "int4 matmul", seed)("n", c.n)(
+      "k", c.k)("m", c.m)("w", dtype_name(c.host))("out", dtype_name(c.out))("bias", c.bias);
+  QuantizedMatmulRun r =
+      run_quantized_matmul(cuda, rng, *w_dev, {c.n, c.k, c.m, c.out, c.bias, c.add}, what);
 
   std::vector<float> want(c.n * c.m);
   Tensor want_t = host_f32(want, {c.n, c.m});
-  Tensor bias_h = c.bias ? host_f32(bias, {c.m}) : Tensor();
-  cpu.matmul(host_f32(x, {c.n, c.k}), w_host, bias_h, want_t);
-  for (int64_t i = 0; i < c.n * c.m; ++i) want[i] += start[i];
-
-  std::vector<float> got(c.n * c.m);
-  if (esz == 4) {
-    got = out.download<float>();
-    got.resize(c.n * c.m);
-  } else {
-    got = download_bf16(out);
-    got.resize(c.n * c.m);
-  }
-  const std::string what = Label(c.add ? "int4 matmul_add" : "int4 matmul", seed)("n", c.n)(
-      "k", c.k)("m", c.m)("w", dtype_name(c.host))("out", dtype_name(c.out))("bias", c.bias);
-  EXPECT_TRUE(guards_ok(what, out));
-  // Past the GEMV's rows the weights reach cuBLASLt rounded to bf16 (2^-9 relative each, with
-  // random signs): an output may move by that many standard deviations of the sum of its terms'
-  // rounding, sqrt(sum (x w)^2) 2^-9 / sqrt(3); 4 of 2^-9 is 6.9 of them. The GEMV's products are
-  // exact (q - z and x are bf16, the sums fp32) and take no slack. The bias and the added values
-  // are rounded with the product in the GEMV, and once more apart in cuBLASLt's epilogue-less
-  // paths: half an ulp of the product, as matmul_test allows.
+  Tensor bias_h = c.bias ? host_f32(r.bias, {c.m}) : Tensor();
+  cpu.matmul(host_f32(r.x, {c.n, c.k}), w_host, bias_h, want_t);
+  for (int64_t i = 0; i < c.n * c.m; ++i) want[i] += r.start[i];
+  // Past the GEMV's rows the weights reach cuBLASLt rounded to bf16 (sliced_gemm_slack). The
+  // GEMV's products are exact (q - z and x are bf16, the sums fp32) and take no slack.
   std::vector<float> slack(c.n * c.m, 0.0f);
   if (c.n > cuda::kInt4GemvMaxRows) {
     std::vector<float> wf(c.m * c.k);
     to_f32(c.host, w_bytes.data(), wf.data(), c.m * c.k);
     for (int64_t i = 0; i < c.n; ++i)
-      for (int64_t j = 0; j < c.m; ++j) {
-        double ss = 0.0, dot = 0.0;
-        for (int64_t l = 0; l < c.k; ++l) {
-          const double t = static_cast<double>(x[i * c.k + l]) * wf[j * c.k + l];
-          ss += t * t;
-          dot += t;
-        }
-        slack[i * c.m + j] = static_cast<float>(4.0 * std::ldexp(std::sqrt(ss), -9) +
-                                                std::ldexp(std::fabs(dot), -8));
-      }
+      for (int64_t j = 0; j < c.m; ++j)
+        slack[i * c.m + j] = sliced_gemm_slack(&r.x[i * c.k], &wf[j * c.k], c.k);
   }
-  EXPECT_TRUE(compare(what, got, want,
+  EXPECT_TRUE(compare(what, r.got, want,
                       c.out == DType::kF32 ? Tol{1e-3, 5e-2, "f32 output"} : kBf16Tol, &slack));
 }
 

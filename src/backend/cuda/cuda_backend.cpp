@@ -278,6 +278,22 @@ void CudaBackend::join_side() {
   CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 
+void* CudaBackend::grow_workspace(std::unique_ptr<Buffer>& buf, int64_t nbytes, const char* op,
+                                  const char* what) {
+  const int64_t have = buf ? buf->nbytes() : 0;
+  if (nbytes > have) {
+    PAGELLM_CHECK_MSG(!capturing(stream_), (std::string(op) + ": " + what +
+                                            " must grow inside a graph recording; run the same "
+                                            "step directly first so it has its size")
+                                               .c_str());
+    synchronize();  // earlier steps may still use the old one
+    buf.reset();    // bumps the allocation epoch: recordings using it are stale
+    // Grow geometrically so a slowly growing step size does not reallocate every time.
+    buf = must_allocate(std::max(nbytes, 2 * have), what);
+  }
+  return buf->data();
+}
+
 void* CudaBackend::ensure_upload_staging(int64_t nbytes) {
   if (nbytes > upload_staging_bytes_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read

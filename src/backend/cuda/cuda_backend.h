@@ -204,6 +204,9 @@ class CudaBackend final : public Backend {
   // The slices of both streams (and the FP8 GEMMs where the device has FP8 tensor cores),
   // made with the first quantized weight.
   void ensure_quant_slices();
+  // Logs once that FP8 weights take the bf16 GEMM past the GEMV (a device without FP8 tensor
+  // cores, sm_80).
+  void note_fp8_without_tensor_cores();
   // Fp8Matmul's scratch for x quantized on the stream in use, grown like the MoE workspace (a
   // recording cannot grow it).
   void* ensure_fp8_scratch(int64_t nbytes);
@@ -217,6 +220,10 @@ class CudaBackend final : public Backend {
   // The MoE scratch (moe.h's MoeWorkspace), grown like the attention workspace; a recording that
   // would need it larger fails with a CHECK naming the cause.
   void* ensure_moe_workspace(int64_t nbytes);
+  // `buf` at least nbytes long: reallocated (to at least twice its size) when shorter, which a
+  // graph recording cannot do (a CHECK naming op and what). For the grown-on-demand workspaces.
+  void* grow_workspace(std::unique_ptr<Buffer>& buf, int64_t nbytes, const char* op,
+                       const char* what);
   // The routed experts' products of moe_experts() on its two GEMM paths (cuda_moe.cpp).
   void moe_grouped_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
                          const MoeWorkspace& ws, int64_t n_pairs);
@@ -256,6 +263,7 @@ class CudaBackend final : public Backend {
   // scratch, for the stream in use and the other stream's (swapped with them).
   std::unique_ptr<Fp8Matmul> fp8_matmul_, side_fp8_matmul_;
   std::unique_ptr<Buffer> fp8_scratch_, side_fp8_scratch_;
+  bool fp8_fallback_noted_ = false;        // note_fp8_without_tensor_cores has logged
   std::vector<int32_t> moe_offsets_;       // host copy of the per-expert offsets (kExpertGemm)
   std::map<int64_t, std::unique_ptr<Buffer>> unit_norms_;  // fold_norm_weight's ones, by width
   std::unique_ptr<Buffer> chain_counter_;  // launch_gemv_stream_chain's grid-wide count

@@ -87,17 +87,7 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& correction_bias,
 }
 
 void* CudaBackend::ensure_moe_workspace(int64_t nbytes) {
-  const int64_t have = moe_workspace_ ? moe_workspace_->nbytes() : 0;
-  if (nbytes > have) {
-    PAGELLM_CHECK_MSG(!capturing(stream_),
-                      "moe_experts: the MoE workspace must grow inside a graph recording; run the "
-                      "same step directly first so it has its size");
-    synchronize();           // earlier steps may still use the old one
-    moe_workspace_.reset();  // bumps the allocation epoch: recordings using it are stale
-    // Grow geometrically so a slowly growing step size does not reallocate every time.
-    moe_workspace_ = must_allocate(std::max(nbytes, 2 * have), "the MoE workspace");
-  }
-  return moe_workspace_->data();
+  return grow_workspace(moe_workspace_, nbytes, "moe_experts", "the MoE workspace");
 }
 
 void CudaBackend::moe_experts(const Tensor& h, const Tensor& ids, const Tensor& weights,

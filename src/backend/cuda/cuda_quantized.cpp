@@ -15,6 +15,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_views.h"
+#include "core/log.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -83,6 +84,7 @@ Result<Tensor> CudaBackend::upload_kept(const Tensor& host, DType dtype,
   PAGELLM_ASSIGN_OR_RETURN(storage, allocate_or_error(dtype_bytes(dtype, host.numel()),
                                                       "a weight " + host.shape_string()));
   ensure_quant_slices();
+  if (is_kept_fp8(dtype)) note_fp8_without_tensor_cores();
   Tensor dev = host;
   dev.data = storage->data();
   // FP8 weights whose rows each have one scale (per-tensor and per-channel checkpoints) say so
@@ -113,6 +115,7 @@ void CudaBackend::fill_random_kept(Tensor& t, uint64_t seed, float lo, float hi)
   PAGELLM_CHECK_MSG(kept_layout_fits(t.dtype, rows, cols),
                     "fill_random: a quantized tensor must fit the device layout");
   ensure_quant_slices();
+  if (is_kept_fp8(t.dtype)) note_fp8_without_tensor_cores();
   // In pieces of whole stripes through the staging buffer; the blocks' random values are indexed
   // from the tensor's start, as the CPU backend's are.
   const int64_t stripe = dtype_bytes(t.dtype, 16 * cols);
@@ -141,17 +144,17 @@ void CudaBackend::ensure_quant_slices() {
   }
 }
 
+void CudaBackend::note_fp8_without_tensor_cores() {
+  if (Fp8Matmul::supported() || fp8_fallback_noted_) return;
+  fp8_fallback_noted_ = true;
+  PAGELLM_LOG_INFO(
+      "FP8 weights on %s, which has no FP8 tensor cores: decode reads them as FP8 (the GEMV), "
+      "larger batches multiply them dequantized to bf16",
+      name_.c_str());
+}
+
 void* CudaBackend::ensure_fp8_scratch(int64_t nbytes) {
-  const int64_t have = fp8_scratch_ ? fp8_scratch_->nbytes() : 0;
-  if (nbytes > have) {
-    PAGELLM_CHECK_MSG(!capturing(stream_),
-                      "matmul: the FP8 activation scratch must grow inside a graph recording; run "
-                      "the same step directly first so it has its size");
-    synchronize();         // earlier steps may still use the old one
-    fp8_scratch_.reset();  // bumps the allocation epoch: recordings using it are stale
-    fp8_scratch_ = must_allocate(std::max(nbytes, 2 * have), "the FP8 activation scratch");
-  }
-  return fp8_scratch_->data();
+  return grow_workspace(fp8_scratch_, nbytes, "matmul", "the FP8 activation scratch");
 }
 
 void CudaBackend::kept_matmul(const MatmulOperands& m, const Tensor* add_scratch) {
