@@ -37,10 +37,21 @@ std::string name_from_file(const std::string& path) {
 }  // namespace
 
 int run_serve(int argc, char** argv) {
-  std::vector<std::string> spec = {"host",           "port",          "served-model-name", "api-key",
-                                   "max-body-bytes", "request-timeout", "drain-timeout",   "cors-origin",
-                                   "log-format",     "io-threads",    "read-timeout",      "header-timeout",
-                                   "max-connections", "help!"};
+  std::vector<std::string> spec = {"host",
+                                   "port",
+                                   "served-model-name",
+                                   "api-key",
+                                   "max-body-bytes",
+                                   "request-timeout",
+                                   "drain-timeout",
+                                   "cors-origin",
+                                   "log-format",
+                                   "io-threads",
+                                   "read-timeout",
+                                   "header-timeout",
+                                   "max-connections",
+                                   "reasoning-parser",
+                                   "help!"};
   add_model_options(spec);
   Args a("serve", spec);
   if (Status s = a.parse(argc, argv); !s.ok()) return fail("serve", s);
@@ -83,6 +94,9 @@ int run_serve(int argc, char** argv) {
   c.http.cors_origin = a.get_or("cors-origin", "");
   c.drain_timeout_s = *drain_to;
   c.api_key = a.get_or("api-key", "");
+  auto reasoning = server::parse_reasoning_format(a.get_or("reasoning-parser", ""));
+  if (!reasoning.ok()) return fail("serve", reasoning.status());
+  c.reasoning = *reasoning;
 
   auto sm = load_model_from_args(a);
   if (!sm.ok()) return fail("serve", sm.status());

@@ -64,6 +64,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool started = false;  // streaming: first chunk (role / echo) sent
     int64_t text_offset = 0;
     Clock::time_point last_token{};
+    // Chat with --reasoning-parser: the text split as it comes (reasoning_content, content).
+    std::optional<ReasoningSplitter> splitter;
+    std::string reasoning, content;
   };
 
   Generation(ApiServer& server, std::shared_ptr<Exchange> ex, GenerateRequest req)
@@ -81,6 +84,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     ex_->on_timeout([self] { self->timed_out(); });
     const int32_t n = req_.params.n;
     choices_.resize(prompts_.size() * static_cast<size_t>(n));
+    if (req_.chat && server_.config().reasoning != ReasoningFormat::kNone)
+      for (Choice& ch : choices_) ch.splitter.emplace(server_.config().reasoning);
     for (size_t pi = 0; pi < prompts_.size(); ++pi) {
       Prompt& p = prompts_[pi];
       EngineRequest er;
@@ -224,8 +229,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     ex_->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
   }
 
-  // One engine event, streamed.
-  void stream_event(size_t pi, Choice& ch, size_t index, const EngineOutput& o) {
+  // One engine event, streamed; `piece` is its text split by the reasoning parser (if any).
+  void stream_event(size_t pi, Choice& ch, size_t index, const EngineOutput& o,
+                    const ReasoningSplitter::Piece& piece) {
     begin_stream_if_needed();
     const Prompt& p = prompts_[pi];
     const bool first = !ch.started;
@@ -237,9 +243,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
                    {"logprobs", nullptr}, {"finish_reason", nullptr}};
         send_chunk(std::move(c0));
       }
-      if (o.text.empty() && o.finish == FinishReason::kNone && !has_lp && !req_.return_token_ids) return;
+      const bool split = ch.splitter.has_value();
+      const std::string& content = split ? piece.content : o.text;
+      if (content.empty() && piece.reasoning.empty() && o.finish == FinishReason::kNone &&
+          !has_lp && !req_.return_token_ids)
+        return;
       Json delta = Json::object();
-      if (!o.text.empty()) delta["content"] = o.text;
+      if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
+      if (!content.empty()) delta["content"] = content;
       Json c = {{"index", index}, {"delta", std::move(delta)},
                 {"logprobs", has_lp ? chat_logprobs(o.token_ids, o.logprobs) : Json(nullptr)},
                 {"finish_reason", o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
@@ -279,6 +290,17 @@ class Generation : public std::enable_shared_from_this<Generation> {
         p.last_token = now;
       }
       ch.text += o.text;
+      ReasoningSplitter::Piece piece;
+      if (ch.splitter) {
+        piece = ch.splitter->feed(o.text);
+        if (o.finish != FinishReason::kNone) {  // the choice's last text: nothing held back
+          ReasoningSplitter::Piece rest = ch.splitter->finish();
+          piece.reasoning += rest.reasoning;
+          piece.content += rest.content;
+        }
+        ch.reasoning += piece.reasoning;
+        ch.content += piece.content;
+      }
       ch.token_ids.insert(ch.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
       if (req_.logprobs)
         for (auto& l : o.logprobs) ch.logprobs.push_back(std::move(l));
@@ -288,7 +310,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
         ch.stop_string = o.stop_string;
         if (o.seq_index == 0) p.finish0 = o.finish;
       }
-      if (req_.stream && !finished_ && !ex_->closed()) stream_event(pi, ch, index, o);
+      if (req_.stream && !finished_ && !ex_->closed()) stream_event(pi, ch, index, o, piece);
       return;
     }
     p.done = true;
@@ -375,8 +397,22 @@ class Generation : public std::enable_shared_from_this<Generation> {
       const Json finish = ch.finish == FinishReason::kNone ? Json("abort") : Json(finish_reason_name(ch.finish));
       Json c;
       if (req_.chat) {
+        Json message = {{"role", "assistant"}, {"content", ch.text}};
+        if (ch.splitter) {
+          // An aborted choice may still hold back a partial marker.
+          std::string reasoning = ch.reasoning, content = ch.content;
+          if (ch.finish == FinishReason::kNone) {
+            ReasoningSplitter rest = *ch.splitter;
+            const ReasoningSplitter::Piece last = rest.finish();
+            reasoning += last.reasoning;
+            content += last.content;
+          }
+          message["reasoning_content"] = reasoning.empty() ? Json(nullptr) : Json(reasoning);
+          message["content"] =
+              content.empty() && !reasoning.empty() ? Json(nullptr) : Json(content);
+        }
         c = {{"index", i},
-             {"message", {{"role", "assistant"}, {"content", ch.text}}},
+             {"message", std::move(message)},
              {"logprobs", req_.logprobs ? chat_logprobs(ch.token_ids, ch.logprobs) : Json(nullptr)},
              {"finish_reason", finish},
              {"stop_reason", stop_reason(ch)}};

@@ -22,6 +22,7 @@
 #include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/reasoning_parser.h"
 #include "tokenizer/jinja/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -33,6 +34,8 @@ struct ApiServerConfig {
   std::string model_path;      // reported as the model's "root" in /v1/models
   std::string api_key;         // "" = no authentication
   double drain_timeout_s = 30; // SIGTERM: how long in-flight requests may take to finish
+  // --reasoning-parser: chat answers' thought returned as reasoning_content, apart from content.
+  ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
 
 class ApiServer {
