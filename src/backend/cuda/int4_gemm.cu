@@ -12,8 +12,8 @@
 //            the fragment's four bf16 pairs (decode_word).
 //   headers: [K / G][16] 32-bit words {f16 scale d, u8 zero z, u8 0}: x = d * (q - z).
 // A stripe holds as many bytes as the same rows in the host block format, so a tensor keeps its
-// size (dtype_bytes) and stripes concatenate: weights stacked by rows (fused QKV, gate|up) are
-// their parts' bytes back to back.
+// size (dtype_bytes). Weights stacked by rows (fused QKV, gate|up) are stacked on the host before
+// upload (WeightLoader), as FP8's layout needs too.
 //
 // Which columns a lane's word holds: a dot product may visit K in any order as long as the
 // weights and x agree, so the k-tiles of a chunk are not 16 consecutive columns. Lane t, q = t % 4,
