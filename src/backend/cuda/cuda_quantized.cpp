@@ -1,10 +1,10 @@
 // CudaBackend's weights kept quantized on the device: the 4-bit group types (int4_gemm.cu) and
-// FP8 (fp8_gemm.cu, as F8G128). Which host types stay quantized, their upload and random fill,
-// and the products: the format's GEMV up to its row limit; past that, FP8 weights on FP8 tensor
-// cores (Fp8Matmul), and the others (FP8 too where the device has no FP8 tensor cores) dequantized
-// a slice of rows at a time into a bf16 scratch small enough to stay in L2, each slice multiplied
-// by cuBLASLt (Gemm) into its columns of the output, so the bf16 copy of the weight never goes out
-// to memory.
+// FP8 (fp8_gemm.cu, as F8G128 or F8Row). Which host types stay quantized, their upload and random
+// fill, and the products: the format's GEMV up to its row limit; past that, FP8 weights on FP8
+// tensor cores (Fp8Matmul), and the others (FP8 too where the device has no FP8 tensor cores)
+// dequantized a slice of rows at a time into a bf16 scratch small enough to stay in L2, each slice
+// multiplied by cuBLASLt (Gemm) into its columns of the output, so the bf16 copy of the weight
+// never goes out to memory.
 #include <algorithm>
 #include <cstring>
 #include <string>
