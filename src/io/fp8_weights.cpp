@@ -1,5 +1,6 @@
 #include "io/fp8_weights.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <unordered_set>
@@ -13,12 +14,6 @@ namespace {
 using io_detail::ends_with;
 using io_detail::quote_name;
 using io_detail::shape_str;
-
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 class Fp8BlockWeights final : public io_detail::ConvertedWeights {
  public:
@@ -50,7 +45,7 @@ class Fp8BlockWeights final : public io_detail::ConvertedWeights {
  private:
   // A scale tensor's values as f32, each finite and positive.
   Result<std::vector<float>> scale_values(const TensorInfo& s) const {
-    const int64_t n = numel(s.shape);
+    const int64_t n = shape_numel(s.shape);
     std::vector<float> out(n);
     if (s.dtype == DType::kF32 || s.dtype == DType::kBF16 || s.dtype == DType::kF16) {
       // An aligned copy first: safetensors may place a tensor at any byte.
@@ -86,7 +81,7 @@ class Fp8BlockWeights final : public io_detail::ConvertedWeights {
     PAGELLM_ASSIGN_OR_RETURN(std::vector<float> scales, scale_values(*s));
     // Which scale covers (row, column): per tensor, per row, or per block.
     int64_t b0 = 0, b1 = 0, per_row = 0;  // block: scales[(r / b0) * per_row + c / b1]
-    const int64_t n = numel(s->shape);
+    const int64_t n = shape_numel(s->shape);
     if (n == 1) {
       b0 = m, b1 = k, per_row = 1;
     } else if ((s->shape.size() == 1 && s->shape[0] == m) ||
@@ -107,30 +102,37 @@ class Fp8BlockWeights final : public io_detail::ConvertedWeights {
     }
     if (const TensorInfo* in = inner_->find(prefix + ".input_scale")) {
       PAGELLM_RETURN_IF_ERROR(scale_values(*in).status());
-      if (numel(in->shape) != 1)
+      if (shape_numel(in->shape) != 1)
         return data_loss(describe(in->name) + " must hold one value, has shape " + shape_str(in->shape));
       consumed.insert(in->name);
     }
     consumed.insert(s->name);
 
-    // NaN codes (S.1111.111) mean a broken file; refused, the kernels need not decode them.
-    const auto* codes = static_cast<const uint8_t*>(w.data);
-    for (int64_t i = 0; i < m * k; ++i)
-      if ((codes[i] & 0x7f) == 0x7f)
-        return data_loss(describe(w.name) + " holds a NaN (code " + std::to_string(codes[i]) +
-                         ") at " + std::to_string(i));
+    // NaN codes (S.1111.111) mean a broken file; refused, the kernels need not decode them. The
+    // copy looks for them as it goes, and the first (lowest index) is reported.
     const int64_t blocks = k / 32;
     auto buf = std::make_unique<uint8_t[]>(dtype_bytes(DType::kF8B32, m * k));
     auto* out = reinterpret_cast<BlockF8B32*>(buf.get());
-    const auto* q = static_cast<const uint8_t*>(w.data);
+    const auto* codes = static_cast<const uint8_t*>(w.data);
+    std::atomic<int64_t> first_nan{m * k};
     ThreadPool::global().parallel_for(m, 16, [&](int64_t rb, int64_t re) {
+      for (int64_t i = rb * k; i < re * k; ++i)
+        if ((codes[i] & 0x7f) == 0x7f) {
+          int64_t seen = first_nan.load();
+          while (i < seen && !first_nan.compare_exchange_weak(seen, i)) {
+          }
+          return;
+        }
       for (int64_t r = rb; r < re; ++r)
         for (int64_t j = 0; j < blocks; ++j) {
           BlockF8B32& b = out[r * blocks + j];
           b.d = scales[(r / b0) * per_row + (32 * j) / b1];
-          std::memcpy(b.q, q + r * k + 32 * j, 32);
+          std::memcpy(b.q, codes + r * k + 32 * j, 32);
         }
     });
+    if (const int64_t i = first_nan.load(); i < m * k)
+      return data_loss(describe(w.name) + " holds a NaN (code " + std::to_string(codes[i]) +
+                       ") at " + std::to_string(i));
     TensorInfo t;
     t.name = w.name;
     t.dtype = DType::kF8B32;

@@ -5,6 +5,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "io/weights.h"
+
 namespace pagellm {
 namespace {
 
@@ -27,12 +29,6 @@ const char* safetensors_dtype(DType t) {
   }
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 }  // namespace
 
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
@@ -44,7 +40,7 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
     if (!dt)
       return invalid_argument(path + ": tensor '" + t.name + "' of type " +
                               std::string(dtype_name(t.dtype)) + " has no safetensors dtype");
-    const int64_t bytes = dtype_bytes(t.dtype, numel(t.shape));
+    const int64_t bytes = dtype_bytes(t.dtype, shape_numel(t.shape));
     header[t.name] = {
         {"dtype", dt}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
@@ -68,7 +64,7 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
     return fail("write failed (disk full?)");
   std::vector<char> buf;
   for (const TensorToWrite& t : tensors) {
-    buf.assign(dtype_bytes(t.dtype, numel(t.shape)), 0);
+    buf.assign(dtype_bytes(t.dtype, shape_numel(t.shape)), 0);
     if (Status st = t.fill(buf.data()); !st.ok()) {
       f.reset();
       std::remove(tmp.c_str());

@@ -24,6 +24,13 @@ struct TensorInfo {
   std::string file;            // for messages
 };
 
+// The number of values of a tensor of `shape` (1 for a scalar's []).
+inline int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
