@@ -229,7 +229,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     ex_->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
   }
 
-  // One engine event, streamed; `piece` is its text split by the reasoning parser (if any).
+  // One engine event, streamed; `piece` is its text (all content without a reasoning parser).
   void stream_event(size_t pi, Choice& ch, size_t index, const EngineOutput& o,
                     const ReasoningSplitter::Piece& piece) {
     begin_stream_if_needed();
@@ -243,14 +243,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
                    {"logprobs", nullptr}, {"finish_reason", nullptr}};
         send_chunk(std::move(c0));
       }
-      const bool split = ch.splitter.has_value();
-      const std::string& content = split ? piece.content : o.text;
-      if (content.empty() && piece.reasoning.empty() && o.finish == FinishReason::kNone &&
+      if (piece.content.empty() && piece.reasoning.empty() && o.finish == FinishReason::kNone &&
           !has_lp && !req_.return_token_ids)
         return;
       Json delta = Json::object();
       if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
-      if (!content.empty()) delta["content"] = content;
+      if (!piece.content.empty()) delta["content"] = piece.content;
       Json c = {{"index", index}, {"delta", std::move(delta)},
                 {"logprobs", has_lp ? chat_logprobs(o.token_ids, o.logprobs) : Json(nullptr)},
                 {"finish_reason", o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
@@ -290,7 +288,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
         p.last_token = now;
       }
       ch.text += o.text;
-      ReasoningSplitter::Piece piece;
+      ReasoningSplitter::Piece piece{"", o.text};
       if (ch.splitter) {
         piece = ch.splitter->feed(o.text);
         if (o.finish != FinishReason::kNone) {  // the choice's last text: nothing held back
