@@ -383,11 +383,14 @@ Result<Tensor> CudaBackend::upload_weight(const Tensor& host, DType dtype,
   if (!host.is_contiguous())
     return invalid_argument("upload_weight: tensor " + host.shape_string() + " is not contiguous");
   // The 4-bit and FP8 types where they fit the device's layouts (quantized_storage says so) stay
-  // quantized; FP8 weights whose scales change within 128 columns (none of the FP8 checkpoint
-  // schemes') go to bf16 below.
-  if (kept_quantized(dtype) && quantized_storage(host.dtype, host.rows(), host.cols()) == dtype &&
-      fp8_scales_fit_groups(host.dtype, host.data, host.numel()))
-    return upload_kept(host, dtype, storage);
+  // quantized. FP8 weights whose rows each have one scale (per-tensor and per-channel
+  // checkpoints) become F8Row, the same bytes with a faster GEMM (Fp8Matmul); those whose scales
+  // change within 128 columns (none of the checkpoint schemes') go to bf16 below.
+  if (kept_quantized(dtype) && quantized_storage(host.dtype, host.rows(), host.cols()) == dtype) {
+    const DType kept =
+        is_kept_fp8(dtype) ? fp8_kept_type(host.dtype, host.data, host.rows(), host.cols()) : dtype;
+    if (kept != DType::kF32) return upload_kept(host, kept, storage);
+  }
   const bool src_float = is_float_type(host.dtype) || is_quantized(host.dtype);
   // Other requests for a quantized storage type get bf16.
   const DType target = is_quantized(dtype) ? DType::kBF16 : dtype;

@@ -45,26 +45,21 @@ void dequantize_rows(const void* w, DType kept, int64_t total_rows, int64_t firs
 
 }  // namespace
 
-bool fp8_scales_fit_groups(DType host, const void* data, int64_t n) {
-  if (host != DType::kF8B32) return true;
-  const int64_t groups = n / 128;
-  const auto* b = static_cast<const BlockF8B32*>(data);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int j = 1; j < 4; ++j)
-      if (std::memcmp(&b[4 * g].d, &b[4 * g + j].d, sizeof(float)) != 0) return false;
-  return true;
-}
-
-bool fp8_scales_per_row(DType host, const void* data, int64_t rows, int64_t cols) {
+DType fp8_kept_type(DType host, const void* data, int64_t rows, int64_t cols) {
   const int n = host == DType::kF8B32 ? 32 : 128;  // values a block
-  const int64_t blocks = cols / n, bytes = block_bytes(host);
+  const int64_t blocks = cols / n, bytes = block_bytes(host), per_group = 128 / n;
   const auto* p = static_cast<const uint8_t*>(data);
+  bool per_row = true;
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = p + r * blocks * bytes;
-    for (int64_t b = 1; b < blocks; ++b)
-      if (std::memcmp(row, row + b * bytes, sizeof(float)) != 0) return false;
+    for (int64_t b = 1; b < blocks; ++b) {
+      // A block's scale against its group's first and its row's first.
+      if (std::memcmp(row + (b - b % per_group) * bytes, row + b * bytes, sizeof(float)) != 0)
+        return DType::kF32;
+      per_row = per_row && std::memcmp(row, row + b * bytes, sizeof(float)) == 0;
+    }
   }
-  return true;
+  return per_row ? DType::kF8Row : DType::kF8G128;
 }
 
 DType CudaBackend::quantized_storage(DType host, int64_t rows, int64_t cols) const {
@@ -75,7 +70,10 @@ DType CudaBackend::quantized_storage(DType host, int64_t rows, int64_t cols) con
 Result<Tensor> CudaBackend::upload_kept(const Tensor& host, DType dtype,
                                         std::unique_ptr<Buffer>& storage) {
   const int64_t rows = host.rows(), cols = host.cols();
-  if (kept_type(host.dtype) != dtype || !kept_layout_fits(dtype, rows, cols))
+  // The FP8 types are one in the host's terms (fp8_kept_type tells them apart).
+  const bool fits_type =
+      is_kept_fp8(dtype) ? is_kept_fp8(kept_type(host.dtype)) : kept_type(host.dtype) == dtype;
+  if (!fits_type || !kept_layout_fits(dtype, rows, cols))
     return invalid_argument("upload_weight: a " + std::string(dtype_name(host.dtype)) + " tensor " +
                             host.shape_string() + " cannot be kept as " +
                             std::string(dtype_name(dtype)) +
@@ -87,11 +85,7 @@ Result<Tensor> CudaBackend::upload_kept(const Tensor& host, DType dtype,
   if (is_kept_fp8(dtype)) note_fp8_without_tensor_cores();
   Tensor dev = host;
   dev.data = storage->data();
-  // FP8 weights whose rows each have one scale (per-tensor and per-channel checkpoints) say so
-  // in their type: the same bytes, a faster GEMM (Fp8Matmul).
-  dev.dtype = dtype == DType::kF8G128 && fp8_scales_per_row(host.dtype, host.data, rows, cols)
-                  ? DType::kF8Row
-                  : dtype;
+  dev.dtype = dtype;
   dev.device = Device::kCuda;
   dev.set_contiguous_strides();
   // Whole stripes of host blocks through the staging buffer, repacked on the device.

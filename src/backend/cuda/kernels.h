@@ -172,7 +172,7 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
 // FP8 weights kept FP8 on the device: F8G128 in the layout fp8_gemm.cu describes (a tensor's
 // bytes are dtype_bytes of its type; only the CUDA backend reads them). Host F8B32
 // weights (FP8 checkpoints as the loader reads them) are kept as F8G128 where each 128 values of
-// a row share one scale, as every FP8 checkpoint scheme's do (fp8_scales_fit_groups).
+// a row share one scale, as every FP8 checkpoint scheme's do (fp8_kept_type).
 // Whether a [rows, cols] FP8 weight fits the layout: whole 16-row stripes and 128-column groups.
 inline bool fp8_layout_fits(int64_t rows, int64_t cols) {
   return rows % 16 == 0 && cols % 128 == 0;
@@ -223,11 +223,10 @@ inline DType kept_type(DType host) {
 inline bool kept_layout_fits(DType t, int64_t rows, int64_t cols) {
   return is_kept_fp8(t) ? fp8_layout_fits(rows, cols) : int4_layout_fits(t, rows, cols);
 }
-// Whether a host weight's FP8 scales (n values of F8B32 blocks at data) are constant over each
-// 128 values of a row, as F8G128 needs; true for the other types.
-bool fp8_scales_fit_groups(DType host, const void* data, int64_t n);
-// Whether every row of a host FP8 weight (F8B32 or F8G128 blocks, `rows` x `cols`) has one scale.
-bool fp8_scales_per_row(DType host, const void* data, int64_t rows, int64_t cols);
+// The device FP8 type a host FP8 weight (F8B32, F8G128 or F8Row blocks, `rows` x `cols`, whole
+// 128-column groups) is kept as, from its scales in one pass: F8Row where each row has one scale,
+// F8G128 where each 128 values of a row do, else kF32 (not kept).
+DType fp8_kept_type(DType host, const void* data, int64_t rows, int64_t cols);
 
 // --- gemm.cu (fallback) ---
 // out[n, M] = x[n, K] . w[M, K]^T (+ bias) with fp32 accumulation, for weight types cuBLASLt
