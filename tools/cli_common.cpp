@@ -4,46 +4,103 @@
 
 namespace pagellm::cli {
 
-void add_model_options(std::vector<std::string>& spec) {
-  for (const char* s : {"model", "device", "load-format", "quantization"}) spec.emplace_back(s);
-  add_engine_options(spec);
+OptionGroup model_options() {
+  return {
+      "Model",
+      {{"model", "DIR|FILE",
+        "Hugging Face checkpoint folder (config.json, safetensors, tokenizer) or GGUF file; "
+        "with --load-format dummy also a config.json alone",
+        std::nullopt, "the default model, SmolLM2-135M-Instruct (scripts/fetch-default-model.sh)"},
+       {"device", "cpu|cuda", "where the model runs", "cpu"},
+       {"load-format", "auto|dummy",
+        "auto: the checkpoint's weights; dummy: random weights of the config's shape, for "
+        "benchmarks without the weights",
+        "auto"},
+       {"quantization", "Q",
+        "with --load-format dummy: random weights in this format: awq | gptq (4-bit, CPU and "
+        "GPU), q4_k (CPU), fp8 (per-channel) | fp8-block (128x128 blocks). A checkpoint's own "
+        "quantization is read from the checkpoint",
+        std::nullopt, "none (the config's dtype)"}}};
 }
 
-void add_engine_options(std::vector<std::string>& spec) {
-  for (const char* s :
-       {"max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-cache-memory",
-        "gpu-memory-utilization", "block-size", "no-prefix-caching!", "batching", "max-waiting",
-        "enforce-eager!", "host-sampling!", "no-plan-ahead!"})
-    spec.emplace_back(s);
+OptionGroup cache_options() {
+  return {"KV cache",
+          {{"max-model-len", "TOKENS", "longest prompt + output a request may have", "0",
+            "0 = the model's max_position_embeddings"},
+           {"kv-cache-memory", "BYTES",
+            "KV cache pool size; units accepted (8GiB, 512MB); 0: the --gpu-memory-utilization "
+            "share of the memory left after the weights and a profile run",
+            "0"},
+           {"gpu-memory-utilization", "FRACTION",
+            "with --kv-cache-memory 0: the fraction of the device's (or host's) free memory the KV "
+            "pool may take, in (0, 1]",
+            "0.9"},
+           {"block-size", "TOKENS", "tokens per KV cache block (the paging and prefix-cache unit)",
+            "16"},
+           {"no-prefix-caching", "",
+            "turn prefix caching off: requests then never share KV blocks of a common prompt "
+            "prefix"}}};
 }
 
-void add_sampling_options(std::vector<std::string>& spec) {
-  for (const char* s : {"max-tokens", "temperature", "top-p", "top-k", "min-p", "repetition-penalty",
-                        "seed", "logprobs", "ignore-eos!"})
-    spec.emplace_back(s);
+OptionGroup scheduler_options() {
+  return {"Scheduler",
+          {{"max-num-seqs", "N", "most sequences in one step (the decode batch)", "64"},
+           {"max-num-batched-tokens", "TOKENS",
+            "token budget of one step: decodes first, prompt chunks fill the rest", "2048"},
+           {"max-waiting", "N",
+            "most requests queued for admission; past it new requests get HTTP 429", "1024"},
+           {"batching", "POLICY",
+            "continuous (requests join and leave every step), static:B (batches of B that run "
+            "to completion) or dynamic:B,T (wait up to T ms to fill B), for comparisons",
+            "continuous"},
+           {"enforce-eager", "",
+            "run every step op by op: no CUDA graphs and no start-up warm-up (debugging)"},
+           {"host-sampling", "",
+            "sample on the host from downloaded logits even where the device can sample (same "
+            "tokens; for comparison)"},
+           {"no-plan-ahead", "",
+            "wait for each decode step's tokens before queueing the next (for comparison)"}}};
+}
+
+OptionGroup sampling_options(const SamplingDefaults& d) {
+  return {
+      "Sampling",
+      {{"max-tokens", "N", "most tokens generated", d.max_tokens, "up to the context limit"},
+       {"temperature", "T", "softmax temperature; 0 is greedy", d.temperature},
+       {"top-p", "P", "nucleus sampling: the smallest set of tokens with this much mass", d.top_p},
+       {"top-k", "K", "sample among the K most likely tokens; -1: all", "-1"},
+       {"min-p", "P", "drop tokens below P times the most likely token's probability", "0"},
+       {"repetition-penalty", "X",
+        "divide the logits of tokens seen so far by X (> 1 repeats less)", "1.0"},
+       {"seed", "N", "sampling seed: the same seed and prompt give the same tokens", std::nullopt,
+        "drawn per request"},
+       {"logprobs", "N", "also return the N most likely tokens' log-probabilities per step",
+        std::nullopt, "none"},
+       {"ignore-eos", "", "keep generating past the end-of-sequence token"}}};
 }
 
 Result<std::unique_ptr<ServingModel>> load_model_from_args(const Args& a) {
   ServingModelOptions o;
-  o.model_path = a.get_or("model", "");
-  o.device = a.get_or("device", "cpu");
-  o.load_format = a.get_or("load-format", "auto");
-  o.quantization = a.get_or("quantization", "");
+  o.model_path = a.str("model");
+  o.device = a.str("device");
+  o.load_format = a.str("load-format");
+  o.quantization = a.str("quantization");
   return load_serving_model(o);
 }
 
 Result<EngineConfig> engine_config_from_args(const Args& a) {
   EngineConfig c;
-  PAGELLM_ASSIGN_OR_RETURN(int64_t seqs, a.get_int("max-num-seqs", 64));
-  PAGELLM_ASSIGN_OR_RETURN(int64_t tokens, a.get_int("max-num-batched-tokens", 2048));
-  PAGELLM_ASSIGN_OR_RETURN(int64_t len, a.get_int("max-model-len", 0));
-  PAGELLM_ASSIGN_OR_RETURN(int64_t kv, a.get_int("kv-cache-memory", 0));
-  PAGELLM_ASSIGN_OR_RETURN(double util, a.get_double("gpu-memory-utilization", 0.9));
-  PAGELLM_ASSIGN_OR_RETURN(int64_t bs, a.get_int("block-size", 16));
-  PAGELLM_ASSIGN_OR_RETURN(int64_t waiting, a.get_int("max-waiting", 1024));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t seqs, a.get_int("max-num-seqs"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t tokens, a.get_int("max-num-batched-tokens"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t len, a.get_int("max-model-len"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t kv, a.get_bytes("kv-cache-memory"));
+  PAGELLM_ASSIGN_OR_RETURN(double util, a.get_double("gpu-memory-utilization"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t bs, a.get_int("block-size"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t waiting, a.get_int("max-waiting"));
   if (seqs < 1 || tokens < 1 || len < 0 || kv < 0 || bs < 1 || waiting < 1 || util <= 0 || util > 1)
-    return invalid_argument("engine options out of range (sizes must be positive, "
-                            "--gpu-memory-utilization in (0, 1])");
+    return invalid_argument(
+        "engine options out of range (sizes must be positive, "
+        "--gpu-memory-utilization in (0, 1])");
   c.scheduler.max_num_seqs = static_cast<int32_t>(seqs);
   c.scheduler.max_num_batched_tokens = static_cast<int32_t>(tokens);
   c.scheduler.max_waiting = static_cast<int32_t>(waiting);
@@ -55,9 +112,7 @@ Result<EngineConfig> engine_config_from_args(const Args& a) {
   c.enforce_eager = a.flag("enforce-eager");
   c.host_sampling = a.flag("host-sampling");
   c.plan_ahead = !a.flag("no-plan-ahead");
-  if (a.has("batching")) {
-    PAGELLM_ASSIGN_OR_RETURN(c.scheduler.batching, parse_batching_policy(*a.get("batching")));
-  }
+  PAGELLM_ASSIGN_OR_RETURN(c.scheduler.batching, parse_batching_policy(a.str("batching")));
   return c;
 }
 
@@ -68,27 +123,27 @@ Result<std::unique_ptr<Engine>> make_engine_from_args(const Args& a, ServingMode
 
 Result<SamplingParams> sampling_from_args(const Args& a) {
   SamplingParams p;
-  PAGELLM_ASSIGN_OR_RETURN(double t, a.get_double("temperature", 1.0));
-  PAGELLM_ASSIGN_OR_RETURN(double tp, a.get_double("top-p", 1.0));
-  PAGELLM_ASSIGN_OR_RETURN(double mp, a.get_double("min-p", 0.0));
-  PAGELLM_ASSIGN_OR_RETURN(int64_t tk, a.get_int("top-k", -1));
-  PAGELLM_ASSIGN_OR_RETURN(double rp, a.get_double("repetition-penalty", 1.0));
+  PAGELLM_ASSIGN_OR_RETURN(double t, a.get_double("temperature"));
+  PAGELLM_ASSIGN_OR_RETURN(double tp, a.get_double("top-p"));
+  PAGELLM_ASSIGN_OR_RETURN(double mp, a.get_double("min-p"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t tk, a.get_int("top-k"));
+  PAGELLM_ASSIGN_OR_RETURN(double rp, a.get_double("repetition-penalty"));
   p.temperature = static_cast<float>(t);
   p.top_p = static_cast<float>(tp);
   p.min_p = static_cast<float>(mp);
   p.top_k = static_cast<int32_t>(tk);
   p.repetition_penalty = static_cast<float>(rp);
   p.ignore_eos = a.flag("ignore-eos");
-  if (a.has("max-tokens")) {
-    PAGELLM_ASSIGN_OR_RETURN(int64_t mt, a.get_int("max-tokens", 16));
+  if (a.get("max-tokens")) {
+    PAGELLM_ASSIGN_OR_RETURN(int64_t mt, a.get_int("max-tokens"));
     p.max_tokens = static_cast<int32_t>(mt);
   }
-  if (a.has("seed")) {
-    PAGELLM_ASSIGN_OR_RETURN(int64_t seed, a.get_int("seed", 0));
+  if (a.get("seed")) {
+    PAGELLM_ASSIGN_OR_RETURN(int64_t seed, a.get_int("seed"));
     p.seed = static_cast<uint64_t>(seed);
   }
-  if (a.has("logprobs")) {
-    PAGELLM_ASSIGN_OR_RETURN(int64_t lp, a.get_int("logprobs", 0));
+  if (a.get("logprobs")) {
+    PAGELLM_ASSIGN_OR_RETURN(int64_t lp, a.get_int("logprobs"));
     p.logprobs = static_cast<int32_t>(lp);
   }
   return p;

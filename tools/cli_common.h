@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,14 +14,22 @@
 
 namespace pagellm::cli {
 
-// --model --device
-void add_model_options(std::vector<std::string>& spec);
-// --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory
-// --gpu-memory-utilization --block-size --no-prefix-caching --batching --max-waiting
-void add_engine_options(std::vector<std::string>& spec);
+// --model --device --load-format --quantization
+OptionGroup model_options();
+// --max-model-len --kv-cache-memory --gpu-memory-utilization --block-size --no-prefix-caching
+OptionGroup cache_options();
+// --max-num-seqs --max-num-batched-tokens --max-waiting --batching --enforce-eager
+// --host-sampling --no-plan-ahead
+OptionGroup scheduler_options();
 // --max-tokens --temperature --top-p --top-k --min-p --repetition-penalty --seed --logprobs
 // --ignore-eos
-void add_sampling_options(std::vector<std::string>& spec);
+// The defaults differ by command (chat samples more conservatively than generate).
+struct SamplingDefaults {
+  std::string temperature = "1.0";
+  std::string top_p = "1.0";
+  std::optional<std::string> max_tokens = std::nullopt;  // none: up to the context limit
+};
+OptionGroup sampling_options(const SamplingDefaults& d = {});
 
 Result<std::unique_ptr<ServingModel>> load_model_from_args(const Args& a);
 Result<EngineConfig> engine_config_from_args(const Args& a);

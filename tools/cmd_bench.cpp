@@ -15,8 +15,8 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,83 +49,75 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t voca
   return t;
 }
 
-constexpr const char* kLatencyHelp = R"(usage: pagellm bench latency [options]
-Batch-1 prefill and decode speed of one sequence, and the achieved GB/s of a decode step against
+constexpr const char* kLatencyAbout =
+    R"(Batch-1 prefill and decode speed of one sequence, and the achieved GB/s of a decode step against
 the memory bandwidth measured in the same run. With device sampling the decode is pipelined as
 the serving engine runs it: each step is queued before the host has read the token it takes
 (the device hands it over), and its tokens must equal those of one step-by-step pass. Also the
 same decode steps queued back to back without sampling ("decode, queued"): the device's own time
 a step, so that the difference to the decode figure is what a token costs around the forward
 pass (the sampling kernel, and whatever of the token's trip the pipeline does not hide); not with
---profile.
-  --model PATH          model folder, .gguf file, or config.json with --load-format dummy
-  --device cpu|cuda     (cpu)
-  --load-format F       auto | dummy: random weights of the config's shape (auto)
-  --quantization Q      with dummy: random awq | gptq (CPU, GPU) or q4_k | fp8 | fp8-block (CPU)
-                        projections
-  --input-len N         prompt tokens (128)
-  --output-len N        generated tokens, >= 2 (128)
-  --iters N             timed repetitions after one warm-up; the best is reported (3)
-  --seed N              seed of the random prompt (0)
-  --max-model-len N     plan the decode graphs for contexts up to N tokens, as a server of that
-                        max_model_len does (its decode attention is planned for the context
-                        tier the step falls in); default and least: input + output
-  --sampling device|host  how each next token is picked (greedy): on the device, as the serving
-                        engine does there (only the token id comes back), or on the host from
-                        the downloaded logits row, as the engine does on the CPU (default: device
-                        where the backend samples, else host)
-  --step-by-step        decode without the pipeline (each token read before the next step is
-                        queued), for comparison
-  --json                also print one JSON object as the last line
-  --profile             then time every op of one prefill of --input-len tokens and of one decode
-                        step at the end of the prompt, and print a table per step: op and shape,
-                        calls, time, share, GB/s and TFLOP/s against the ceilings, and the summed
-                        op time against the wall time of the same step unprofiled (the difference
-                        is launch and host overhead). Profiled ops run one by one, without CUDA
-                        graphs, each between two timestamps (CUDA events on the GPU).
-  --peak-tflops X       the compute ceiling for --profile, TFLOP/s of the activation dtype
-                        (default: 798, bf16 dense, on an H200; otherwise none, and the column
-                        is left out)
-With --profile the whole run is eager (no graph replay), timed and profiled alike, so its decode
-figures are those of launching every op; run without it for the graph-replayed decode speed.
-)";
+--profile. With --profile the whole run is eager (no graph replay), timed and profiled alike, so
+its decode figures are those of launching every op; run without it for the graph-replayed decode
+speed.)";
+
+const Option kPeakTflops{"peak-tflops", "TFLOPS",
+                         "the compute ceiling for --profile, TFLOP/s of the activation dtype; 0: "
+                         "unknown, the column is left out",
+                         std::nullopt, "798 (bf16 dense) on an H200, else 0"};
+const Option kProfile{"profile", "",
+                      "time every op (eager: no CUDA graphs, each op between two timestamps) and "
+                      "print a table per step: op and shape, calls, time, share, GB/s and TFLOP/s "
+                      "against the ceilings"};
+const Option kJson{"json", "", "also print one JSON object as the last line"};
 
 // The compute ceiling of --profile: --peak-tflops, else a measured figure for known devices.
 Result<double> peak_tflops(const Args& a, const std::string& backend_name) {
   // 798 TFLOP/s: the bf16 cuBLASLt GEMM ceiling measured on an H200 (docs/PERF.md).
   const double fallback = backend_name.find("H200") != std::string::npos ? 798.0 : 0.0;
-  auto v = a.get_double("peak-tflops", fallback);
+  if (!a.has("peak-tflops")) return fallback;
+  auto v = a.get_double("peak-tflops");
   if (!v.ok()) return v.status();
   if (*v < 0) return invalid_argument("--peak-tflops must be >= 0 (0: unknown)");
   return *v;
 }
 
 int bench_latency(int argc, char** argv) {
-  std::vector<std::string> spec = {"model",     "device",        "load-format", "quantization",
-                                   "input-len", "output-len",    "iters",       "json!",
-                                   "seed",      "profile!",      "peak-tflops", "max-model-len",
-                                   "sampling",  "step-by-step!", "help!"};
-  Args a("bench latency", spec);
-  if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench latency", s);
-  if (a.flag("help")) {
-    std::printf("%s", kLatencyHelp);
-    return 0;
-  }
+  Args a("bench latency", kLatencyAbout,
+         {model_options(),
+          {"Workload",
+           {{"input-len", "TOKENS", "prompt tokens (random ids)", "128"},
+            {"output-len", "TOKENS", "generated tokens, >= 2", "128"},
+            {"iters", "N", "timed repetitions after one warm-up; the best is reported", "3"},
+            {"seed", "N", "seed of the random prompt", "0"},
+            {"max-model-len", "TOKENS",
+             "plan the decode graphs for contexts up to this many tokens, as a server of that "
+             "max_model_len does; 0 (and least): input + output",
+             "0"},
+            {"sampling", "device|host",
+             "how each next (greedy) token is picked: on the device, as the serving engine does "
+             "there (only the id comes back), or on the host from the downloaded logits row",
+             std::nullopt, "device where the backend samples, else host"},
+            {"step-by-step", "",
+             "decode without the pipeline (each token read before the next step is queued), for "
+             "comparison"}}},
+          {"Output", {kJson, kProfile, kPeakTflops}}});
+  if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   const bool profile = a.flag("profile");
   ServingModelOptions o;
-  o.model_path = a.get_or("model", "");
-  o.device = a.get_or("device", "cpu");
+  o.model_path = a.str("model");
+  o.device = a.str("device");
   o.load_tokenizer = false;
-  o.load_format = a.get_or("load-format", "auto");
-  o.quantization = a.get_or("quantization", "");
+  o.load_format = a.str("load-format");
+  o.quantization = a.str("quantization");
   o.profile_ops = profile;
   const auto t_load = Clock::now();
   auto sm = load_serving_model(o);
   if (!sm.ok()) return fail("bench latency", sm.status());
   const double load_s = seconds_since(t_load);
   ServingModel& m = **sm;
-  auto in = a.get_int("input-len", 128), out = a.get_int("output-len", 128), it = a.get_int("iters", 3);
-  auto max_len = a.get_int("max-model-len", 0);
+  auto in = a.get_int("input-len"), out = a.get_int("output-len"), it = a.get_int("iters");
+  auto max_len = a.get_int("max-model-len");
   if (!in.ok() || !out.ok() || !it.ok() || !max_len.ok() || *in < 1 || *out < 2 || *it < 1 ||
       *max_len < 0 || *max_len > INT32_MAX)
     return fail("bench latency",
@@ -134,13 +126,16 @@ int bench_latency(int argc, char** argv) {
   auto peak = peak_tflops(a, m.backend->name());
   if (!peak.ok()) return fail("bench latency", peak.status());
   const int64_t V = m.model->config().vocab_size;
-  std::mt19937_64 rng(a.get_int("seed", 0).ok() ? *a.get_int("seed", 0) : 0);
+  auto seed = a.get_int("seed");
+  if (!seed.ok()) return fail("bench latency", seed.status());
+  std::mt19937_64 rng(static_cast<uint64_t>(*seed));
   const auto prompt = random_tokens(rng, *in, V);
   SequenceRunner runner(*m.model, *m.backend,
                         static_cast<int32_t>(std::max<int64_t>(*in + *out, *max_len)), 16, 2048);
 
-  const std::string sampling =
-      a.get_or("sampling", m.backend->supports_sampling() ? "device" : "host");
+  const std::string sampling = a.has("sampling")                ? a.str("sampling")
+                               : m.backend->supports_sampling() ? "device"
+                                                                : "host";
   if (sampling != "device" && sampling != "host")
     return fail("bench latency", invalid_argument("--sampling must be device or host"));
   if (sampling == "device" && !m.backend->supports_sampling())
@@ -291,8 +286,8 @@ int bench_latency(int argc, char** argv) {
         "decode, queued   %.2f ms/token, %.1f tok/s (steps back to back, no sampling: the "
         "device's step)\n",
         best_back_to_back * 1e3 / (*out - 1), (*out - 1) / best_back_to_back);
-  std::printf("bytes/token      %.1f MB weights + %.1f MB KV\n", m.model->decode_weight_bytes() / 1e6,
-              kv_bytes / 1e6);
+  std::printf("bytes/token      %.1f MB weights + %.1f MB KV\n",
+              m.model->decode_weight_bytes() / 1e6, kv_bytes / 1e6);
   std::printf("achieved         %.1f GB/s of %.1f GB/s measured (%.0f%%)\n", achieved, bw,
               100.0 * achieved / bw);
 
@@ -319,10 +314,11 @@ int bench_latency(int argc, char** argv) {
                                   best_prefill * 1e3, ceilings);
     decode_table = summarize_ops("decode step, context " + std::to_string(*in + 1), decode_ops,
                                  best_first_decode * 1e3, ceilings);
-    std::printf("\nper-op profile (ops one by one, no CUDA graphs; times between timestamps on the %s "
-                "timeline)\n\n%s\n%s",
-                device.device() == Device::kCpu ? "host" : "device", format_op_table(*prefill_table).c_str(),
-                format_op_table(*decode_table).c_str());
+    std::printf(
+        "\nper-op profile (ops one by one, no CUDA graphs; times between timestamps on the %s "
+        "timeline)\n\n%s\n%s",
+        device.device() == Device::kCpu ? "host" : "device",
+        format_op_table(*prefill_table).c_str(), format_op_table(*decode_table).c_str());
   }
   if (a.flag("json")) {
     nlohmann::json j = {{"prefill_tokens_per_s", prefill_tps},
@@ -336,7 +332,8 @@ int bench_latency(int argc, char** argv) {
                         {"sampling", sampling},
                         {"pipelined", pipelined}};
     if (profile)
-      j["profile"] = {{"prefill", op_table_json(*prefill_table)}, {"decode", op_table_json(*decode_table)}};
+      j["profile"] = {{"prefill", op_table_json(*prefill_table)},
+                      {"decode", op_table_json(*decode_table)}};
     else
       j["decode_back_to_back_tokens_per_s"] = (*out - 1) / best_back_to_back;
     std::printf("%s\n", j.dump().c_str());
@@ -347,18 +344,34 @@ int bench_latency(int argc, char** argv) {
 int bench_throughput(int argc, char** argv) {
   // --profile: every op of the whole run timed (eager, no CUDA graphs), summed per op kind and
   // weight shape: where an offline run's time goes.
-  std::vector<std::string> spec = {"num-prompts", "input-len",   "output-len",        "dataset",
-                                   "json!",       "seed",        "shared-prefix-len", "profile!",
-                                   "peak-tflops", "temperature", "sequential!"};
-  add_model_options(spec);
-  Args a("bench throughput", spec);
-  if (Status s = a.parse(argc, argv); !s.ok()) return fail("bench throughput", s);
+  Args a("bench throughput",
+         "Offline throughput of many requests through the engine (like vLLM's offline benchmark):\n"
+         "requests/s, total and output tokens/s, mean time to the first token and per output\n"
+         "token, KV and prefix cache statistics, and the host's share of the steps.",
+         {model_options(),
+          {"Workload",
+           {{"num-prompts", "N", "requests, all submitted at once", "64"},
+            {"input-len", "TOKENS", "prompt tokens of each request (random ids)", "128"},
+            {"output-len", "TOKENS", "generated tokens of each request (end of sequence ignored)",
+             "128"},
+            {"shared-prefix-len", "TOKENS", "leading prompt tokens every request shares", "0"},
+            {"dataset", "FILE.jsonl",
+             "prompts from a file instead, one {\"prompt\": ..., \"max_tokens\": N} a line",
+             std::nullopt, "random prompts"},
+            {"seed", "N", "seed of the random prompts and of sampling", "0"},
+            {"temperature", "T", "sampling temperature; 0 is greedy", "1.0"},
+            {"sequential", "",
+             "submit one request at a time (the first one's TTFT on a fresh engine)"}}},
+          {"Output", {kJson, kProfile, kPeakTflops}},
+          cache_options(),
+          scheduler_options()});
+  if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   ServingModelOptions o;
-  o.model_path = a.get_or("model", "");
-  o.device = a.get_or("device", "cpu");
+  o.model_path = a.str("model");
+  o.device = a.str("device");
   o.load_tokenizer = a.has("dataset");
-  o.load_format = a.get_or("load-format", "auto");
-  o.quantization = a.get_or("quantization", "");
+  o.load_format = a.str("load-format");
+  o.quantization = a.str("quantization");
   const bool profile = a.flag("profile");
   o.profile_ops = profile;
   auto sm = load_serving_model(o);
@@ -366,30 +379,35 @@ int bench_throughput(int argc, char** argv) {
   ServingModel& m = **sm;
   auto peak = peak_tflops(a, m.backend->name());
   if (!peak.ok()) return fail("bench throughput", peak.status());
-  auto n = a.get_int("num-prompts", 64), in = a.get_int("input-len", 128),
-       out = a.get_int("output-len", 128), shared = a.get_int("shared-prefix-len", 0);
+  auto n = a.get_int("num-prompts"), in = a.get_int("input-len"), out = a.get_int("output-len"),
+       shared = a.get_int("shared-prefix-len");
   if (!n.ok() || !in.ok() || !out.ok() || !shared.ok() || *n < 1 || *in < 1 || *out < 1 ||
       *shared < 0 || *shared > *in)
-    return fail("bench throughput", invalid_argument("sizes must be positive, shared prefix <= input"));
+    return fail("bench throughput",
+                invalid_argument("sizes must be positive, shared prefix <= input"));
   // Sampling: 1.0 by default, as vLLM's offline benchmark samples; 0 is greedy.
-  auto temperature = a.get_double("temperature", 1.0);
+  auto temperature = a.get_double("temperature");
   if (!temperature.ok() || *temperature < 0)
     return fail("bench throughput", invalid_argument("--temperature must be >= 0"));
   const int64_t V = m.model->config().vocab_size;
-  std::mt19937_64 rng(0);
+  auto seed = a.get_int("seed");
+  if (!seed.ok()) return fail("bench throughput", seed.status());
+  std::mt19937_64 rng(static_cast<uint64_t>(*seed));
 
   // Requests: random token prompts (optionally sharing a prefix), or a JSONL of {"prompt": ...}.
   std::vector<EngineRequest> reqs;
   if (a.has("dataset")) {
-    if (!m.tokenizer) return fail("bench throughput", invalid_argument("--dataset needs a tokenizer"));
-    std::ifstream f(*a.get("dataset"));
-    if (!f) return fail("bench throughput", not_found("cannot read " + *a.get("dataset")));
+    if (!m.tokenizer)
+      return fail("bench throughput", invalid_argument("--dataset needs a tokenizer"));
+    std::ifstream f(a.str("dataset"));
+    if (!f) return fail("bench throughput", not_found("cannot read " + a.str("dataset")));
     std::string line;
     while (static_cast<int64_t>(reqs.size()) < *n && std::getline(f, line)) {
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("prompt") || !j["prompt"].is_string())
-        return fail("bench throughput", invalid_argument("dataset lines must be {\"prompt\": \"...\"}"));
+        return fail("bench throughput",
+                    invalid_argument("dataset lines must be {\"prompt\": \"...\"}"));
       auto ids = m.tokenizer->encode(j["prompt"].get<std::string>(), true);
       if (!ids.ok()) return fail("bench throughput", ids.status());
       EngineRequest r;
@@ -410,7 +428,7 @@ int bench_throughput(int argc, char** argv) {
   }
   for (auto& r : reqs) {
     r.params.temperature = static_cast<float>(*temperature);
-    r.params.seed = 0;
+    r.params.seed = static_cast<uint64_t>(*seed);
     r.params.ignore_eos = true;
     r.detokenize = false;
   }
@@ -418,12 +436,14 @@ int bench_throughput(int argc, char** argv) {
   auto cfg = engine_config_from_args(a);
   if (!cfg.ok()) return fail("bench throughput", cfg.status());
   // Offline: every request is queued at once.
-  cfg->scheduler.max_waiting = std::max<int32_t>(cfg->scheduler.max_waiting, static_cast<int32_t>(reqs.size()));
+  cfg->scheduler.max_waiting =
+      std::max<int32_t>(cfg->scheduler.max_waiting, static_cast<int32_t>(reqs.size()));
   if (cfg->max_model_len == 0) {
     int64_t longest = 0;
-    for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size() + *r.params.max_tokens);
-    cfg->max_model_len = static_cast<int32_t>(
-        std::min<int64_t>(longest, m.model->config().max_position_embeddings));
+    for (const auto& r : reqs)
+      longest = std::max<int64_t>(longest, r.prompt.size() + *r.params.max_tokens);
+    cfg->max_model_len =
+        static_cast<int32_t>(std::min<int64_t>(longest, m.model->config().max_position_embeddings));
   }
   auto engine = Engine::create(*m.model, *m.backend, m.tokenizer.get(), *cfg);
   if (!engine.ok()) return fail("bench throughput", engine.status());
@@ -524,11 +544,12 @@ int bench_throughput(int argc, char** argv) {
       "step's forward, its tokens' handling after: the device idles meanwhile)\n",
       100.0 * st.host_seconds / elapsed,
       st.steps > 0 ? 1e3 * st.host_seconds / static_cast<double>(st.steps) : 0.0);
-  std::printf("kv cache         %lld blocks of %lld bytes\n", static_cast<long long>(st.n_kv_blocks),
-              static_cast<long long>(st.kv_block_bytes));
+  std::printf("kv cache         %lld blocks of %lld bytes\n",
+              static_cast<long long>(st.n_kv_blocks), static_cast<long long>(st.kv_block_bytes));
   std::printf("prefix cache     %lld of %lld prompt tokens hit (%.1f%%)\n",
               static_cast<long long>(st.scheduler.prefix.hits),
-              static_cast<long long>(st.scheduler.prefix.queries), 100.0 * st.scheduler.prefix.hit_rate());
+              static_cast<long long>(st.scheduler.prefix.queries),
+              100.0 * st.scheduler.prefix.hit_rate());
   if (run_table) std::printf("\n%s", format_op_table(*run_table).c_str());
   if (a.flag("json")) {
     nlohmann::json j = {{"requests_per_s", rps},
@@ -561,11 +582,19 @@ int bench_throughput(int argc, char** argv) {
 
 int run_bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "latency") return bench_latency(argc - 1, argv + 1);
-  if (argc >= 2 && std::string(argv[1]) == "throughput") return bench_throughput(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "throughput")
+    return bench_throughput(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "serve") return bench_serve(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "cost") return bench_cost(argc - 1, argv + 1);
-  std::fprintf(stderr, "usage: pagellm bench latency|throughput|serve|cost [options]\n");
-  return 2;
+  const bool help = argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
+  std::fprintf(help ? stdout : stderr,
+               "usage: pagellm bench latency|throughput|serve|cost [options]\n"
+               "  latency     batch-1 prefill and decode speed against the memory bandwidth\n"
+               "  throughput  offline throughput of many requests through the engine\n"
+               "  serve       open-loop load against an OpenAI-compatible server\n"
+               "  cost        $ per million tokens of `bench serve` reports\n"
+               "pagellm bench <kind> --help lists a kind's options.\n");
+  return help ? 0 : 2;
 }
 
 }  // namespace pagellm::cli

@@ -1,12 +1,12 @@
 // pagellm chat: an interactive conversation on the terminal, streamed token by token, with the
 // model's own chat template (default model when no --model is given).
 //   /reset starts over, /exit (or end of input) quits.
+#include <unistd.h>
 #include <condition_variable>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
 #include <string>
-#include <unistd.h>
 
 #include "runtime/engine.h"
 #include "runtime/serving_model.h"
@@ -16,11 +16,17 @@
 namespace pagellm::cli {
 
 int run_chat(int argc, char** argv) {
-  std::vector<std::string> spec = {"system"};
-  add_model_options(spec);
-  add_sampling_options(spec);
-  Args a("chat", spec);
-  if (Status s = a.parse(argc, argv); !s.ok()) return fail("chat", s);
+  Args a("chat",
+         "An interactive conversation on the terminal with the model's chat template, streamed\n"
+         "token by token. /reset starts over; /exit (or the end of input) quits.",
+         {model_options(),
+          {"Chat",
+           {{"system", "TEXT", "a system message that starts the conversation", std::nullopt,
+             "none"}}},
+          sampling_options({.temperature = "0.7", .top_p = "0.9"}),
+          cache_options(),
+          scheduler_options()});
+  if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   auto sm = load_model_from_args(a);
   if (!sm.ok()) return fail("chat", sm.status());
   ServingModel& m = **sm;
@@ -28,14 +34,12 @@ int run_chat(int argc, char** argv) {
     return fail("chat", invalid_argument("this model has no tokenizer or chat template"));
   auto params = sampling_from_args(a);
   if (!params.ok()) return fail("chat", params.status());
-  if (!a.has("temperature")) params->temperature = 0.7f;  // conversational default
-  if (!a.has("top-p")) params->top_p = 0.9f;
   auto engine = make_engine_from_args(a, m);
   if (!engine.ok()) return fail("chat", engine.status());
 
   auto reset = [&] {
     ChatRequest c;
-    if (a.has("system")) c.messages.push_back({{"role", "system"}, {"content", *a.get("system")}});
+    if (a.has("system")) c.messages.push_back({{"role", "system"}, {"content", a.str("system")}});
     return c;
   };
   ChatRequest chat = reset();

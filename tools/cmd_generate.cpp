@@ -21,11 +21,26 @@
 namespace pagellm::cli {
 
 int run_generate(int argc, char** argv) {
-  std::vector<std::string> spec = {"prompt-ids", "prompt-logprobs!", "json!", "no-stream!"};
-  add_model_options(spec);
-  add_sampling_options(spec);
-  Args a("generate", spec);
-  if (Status s = a.parse(argc, argv); !s.ok()) return fail("generate", s);
+  Args a(
+      "generate",
+      "One prompt in, one completion out, through the serving engine.\n"
+      "  pagellm generate \"Once upon a time\"            default model, text in, streamed text "
+      "out\n"
+      "  pagellm generate --model DIR --prompt-ids 5,17,42 --max-tokens 24 --temperature 0 \\\n"
+      "      --prompt-logprobs --logprobs 1 --json",
+      {model_options(),
+       {"Input and output",
+        {{"prompt-ids", "IDS", "the prompt as comma-separated token ids instead of text",
+          std::nullopt, "the text argument"},
+         {"prompt-logprobs", "", "also return log P(prompt[i] | prompt[:i]) for each prompt token"},
+         {"json", "",
+          "print one JSON object last: prompt_logprobs, token_ids, logprobs (natural log, full "
+          "softmax of the raw logits), text"},
+         {"no-stream", "", "print the text once at the end instead of token by token"}}},
+       sampling_options({.max_tokens = "128"}),
+       cache_options(),
+       scheduler_options()});
+  if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   auto sm = load_model_from_args(a);
   if (!sm.ok()) return fail("generate", sm.status());
   ServingModel& m = **sm;
@@ -41,14 +56,16 @@ int run_generate(int argc, char** argv) {
     req.detokenize = m.tokenizer != nullptr;
   } else {
     if (a.positionals().size() != 1)
-      return fail("generate", invalid_argument("give one prompt: pagellm generate \"text\", or --prompt-ids 5,17,42"));
-    if (!m.tokenizer) return fail("generate", invalid_argument("this model has no tokenizer: use --prompt-ids"));
+      return fail(
+          "generate",
+          invalid_argument("give one prompt: pagellm generate \"text\", or --prompt-ids 5,17,42"));
+    if (!m.tokenizer)
+      return fail("generate", invalid_argument("this model has no tokenizer: use --prompt-ids"));
     auto enc = m.tokenizer->encode(a.positionals()[0], /*add_special_tokens=*/true);
     if (!enc.ok()) return fail("generate", enc.status());
     req.prompt = std::move(*enc);
   }
   if (a.flag("prompt-logprobs")) req.params.prompt_logprobs = 0;
-  if (!req.params.max_tokens) req.params.max_tokens = 128;
 
   auto engine = make_engine_from_args(a, m);
   if (!engine.ok()) return fail("generate", engine.status());
@@ -95,9 +112,10 @@ int run_generate(int argc, char** argv) {
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!last.error.ok()) return fail("generate", last.error);
-  std::fprintf(stderr, "\n%zu prompt tokens, %zu generated; first token after %.3f s, %.1f tok/s after it\n",
-               req.prompt.size(), tokens.size(), ttft,
-               tokens.size() > 1 ? (tokens.size() - 1) / (total - ttft) : 0.0);
+  std::fprintf(
+      stderr, "\n%zu prompt tokens, %zu generated; first token after %.3f s, %.1f tok/s after it\n",
+      req.prompt.size(), tokens.size(), ttft,
+      tokens.size() > 1 ? (tokens.size() - 1) / (total - ttft) : 0.0);
   if (json) {
     nlohmann::json j;
     j["token_ids"] = tokens;

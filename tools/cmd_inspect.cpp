@@ -65,15 +65,14 @@ int fail(const Status& st) {
 }  // namespace
 
 int run_inspect(int argc, char** argv) {
-  Args args("inspect", {"model", "tensors!", "help!"});
-  if (Status st = args.parse(argc, argv); !st.ok()) return fail(st);
-  if (args.flag("help")) {
-    std::printf(
-        "usage: pagellm inspect --model PATH [--tensors]\n"
-        "  PATH      a Hugging Face model folder (config.json + *.safetensors) or a .gguf file\n"
-        "  --tensors also list every tensor: name, dtype, shape\n");
-    return 0;
-  }
+  Args args("inspect",
+            "Prints a checkpoint's parsed config, parameter count and bytes by dtype.\n"
+            "  pagellm inspect --model PATH [--tensors]     (or pagellm inspect PATH)",
+            {{"Input",
+              {{"model", "PATH",
+                "a Hugging Face model folder (config.json + *.safetensors) or a .gguf file"},
+               {"tensors", "", "also list every tensor: name, dtype, shape"}}}});
+  if (auto rc = parse_command_line(args, argc, argv)) return *rc;
   std::optional<std::string> model = args.get("model");
   const std::vector<std::string>& pos = args.positionals();
   if (!model && pos.size() == 1) {

@@ -29,11 +29,20 @@ int fail(const std::string& msg) {
 }  // namespace
 
 int run_template(int argc, char** argv) {
-  Args args("template", {"model", "messages", "add-generation-prompt!"});
-  if (Status st = args.parse(argc, argv); !st.ok()) return fail(st.message() + "\n" + args.usage());
+  Args args(
+      "template",
+      "Renders a checkpoint's chat template as transformers' apply_chat_template does and prints\n"
+      "the prompt exactly (no newline added).",
+      {{"Input",
+        {{"model", "DIR|FILE.gguf", "the checkpoint whose chat template to render"},
+         {"messages", "FILE.json",
+          "a list of messages, or an object {\"messages\": [...], \"tools\": [...], "
+          "\"add_generation_prompt\": bool, ...any other template kwargs}"},
+         {"add-generation-prompt", "", "end with the assistant turn's opening"}}}});
+  if (auto rc = parse_command_line(args, argc, argv)) return *rc;
   const auto model = args.get("model");
   const auto messages_path = args.get("messages");
-  if (!model || !messages_path) return fail("--model and --messages are required\n" + args.usage());
+  if (!model || !messages_path) return fail("--model and --messages are required (see --help)");
 
   auto src = load_any_chat_template(*model);
   if (!src.ok()) return fail(src.status().message());
@@ -52,10 +61,14 @@ int run_template(int argc, char** argv) {
     req.messages = doc;
   } else if (doc.is_object() && doc.contains("messages")) {
     for (const auto& [k, v] : doc.items()) {
-      if (k == "messages") req.messages = v;
-      else if (k == "tools") req.tools = v;
-      else if (k == "add_generation_prompt" && v.is_boolean()) req.add_generation_prompt = v.get<bool>();
-      else req.extra[k] = v;
+      if (k == "messages")
+        req.messages = v;
+      else if (k == "tools")
+        req.tools = v;
+      else if (k == "add_generation_prompt" && v.is_boolean())
+        req.add_generation_prompt = v.get<bool>();
+      else
+        req.extra[k] = v;
     }
   } else {
     return fail(*messages_path + ": expected a list of messages or an object with 'messages'");

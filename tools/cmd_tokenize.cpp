@@ -1,6 +1,7 @@
 // pagellm tokenize / detokenize: the tokenizer on JSON lines, for scripts and conformance checks.
-//   pagellm tokenize   --model DIR --jsonl FILE [--no-special]   one JSON string in, one id array out
-//   pagellm detokenize --model DIR --jsonl FILE [--skip-special] one id array in, one JSON string out
+//   pagellm tokenize   --model DIR --jsonl FILE [--no-special]   one JSON string in, one id array
+//   out pagellm detokenize --model DIR --jsonl FILE [--skip-special] one id array in, one JSON
+//   string out
 // DIR is a folder with tokenizer.json (+ tokenizer_config.json) or tokenizer.model, a .gguf file,
 // or a folder holding one; without --model the default model is used. FILE "-" reads stdin.
 #include <cstdio>
@@ -48,13 +49,26 @@ int for_each_line(const std::string& path, Fn fn) {
 }
 
 int run(int argc, char** argv, bool tokenize) {
-  Args args(tokenize ? "tokenize" : "detokenize",
-            tokenize ? std::vector<std::string>{"model", "jsonl", "no-special!"}
-                     : std::vector<std::string>{"model", "jsonl", "skip-special!"});
-  if (Status st = args.parse(argc, argv); !st.ok()) return fail(st.message() + "\n" + args.usage());
+  const Option model_option{"model", "DIR|FILE.gguf", "the checkpoint whose tokenizer to use",
+                            std::nullopt, "the default model"};
+  Args args =
+      tokenize
+          ? Args("tokenize",
+                 "Text to token ids: one JSON string per line in, one id array per line out.",
+                 {{"Input",
+                   {model_option,
+                    {"jsonl", "FILE", "the input, one JSON string per line (- for stdin)"},
+                    {"no-special", "", "do not add the tokenizer's special tokens (BOS)"}}}})
+          : Args("detokenize",
+                 "Token ids to text: one JSON id array per line in, one JSON string per line out.",
+                 {{"Input",
+                   {model_option,
+                    {"jsonl", "FILE", "the input, one JSON array of ids per line (- for stdin)"},
+                    {"skip-special", "", "leave special tokens out of the text"}}}});
+  if (auto rc = parse_command_line(args, argc, argv)) return *rc;
   const auto jsonl = args.get("jsonl");
-  if (!jsonl) return fail("--jsonl FILE is required\n" + args.usage());
-  const std::string model = args.get_or("model", default_model_path());
+  if (!jsonl) return fail("--jsonl FILE is required (see --help)");
+  const std::string model = args.has("model") ? args.str("model") : default_model_path();
   auto tok = load_tokenizer(model);
   if (!tok.ok()) return fail(tok.status().to_string());
   const Tokenizer& t = **tok;
@@ -62,7 +76,8 @@ int run(int argc, char** argv, bool tokenize) {
     const bool add_special = !args.flag("no-special");
     return for_each_line(*jsonl, [&](const std::string& line, size_t) -> Status {
       json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_string()) return invalid_argument("expected one JSON string per line");
+      if (j.is_discarded() || !j.is_string())
+        return invalid_argument("expected one JSON string per line");
       auto ids = t.encode(j.get_ref<const std::string&>(), add_special);
       if (!ids.ok()) return ids.status();
       std::fputs(json(*ids).dump().c_str(), stdout);
@@ -73,7 +88,8 @@ int run(int argc, char** argv, bool tokenize) {
   const bool skip = args.flag("skip-special");
   return for_each_line(*jsonl, [&](const std::string& line, size_t) -> Status {
     json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_array()) return invalid_argument("expected one JSON array of ids per line");
+    if (j.is_discarded() || !j.is_array())
+      return invalid_argument("expected one JSON array of ids per line");
     std::vector<int32_t> ids;
     for (const auto& e : j) {
       if (!e.is_number_integer()) return invalid_argument("ids must be integers");
@@ -95,7 +111,11 @@ int run(int argc, char** argv, bool tokenize) {
 
 }  // namespace
 
-int run_tokenize(int argc, char** argv) { return run(argc, argv, true); }
-int run_detokenize(int argc, char** argv) { return run(argc, argv, false); }
+int run_tokenize(int argc, char** argv) {
+  return run(argc, argv, true);
+}
+int run_detokenize(int argc, char** argv) {
+  return run(argc, argv, false);
+}
 
 }  // namespace pagellm::cli

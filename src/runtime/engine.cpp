@@ -41,7 +41,8 @@ struct Engine::Live {
   std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
   bool prompt_logprobs_sent = false;
   Clock::time_point scheduled_time{};  // first step that ran it (EngineOutput::scheduled_time)
-  bool done = false;                   // finish_request() ran: only retired_ still holds it
+  std::vector<Clock::time_point> preemption_times;  // EngineOutput::preemption_times
+  bool done = false;  // finish_request() ran: only retired_ still holds it
 };
 
 Engine::Engine(Model& model, Backend& backend, const Tokenizer* tokenizer,
@@ -57,7 +58,9 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, Backend& backend,
   return e;
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  shutdown();
+}
 
 Status Engine::init() {
   const ModelConfig& mc = model_.config();
@@ -110,6 +113,7 @@ Status Engine::init() {
     }
   }
   stats_.n_kv_blocks = n_blocks;
+  stats_.kv_block_size = bs;
   stats_.kv_block_bytes = kv_block_bytes_;
   PAGELLM_LOG_INFO("KV cache: %lld blocks of %d tokens (%.1f MiB, %lld tokens), max_model_len %d",
                    static_cast<long long>(n_blocks), bs, n_blocks * kv_block_bytes_ / 1048576.0,
@@ -172,7 +176,9 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Engine::idle() const { return n_pending_.load() == 0; }
+bool Engine::idle() const {
+  return n_pending_.load() == 0;
+}
 
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -262,7 +268,8 @@ void Engine::drain_inbox() {
       auto& s = live->seqs[i];
       s.seed = derive_sequence_seed(base_seed, static_cast<uint32_t>(i));
       if (live->req.detokenize)
-        s.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, live->req.skip_special_tokens);
+        s.detok =
+            std::make_unique<IncrementalDetokenizer>(*tokenizer_, live->req.skip_special_tokens);
       s.stop = std::make_unique<StopChecker>(lp, eos);
     }
     {
@@ -311,6 +318,7 @@ void Engine::finish_request(Live& live, const FinishedRequest& info) {
         s.outputs.size() - std::count(s.outputs.begin(), s.outputs.end(), kPendingToken));
   done.cached_tokens = info.n_cached_tokens;
   done.scheduled_time = live.scheduled_time;
+  done.preemption_times = std::move(live.preemption_times);
   --n_pending_;  // before the callback, so a caller woken by it sees the engine idle
   live.cb(std::move(done));
   // A step's picks may still point at it (the step in flight, the pending one): kept, marked
@@ -417,6 +425,8 @@ void Engine::step() {
   // one overlaps it.
   const bool overlapped = pending_.ticket != 0;
   SchedulePlan plan = scheduler_->schedule(now_ms());
+  for (uint64_t id : plan.preempted)
+    if (auto it = live_.find(id); it != live_.end()) it->second->preemption_times.push_back(t0);
   finish_requests(plan.failed);
   if (plan.empty()) {
     if (overlapped) {
@@ -467,7 +477,7 @@ void Engine::step() {
     c.n_blocks = static_cast<int32_t>(s.block_table.size());
     const bool prompt_lp = live.req.params.prompt_logprobs && s.is_prefill && s.seq_index == 0 &&
                            c.start_pos < static_cast<int32_t>(live.req.prompt.size());
-    c.logits = prompt_lp ? LogitsWanted::kAll
+    c.logits = prompt_lp        ? LogitsWanted::kAll
                : s.needs_logits ? LogitsWanted::kLast
                                 : LogitsWanted::kNone;
     chunks.push_back(c);
@@ -480,10 +490,10 @@ void Engine::step() {
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.
-  const bool on_device =
-      backend_.supports_sampling() && !config_.host_sampling &&
-      std::none_of(chunks.begin(), chunks.end(),
-                   [](const SeqChunk& c) { return c.logits == LogitsWanted::kAll; });
+  const bool on_device = backend_.supports_sampling() && !config_.host_sampling &&
+                         std::none_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) {
+                           return c.logits == LogitsWanted::kAll;
+                         });
   logits_.resize(on_device ? 0 : static_cast<size_t>(n_logits) * V);
   if (n_logits > 0 && !on_device) download_(device_logits, logits_.data());
 
@@ -636,7 +646,8 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
     // Stopped while this step was in flight (the step before it was read after it was queued).
     if (sq.stop->finished()) continue;
     if (!outs[k].status.ok()) {
-      if (std::find(failed.begin(), failed.end(), live.id) == failed.end()) failed.push_back(live.id);
+      if (std::find(failed.begin(), failed.end(), live.id) == failed.end())
+        failed.push_back(live.id);
       live.prompt_logprobs.clear();
       continue;
     }

@@ -27,13 +27,13 @@
 #include "core/status.h"
 #include "model/logits_head.h"
 #include "model/model.h"
-#include "sample/logprobs.h"
-#include "sample/sampling_params.h"
-#include "sched/scheduler.h"
 #include "runtime/decode_graphs.h"
 #include "runtime/step_batch.h"
+#include "sample/logprobs.h"
 #include "sample/sample_batch.h"
 #include "sample/sampler.h"
+#include "sample/sampling_params.h"
+#include "sched/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pagellm {
@@ -72,8 +72,8 @@ struct EngineRequest {
 struct EngineOutput {
   uint64_t request_id = 0;
   int32_t seq_index = 0;
-  std::vector<int32_t> token_ids;      // new tokens in this event
-  std::string text;                    // their text delta (stop strings held back / removed)
+  std::vector<int32_t> token_ids;        // new tokens in this event
+  std::string text;                      // their text delta (stop strings held back / removed)
   std::vector<LogprobsResult> logprobs;  // per new token, when params.logprobs is set
   // Sent once, on the first event of sequence 0, when params.prompt_logprobs is set:
   // entry i is for prompt[i + 1].
@@ -91,6 +91,9 @@ struct EngineOutput {
   // request_done event; the default (epoch) value when it never ran. Servers derive queue time
   // (arrival -> scheduled) and prefill time (scheduled -> first token) from it.
   std::chrono::steady_clock::time_point scheduled_time{};
+  // When the scheduler preempted the request (freed its KV blocks, to recompute them later), one
+  // entry per preemption, filled on the request_done event (the server's trace spans show them).
+  std::vector<std::chrono::steady_clock::time_point> preemption_times;
 };
 
 using OutputCallback = std::function<void(EngineOutput&&)>;
@@ -98,6 +101,7 @@ using OutputCallback = std::function<void(EngineOutput&&)>;
 struct EngineStats {
   SchedulerStats scheduler;
   int64_t n_kv_blocks = 0;
+  int32_t kv_block_size = 0;  // tokens a block
   int64_t kv_block_bytes = 0;
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
@@ -226,8 +230,8 @@ class Engine {
   // began, and those finished during it (a pending step's picks are read one step later).
   std::vector<std::unique_ptr<Live>> retired_, retired_before_;
   std::unique_ptr<StepBatchBuilder> builder_;
-  std::unique_ptr<DecodeGraphs> graphs_;   // null: eager steps only (CPU, --enforce-eager)
-  LogitsDownload download_{backend_};      // logits bound for the host sampler
+  std::unique_ptr<DecodeGraphs> graphs_;  // null: eager steps only (CPU, --enforce-eager)
+  LogitsDownload download_{backend_};     // logits bound for the host sampler
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
   PackedSampleBatch packed_;
@@ -235,9 +239,9 @@ class Engine {
   // before the host read them (Scheduler::can_plan_ahead). ticket 0: none.
   struct PendingStep {
     uint64_t ticket = 0;
-    std::vector<Pick> picks;                     // result row k is picks[k]'s token
-    PackedSampleBatch packed;                    // what unpacking its results needs
-    std::vector<FinishedRequest> finished;       // completed at max_tokens when it was planned
+    std::vector<Pick> picks;                // result row k is picks[k]'s token
+    PackedSampleBatch packed;               // what unpacking its results needs
+    std::vector<FinishedRequest> finished;  // completed at max_tokens when it was planned
   };
   PendingStep pending_;
   std::vector<DeviceSampleResult> device_results_;

@@ -1,5 +1,7 @@
 #include "server/api_server.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -9,12 +11,9 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "core/log.h"
+#include "core/version.h"
 #include "server/openai_protocol.h"
 #include "server/server_log.h"
-
-#ifndef PAGELLM_VERSION
-#define PAGELLM_VERSION "0.0.0"
-#endif
 
 namespace pagellm::server {
 namespace {
@@ -22,16 +21,27 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kReplace = Json::error_handler_t::replace;
 
-std::string dump(const Json& j) { return j.dump(-1, ' ', false, kReplace); }
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', false, kReplace);
+}
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A float request parameter as the double its shortest decimal form names, so a trace shows the
+// 0.7 the client sent rather than 0.699999988079071.
+double float_param(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
 // Constant-time comparison, so the key cannot be guessed byte by byte from response times.
 bool same_secret(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
   return diff == 0 && !b.empty();
 }
 
@@ -53,6 +63,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     Clock::time_point first_token{};
     Clock::time_point last_token{};
     FinishReason finish0 = FinishReason::kNone;  // sequence 0's (for the success counter)
+    Clock::time_point scheduled{};               // EngineOutput::scheduled_time (epoch: never ran)
+    std::vector<Clock::time_point> preemptions;
   };
   struct Choice {
     std::string text;
@@ -78,7 +90,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::vector<Prompt>& prompts() { return prompts_; }
 
   // Submits every prompt; on a refusal aborts those already queued and answers the error.
-  void start() {
+  // `span`: the request's trace span, or null (tracing off, or not sampled).
+  void start(std::unique_ptr<Span> span) {
+    span_ = std::move(span);
     auto self = shared_from_this();
     ex_->on_close([self] { self->abort_all(); });
     ex_->on_timeout([self] { self->timed_out(); });
@@ -95,7 +109,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
       er.skip_special_tokens = req_.skip_special_tokens;
       auto r = server_.engine().submit(std::move(er), [self, pi](EngineOutput&& o) {
         // Engine thread: hand over to the connection's strand and return at once.
-        self->ex_->post([self, pi, o = std::move(o)]() mutable { self->on_output(pi, std::move(o)); });
+        self->ex_->post(
+            [self, pi, o = std::move(o)]() mutable { self->on_output(pi, std::move(o)); });
       });
       if (!r.ok()) {
         abort_all();
@@ -128,15 +143,17 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void fail(const ApiError& e) {
     if (finished_) return;
     finished_ = true;
+    error_ = e;
     if (!ex_->started()) {
       Headers h;
       if (e.status == 429 || e.status == 503) h.emplace_back("Retry-After", "1");
       reply_error(server_.metrics(), *ex_, e, h);
-      return;
+    } else {
+      ex_->send("data: " + error_body(e) + "\n\n");
+      ex_->send("data: [DONE]\n\n");
+      ex_->end_stream();
     }
-    ex_->send("data: " + error_body(e) + "\n\n");
-    ex_->send("data: [DONE]\n\n");
-    ex_->end_stream();
+    maybe_settle();
   }
 
   std::string token_text(int32_t id) const {
@@ -154,7 +171,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   }
 
   // Chat format: [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...].
-  Json chat_logprobs(const std::vector<int32_t>& ids, const std::vector<LogprobsResult>& lps) const {
+  Json chat_logprobs(const std::vector<int32_t>& ids,
+                     const std::vector<LogprobsResult>& lps) const {
     Json content = Json::array();
     const int32_t top_n = req_.logprobs.value_or(0);
     for (size_t i = 0; i < ids.size() && i < lps.size(); ++i) {
@@ -163,7 +181,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
       Json top = Json::array();
       for (size_t k = 0; k < lps[i].top.size() && static_cast<int32_t>(k) < top_n; ++k) {
         const std::string tt = token_text(lps[i].top[k].token);
-        top.push_back({{"token", tt}, {"logprob", json_logprob(lps[i].top[k].logprob)}, {"bytes", bytes_of(tt)}});
+        top.push_back({{"token", tt},
+                       {"logprob", json_logprob(lps[i].top[k].logprob)},
+                       {"bytes", bytes_of(tt)}});
       }
       e["top_logprobs"] = std::move(top);
       content.push_back(std::move(e));
@@ -177,8 +197,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
                            const std::vector<LogprobsResult>& lps, bool first_null,
                            int64_t& offset) const {
     if (lp.is_null())
-      lp = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
-                {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+      lp = Json{{"tokens", Json::array()},
+                {"token_logprobs", Json::array()},
+                {"top_logprobs", Json::array()},
+                {"text_offset", Json::array()}};
     const int32_t top_n = req_.logprobs.value_or(0);
     size_t li = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -239,8 +261,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
     const bool has_lp = req_.logprobs.has_value() && !o.token_ids.empty();
     if (req_.chat) {
       if (first) {
-        Json c0 = {{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                   {"logprobs", nullptr}, {"finish_reason", nullptr}};
+        Json c0 = {{"index", index},
+                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                   {"logprobs", nullptr},
+                   {"finish_reason", nullptr}};
         send_chunk(std::move(c0));
       }
       if (piece.content.empty() && piece.reasoning.empty() && o.finish == FinishReason::kNone &&
@@ -249,9 +273,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
       Json delta = Json::object();
       if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
       if (!piece.content.empty()) delta["content"] = piece.content;
-      Json c = {{"index", index}, {"delta", std::move(delta)},
-                {"logprobs", has_lp ? chat_logprobs(o.token_ids, o.logprobs) : Json(nullptr)},
-                {"finish_reason", o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
+      Json c = {
+          {"index", index},
+          {"delta", std::move(delta)},
+          {"logprobs", has_lp ? chat_logprobs(o.token_ids, o.logprobs) : Json(nullptr)},
+          {"finish_reason",
+           o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
       if (req_.return_token_ids) c["token_ids"] = o.token_ids;
       send_chunk(std::move(c));
       return;
@@ -264,9 +291,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
     }
     text += o.text;
     if (has_lp) completion_logprobs(lp, o.token_ids, o.logprobs, false, ch.text_offset);
-    if (text.empty() && o.finish == FinishReason::kNone && lp.is_null() && !req_.return_token_ids) return;
-    Json c = {{"index", index}, {"text", std::move(text)}, {"logprobs", std::move(lp)},
-              {"finish_reason", o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
+    if (text.empty() && o.finish == FinishReason::kNone && lp.is_null() && !req_.return_token_ids)
+      return;
+    Json c = {
+        {"index", index},
+        {"text", std::move(text)},
+        {"logprobs", std::move(lp)},
+        {"finish_reason",
+         o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
     if (req_.return_token_ids) c["token_ids"] = o.token_ids;
     send_chunk(std::move(c));
   }
@@ -277,7 +309,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     if (p.done) return;
     if (!o.prompt_logprobs.empty()) p.prompt_logprobs = std::move(o.prompt_logprobs);
     if (!o.request_done) {
-      const size_t index = pi * static_cast<size_t>(req_.params.n) + static_cast<size_t>(o.seq_index);
+      const size_t index =
+          pi * static_cast<size_t>(req_.params.n) + static_cast<size_t>(o.seq_index);
       if (index >= choices_.size()) return;  // cannot happen: the engine numbers sequences 0..n-1
       Choice& ch = choices_[index];
       if (!o.token_ids.empty()) {
@@ -317,15 +350,17 @@ class Generation : public std::enable_shared_from_this<Generation> {
     p.prompt_tokens = o.prompt_tokens;
     p.completion_tokens = o.completion_tokens;
     p.cached_tokens = o.cached_tokens;
+    p.scheduled = o.scheduled_time;
+    p.preemptions = std::move(o.preemption_times);
     record(p, o, now);
     if (!o.error.ok() && !finished_) {
       abort_all();
       fail(error_from_status(o.error));
-      return;
+    } else if (std::all_of(prompts_.begin(), prompts_.end(),
+                           [](const Prompt& q) { return q.done; })) {
+      finish();
     }
-    for (const Prompt& q : prompts_)
-      if (!q.done) return;
-    finish();
+    maybe_settle();  // the response may have ended before (an error, a timeout)
   }
 
   void record(const Prompt& p, const EngineOutput& o, Clock::time_point now) {
@@ -346,7 +381,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     r.finish = o.error.ok() ? (o.finish == FinishReason::kAbort ? FinishReason::kAbort : p.finish0)
                             : FinishReason::kAbort;
     if (r.finish == FinishReason::kNone) r.finish = FinishReason::kAbort;
-    if (o.error.ok() || o.scheduled_time != Clock::time_point{}) server_.metrics().observe_request(r);
+    if (o.error.ok() || o.scheduled_time != Clock::time_point{})
+      server_.metrics().observe_request(r);
   }
 
   Json usage() const {
@@ -356,7 +392,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
       ct += p.completion_tokens;
       cached += p.cached_tokens;
     }
-    return Json{{"prompt_tokens", pt}, {"completion_tokens", ct}, {"total_tokens", pt + ct},
+    return Json{{"prompt_tokens", pt},
+                {"completion_tokens", ct},
+                {"total_tokens", pt + ct},
                 {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
@@ -366,9 +404,100 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return nullptr;
   }
 
+  bool engine_done() const {
+    return std::all_of(prompts_.begin(), prompts_.end(),
+                       [](const Prompt& p) { return !p.submitted || p.done; });
+  }
+
+  // The request is over once its response has ended and every engine request it submitted has
+  // ended too (an aborted or failed one still reports its usage and times). Then: the exchange's
+  // callbacks, which hold this object, are dropped (so it is freed once the engine lets go of it),
+  // and the span is ended.
+  void maybe_settle() {
+    if (settled_ || !finished_ || !engine_done()) return;
+    settled_ = true;
+    ex_->on_close(nullptr);
+    ex_->on_timeout(nullptr);
+    if (span_) end_span();
+  }
+
+  // The request's span: vLLM's attribute names (vllm/tracing: SpanAttributes), latencies in
+  // seconds measured as the metrics' are (metrics.h), over all prompts of the request: queue =
+  // first scheduled - arrival, prefill = first token - first scheduled, decode = last token -
+  // first token, inference = last token - first scheduled.
+  void end_span() {
+    Span& s = *span_;
+    const auto arrival = ex_->request().arrival;
+    const auto now = Clock::now();
+    const ClockAnchor anchor = ClockAnchor::now();
+    s.set("gen_ai.operation.name", std::string(req_.chat ? "chat" : "text_completion"));
+    s.set("gen_ai.request.id", id_);
+    s.set("gen_ai.response.model", server_.config().served_model_name);
+    if (req_.params.max_tokens)
+      s.set("gen_ai.request.max_tokens", int64_t{*req_.params.max_tokens});
+    s.set("gen_ai.request.temperature", float_param(req_.params.temperature));
+    s.set("gen_ai.request.top_p", float_param(req_.params.top_p));
+    s.set("gen_ai.request.n", int64_t{req_.params.n});
+    int64_t pt = 0, ct = 0, cached = 0, n_preempt = 0;
+    Clock::time_point scheduled{}, first{}, last{};
+    auto earliest = [](Clock::time_point& acc, Clock::time_point t) {
+      if (t != Clock::time_point{} && (acc == Clock::time_point{} || t < acc)) acc = t;
+    };
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      const Prompt& p = prompts_[i];
+      pt += p.prompt_tokens;
+      ct += p.completion_tokens;
+      cached += p.cached_tokens;
+      earliest(scheduled, p.scheduled);
+      earliest(first, p.first_token);
+      last = std::max(last, p.last_token);
+      for (Clock::time_point t : p.preemptions) {
+        SpanEvent e;
+        e.time_unix_nano = anchor.to_unix_nano(t);
+        e.name = "preempted";
+        e.attributes.push_back({"pagellm.prompt_index", static_cast<int64_t>(i)});
+        s.events.push_back(std::move(e));
+        ++n_preempt;
+      }
+    }
+    s.set("gen_ai.usage.prompt_tokens", pt);
+    s.set("gen_ai.usage.completion_tokens", ct);
+    s.set("gen_ai.usage.cached_tokens", cached);
+    s.set("gen_ai.usage.num_sequences", static_cast<int64_t>(choices_.size()));
+    s.set("gen_ai.latency.e2e", seconds_between(arrival, now));
+    if (scheduled != Clock::time_point{})
+      s.set("gen_ai.latency.time_in_queue", std::max(0.0, seconds_between(arrival, scheduled)));
+    if (first != Clock::time_point{}) {
+      s.set("gen_ai.latency.time_to_first_token", seconds_between(arrival, first));
+      s.set("gen_ai.latency.time_in_model_decode", std::max(0.0, seconds_between(first, last)));
+      if (scheduled != Clock::time_point{}) {
+        s.set("gen_ai.latency.time_in_model_prefill",
+              std::max(0.0, seconds_between(scheduled, first)));
+        s.set("gen_ai.latency.time_in_model_inference",
+              std::max(0.0, seconds_between(scheduled, last)));
+      }
+    }
+    std::vector<std::string> reasons;
+    reasons.reserve(choices_.size());
+    for (const Choice& ch : choices_)
+      reasons.emplace_back(ch.finish == FinishReason::kNone ? "abort"
+                                                            : finish_reason_name(ch.finish));
+    s.set("gen_ai.response.finish_reasons", std::move(reasons));
+    s.set("pagellm.stream", req_.stream);
+    s.set("pagellm.num_preemptions", n_preempt);
+    if (ex_->closed() && !error_) s.set("pagellm.client_disconnected", true);
+    server_.end_span(std::move(span_), *ex_, error_ ? &*error_ : nullptr);
+  }
+
   void finish() {
     if (finished_) return;
     finished_ = true;
+    respond_final();
+    maybe_settle();
+  }
+
+  // The whole response, or the end of the stream, once every prompt is done.
+  void respond_final() {
     if (req_.stream) {
       if (ex_->closed()) return;
       begin_stream_if_needed();
@@ -392,7 +521,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     for (size_t i = 0; i < choices_.size(); ++i) {
       const Choice& ch = choices_[i];
       const Prompt& p = prompts_[i / n];
-      const Json finish = ch.finish == FinishReason::kNone ? Json("abort") : Json(finish_reason_name(ch.finish));
+      const Json finish =
+          ch.finish == FinishReason::kNone ? Json("abort") : Json(finish_reason_name(ch.finish));
       Json c;
       if (req_.chat) {
         Json message = {{"role", "assistant"}, {"content", ch.text}};
@@ -445,8 +575,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int64_t created_ = 0;
   std::vector<Prompt> prompts_;
   std::vector<Choice> choices_;
-  bool finished_ = false;
+  bool finished_ = false;  // the response has ended (or was abandoned by the client)
   bool timed_out_ = false;
+  bool settled_ = false;  // maybe_settle() ran
+  std::unique_ptr<Span> span_;
+  std::optional<ApiError> error_;  // what fail() answered
 };
 
 }  // namespace
@@ -469,15 +602,25 @@ ApiServer::ApiServer(ApiServerConfig config, Engine& engine, const Tokenizer* to
       chat_template_(chat_template),
       metrics_(config_.served_model_name, engine.max_model_len()),
       created_(static_cast<int64_t>(std::time(nullptr))) {
-  http_ = std::make_unique<HttpServer>(config_.http, [this](std::shared_ptr<Exchange> ex) { handle(std::move(ex)); });
+  http_ = std::make_unique<HttpServer>(
+      config_.http, [this](std::shared_ptr<Exchange> ex) { handle(std::move(ex)); });
 }
 
 ApiServer::~ApiServer() {
   engine_.shutdown();  // its last callbacks post into the I/O context, which must still exist
   http_->stop();
+  if (tracer_) tracer_->shutdown(config_.tracing.shutdown_timeout_s);
 }
 
 Status ApiServer::start() {
+  if (!config_.tracing.endpoint.empty() && !tracer_) {
+    auto t = TraceExporter::create(config_.tracing, version());
+    if (!t.ok()) return t.status();
+    tracer_ = std::move(*t);
+    log_request(
+        LogLevel::kInfo, "", "tracing: spans go to an OTLP/HTTP collector",
+        {{"endpoint", config_.tracing.endpoint}, {"service_name", config_.tracing.service_name}});
+  }
   // Signals are caught from here on (before "listening" is printed), so a SIGTERM always drains.
   signals_ = std::make_unique<boost::asio::signal_set>(http_->io_context(), SIGINT, SIGTERM);
   wait_signal();
@@ -487,7 +630,8 @@ Status ApiServer::start() {
 void ApiServer::wait_signal() {
   signals_->async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
-    log_request(LogLevel::kInfo, "", std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
+    log_request(LogLevel::kInfo, "",
+                std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
     request_stop();
     wait_signal();
   });
@@ -550,6 +694,13 @@ int ApiServer::run_until_stopped() {
   signals_->cancel(ignored);
   engine_.shutdown();
   http_->stop();
+  if (tracer_) {  // the spans of the requests that just ended, within its own time limit
+    tracer_->shutdown(config_.tracing.shutdown_timeout_s);
+    const TraceExportStats st = tracer_->stats();
+    log_request(
+        LogLevel::kInfo, "", "tracing: stopped",
+        {{"spans_exported", st.exported}, {"spans_dropped", st.dropped_queue + st.dropped_export}});
+  }
   log_request(LogLevel::kInfo, "", "stopped",
               {{"drain_s", std::round(seconds_between(t0, Clock::now()) * 1000) / 1000}});
   return 0;
@@ -559,8 +710,10 @@ bool ApiServer::authorized(const HttpRequest& r) const {
   if (config_.api_key.empty()) return true;
   std::string_view h = r.header("authorization");
   constexpr std::string_view kBearer = "Bearer ";
-  if (h.size() < kBearer.size() || !std::equal(kBearer.begin(), kBearer.end(), h.begin(), [](char a, char b) {
-        return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+  if (h.size() < kBearer.size() ||
+      !std::equal(kBearer.begin(), kBearer.end(), h.begin(), [](char a, char b) {
+        return std::tolower(static_cast<unsigned char>(a)) ==
+               std::tolower(static_cast<unsigned char>(b));
       }))
     return false;
   h.remove_prefix(kBearer.size());
@@ -571,7 +724,8 @@ std::optional<ApiError> ApiServer::check_model(const std::string& model) const {
   if (model.empty() || model == config_.served_model_name) return std::nullopt;
   ApiError e;
   e.status = 404;
-  e.message = "The model '" + model + "' does not exist (this server serves '" + config_.served_model_name + "')";
+  e.message = "The model '" + model + "' does not exist (this server serves '" +
+              config_.served_model_name + "')";
   e.param = "model";
   e.code = "model_not_found";
   return e;
@@ -596,7 +750,8 @@ void ApiServer::handle(std::shared_ptr<Exchange> ex) {
   };
   const Route* route = nullptr;
   for (const Route& rt : kRoutes) {
-    if (rt.prefix ? (path.rfind(rt.path, 0) == 0 && path.size() > std::strlen(rt.path)) : path == rt.path) {
+    if (rt.prefix ? (path.rfind(rt.path, 0) == 0 && path.size() > std::strlen(rt.path))
+                  : path == rt.path) {
       route = &rt;
       break;
     }
@@ -639,12 +794,15 @@ void ApiServer::handle(std::shared_ptr<Exchange> ex) {
   }
   if (rp == "/version") {
     metrics_.observe_http(200);
-    return ex->respond(200, "application/json", dump(Json{{"version", PAGELLM_VERSION}}));
+    return ex->respond(200, "application/json",
+                       dump(Json{{"version", version()}, {"commit", build_commit()}}));
   }
   if (rp == "/metrics") {
     metrics_.observe_http(200);
-    return ex->respond(200, "text/plain; version=0.0.4; charset=utf-8",
-                       metrics_.render(engine_.stats(), http_->n_connections()));
+    const TraceExportStats trace_stats = tracer_ ? tracer_->stats() : TraceExportStats{};
+    return ex->respond(
+        200, "text/plain; version=0.0.4; charset=utf-8",
+        metrics_.render(engine_.stats(), http_->n_connections(), tracer_ ? &trace_stats : nullptr));
   }
 }
 
@@ -663,40 +821,91 @@ void ApiServer::handle_models(const std::shared_ptr<Exchange>& ex, const std::st
     return ex->respond(200, "application/json", dump(card));
   }
   metrics_.observe_http(200);
-  ex->respond(200, "application/json", dump(Json{{"object", "list"}, {"data", Json::array({card})}}));
+  ex->respond(200, "application/json",
+              dump(Json{{"object", "list"}, {"data", Json::array({card})}}));
+}
+
+std::unique_ptr<Span> ApiServer::start_span(const Exchange& ex) const {
+  if (!tracer_) return nullptr;
+  const HttpRequest& r = ex.request();
+  auto parent = extract_trace_parent(r.headers);
+  if (parent && !parent->sampled()) return nullptr;  // the caller records none of this trace
+  auto s = std::make_unique<Span>();
+  if (parent) {
+    s->trace_id = parent->trace_id;
+    s->parent_span_id = parent->span_id;
+    s->parent_is_remote = true;
+    s->trace_flags = parent->flags & 0x03;  // sampled, and Trace Context Level 2's random-id bit
+    s->trace_state = std::move(parent->trace_state);
+  } else {
+    s->trace_id = new_trace_id();
+    s->trace_flags = kTraceFlagSampled;
+  }
+  s->span_id = new_span_id();
+  s->name = r.method + " " + r.path;  // OpenTelemetry's HTTP server span name: method and route
+  s->kind = SpanKind::kServer;
+  return s;
+}
+
+void ApiServer::end_span(std::unique_ptr<Span> span, const Exchange& ex, const ApiError* error) {
+  if (!span || !tracer_) return;
+  const HttpRequest& r = ex.request();
+  const ClockAnchor anchor = ClockAnchor::now();
+  span->start_time_unix_nano = anchor.to_unix_nano(r.arrival);
+  span->end_time_unix_nano = anchor.unix_nano;
+  span->set("http.request.method", r.method);
+  span->set("url.path", r.path);
+  if (ex.status() != 0) span->set("http.response.status_code", int64_t{ex.status()});
+  span->set("pagellm.request_id", r.request_id);
+  // ERROR when the server failed the request: a 5xx, a 429 (its queue was full), or an error
+  // after the stream had begun (the response status is then 200). Other 4xx are the client's
+  // mistakes and stay UNSET, as OpenTelemetry's HTTP conventions have it for server spans.
+  if (error && (error->status >= 500 || error->status == 429 || ex.status() != error->status)) {
+    span->status = SpanStatusCode::kError;
+    span->status_message = error->message;
+    span->set("error.type", error->type.empty() ? std::to_string(error->status) : error->type);
+  }
+  tracer_->submit(std::move(*span));
 }
 
 void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   const HttpRequest& r = ex->request();
+  // Tracing: refused requests get a span too (their status code tells why).
+  std::unique_ptr<Span> span = start_span(*ex);
+  auto refuse = [&](const ApiError& e, Headers extra = {}) {
+    reply_error(metrics_, *ex, e, std::move(extra));
+    end_span(std::move(span), *ex, &e);
+  };
   Json body;
-  if (auto e = parse_json_body(r.body, body)) return reply_error(metrics_, *ex, *e);
+  if (auto e = parse_json_body(r.body, body)) return refuse(*e);
   const int32_t vocab = static_cast<int32_t>(engine_.model_config().vocab_size);
   GenerateRequest req;
-  if (auto e = chat ? parse_chat_request(body, vocab, req) : parse_completion_request(body, vocab, req))
-    return reply_error(metrics_, *ex, *e);
-  if (auto e = check_model(req.model)) return reply_error(metrics_, *ex, *e);
+  if (auto e =
+          chat ? parse_chat_request(body, vocab, req) : parse_completion_request(body, vocab, req))
+    return refuse(*e);
+  if (auto e = check_model(req.model)) return refuse(*e);
   if (http_->draining()) {
     ApiError e;
     e.status = 503;
     e.message = "the server is shutting down";
-    return reply_error(metrics_, *ex, e, {{"Retry-After", "1"}});
+    return refuse(e, {{"Retry-After", "1"}});
   }
 
   auto gen = std::make_shared<Generation>(*this, ex, req);
   auto& prompts = gen->prompts();
   if (chat) {
     if (!tokenizer_ || !chat_template_)
-      return reply_error(metrics_, *ex,
-                         bad_request("this model has no chat template (or tokenizer): use /v1/completions"));
+      return refuse(
+          bad_request("this model has no chat template (or tokenizer): use /v1/completions"));
     ChatRequest cr;
     cr.messages = req.messages;
     cr.add_generation_prompt = req.add_generation_prompt;
     cr.tools = req.tools;
     cr.extra = req.chat_template_kwargs;
     auto text = chat_template_->apply(cr);
-    if (!text.ok()) return reply_error(metrics_, *ex, error_from_status(text.status(), "messages"));
+    if (!text.ok()) return refuse(error_from_status(text.status(), "messages"));
     auto ids = tokenizer_->encode(*text, /*add_special_tokens=*/false);
-    if (!ids.ok()) return reply_error(metrics_, *ex, error_from_status(ids.status(), "messages"));
+    if (!ids.ok()) return refuse(error_from_status(ids.status(), "messages"));
     Generation::Prompt p;
     p.ids = std::move(*ids);
     prompts.push_back(std::move(p));
@@ -705,10 +914,10 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
       Generation::Prompt p;
       if (in.text) {
         if (!tokenizer_)
-          return reply_error(metrics_, *ex,
-                             bad_request("this model has no tokenizer: send the prompt as token ids", "prompt"));
+          return refuse(
+              bad_request("this model has no tokenizer: send the prompt as token ids", "prompt"));
         auto ids = tokenizer_->encode(*in.text, req.add_special_tokens);
-        if (!ids.ok()) return reply_error(metrics_, *ex, error_from_status(ids.status(), "prompt"));
+        if (!ids.ok()) return refuse(error_from_status(ids.status(), "prompt"));
         p.ids = std::move(*ids);
         p.text = *in.text;
       } else {
@@ -718,8 +927,7 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
           if (t.ok()) p.text = std::move(*t);
         }
       }
-      if (p.ids.empty())
-        return reply_error(metrics_, *ex, bad_request("the prompt is empty (no tokens)", "prompt"));
+      if (p.ids.empty()) return refuse(bad_request("the prompt is empty (no tokens)", "prompt"));
       prompts.push_back(std::move(p));
     }
   }
@@ -728,22 +936,20 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
   for (const auto& p : prompts) {
     const int64_t n = static_cast<int64_t>(p.ids.size());
     if (n >= ctx)
-      return reply_error(metrics_, *ex,
-                         bad_request("This model's maximum context length is " + std::to_string(ctx) +
-                                         " tokens, but the prompt has " + std::to_string(n) + " tokens",
-                                     chat ? "messages" : "prompt"));
+      return refuse(bad_request("This model's maximum context length is " + std::to_string(ctx) +
+                                    " tokens, but the prompt has " + std::to_string(n) + " tokens",
+                                chat ? "messages" : "prompt"));
     if (req.params.max_tokens && n + *req.params.max_tokens > ctx)
-      return reply_error(
-          metrics_, *ex,
-          bad_request("This model's maximum context length is " + std::to_string(ctx) + " tokens, but " +
-                          std::to_string(n) + " prompt tokens + " + std::to_string(*req.params.max_tokens) +
-                          " max_tokens = " + std::to_string(n + *req.params.max_tokens) +
-                          " tokens were requested",
-                      chat ? "max_completion_tokens" : "max_tokens"));
+      return refuse(bad_request("This model's maximum context length is " + std::to_string(ctx) +
+                                    " tokens, but " + std::to_string(n) + " prompt tokens + " +
+                                    std::to_string(*req.params.max_tokens) +
+                                    " max_tokens = " + std::to_string(n + *req.params.max_tokens) +
+                                    " tokens were requested",
+                                chat ? "max_completion_tokens" : "max_tokens"));
   }
   log_request(LogLevel::kDebug, ex->request_id(), chat ? "chat completion" : "completion",
               {{"prompts", prompts.size()}, {"n", req.params.n}, {"stream", req.stream}});
-  gen->start();
+  gen->start(std::move(span));
 }
 
 void ApiServer::handle_tokenize(const std::shared_ptr<Exchange>& ex) {
@@ -757,7 +963,8 @@ void ApiServer::handle_tokenize(const std::shared_ptr<Exchange>& ex) {
   if (req.prompt) {
     text = *req.prompt;
   } else {
-    if (!chat_template_) return reply_error(metrics_, *ex, bad_request("this model has no chat template", "messages"));
+    if (!chat_template_)
+      return reply_error(metrics_, *ex, bad_request("this model has no chat template", "messages"));
     ChatRequest cr;
     cr.messages = req.messages;
     cr.add_generation_prompt = req.add_generation_prompt;

@@ -11,8 +11,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -23,6 +23,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/reasoning_parser.h"
+#include "server/trace_exporter.h"
 #include "tokenizer/jinja/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,11 +32,14 @@ namespace pagellm::server {
 struct ApiServerConfig {
   HttpServerConfig http;
   std::string served_model_name = "default";
-  std::string model_path;      // reported as the model's "root" in /v1/models
-  std::string api_key;         // "" = no authentication
-  double drain_timeout_s = 30; // SIGTERM: how long in-flight requests may take to finish
+  std::string model_path;       // reported as the model's "root" in /v1/models
+  std::string api_key;          // "" = no authentication
+  double drain_timeout_s = 30;  // SIGTERM: how long in-flight requests may take to finish
   // --reasoning-parser: chat answers' thought returned as reasoning_content, apart from content.
   ReasoningFormat reasoning = ReasoningFormat::kNone;
+  // OpenTelemetry traces (OTLP/HTTP JSON): one span per completions / chat request. Off while
+  // tracing.endpoint is "".
+  TracingConfig tracing;
 };
 
 class ApiServer {
@@ -45,7 +49,8 @@ class ApiServer {
             const ChatTemplate* chat_template);
   ~ApiServer();
 
-  // Listens; the server answers requests from here on.
+  // Starts the trace exporter (when configured; a bad endpoint is an error here) and listens; the
+  // server answers requests from here on.
   Status start();
   uint16_t port() const { return http_->port(); }
 
@@ -62,6 +67,10 @@ class ApiServer {
   const ApiServerConfig& config() const { return config_; }
   void track(uint64_t engine_id);
   void untrack(uint64_t engine_id);
+  // Tracing: the span of a request (null when tracing is off, or the caller's traceparent says
+  // not sampled), and its end: HTTP attributes, times, status, then queued for export.
+  std::unique_ptr<Span> start_span(const Exchange& ex) const;
+  void end_span(std::unique_ptr<Span> span, const Exchange& ex, const ApiError* error);
 
  private:
   void handle(std::shared_ptr<Exchange> ex);
@@ -80,7 +89,8 @@ class ApiServer {
   const Tokenizer* tokenizer_;
   const ChatTemplate* chat_template_;
   ServerMetrics metrics_;
-  int64_t created_ = 0;  // unix time the server started (the model's "created")
+  int64_t created_ = 0;                    // unix time the server started (the model's "created")
+  std::unique_ptr<TraceExporter> tracer_;  // null: tracing off. Outlives http_'s handlers.
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<boost::asio::signal_set> signals_;  // destroyed before http_ (its I/O context)
 

@@ -4,17 +4,19 @@
 #include <charconv>
 #include <cmath>
 
+#include "server/trace_exporter.h"
+
 namespace pagellm::server {
 namespace {
 
 // vLLM's bucket boundaries, so histograms from both servers are comparable.
-const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                          0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
                                           20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
 const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
                                          0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
-const std::vector<double> kLatencyBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,
-                                             5.0,  10.0, 15.0, 20.0, 30.0,  40.0,  50.0,
+const std::vector<double> kLatencyBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                             5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                              60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 // 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's build_1_2_5_buckets).
@@ -50,7 +52,8 @@ Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double v) {
-  const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
   counts_[i] += 1;
   sum_ += v;
   count_ += 1;
@@ -118,7 +121,8 @@ void ServerMetrics::observe_http(int status) {
   }
 }
 
-std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connections) const {
+std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connections,
+                                  const TraceExportStats* tracing) const {
   std::string out;
   out.reserve(16 << 10);
   const std::string& l = labels_;
@@ -155,7 +159,8 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
     for (size_t i = 0; i < EngineStats::kIterationTokenBuckets.size(); ++i) {
       cum += static_cast<uint64_t>(es.iteration_tokens[i]);
       out += name + "_bucket{" + l + ",le=\"" +
-             prom_number(EngineStats::kIterationTokenBuckets[i]) + "\"} " + std::to_string(cum) + "\n";
+             prom_number(EngineStats::kIterationTokenBuckets[i]) + "\"} " + std::to_string(cum) +
+             "\n";
     }
     out += name + "_bucket{" + l + ",le=\"+Inf\"} " + std::to_string(count) + "\n";
     out += name + "_sum{" + l + "} " + std::to_string(es.iteration_tokens_sum) + "\n";
@@ -174,9 +179,12 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
     const Histogram& h;
   };
   for (const H& h : {
-           H{"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_},
-           H{"vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_},
-           H{"vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_},
+           H{"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+             ttft_},
+           H{"vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+             itl_},
+           H{"vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+             e2e_},
            H{"vllm:request_queue_time_seconds",
              "Histogram of time spent in WAITING phase for request.", queue_},
            H{"vllm:request_prefill_time_seconds",
@@ -209,6 +217,24 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
   sample(out, "pagellm:engine_host_seconds_total", l, es.host_seconds);
   header(out, "pagellm:kv_cache_blocks", "gauge", "KV-cache blocks in the pool.");
   sample(out, "pagellm:kv_cache_blocks", l, static_cast<double>(es.n_kv_blocks));
+  // vLLM's cache configuration as labels of a constant 1: the Gateway API Inference Extension's
+  // endpoint picker reads block_size and num_gpu_blocks from it for its prefix-cache scorer.
+  header(out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+  sample(out, "vllm:cache_config_info",
+         l + ",block_size=\"" + std::to_string(es.kv_block_size) + "\",num_gpu_blocks=\"" +
+             std::to_string(es.n_kv_blocks) + "\"",
+         1);
+  if (tracing) {
+    header(out, "pagellm:trace_spans_exported_total", "counter",
+           "Trace spans the OTLP collector accepted.");
+    sample(out, "pagellm:trace_spans_exported_total", l, static_cast<double>(tracing->exported));
+    header(out, "pagellm:trace_spans_dropped_total", "counter",
+           "Trace spans dropped: the export queue was full, or their batch failed for good.");
+    out += "pagellm:trace_spans_dropped_total{" + l + ",reason=\"queue_full\"} " +
+           std::to_string(tracing->dropped_queue) + "\n";
+    out += "pagellm:trace_spans_dropped_total{" + l + ",reason=\"export_failed\"} " +
+           std::to_string(tracing->dropped_export) + "\n";
+  }
   return out;
 }
 

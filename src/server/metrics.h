@@ -19,6 +19,8 @@
 
 namespace pagellm::server {
 
+struct TraceExportStats;  // trace_exporter.h
+
 class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
@@ -53,8 +55,10 @@ class ServerMetrics {
   void observe_inter_token(double seconds);
   void observe_http(int status);
 
-  // The whole exposition (text format 0.0.4).
-  std::string render(const EngineStats& engine, int64_t n_open_connections) const;
+  // The whole exposition (text format 0.0.4). `tracing`: the span exporter's counters, when
+  // tracing is on.
+  std::string render(const EngineStats& engine, int64_t n_open_connections,
+                     const TraceExportStats* tracing = nullptr) const;
 
  private:
   std::string labels_;  // model_name="..."

@@ -14,20 +14,11 @@
 #include <sstream>
 #include <string>
 
+#include "scoped_env.h"
 #include "source_dir.h"
 
 namespace pagellm {
 namespace {
-
-// Sets one environment variable for the scope of a test, restoring its absence after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 TEST(Tuning, UnsetGivesTheDefault) {
   unsetenv("PAGELLM_STREAM_STAGES");
