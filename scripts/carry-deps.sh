@@ -21,6 +21,7 @@ pkgs=(
   libxxhash-dev libxxhash0
   libsentencepiece-dev libsentencepiece0
   libboost1.74-dev
+  libyaml-cpp-dev libyaml-cpp0.7
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev libbenchmark1debian
   pkgconf-bin libpkgconf3

@@ -69,7 +69,7 @@ binaries=(.carry/prebuilt/tools/pagellm .carry/prebuilt/rev/*/pagellm .carry/pre
           .carry/prebuilt/bench/*)
 ldd "${binaries[@]}" |
   awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
-  grep -E '/lib(utf8proc|pcre2-8|xxhash|sentencepiece|benchmark)\.so' | sort -u |
+  grep -E '/lib(utf8proc|pcre2-8|xxhash|sentencepiece|benchmark|yaml-cpp)\.so' | sort -u |
   xargs -r cp -L -t .carry/prebuilt/lib/
 echo "$hash" >.carry/prebuilt/source-hash
 du -sh .carry/prebuilt

@@ -49,6 +49,9 @@ if [ ! -f "$deploy_stamp" ] || ! cmp -s scripts/requirements-deploy.txt "$deploy
   cp scripts/requirements-deploy.txt "$deploy_stamp"
 fi
 
+# --- xgrammar's sources (built with the project) ---
+scripts/fetch-xgrammar.sh
+
 # --- default model ---
 if [ "$want_model" = 1 ] && [ -x scripts/fetch-default-model.sh ]; then
   scripts/fetch-default-model.sh

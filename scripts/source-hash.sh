@@ -4,7 +4,7 @@
 # compares it with the hash scripts/gpu-prebuild.sh stored beside its prebuilt binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-find src tools tests bench CMakeLists.txt CMakePresets.json -type f \
+find src tools tests bench cmake CMakeLists.txt CMakePresets.json -type f \
   \( -name '*.c' -o -name '*.cc' -o -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.cu' \
      -o -name '*.cuh' -o -name '*.inc' -o -name 'CMakeLists.txt' -o -name '*.cmake' \
      -o -name 'CMakePresets.json' \) -print0 |

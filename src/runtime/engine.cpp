@@ -4,7 +4,9 @@
 #include <chrono>
 
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "runtime/step_batch.h"
+#include "sample/logits_processors.h"
 #include "sample/sample_rng.h"
 #include "sample/sampler.h"
 #include "sample/stop_checker.h"
@@ -35,6 +37,7 @@ struct Engine::Live {
     std::vector<int32_t> outputs;
     std::unique_ptr<IncrementalDetokenizer> detok;
     std::unique_ptr<StopChecker> stop;
+    std::unique_ptr<GrammarMatcher> grammar;  // structured output: where its text is
     int32_t pending_row = -1;  // its last token's row in the pending step's results, if any
   };
   std::vector<Seq> seqs;
@@ -71,6 +74,11 @@ Status Engine::init() {
     return invalid_argument("--max-model-len " + std::to_string(max_model_len_) +
                             " exceeds the model's max_position_embeddings " +
                             std::to_string(mc.max_position_embeddings));
+  }
+  if (tokenizer_) {
+    PAGELLM_ASSIGN_OR_RETURN(
+        grammars_, GrammarCompiler::create(*tokenizer_, static_cast<int32_t>(mc.vocab_size),
+                                           mc.eos_token_ids));
   }
   const KvSpec spec = model_.kv_spec();
   const int32_t bs = config_.block_size;
@@ -271,6 +279,7 @@ void Engine::drain_inbox() {
         s.detok =
             std::make_unique<IncrementalDetokenizer>(*tokenizer_, live->req.skip_special_tokens);
       s.stop = std::make_unique<StopChecker>(lp, eos);
+      if (live->req.grammar) s.grammar = std::make_unique<GrammarMatcher>(live->req.grammar);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -490,7 +499,12 @@ void Engine::step() {
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.
-  const bool on_device = backend_.supports_sampling() && !config_.host_sampling &&
+  // Grammar rows are sampled on the host too (their masks are made there): then the whole step is.
+  const bool constrained =
+      std::any_of(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& s) {
+        return s.needs_logits && live_.at(s.request_id)->req.grammar != nullptr;
+      });
+  const bool on_device = backend_.supports_sampling() && !config_.host_sampling && !constrained &&
                          std::none_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) {
                            return c.logits == LogitsWanted::kAll;
                          });
@@ -536,8 +550,9 @@ void Engine::step() {
     const Live& live = *p.live;
     const Live::Seq& sq = live.seqs[p.seq_index];
     rows.push_back({&live.req.params, live.req.prompt, sq.outputs, sq.seed});
-    reads_outputs = reads_outputs || uses_output_values(live.req.params);
+    reads_outputs = reads_outputs || uses_output_values(live.req.params) || sq.grammar;
   }
+  if (constrained) fill_grammar_masks(picks, rows);
   std::vector<SampleOutput> outs(rows.size());
   uint64_t ticket = 0;
   if (!rows.empty()) {
@@ -613,6 +628,35 @@ void Engine::step() {
   stats_.iteration_tokens_sum += n_tokens;
 }
 
+void Engine::fill_grammar_masks(const std::vector<Pick>& picks, std::vector<SampleRow>& rows) {
+  // While the device runs the forward just queued (on a CPU backend it has run already).
+  const int64_t words = token_mask_words(model_.config().vocab_size);
+  size_t n = 0;
+  for (const Pick& p : picks) n += p.live->seqs[p.seq_index].grammar ? 1 : 0;
+  grammar_masks_.resize(n * static_cast<size_t>(words));
+  std::vector<std::pair<size_t, uint32_t*>> work;  // (row, its mask)
+  work.reserve(n);
+  for (size_t k = 0, m = 0; k < picks.size(); ++k) {
+    if (!picks[k].live->seqs[picks[k].seq_index].grammar) continue;
+    uint32_t* mask = grammar_masks_.data() + m++ * words;
+    rows[k].allowed = {mask, static_cast<size_t>(words)};
+    work.emplace_back(k, mask);
+  }
+  auto fill = [&](size_t i) {
+    const Pick& p = picks[work[i].first];
+    p.live->seqs[p.seq_index].grammar->fill_mask({work[i].second, static_cast<size_t>(words)});
+  };
+  if (work.size() > 1) {
+    ThreadPool::global().parallel_for(static_cast<int64_t>(work.size()), 1,
+                                      [&](int64_t b, int64_t e) {
+                                        for (int64_t i = b; i < e; ++i)
+                                          fill(static_cast<size_t>(i));
+                                      });
+  } else if (!work.empty()) {
+    fill(0);
+  }
+}
+
 bool Engine::uses_output_values(const SamplingParams& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
@@ -673,6 +717,16 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
       }
     }
     StopUpdate u = sq.stop->append(tok, delta);
+    // The grammar advances with the token its mask let through; once it has ended (its stop
+    // token, which ignore_eos does not keep going), so does the sequence.
+    if (sq.grammar && !sq.grammar->accept(tok)) {
+      PAGELLM_LOG_WARN("request %llu: token %d is not allowed by its grammar",
+                       static_cast<unsigned long long>(live.id), tok);
+    }
+    if (sq.grammar && u.finish == FinishReason::kNone && sq.grammar->terminated()) {
+      u.text += sq.stop->finish(FinishReason::kStop);
+      u.finish = FinishReason::kStop;
+    }
     if (u.finish == FinishReason::kNone && last) {
       u.text += sq.stop->finish(FinishReason::kLength);
       u.finish = FinishReason::kLength;

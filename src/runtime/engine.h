@@ -28,6 +28,7 @@
 #include "model/logits_head.h"
 #include "model/model.h"
 #include "runtime/decode_graphs.h"
+#include "runtime/grammar.h"
 #include "runtime/step_batch.h"
 #include "sample/logprobs.h"
 #include "sample/sample_batch.h"
@@ -66,6 +67,10 @@ struct EngineRequest {
   bool detokenize = true;       // produce text deltas (needs a tokenizer)
   bool skip_special_tokens = true;
   std::vector<uint64_t> extra_keys;  // prefix-cache salt (LoRA id, cache_salt)
+  // Structured output: the grammar every sequence's text must follow (GrammarCompiler::compile
+  // of this engine's grammars()); null: none. Its sequences are sampled on the host, with the
+  // grammar's mask, and end when the grammar does.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 // One event on a request's stream. For n > 1, each sequence streams its own events.
@@ -147,6 +152,9 @@ class Engine {
   int32_t max_model_len() const { return max_model_len_; }
   const ModelConfig& model_config() const { return model_.config(); }
   const Tokenizer* tokenizer() const { return tokenizer_; }
+  // Compiles the grammars of structured-output requests (EngineRequest::grammar) for this model's
+  // vocabulary; null when the engine has no tokenizer. Thread-safe.
+  GrammarCompiler* grammars() const { return grammars_.get(); }
   bool idle() const;
 
  private:
@@ -182,6 +190,8 @@ class Engine {
   // Whether sampling with `p` reads the values of the tokens generated before (the penalties),
   // which a step planned ahead does not know yet.
   static bool uses_output_values(const SamplingParams& p);
+  // Each grammar row's allowed-token mask into grammar_masks_, and rows[k].allowed pointing at it.
+  void fill_grammar_masks(const std::vector<Pick>& picks, std::vector<SampleRow>& rows);
   // The sampled tokens of picks (outs[k] is picks[k]'s) as text, stop decisions and events;
   // appended to each sequence's outputs, or, resolving, in place of its pending token. Picks of
   // requests gone or sequences stopped meanwhile are skipped; rows that failed go to `failed`.
@@ -233,6 +243,8 @@ class Engine {
   std::unique_ptr<DecodeGraphs> graphs_;  // null: eager steps only (CPU, --enforce-eager)
   LogitsDownload download_{backend_};     // logits bound for the host sampler
   std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<GrammarCompiler> grammars_;
+  std::vector<uint32_t> grammar_masks_;        // this step's grammar rows' allowed-token bitmasks
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
   PackedSampleBatch packed_;
   // A step whose tokens are still on the device: the step after it was planned and queued

@@ -32,8 +32,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Top-p over a large candidate set buckets tokens by their scaled log-probability s = (logit - max) / T so that
-// only the bucket where the cumulative mass crosses top_p needs sorting. Bucket b holds
+// Top-p over a large candidate set buckets tokens by their scaled log-probability s = (logit - max)
+// / T so that only the bucket where the cumulative mass crosses top_p needs sorting. Bucket b holds
 // s in (-(b+1)/32, -b/32]; tokens with w > 0 have s >= kExpMinArg > -88, so 88 nats cover them
 // all (the last bucket catches anything beyond).
 constexpr int kBucketsPerNat = 32;
@@ -289,6 +289,21 @@ Status suppress_tokens(std::span<float> logits, std::span<const int32_t> tokens)
     if (t < 0 || static_cast<size_t>(t) >= logits.size())
       return token_out_of_range("suppressed", t, logits.size());
     logits[t] = kNegInf;
+  }
+  return Status::ok_status();
+}
+
+Status apply_token_mask(std::span<float> logits, std::span<const uint32_t> allowed) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (static_cast<int64_t>(allowed.size()) < token_mask_words(n))
+    return invalid_argument("token mask of " + std::to_string(allowed.size()) + " words for " +
+                            std::to_string(n) + " logits");
+  for (int64_t w = 0; w < token_mask_words(n); ++w) {
+    const uint32_t bits = allowed[w];
+    if (bits == 0xffffffffu) continue;  // the common case: a whole word allowed
+    const int64_t end = std::min<int64_t>(n, (w + 1) * 32);
+    for (int64_t t = w * 32; t < end; ++t)
+      if (!(bits >> (t & 31) & 1u)) logits[t] = kNegInf;
   }
   return Status::ok_status();
 }

@@ -58,6 +58,15 @@ Status apply_logit_bias(std::span<float> logits, std::span<const LogitBias> bias
 // logits[t] = -inf for each listed token (min_tokens: EOS and stop ids cannot be sampled yet).
 Status suppress_tokens(std::span<float> logits, std::span<const int32_t> tokens);
 
+// Words of a token bitmask over `vocab_size` tokens: bit t % 32 of word t / 32 is token t.
+inline int64_t token_mask_words(int64_t vocab_size) {
+  return (vocab_size + 31) / 32;
+}
+
+// logits[t] = -inf for every token whose bit in `allowed` is clear (a grammar's next-token mask,
+// runtime/grammar.h). Error if the mask has fewer words than the row needs.
+Status apply_token_mask(std::span<float> logits, std::span<const uint32_t> allowed);
+
 // Penalties from the token history, in this order (vLLM's):
 //   1. repetition (HF): for each distinct token in prompt ∪ output, logit = logit / r if
 //      logit > 0, else logit * r. The result is clamped to +-FLT_MAX so a tiny r cannot make inf.

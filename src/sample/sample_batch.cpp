@@ -79,6 +79,7 @@ SampleBatchPacker::SampleBatchPacker(const SamplerConfig& config) : config_(conf
 Status SampleBatchPacker::pack_row(int64_t r, const SampleRow& row, DeviceSampleRow& d,
                                    std::vector<DeviceSampleEdit>& edits) const {
   PAGELLM_CHECK_MSG(row.params != nullptr, "SampleRow without params");
+  PAGELLM_CHECK_MSG(row.allowed.empty(), "grammar-masked rows are sampled on the host");
   const SamplingParams& p = *row.params;
   const int32_t vocab = config_.vocab_size;
   d.flags = p.is_greedy() ? kSampleGreedy : 0u;

@@ -54,7 +54,7 @@ void sample_row(const SamplerConfig& config, std::span<const float> raw, const S
   // The raw row stays untouched (logprobs need it); edits go to a per-thread copy, made only
   // when some processor changes a logit.
   std::span<const float> x = raw;
-  if (!p.logit_bias.empty() || !s.suppress.empty() || p.has_penalties()) {
+  if (!p.logit_bias.empty() || !s.suppress.empty() || p.has_penalties() || !row.allowed.empty()) {
     s.processed.resize(raw.size());
     std::memcpy(s.processed.data(), raw.data(), raw.size_bytes());
     std::span<float> xp(s.processed);
@@ -63,6 +63,7 @@ void sample_row(const SamplerConfig& config, std::span<const float> raw, const S
     if (st.ok())
       st = apply_penalties(xp, row.prompt_tokens, row.output_tokens, p.repetition_penalty,
                            p.presence_penalty, p.frequency_penalty, &s.sample);
+    if (st.ok() && !row.allowed.empty()) st = apply_token_mask(xp, row.allowed);
     if (!st.ok()) {
       out.status = row_error(r, st);
       return;
@@ -75,8 +76,8 @@ void sample_row(const SamplerConfig& config, std::span<const float> raw, const S
     token = argmax_token(x);
   } else {
     const TruncationParams tp{p.temperature, p.top_k, p.top_p, p.min_p};
-    token = sample_truncated(x, tp, uniform01(row.seed, static_cast<uint64_t>(n_generated)),
-                             &s.sample);
+    token =
+        sample_truncated(x, tp, uniform01(row.seed, static_cast<uint64_t>(n_generated)), &s.sample);
   }
   if (token < 0) {
     out.status = invalid_argument("sample: row " + std::to_string(r) +
@@ -108,8 +109,7 @@ Status Sampler::sample(const Tensor& logits, std::span<const SampleRow> rows,
   const int64_t n_rows = logits.size(0), vocab = logits.size(1);
   if (vocab != config_.vocab_size)
     return invalid_argument("sample: logits have " + std::to_string(vocab) +
-                            " columns, the vocabulary has " +
-                            std::to_string(config_.vocab_size));
+                            " columns, the vocabulary has " + std::to_string(config_.vocab_size));
   if (static_cast<int64_t>(rows.size()) != n_rows || static_cast<int64_t>(out.size()) != n_rows)
     return invalid_argument("sample: " + std::to_string(n_rows) + " logits rows but " +
                             std::to_string(rows.size()) + " rows and " +

@@ -12,6 +12,7 @@
 //                         and, unless ignore_eos, every EOS id of the model.
 //   3. penalties:         repetition (prompt ∪ output), then frequency and presence (output
 //                         only); formulas in logits_processors.h.
+//   3b. grammar:          x[t] = -inf for every token SampleRow::allowed leaves out.
 //   4. greedy if temperature < kGreedyTemperature: the argmax of x, lowest id on ties; top-k,
 //      top-p and min-p do not change it. Otherwise:
 //   5. temperature:       p ∝ exp((x - max x) / T) in fp32 (no clamping of small T is needed).
@@ -65,13 +66,16 @@ struct SampleRow {
   std::span<const int32_t> prompt_tokens;  // for the repetition penalty
   std::span<const int32_t> output_tokens;  // generated so far; its size is the RNG step
   uint64_t seed = 0;                       // this sequence's effective seed
+  // The tokens a grammar allows next (bit t % 32 of word t / 32); empty: no constraint. CPU
+  // sampling only: the engine samples such rows on the host.
+  std::span<const uint32_t> allowed;
 };
 
 struct SampleOutput {
-  Status status;      // this row's error, if any
+  Status status;  // this row's error, if any
   int32_t token = -1;
   float logprob = std::numeric_limits<float>::quiet_NaN();
-  int32_t rank = 0;   // 1-based rank of `token` in the raw distribution
+  int32_t rank = 0;                        // 1-based rank of `token` in the raw distribution
   std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, best first
 };
 

@@ -459,6 +459,7 @@ Result<std::string> single_char(const json& j, const char* key, const std::strin
 
 class ByteLevelDecoder final : public Decoder {
  public:
+  TokenSpelling spelling() const override { return TokenSpelling::kByteLevel; }
   Status decode_chain(std::vector<std::string>* tokens) const override {
     std::string bytes;
     for (const auto& t : *tokens) {
@@ -536,6 +537,7 @@ class ByteFallbackDecoder final : public Decoder {
     return Status();
   }
   bool has_byte_fallback() const override { return true; }
+  TokenSpelling spelling() const override { return TokenSpelling::kByteFallback; }
 };
 
 class FuseDecoder final : public Decoder {
@@ -585,20 +587,27 @@ class StripDecoder final : public Decoder {
 
 class ReplaceDecoder final : public Decoder {
  public:
-  ReplaceDecoder(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
+  ReplaceDecoder(Regex re, std::string content, bool metaspace)
+      : re_(std::move(re)), content_(std::move(content)), metaspace_(metaspace) {}
   Status decode_chain(std::vector<std::string>* tokens) const override {
     for (auto& t : *tokens) PAGELLM_RETURN_IF_ERROR(regex_replace(re_, content_, &t));
     return Status();
+  }
+  // Replacing U+2581 by a space is how SentencePiece vocabularies spell spaces.
+  TokenSpelling spelling() const override {
+    return metaspace_ ? TokenSpelling::kByteFallback : TokenSpelling::kRaw;
   }
 
  private:
   Regex re_;
   std::string content_;
+  bool metaspace_;
 };
 
 class MetaspaceDecoder final : public Decoder {
  public:
   MetaspaceDecoder(std::string rep, PrependScheme scheme) : rep_(std::move(rep)), scheme_(scheme) {}
+  TokenSpelling spelling() const override { return TokenSpelling::kByteFallback; }
   Status decode_chain(std::vector<std::string>* tokens) const override {
     for (size_t i = 0; i < tokens->size(); ++i) {
       std::string& t = (*tokens)[i];
@@ -637,6 +646,17 @@ class SequenceDecoder final : public Decoder {
       if (s->has_byte_fallback()) return true;
     }
     return false;
+  }
+  // ByteLevel wins (GGUF's byte-level vocabularies also list a ByteFallback step, which never
+  // fires on them), then SentencePiece's spelling.
+  TokenSpelling spelling() const override {
+    TokenSpelling best = TokenSpelling::kRaw;
+    for (const auto& s : steps_) {
+      const TokenSpelling t = s->spelling();
+      if (t == TokenSpelling::kByteLevel) return t;
+      if (t == TokenSpelling::kByteFallback) best = t;
+    }
+    return best;
   }
 
  private:
@@ -793,7 +813,9 @@ Result<std::unique_ptr<Decoder>> make_decoder(const json& j) {
     if (!j.contains("pattern")) return invalid_argument(where + ": missing 'pattern'");
     PAGELLM_ASSIGN_OR_RETURN(Regex re, make_pattern(j["pattern"], where));
     PAGELLM_ASSIGN_OR_RETURN(std::string content, field<std::string>(j, "content", "", where));
-    return std::unique_ptr<Decoder>(new ReplaceDecoder(std::move(re), std::move(content)));
+    const bool metaspace = j["pattern"].value("String", "") == "\xE2\x96\x81" && content == " ";
+    return std::unique_ptr<Decoder>(
+        new ReplaceDecoder(std::move(re), std::move(content), metaspace));
   }
   if (t == "Metaspace") {
     PAGELLM_ASSIGN_OR_RETURN(std::string rep, single_char(j, "replacement", "\xE2\x96\x81", where));

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pagellm::tok {
 
@@ -40,6 +41,9 @@ class Decoder {
   virtual Status decode_chain(std::vector<std::string>* tokens) const = 0;
   // Whether this decoder (or one inside a Sequence) is a ByteFallback decoder.
   virtual bool has_byte_fallback() const { return false; }
+  // How the tokens it decodes spell bytes: ByteLevel's map, else SentencePiece's U+2581 and
+  // <0xNN> (ByteFallback, Metaspace, or a Replace of U+2581), else raw.
+  virtual TokenSpelling spelling() const { return TokenSpelling::kRaw; }
 };
 
 // What the post-processor adds around a single sequence.

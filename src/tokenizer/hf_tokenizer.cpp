@@ -265,6 +265,9 @@ class HfTokenizer final : public Tokenizer {
     const std::string* t = token_ptr(id);
     return t && byte_fallback_value(*t).has_value();
   }
+  TokenSpelling token_spelling() const override {
+    return decoder_ ? decoder_->spelling() : TokenSpelling::kRaw;
+  }
 
  private:
   const std::string* token_ptr(int32_t id) const {

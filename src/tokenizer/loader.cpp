@@ -85,6 +85,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
   bool is_special(int32_t id) const override { return id >= 0 && id < n_ && sp_.IsControl(id); }
   bool is_byte_fallback_token(int32_t id) const override { return id >= 0 && id < n_ && sp_.IsByte(id); }
+  // Pieces spell spaces as U+2581 and bytes as <0xNN> pieces.
+  TokenSpelling token_spelling() const override { return TokenSpelling::kByteFallback; }
 
  private:
   sentencepiece::SentencePieceProcessor sp_;

@@ -23,6 +23,14 @@
 
 namespace pagellm {
 
+// How a vocabulary's token strings (id_to_token) spell the bytes they stand for: what a grammar
+// engine needs to match tokens against text (runtime/grammar.h).
+enum class TokenSpelling {
+  kRaw,           // the string is the bytes
+  kByteLevel,     // GPT-2's byte-to-character map ('Ġ' is a space): the ByteLevel decoder
+  kByteFallback,  // SentencePiece style: U+2581 is a space and <0xNN> tokens are single bytes
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -41,6 +49,7 @@ class Tokenizer {
   // Whether `id` is a byte-fallback token (<0xNN>) that the decoder fuses with its neighbours, so
   // a streaming decoder must wait for the byte run to end.
   virtual bool is_byte_fallback_token(int32_t id) const = 0;
+  virtual TokenSpelling token_spelling() const = 0;
 
   std::optional<int32_t> bos_id() const { return bos_id_; }
   std::optional<int32_t> eos_id() const { return eos_id_; }

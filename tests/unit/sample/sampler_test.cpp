@@ -81,6 +81,44 @@ TEST(Sampler, LogitBiasPlusMinus100) {
   EXPECT_EQ(b.logits, base);
 }
 
+TEST(Sampler, GrammarMaskLeavesOnlyAllowedTokens) {
+  // 40 tokens (two mask words); the grammar allows 3 and 37, the two least likely.
+  constexpr int32_t V = 40;
+  Sampler sampler(cfg(V));
+  std::vector<float> base(V);
+  for (int32_t t = 0; t < V; ++t) base[t] = t == 3 || t == 37 ? -2.0f : 1.0f + 0.01f * t;
+  const std::vector<uint32_t> mask = {1u << 3, 1u << (37 - 32)};
+  SamplingParams t1, greedy, lp;
+  greedy.temperature = 0.0f;
+  lp.logprobs = 1;
+  std::map<int32_t, int> counts;
+  for (uint64_t seed = 0; seed < 500; ++seed) {
+    Batch b{V, {}, {}, {}};
+    for (int r = 0; r < 3; ++r) b.logits.insert(b.logits.end(), base.begin(), base.end());
+    b.rows = {{&t1, {}, {}, seed, mask}, {&greedy, {}, {}, seed, mask}, {&lp, {}, {}, seed, mask}};
+    ASSERT_TRUE(run(sampler, b).ok());
+    ++counts[b.out[0].token];
+    ASSERT_EQ(b.out[1].token, 3);  // the argmax of the allowed, lowest id on ties
+    // Logprobs stay the model's own (raw) distribution.
+    ASSERT_NEAR(b.out[2].logprob,
+                -2.0f - std::log(2 * std::exp(-2.0) +
+                                 [&] {
+                                   double z = 0;
+                                   for (int32_t t = 0; t < V; ++t)
+                                     if (t != 3 && t != 37) z += std::exp(base[t]);
+                                   return z;
+                                 }()),
+                1e-4);
+  }
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_GT(counts[3], 150);
+  EXPECT_GT(counts[37], 150);
+  // A mask too short for the row is that row's error.
+  Batch b{V, base, {{&t1, {}, {}, 1, std::span<const uint32_t>(mask).first(1)}}, {}};
+  ASSERT_TRUE(run(sampler, b).ok());
+  EXPECT_FALSE(b.out[0].status.ok());
+}
+
 TEST(Sampler, MinTokensSuppressesEosAndStopIdsUntilReached) {
   Sampler sampler(cfg(6, {5}));
   SamplingParams p;
@@ -208,8 +246,7 @@ std::vector<float> toy_logits(int32_t vocab, uint64_t seq, const std::vector<int
   uint64_t h = mix64(seq);
   for (int32_t t : history) h = mix64(h ^ static_cast<uint64_t>(t));
   std::vector<float> row(vocab);
-  for (int32_t i = 0; i < vocab; ++i)
-    row[i] = static_cast<float>(uniform01(h, i) * 8.0 - 4.0);
+  for (int32_t i = 0; i < vocab; ++i) row[i] = static_cast<float>(uniform01(h, i) * 8.0 - 4.0);
   return row;
 }
 
@@ -356,8 +393,8 @@ TEST(Sampler, RowErrorsAreIsolated) {
            -kInf, /*4*/ 5.0f, -kInf, -kInf, /*5*/ 1.0f, kInf, 0.0f},
           {},
           {}};
-  b.rows = {{&p, {}, {}, 1},          {&p, {}, {}, 1},          {&pen, {}, bad_history, 1},
-            {&p, {}, {}, 1},          {&all_masked, {}, {}, 1}, {&p, {}, {}, 1}};
+  b.rows = {{&p, {}, {}, 1}, {&p, {}, {}, 1},          {&pen, {}, bad_history, 1},
+            {&p, {}, {}, 1}, {&all_masked, {}, {}, 1}, {&p, {}, {}, 1}};
   ASSERT_TRUE(run(sampler, b).ok());
   EXPECT_NE(b.out[0].status.message().find("row 0: token 1 has a non-finite logit (nan)"),
             std::string::npos)
