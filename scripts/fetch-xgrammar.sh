@@ -2,7 +2,8 @@
 # Fetches xgrammar's source distribution from PyPI (Apache-2.0; its C++ core is the grammar
 # engine of structured outputs, src/runtime/grammar.h) into third_party/xgrammar-<version>, whose
 # C++ sources cmake/xgrammar.cmake builds into the project. Pinned by version and checksum;
-# idempotent.
+# idempotent. scripts/patches/xgrammar-<version>-*.patch are applied after unpacking: fixes of
+# bugs found here, each saying what it fixes.
 #   scripts/fetch-xgrammar.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,10 @@ SDIST="xgrammar-$VERSION.tar.gz"
 SHA256=8305646fd2b319d6c3003f51a1665e54cbbe9cba1fb636bc41d0b46434ccbb80
 dest="third_party/xgrammar-$VERSION"
 
-if [ -f "$dest/.fetched" ] && [ "$(cat "$dest/.fetched")" = "$SHA256" ]; then
+patches=(scripts/patches/xgrammar-"$VERSION"-*.patch)
+# The stamp names the archive and the patches, so a new patch re-applies everything.
+stamp="$SHA256 $(cat "${patches[@]}" | sha256sum | cut -d' ' -f1)"
+if [ -f "$dest/.fetched" ] && [ "$(cat "$dest/.fetched")" = "$stamp" ]; then
   echo "fetch-xgrammar: $dest is present"
   exit 0
 fi
@@ -43,5 +47,8 @@ fi
 rm -rf "$dest"
 mkdir -p third_party
 tar -xzf "$tmp/$SDIST" -C third_party
-echo "$SHA256" >"$dest/.fetched"
+for p in "${patches[@]}"; do
+  patch -s -p1 -d "$dest" <"$p"
+done
+echo "$stamp" >"$dest/.fetched"
 echo "fetch-xgrammar: $dest"

@@ -15,7 +15,7 @@ for a in "$@"; do
 done
 
 # --- Debian packages (versions are Debian 12's) ---
-pkgs=(build-essential cmake ninja-build pkg-config git python3-venv
+pkgs=(build-essential cmake ninja-build pkg-config git python3-venv patch
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libboost1.74-dev libyaml-cpp-dev
       libpcre2-dev libutf8proc-dev libxxhash-dev libsentencepiece-dev
       clang-14 libclang-rt-14-dev)

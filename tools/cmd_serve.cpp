@@ -61,6 +61,11 @@ std::vector<OptionGroup> serve_options() {
          "return the text between the model's think markers as reasoning_content, apart from "
          "the answer",
          std::nullopt, "none"},
+        {"tool-call-parser", "auto|llama3_json|hermes|mistral|deepseek_v3|none",
+         "return the tool calls in chat answers to requests with tools as message.tool_calls, "
+         "apart from the text; auto: the format whose markers the chat template writes "
+         "(docs/API.md), else none",
+         "auto"},
         {"max-body-bytes", "BYTES", "largest request body; larger ones get HTTP 413", "8MiB"},
         {"max-connections", "N",
          "most open client connections; past it new ones wait in the kernel's backlog", "8192"},
@@ -154,6 +159,12 @@ int run_serve(int argc, char** argv) {
   auto reasoning = server::parse_reasoning_format(a.str("reasoning-parser"));
   if (!reasoning.ok()) return fail("serve", reasoning.status());
   c.reasoning = *reasoning;
+  const std::string tool_parser = a.str("tool-call-parser");
+  if (tool_parser != "auto") {
+    auto tools = server::parse_tool_call_format(tool_parser);
+    if (!tools.ok()) return fail("serve", tools.status());
+    c.tool_calls = *tools;
+  }
   c.tracing.endpoint = a.str("otlp-traces-endpoint");
   if (c.tracing.endpoint.empty()) {
     // The standard base-endpoint variable: traces go to its /v1/traces.
@@ -181,6 +192,14 @@ int run_serve(int argc, char** argv) {
   c.served_model_name = a.has("served-model-name") ? a.str("served-model-name")
                         : a.has("model")           ? a.str("model")
                                                    : name_from_file(m.path);
+  if (tool_parser == "auto" && m.chat_template) {
+    auto src =
+        load_any_chat_template(m.checkpoint.gguf_path.empty() ? m.path : m.checkpoint.gguf_path);
+    if (src.ok()) c.tool_calls = server::detect_tool_call_format(src->source);
+  }
+  PAGELLM_LOG_INFO("tool-call parser: %s%s",
+                   std::string(server::tool_call_format_name(c.tool_calls)).c_str(),
+                   tool_parser == "auto" ? " (from the chat template)" : "");
   auto engine = make_engine_from_args(a, m);
   if (!engine.ok()) return fail("serve", engine.status());
 

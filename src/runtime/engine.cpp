@@ -596,8 +596,9 @@ void Engine::step() {
     std::vector<SampledToken> results;
     std::vector<uint64_t> failed;
     n_generated = emit_tokens(picks, outs, false, results, failed);
-    finish_requests(scheduler_->on_step_done(results));
+    // A failed row has no token: its request ends first, so the scheduler does not wait for one.
     fail_sampling(failed);
+    finish_requests(scheduler_->on_step_done(results));
   }
   const auto t_end = Clock::now();
   const double dt = std::chrono::duration<double>(t_end - t0).count();
@@ -646,6 +647,7 @@ void Engine::fill_grammar_masks(const std::vector<Pick>& picks, std::vector<Samp
     const Pick& p = picks[work[i].first];
     p.live->seqs[p.seq_index].grammar->fill_mask({work[i].second, static_cast<size_t>(words)});
   };
+  const auto t0 = Clock::now();
   if (work.size() > 1) {
     ThreadPool::global().parallel_for(static_cast<int64_t>(work.size()), 1,
                                       [&](int64_t b, int64_t e) {
@@ -655,6 +657,10 @@ void Engine::fill_grammar_masks(const std::vector<Pick>& picks, std::vector<Samp
   } else if (!work.empty()) {
     fill(0);
   }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.grammar_mask_steps += 1;
+  stats_.grammar_mask_seconds += dt;
 }
 
 bool Engine::uses_output_values(const SamplingParams& p) {
@@ -667,12 +673,12 @@ void Engine::read_pending() {
   std::vector<SampledToken> results;
   std::vector<uint64_t> failed;
   emit_tokens(pending_.picks, outs, true, results, failed);
+  fail_sampling(failed);  // before the scheduler looks for their tokens
   // Stops end their sequences now; the requests that reached max_tokens when the step was
   // planned ahead end after their last events.
   std::vector<FinishedRequest> finished = scheduler_->resolve_tokens(results);
   finished.insert(finished.end(), pending_.finished.begin(), pending_.finished.end());
   finish_requests(finished);
-  fail_sampling(failed);
   pending_.ticket = 0;
   pending_.picks.clear();
   pending_.finished.clear();

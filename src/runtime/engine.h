@@ -115,6 +115,9 @@ struct EngineStats {
   // (EngineConfig::plan_ahead).
   int64_t steps_planned_ahead = 0;
   double busy_seconds = 0;  // time spent inside steps
+  // Structured outputs: steps with grammar rows, and the host time making their token masks.
+  int64_t grammar_mask_steps = 0;
+  double grammar_mask_seconds = 0;
   // Of that, the host's own work with nothing queued on the device: scheduling and packing a step
   // before its forward is queued, and handling its sampled tokens once they are back (text,
   // stop checks, events). On a device backend the device idles meanwhile, so this is the share

@@ -32,6 +32,30 @@ xgrammar::VocabType vocab_type(TokenSpelling s) {
   return xgrammar::VocabType::RAW;
 }
 
+// The next-token bitmask of `m` into `n_words` int32 words at `words` (xgrammar takes a DLTensor).
+void fill_bitmask(xgrammar::GrammarMatcher& m, void* words, int64_t n_words) {
+  int64_t shape[1] = {n_words};
+  DLTensor t{};
+  t.data = words;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  m.FillNextTokenBitmask(&t);
+}
+
+// xgrammar's error text without its "[hh:mm:ss] /path/file.cc:123: " prefix (a build path means
+// nothing to a client) and trailing newline.
+std::string reason(std::string what) {
+  if (!what.empty() && what[0] == '[') {
+    const size_t src = what.find("] ");
+    const size_t colon = src == std::string::npos ? src : what.find(": ", src + 2);
+    if (colon != std::string::npos) what.erase(0, colon + 2);
+  }
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  return what;
+}
+
 // root ::= "a" | "b" ...: the choices as EBNF string literals (JSON's escapes are xgrammar's).
 std::string choice_grammar(const std::vector<std::string>& choices) {
   std::string g = "root ::=";
@@ -67,7 +91,25 @@ struct GrammarCompiler::Impl {
   std::list<std::string> lru;  // most recently used first
   GrammarCompileStats stats;
 
+  // A grammar whose language is empty (a regex like [^\s\S]) would leave a request nothing to
+  // sample: refused here instead.
+  static Result<std::shared_ptr<const CompiledGrammar>> nonempty(
+      Result<std::shared_ptr<const CompiledGrammar>> g) {
+    if (!g.ok()) return g;
+    xgrammar::GrammarMatcher m((*g)->grammar);
+    const int32_t vocab = (*g)->grammar.GetTokenizerInfo().GetVocabSize();
+    std::vector<int32_t> words(xgrammar::GetBitmaskSize(vocab));
+    fill_bitmask(m, words.data(), static_cast<int64_t>(words.size()));
+    for (int32_t w : words)
+      if (w != 0) return g;
+    return invalid_argument("the grammar matches no text (no token can start it)");
+  }
+
   Result<std::shared_ptr<const CompiledGrammar>> build(const GrammarSpec& spec) {
+    return nonempty(build_any(spec));
+  }
+
+  Result<std::shared_ptr<const CompiledGrammar>> build_any(const GrammarSpec& spec) {
     try {
       switch (spec.kind) {
         case GrammarKind::kJsonObject:
@@ -90,7 +132,7 @@ struct GrammarCompiler::Impl {
               compiler.CompileGrammar(spec.text, "root"));
       }
     } catch (const std::exception& e) {
-      return invalid_argument(e.what());
+      return invalid_argument(reason(e.what()));
     }
     return invalid_argument("unknown grammar kind");
   }
@@ -189,16 +231,7 @@ int32_t GrammarMatcher::mask_words() const {
 
 void GrammarMatcher::fill_mask(std::span<uint32_t> words) {
   PAGELLM_CHECK(static_cast<int64_t>(words.size()) >= mask_words());
-  int64_t shape[1] = {mask_words()};
-  DLTensor t{};
-  t.data = words.data();
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = xgrammar::GetBitmaskDLType();
-  t.shape = shape;
-  t.strides = nullptr;
-  t.byte_offset = 0;
-  impl_->matcher.FillNextTokenBitmask(&t);
+  fill_bitmask(impl_->matcher, words.data(), mask_words());
 }
 
 bool GrammarMatcher::accept(int32_t token) {

@@ -78,7 +78,15 @@ class Generation : public std::enable_shared_from_this<Generation> {
     Clock::time_point last_token{};
     // Chat with --reasoning-parser: the text split as it comes (reasoning_content, content).
     std::optional<ReasoningSplitter> splitter;
+    // Chat with --tool-call-parser and tools: the calls taken out of the answer part.
+    std::optional<ToolCallParser> tool_parser;
+    std::string reasoning, content;  // with either parser: the text split so far
+    std::vector<ToolCall> tool_calls;
+  };
+  // A choice's new text as its parsers split it.
+  struct Parsed {
     std::string reasoning, content;
+    std::vector<ToolCall> calls;
   };
 
   Generation(ApiServer& server, std::shared_ptr<Exchange> ex, GenerateRequest req)
@@ -100,13 +108,22 @@ class Generation : public std::enable_shared_from_this<Generation> {
     choices_.resize(prompts_.size() * static_cast<size_t>(n));
     if (req_.chat && server_.config().reasoning != ReasoningFormat::kNone)
       for (Choice& ch : choices_) ch.splitter.emplace(server_.config().reasoning);
+    // Tool calls are looked for only where the request offers tools (tool_choice "none" has
+    // dropped them by now).
+    const ToolCallFormat tools = server_.config().tool_calls;
+    const bool parse_tools =
+        req_.chat && tools != ToolCallFormat::kNone && req_.tools.is_array() && !req_.tools.empty();
+    if (parse_tools)
+      for (Choice& ch : choices_) ch.tool_parser.emplace(tools);
     for (size_t pi = 0; pi < prompts_.size(); ++pi) {
       Prompt& p = prompts_[pi];
       EngineRequest er;
       er.prompt = p.ids;
       er.params = req_.params;
+      er.grammar = req_.compiled_grammar;
       er.detokenize = server_.tokenizer() != nullptr;
-      er.skip_special_tokens = req_.skip_special_tokens;
+      er.skip_special_tokens =
+          req_.skip_special_tokens && !(parse_tools && markers_are_special(tools));
       auto r = server_.engine().submit(std::move(er), [self, pi](EngineOutput&& o) {
         // Engine thread: hand over to the connection's strand and return at once.
         self->ex_->post(
@@ -124,6 +141,66 @@ class Generation : public std::enable_shared_from_this<Generation> {
   }
 
  private:
+  // Whether the tokenizer makes one of the format's markers a special token (Mistral's
+  // [TOOL_CALLS], Llama's <|python_tag|>, and some Qwen/Hermes checkpoints' <tool_call>): then
+  // the answer is detokenized with its special tokens, or the parser would never see the marker.
+  bool markers_are_special(ToolCallFormat format) const {
+    const Tokenizer* t = server_.tokenizer();
+    if (!t) return false;
+    for (std::string_view m : tool_call_markers(format))
+      if (auto id = t->token_to_id(m); id && t->is_special(*id)) return true;
+    return false;
+  }
+
+  // A choice's next text through its parsers (the thought apart, then the calls out of the
+  // answer part), added to the choice's totals. `last`: no more text will come, so nothing is
+  // held back.
+  static Parsed parse_text(Choice& ch, std::string_view text, bool last) {
+    Parsed out;
+    ReasoningSplitter::Piece piece{"", std::string(text)};
+    if (ch.splitter) {
+      piece = ch.splitter->feed(text);
+      if (last) {
+        ReasoningSplitter::Piece rest = ch.splitter->finish();
+        piece.reasoning += rest.reasoning;
+        piece.content += rest.content;
+      }
+    }
+    out.reasoning = std::move(piece.reasoning);
+    if (ch.tool_parser) {
+      ToolCallParser::Piece t = ch.tool_parser->feed(piece.content);
+      if (last) {
+        ToolCallParser::Piece rest = ch.tool_parser->finish();
+        t.content += rest.content;
+        for (ToolCall& c : rest.calls) t.calls.push_back(std::move(c));
+      }
+      out.content = std::move(t.content);
+      out.calls = std::move(t.calls);
+    } else {
+      out.content = std::move(piece.content);
+    }
+    ch.reasoning += out.reasoning;
+    ch.content += out.content;
+    ch.tool_calls.insert(ch.tool_calls.end(), out.calls.begin(), out.calls.end());
+    return out;
+  }
+
+  // The finish reason a client sees: "tool_calls" where a choice that stopped by itself (not
+  // cut off by max_tokens) holds tool calls.
+  static std::string finish_name(const Choice& ch, FinishReason f) {
+    if (f == FinishReason::kStop && !ch.tool_calls.empty()) return "tool_calls";
+    return finish_reason_name(f);
+  }
+
+  static Json tool_calls_json(const std::vector<ToolCall>& calls) {
+    Json out = Json::array();
+    for (const ToolCall& c : calls)
+      out.push_back({{"id", c.id},
+                     {"type", "function"},
+                     {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    return out;
+  }
+
   void abort_all() {
     for (Prompt& p : prompts_)
       if (p.submitted && !p.done) server_.engine().abort(p.engine_id);
@@ -251,9 +328,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
     ex_->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
   }
 
-  // One engine event, streamed; `piece` is its text (all content without a reasoning parser).
+  // One engine event, streamed; `piece` is its text as the parsers split it (all content
+  // without parsers).
   void stream_event(size_t pi, Choice& ch, size_t index, const EngineOutput& o,
-                    const ReasoningSplitter::Piece& piece) {
+                    const Parsed& piece) {
     begin_stream_if_needed();
     const Prompt& p = prompts_[pi];
     const bool first = !ch.started;
@@ -267,20 +345,43 @@ class Generation : public std::enable_shared_from_this<Generation> {
                    {"finish_reason", nullptr}};
         send_chunk(std::move(c0));
       }
-      if (piece.content.empty() && piece.reasoning.empty() && o.finish == FinishReason::kNone &&
-          !has_lp && !req_.return_token_ids)
+      const bool has_text = !piece.content.empty() || !piece.reasoning.empty();
+      if (!has_text && piece.calls.empty() && o.finish == FinishReason::kNone && !has_lp &&
+          !req_.return_token_ids)
         return;
-      Json delta = Json::object();
-      if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
-      if (!piece.content.empty()) delta["content"] = piece.content;
-      Json c = {
-          {"index", index},
-          {"delta", std::move(delta)},
-          {"logprobs", has_lp ? chat_logprobs(o.token_ids, o.logprobs) : Json(nullptr)},
-          {"finish_reason",
-           o.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_reason_name(o.finish))}};
-      if (req_.return_token_ids) c["token_ids"] = o.token_ids;
-      send_chunk(std::move(c));
+      // The event's text, then each tool call completed with it as OpenAI streams one: a chunk
+      // with its index, id and name (arguments ""), then its arguments. The first chunk carries
+      // the event's logprobs and token ids, the last its finish reason.
+      std::vector<Json> deltas;
+      if (has_text || piece.calls.empty() || has_lp || req_.return_token_ids) {
+        Json delta = Json::object();
+        if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
+        if (!piece.content.empty()) delta["content"] = piece.content;
+        deltas.push_back(std::move(delta));
+      }
+      size_t call_index = ch.tool_calls.size() - piece.calls.size();
+      for (const ToolCall& call : piece.calls) {
+        Json head = {{"index", call_index},
+                     {"id", call.id},
+                     {"type", "function"},
+                     {"function", {{"name", call.name}, {"arguments", ""}}}};
+        deltas.push_back({{"tool_calls", Json::array({std::move(head)})}});
+        Json args = {{"index", call_index}, {"function", {{"arguments", call.arguments}}}};
+        deltas.push_back({{"tool_calls", Json::array({std::move(args)})}});
+        ++call_index;
+      }
+      for (size_t k = 0; k < deltas.size(); ++k) {
+        const bool last = k + 1 == deltas.size();
+        Json c = {
+            {"index", index},
+            {"delta", std::move(deltas[k])},
+            {"logprobs", k == 0 && has_lp ? chat_logprobs(o.token_ids, o.logprobs) : Json(nullptr)},
+            {"finish_reason", last && o.finish != FinishReason::kNone
+                                  ? Json(finish_name(ch, o.finish))
+                                  : Json(nullptr)}};
+        if (k == 0 && req_.return_token_ids) c["token_ids"] = o.token_ids;
+        send_chunk(std::move(c));
+      }
       return;
     }
     std::string text;
@@ -321,17 +422,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
         p.last_token = now;
       }
       ch.text += o.text;
-      ReasoningSplitter::Piece piece{"", o.text};
-      if (ch.splitter) {
-        piece = ch.splitter->feed(o.text);
-        if (o.finish != FinishReason::kNone) {  // the choice's last text: nothing held back
-          ReasoningSplitter::Piece rest = ch.splitter->finish();
-          piece.reasoning += rest.reasoning;
-          piece.content += rest.content;
-        }
-        ch.reasoning += piece.reasoning;
-        ch.content += piece.content;
-      }
+      // The choice's last text (a finish reason) leaves nothing held back.
+      const Parsed piece = parse_text(ch, o.text, o.finish != FinishReason::kNone);
       ch.token_ids.insert(ch.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
       if (req_.logprobs)
         for (auto& l : o.logprobs) ch.logprobs.push_back(std::move(l));
@@ -522,22 +614,34 @@ class Generation : public std::enable_shared_from_this<Generation> {
       const Choice& ch = choices_[i];
       const Prompt& p = prompts_[i / n];
       const Json finish =
-          ch.finish == FinishReason::kNone ? Json("abort") : Json(finish_reason_name(ch.finish));
+          ch.finish == FinishReason::kNone ? Json("abort") : Json(finish_name(ch, ch.finish));
       Json c;
       if (req_.chat) {
         Json message = {{"role", "assistant"}, {"content", ch.text}};
-        if (ch.splitter) {
-          // An aborted choice may still hold back a partial marker.
-          std::string reasoning = ch.reasoning, content = ch.content;
+        if (ch.splitter || ch.tool_parser) {
+          // An aborted choice may still hold back a partial marker or an unfinished call.
+          Choice rest;
+          const Choice* parsed = &ch;
           if (ch.finish == FinishReason::kNone) {
-            ReasoningSplitter rest = *ch.splitter;
-            const ReasoningSplitter::Piece last = rest.finish();
-            reasoning += last.reasoning;
-            content += last.content;
+            rest.splitter = ch.splitter;
+            rest.tool_parser = ch.tool_parser;
+            rest.reasoning = ch.reasoning;
+            rest.content = ch.content;
+            rest.tool_calls = ch.tool_calls;
+            parse_text(rest, "", /*last=*/true);
+            parsed = &rest;
           }
-          message["reasoning_content"] = reasoning.empty() ? Json(nullptr) : Json(reasoning);
+          const std::string& reasoning = parsed->reasoning;
+          const std::string& content = parsed->content;
+          if (ch.splitter)
+            message["reasoning_content"] = reasoning.empty() ? Json(nullptr) : Json(reasoning);
+          // null where the answer is all thought or all calls
           message["content"] =
-              content.empty() && !reasoning.empty() ? Json(nullptr) : Json(content);
+              content.empty() && (!reasoning.empty() || !parsed->tool_calls.empty())
+                  ? Json(nullptr)
+                  : Json(content);
+          if (!parsed->tool_calls.empty())
+            message["tool_calls"] = tool_calls_json(parsed->tool_calls);
         }
         c = {{"index", i},
              {"message", std::move(message)},
@@ -800,9 +904,12 @@ void ApiServer::handle(std::shared_ptr<Exchange> ex) {
   if (rp == "/metrics") {
     metrics_.observe_http(200);
     const TraceExportStats trace_stats = tracer_ ? tracer_->stats() : TraceExportStats{};
+    const GrammarCompileStats grammar_stats =
+        engine_.grammars() ? engine_.grammars()->stats() : GrammarCompileStats{};
     return ex->respond(
         200, "text/plain; version=0.0.4; charset=utf-8",
-        metrics_.render(engine_.stats(), http_->n_connections(), tracer_ ? &trace_stats : nullptr));
+        metrics_.render(engine_.stats(), http_->n_connections(), tracer_ ? &trace_stats : nullptr,
+                        engine_.grammars() ? &grammar_stats : nullptr));
   }
 }
 
@@ -884,6 +991,19 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
           chat ? parse_chat_request(body, vocab, req) : parse_completion_request(body, vocab, req))
     return refuse(*e);
   if (auto e = check_model(req.model)) return refuse(*e);
+  if (req.grammar) {
+    // Compiled here, once per distinct spec (later requests with it take the cached grammar),
+    // so that a schema, regex or grammar that does not compile is this request's 400.
+    GrammarCompiler* grammars = engine_.grammars();
+    if (!grammars)
+      return refuse(
+          bad_request("structured output needs the model's tokenizer, which this "
+                      "server does not have"));
+    auto g = grammars->compile(*req.grammar);
+    if (!g.ok()) return refuse(bad_request("invalid structured output: " + g.status().message()));
+    req.compiled_grammar = std::move(*g);
+    metrics_.observe_structured_request();
+  }
   if (http_->draining()) {
     ApiError e;
     e.status = 503;

@@ -23,6 +23,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/reasoning_parser.h"
+#include "server/tool_parser.h"
 #include "server/trace_exporter.h"
 #include "tokenizer/jinja/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -37,6 +38,9 @@ struct ApiServerConfig {
   double drain_timeout_s = 30;  // SIGTERM: how long in-flight requests may take to finish
   // --reasoning-parser: chat answers' thought returned as reasoning_content, apart from content.
   ReasoningFormat reasoning = ReasoningFormat::kNone;
+  // --tool-call-parser: the calls in chat answers to requests with `tools` (and tool_choice not
+  // "none") returned as message.tool_calls, apart from content; kNone: answers stay text.
+  ToolCallFormat tool_calls = ToolCallFormat::kNone;
   // OpenTelemetry traces (OTLP/HTTP JSON): one span per completions / chat request. Off while
   // tracing.endpoint is "".
   TracingConfig tracing;

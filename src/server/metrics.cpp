@@ -121,8 +121,14 @@ void ServerMetrics::observe_http(int status) {
   }
 }
 
+void ServerMetrics::observe_structured_request() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++structured_requests_;
+}
+
 std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connections,
-                                  const TraceExportStats* tracing) const {
+                                  const TraceExportStats* tracing,
+                                  const GrammarCompileStats* grammars) const {
   std::string out;
   out.reserve(16 << 10);
   const std::string& l = labels_;
@@ -224,6 +230,28 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
          l + ",block_size=\"" + std::to_string(es.kv_block_size) + "\",num_gpu_blocks=\"" +
              std::to_string(es.n_kv_blocks) + "\"",
          1);
+  // Structured outputs: requests, grammar compiles (a spec seen before takes the cached grammar)
+  // and the host's time making the steps' token masks (per step: its rate over the steps').
+  header(out, "pagellm:structured_output_requests_total", "counter",
+         "Requests with a structured-output constraint (response_format, guided_*).");
+  sample(out, "pagellm:structured_output_requests_total", l,
+         static_cast<double>(structured_requests_));
+  if (grammars) {
+    header(out, "pagellm:grammar_compiles_total", "counter", "Grammars compiled.");
+    sample(out, "pagellm:grammar_compiles_total", l, static_cast<double>(grammars->compiled));
+    header(out, "pagellm:grammar_cache_hits_total", "counter",
+           "Structured-output requests whose grammar was compiled before.");
+    sample(out, "pagellm:grammar_cache_hits_total", l, static_cast<double>(grammars->cache_hits));
+    header(out, "pagellm:grammar_compile_seconds_total", "counter",
+           "Seconds spent compiling grammars.");
+    sample(out, "pagellm:grammar_compile_seconds_total", l, grammars->compile_seconds);
+  }
+  header(out, "pagellm:grammar_mask_steps_total", "counter",
+         "Engine steps with grammar-constrained rows.");
+  sample(out, "pagellm:grammar_mask_steps_total", l, static_cast<double>(es.grammar_mask_steps));
+  header(out, "pagellm:grammar_mask_seconds_total", "counter",
+         "Seconds the engine spent making grammar token masks.");
+  sample(out, "pagellm:grammar_mask_seconds_total", l, es.grammar_mask_seconds);
   if (tracing) {
     header(out, "pagellm:trace_spans_exported_total", "counter",
            "Trace spans the OTLP collector accepted.");

@@ -16,6 +16,7 @@
 
 #include "core/finish_reason.h"
 #include "runtime/engine.h"
+#include "runtime/grammar.h"
 
 namespace pagellm::server {
 
@@ -54,11 +55,14 @@ class ServerMetrics {
   void observe_request(const RequestRecord& r);
   void observe_inter_token(double seconds);
   void observe_http(int status);
+  // A request with a structured-output constraint was admitted.
+  void observe_structured_request();
 
   // The whole exposition (text format 0.0.4). `tracing`: the span exporter's counters, when
-  // tracing is on.
+  // tracing is on; `grammars`: the grammar compiler's, when the engine has one.
   std::string render(const EngineStats& engine, int64_t n_open_connections,
-                     const TraceExportStats* tracing = nullptr) const;
+                     const TraceExportStats* tracing = nullptr,
+                     const GrammarCompileStats* grammars = nullptr) const;
 
  private:
   std::string labels_;  // model_name="..."
@@ -66,6 +70,7 @@ class ServerMetrics {
   Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, prompt_tokens_, generation_tokens_;
   uint64_t success_[4] = {0, 0, 0, 0};  // by FinishReason
   uint64_t http_2xx_ = 0, http_4xx_ = 0, http_5xx_ = 0;
+  uint64_t structured_requests_ = 0;
 };
 
 // Formats a double the way Prometheus expects ("+Inf", shortest round-trip digits).

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/structured_output.h"
+
 namespace pagellm::server {
 namespace {
 
@@ -107,6 +109,7 @@ std::optional<ApiError> token_list(const Json& v, const std::string& field, int3
 // Fields shared by completions and chat.
 std::optional<ApiError> parse_common(const Json& b, int32_t vocab, GenerateRequest& r) {
   if (auto e = get_string(b, "model", r.model)) return e;
+  if (auto e = parse_structured_output(b, r.grammar)) return e;
   SamplingParams& p = r.params;
   if (auto e = get_float(b, "temperature", p.temperature)) return e;
   if (auto e = get_float(b, "top_p", p.top_p)) return e;
@@ -385,19 +388,21 @@ std::optional<ApiError> parse_chat_request(const Json& b, int32_t vocab, Generat
   if (auto e = get_int(b, "top_logprobs", 0, kMaxLogprobs, top)) return e;
   if (top && !want_lp) return bad_request("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
   if (want_lp) r.logprobs = static_cast<int32_t>(top.value_or(0));
-  if (const Json* rf = find(b, "response_format")) {
-    const Json* t = rf->is_object() ? find(*rf, "type") : nullptr;
-    if (!t || !t->is_string())
-      return bad_request("'response_format' must be an object with a 'type'", "response_format");
-    if (*t != "text")
-      return bad_request("'response_format' type '" + t->get<std::string>() +
-                             "' is not supported (only 'text'; no structured output)",
-                         "response_format");
-  }
   if (const Json* tc = find(b, "tool_choice")) {
+    // "required" and a named function are OpenAI's, but forcing a call needs constrained
+    // decoding, which this server does not do yet: refused, saying so, rather than ignored.
+    constexpr const char* kForced =
+        " is not supported yet (forcing a tool call needs constrained decoding); use 'auto' "
+        "(the model decides whether to call a tool) or 'none'";
+    if (tc->is_string() && *tc == "required")
+      return bad_request(std::string("'tool_choice' 'required'") + kForced, "tool_choice");
+    if (tc->is_object())
+      return bad_request(std::string("'tool_choice' naming a function") + kForced, "tool_choice");
     if (!(tc->is_string() && (*tc == "none" || *tc == "auto")))
-      return bad_request("'tool_choice' must be 'none' or 'auto' (forced tool calls are not supported)",
-                         "tool_choice");
+      return bad_request(
+          "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
+          "\"function\", \"function\": {\"name\": ...}}",
+          "tool_choice");
     if (*tc == "none") r.tools = nullptr;
   }
   if (auto e = parse_common(b, vocab, r)) return e;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/grammar.h"
 #include "sample/sampling_params.h"
 #include "server/api_error.h"
 
@@ -53,6 +55,10 @@ struct GenerateRequest {
   // Completions: logprobs = N (top-N). Chat: logprobs = true with top_logprobs = N.
   std::optional<int32_t> logprobs;
   std::string user;
+  // Structured output (response_format, guided_*, structured_outputs; server/structured_output.h)
+  // and, once the server has compiled it, its grammar.
+  std::optional<GrammarSpec> grammar;
+  std::shared_ptr<const CompiledGrammar> compiled_grammar;
 };
 
 // `vocab_size` bounds token ids in prompts, logit_bias and stop_token_ids.

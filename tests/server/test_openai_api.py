@@ -190,7 +190,7 @@ def test_errors_raised_by_the_client(smol_server):
         c.completions.create(model=SMOL, prompt="x", max_tokens=2, suffix="end")
     with pytest.raises(openai.BadRequestError, match="response_format"):
         c.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "x"}],
-                                  response_format={"type": "json_object"})
+                                  response_format={"type": "xml"})
     with pytest.raises(openai.BadRequestError, match="role"):
         c.chat.completions.create(model=SMOL, messages=[{"role": "wizard", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
