@@ -38,6 +38,8 @@ struct Engine::Live {
     std::unique_ptr<IncrementalDetokenizer> detok;
     std::unique_ptr<StopChecker> stop;
     std::unique_ptr<GrammarMatcher> grammar;  // structured output: where its text is
+    // Whether the grammar binds the next token: not inside a reasoning model's thought.
+    enum class Phase { kAnswer, kMayThink, kThinking } phase = Phase::kAnswer;
     int32_t pending_row = -1;  // its last token's row in the pending step's results, if any
   };
   std::vector<Seq> seqs;
@@ -155,6 +157,9 @@ Result<uint64_t> Engine::submit(EngineRequest request, OutputCallback on_output)
     return invalid_argument("this engine has no tokenizer, so it cannot produce text");
   if (!request.detokenize && !p.stop.empty())
     return invalid_argument("stop strings need detokenized output");
+  if (const auto& t = request.thinking; t && (t->think_end < -1 || t->think_end >= vocab ||
+                                              t->think_start < -1 || t->think_start >= vocab))
+    return invalid_argument("a thinking marker token is outside the vocabulary");
   const uint64_t id = next_id_++;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -279,7 +284,13 @@ void Engine::drain_inbox() {
         s.detok =
             std::make_unique<IncrementalDetokenizer>(*tokenizer_, live->req.skip_special_tokens);
       s.stop = std::make_unique<StopChecker>(lp, eos);
-      if (live->req.grammar) s.grammar = std::make_unique<GrammarMatcher>(live->req.grammar);
+      if (live->req.grammar) {
+        s.grammar = std::make_unique<GrammarMatcher>(live->req.grammar);
+        if (const auto& t = live->req.thinking; t && t->think_end >= 0)
+          s.phase = t->think_open         ? Live::Seq::Phase::kThinking
+                    : t->think_start >= 0 ? Live::Seq::Phase::kMayThink
+                                          : Live::Seq::Phase::kAnswer;
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -633,19 +644,27 @@ void Engine::fill_grammar_masks(const std::vector<Pick>& picks, std::vector<Samp
   // While the device runs the forward just queued (on a CPU backend it has run already).
   const int64_t words = token_mask_words(model_.config().vocab_size);
   size_t n = 0;
-  for (const Pick& p : picks) n += p.live->seqs[p.seq_index].grammar ? 1 : 0;
+  auto bound = [](const Live::Seq& s) {
+    return s.grammar && s.phase != Live::Seq::Phase::kThinking;
+  };
+  for (const Pick& p : picks) n += bound(p.live->seqs[p.seq_index]) ? 1 : 0;
   grammar_masks_.resize(n * static_cast<size_t>(words));
   std::vector<std::pair<size_t, uint32_t*>> work;  // (row, its mask)
   work.reserve(n);
   for (size_t k = 0, m = 0; k < picks.size(); ++k) {
-    if (!picks[k].live->seqs[picks[k].seq_index].grammar) continue;
+    if (!bound(picks[k].live->seqs[picks[k].seq_index])) continue;
     uint32_t* mask = grammar_masks_.data() + m++ * words;
     rows[k].allowed = {mask, static_cast<size_t>(words)};
     work.emplace_back(k, mask);
   }
   auto fill = [&](size_t i) {
     const Pick& p = picks[work[i].first];
-    p.live->seqs[p.seq_index].grammar->fill_mask({work[i].second, static_cast<size_t>(words)});
+    Live::Seq& s = p.live->seqs[p.seq_index];
+    s.grammar->fill_mask({work[i].second, static_cast<size_t>(words)});
+    if (s.phase == Live::Seq::Phase::kMayThink) {  // or open a thought
+      const int32_t t = p.live->req.thinking->think_start;
+      work[i].second[t / 32] |= 1u << (t % 32);
+    }
   };
   const auto t0 = Clock::now();
   if (work.size() > 1) {
@@ -725,9 +744,17 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
     StopUpdate u = sq.stop->append(tok, delta);
     // The grammar advances with the token its mask let through; once it has ended (its stop
     // token, which ignore_eos does not keep going), so does the sequence.
-    if (sq.grammar && !sq.grammar->accept(tok)) {
-      PAGELLM_LOG_WARN("request %llu: token %d is not allowed by its grammar",
-                       static_cast<unsigned long long>(live.id), tok);
+    using Phase = Live::Seq::Phase;
+    if (sq.grammar && sq.phase == Phase::kThinking) {
+      if (tok == live.req.thinking->think_end) sq.phase = Phase::kAnswer;
+    } else if (sq.grammar && sq.phase == Phase::kMayThink &&
+               tok == live.req.thinking->think_start) {
+      sq.phase = Phase::kThinking;
+    } else if (sq.grammar) {
+      sq.phase = Phase::kAnswer;
+      if (!sq.grammar->accept(tok))
+        PAGELLM_LOG_WARN("request %llu: token %d is not allowed by its grammar",
+                         static_cast<unsigned long long>(live.id), tok);
     }
     if (sq.grammar && u.finish == FinishReason::kNone && sq.grammar->terminated()) {
       u.text += sq.stop->finish(FinishReason::kStop);

@@ -71,6 +71,16 @@ struct EngineRequest {
   // of this engine's grammars()); null: none. Its sequences are sampled on the host, with the
   // grammar's mask, and end when the grammar does.
   std::shared_ptr<const CompiledGrammar> grammar;
+  // A reasoning model's thought is not bound by the grammar, only the answer after it: with
+  // think_end set, a sequence's grammar starts after that token. think_open: the thought is open
+  // from the first token (DeepSeek-R1's template opens it in the prompt); else the sequence may
+  // open one with think_start as its first token (Qwen3), or answer at once.
+  struct Thinking {
+    int32_t think_start = -1;
+    int32_t think_end = -1;
+    bool think_open = false;
+  };
+  std::optional<Thinking> thinking;
 };
 
 // One event on a request's stream. For n > 1, each sequence streams its own events.

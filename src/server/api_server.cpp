@@ -113,14 +113,21 @@ class Generation : public std::enable_shared_from_this<Generation> {
     const ToolCallFormat tools = server_.config().tool_calls;
     const bool parse_tools =
         req_.chat && tools != ToolCallFormat::kNone && req_.tools.is_array() && !req_.tools.empty();
-    if (parse_tools)
+    if (req_.chat && req_.forced_tool) {  // the grammar makes the answer the call(s)
+      for (Choice& ch : choices_)
+        ch.tool_parser.emplace(ToolCallParser::forced(
+            req_.forced_tool->empty() ? std::nullopt
+                                      : std::optional<std::string>(*req_.forced_tool)));
+    } else if (parse_tools) {
       for (Choice& ch : choices_) ch.tool_parser.emplace(tools);
+    }
     for (size_t pi = 0; pi < prompts_.size(); ++pi) {
       Prompt& p = prompts_[pi];
       EngineRequest er;
       er.prompt = p.ids;
       er.params = req_.params;
       er.grammar = req_.compiled_grammar;
+      if (er.grammar && req_.chat) er.thinking = server_.grammar_thinking();
       er.detokenize = server_.tokenizer() != nullptr;
       er.skip_special_tokens =
           req_.skip_special_tokens && !(parse_tools && markers_are_special(tools));
@@ -708,6 +715,20 @@ ApiServer::ApiServer(ApiServerConfig config, Engine& engine, const Tokenizer* to
       created_(static_cast<int64_t>(std::time(nullptr))) {
   http_ = std::make_unique<HttpServer>(
       config_.http, [this](std::shared_ptr<Exchange> ex) { handle(std::move(ex)); });
+  // Structured output binds a reasoning model's answer, not its thought: the grammar starts
+  // after </think>. Both markers are single tokens in DeepSeek-R1's and Qwen3's vocabularies.
+  if (config_.reasoning != ReasoningFormat::kNone && tokenizer_) {
+    const auto start = tokenizer_->token_to_id("<think>");
+    const auto end = tokenizer_->token_to_id("</think>");
+    if (start && end) {
+      thinking_ =
+          EngineRequest::Thinking{*start, *end, config_.reasoning == ReasoningFormat::kDeepSeekR1};
+    } else {
+      PAGELLM_LOG_WARN(
+          "--reasoning-parser: <think> and </think> are not single tokens here, so "
+          "structured output binds the whole answer, thought included");
+    }
+  }
 }
 
 ApiServer::~ApiServer() {

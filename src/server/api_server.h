@@ -67,6 +67,9 @@ class ApiServer {
   // Used by the handlers (public for the per-request state in api_server.cpp).
   Engine& engine() { return engine_; }
   const Tokenizer* tokenizer() const { return tokenizer_; }
+  // Where a constrained chat answer's grammar starts with --reasoning-parser on: after the
+  // thought (its markers' token ids); nullopt without a parser or single-token markers.
+  std::optional<EngineRequest::Thinking> grammar_thinking() const { return thinking_; }
   ServerMetrics& metrics() { return metrics_; }
   const ApiServerConfig& config() const { return config_; }
   void track(uint64_t engine_id);
@@ -94,6 +97,7 @@ class ApiServer {
   const ChatTemplate* chat_template_;
   ServerMetrics metrics_;
   int64_t created_ = 0;                    // unix time the server started (the model's "created")
+  std::optional<EngineRequest::Thinking> thinking_;
   std::unique_ptr<TraceExporter> tracer_;  // null: tracing off. Outlives http_'s handlers.
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<boost::asio::signal_set> signals_;  // destroyed before http_ (its I/O context)

@@ -389,23 +389,29 @@ std::optional<ApiError> parse_chat_request(const Json& b, int32_t vocab, Generat
   if (top && !want_lp) return bad_request("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
   if (want_lp) r.logprobs = static_cast<int32_t>(top.value_or(0));
   if (const Json* tc = find(b, "tool_choice")) {
-    // "required" and a named function are OpenAI's, but forcing a call needs constrained
-    // decoding, which this server does not do yet: refused, saying so, rather than ignored.
-    constexpr const char* kForced =
-        " is not supported yet (forcing a tool call needs constrained decoding); use 'auto' "
-        "(the model decides whether to call a tool) or 'none'";
-    if (tc->is_string() && *tc == "required")
-      return bad_request(std::string("'tool_choice' 'required'") + kForced, "tool_choice");
-    if (tc->is_object())
-      return bad_request(std::string("'tool_choice' naming a function") + kForced, "tool_choice");
-    if (!(tc->is_string() && (*tc == "none" || *tc == "auto")))
+    const Json* fn = tc->is_object() && tc->contains("function") ? &(*tc)["function"] : nullptr;
+    if (tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required")) {
+      if (*tc == "none") r.tools = nullptr;
+      if (*tc == "required") r.forced_tool = std::string();
+    } else if (fn && fn->is_object() && fn->contains("name") && (*fn)["name"].is_string()) {
+      r.forced_tool = (*fn)["name"].get<std::string>();
+    } else {
       return bad_request(
           "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
           "\"function\", \"function\": {\"name\": ...}}",
           "tool_choice");
-    if (*tc == "none") r.tools = nullptr;
+    }
   }
   if (auto e = parse_common(b, vocab, r)) return e;
+  if (r.forced_tool) {
+    // Forcing a call is a grammar over the tools' parameter schemas (structured_output.h).
+    if (r.grammar)
+      return bad_request(
+          "a forced 'tool_choice' and a structured-output constraint cannot be "
+          "combined",
+          "tool_choice");
+    if (auto e = forced_tool_grammar(r.tools, *r.forced_tool, r.grammar)) return e;
+  }
   if (r.logprobs) r.params.logprobs = r.logprobs;
   return std::nullopt;
 }

@@ -59,6 +59,8 @@ struct GenerateRequest {
   // and, once the server has compiled it, its grammar.
   std::optional<GrammarSpec> grammar;
   std::shared_ptr<const CompiledGrammar> compiled_grammar;
+  // tool_choice "required" (an empty name) or a named function: the answer is the call(s).
+  std::optional<std::string> forced_tool;
 };
 
 // `vocab_size` bounds token ids in prompts, logit_bias and stop_token_ids.

@@ -208,6 +208,43 @@ std::optional<ApiError> parse_structured_outputs(const Json& so, Collector& c,
 
 }  // namespace
 
+std::optional<ApiError> forced_tool_grammar(const Json& tools, const std::string& name,
+                                            std::optional<GrammarSpec>& out) {
+  if (!tools.is_array() || tools.empty())
+    return bad_request("a forced 'tool_choice' needs 'tools'", "tool_choice");
+  Json options = Json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& t = tools[i];
+    const Json* fn = t.is_object() && t.contains("function") ? &t["function"] : nullptr;
+    if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+      return bad_request("'tools[" + std::to_string(i) + "]' is not a function tool", "tools");
+    const std::string fname = (*fn)["name"].get<std::string>();
+    if (!name.empty() && fname != name) continue;
+    // A function without parameters takes an empty object.
+    Json params = fn->contains("parameters") && !(*fn)["parameters"].is_null()
+                      ? (*fn)["parameters"]
+                      : Json{{"type", "object"}, {"properties", Json::object()}};
+    std::string checked;
+    if (auto e =
+            schema_text(params, "tools[" + std::to_string(i) + "].function.parameters", checked))
+      return e;
+    if (!name.empty()) {
+      out = GrammarSpec{GrammarKind::kJsonSchema, checked};
+      return std::nullopt;
+    }
+    options.push_back({{"type", "object"},
+                       {"properties", {{"name", {{"const", fname}}}, {"parameters", params}}},
+                       {"required", {"name", "parameters"}},
+                       {"additionalProperties", false}});
+  }
+  if (!name.empty())
+    return bad_request("'tool_choice' names the function '" + name + "', which 'tools' lacks",
+                       "tool_choice");
+  const Json list = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", options}}}};
+  out = GrammarSpec{GrammarKind::kJsonSchema, list.dump(-1, ' ', false, kReplace)};
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_structured_output(const Json& b, std::optional<GrammarSpec>& out) {
   Collector c;
   bool disable_any_whitespace = false;

@@ -19,4 +19,10 @@ namespace pagellm::server {
 
 std::optional<ApiError> parse_structured_output(const Json& body, std::optional<GrammarSpec>& out);
 
+// tool_choice forcing a call: for `name` "" ("required"), a JSON list of one or more
+// {"name": <a tool's name>, "parameters": <its parameters>} objects; for a function's name, that
+// function's parameters object. 400 when `tools` lacks the function or a schema cannot be used.
+std::optional<ApiError> forced_tool_grammar(const Json& tools, const std::string& name,
+                                            std::optional<GrammarSpec>& out);
+
 }  // namespace pagellm::server

@@ -248,6 +248,13 @@ std::string new_tool_call_id(ToolCallFormat format) {
 
 ToolCallParser::ToolCallParser(ToolCallFormat format) : format_(format) {}
 
+ToolCallParser ToolCallParser::forced(std::optional<std::string> function_name) {
+  ToolCallParser p(ToolCallFormat::kNone);
+  p.forced_ = true;
+  p.forced_name_ = std::move(function_name);
+  return p;
+}
+
 void ToolCallParser::emit(Piece& out, std::string_view text) {
   for (char c : text) {
     if (c == '\n') {
@@ -533,6 +540,10 @@ void ToolCallParser::scan(Piece& out, bool final) {
 
 ToolCallParser::Piece ToolCallParser::feed(std::string_view text) {
   Piece out;
+  if (forced_) {
+    pending_.append(text);
+    return out;
+  }
   if (format_ == ToolCallFormat::kNone) {
     out.content = text;
     return out;
@@ -544,6 +555,23 @@ ToolCallParser::Piece ToolCallParser::feed(std::string_view text) {
 
 ToolCallParser::Piece ToolCallParser::finish() {
   Piece out;
+  if (forced_) {
+    // What the grammar let through; cut short (max_tokens), it may not parse: then it is content.
+    const Json j = Json::parse(pending_, nullptr, false);
+    if (forced_name_ && j.is_object()) {
+      out.calls.push_back({new_tool_call_id(format_), *forced_name_, dump(j)});
+    } else if (!forced_name_ && j.is_array()) {
+      for (const Json& c : j) {
+        if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) continue;
+        const Json args = c.contains("parameters") ? c["parameters"] : Json::object();
+        out.calls.push_back({new_tool_call_id(format_), c["name"].get<std::string>(), dump(args)});
+      }
+    }
+    if (out.calls.empty()) out.content = std::move(pending_);
+    n_calls_ += static_cast<int>(out.calls.size());
+    pending_.clear();
+    return out;
+  }
   if (format_ == ToolCallFormat::kNone) return out;
   scan(out, /*final=*/true);
   out.content += ws_;  // whitespace that no call followed

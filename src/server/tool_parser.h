@@ -26,6 +26,7 @@
 // between the text before and the text after it ("A\n<call>\nB" -> "A\nB").
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,10 @@ struct ToolCall {
 class ToolCallParser {
  public:
   explicit ToolCallParser(ToolCallFormat format);
+  // tool_choice "required" or a named function: the request's grammar (structured_output.h,
+  // forced_tool_grammar) made the whole answer the call(s): a JSON list of {"name", "parameters"}
+  // objects, or the named function's arguments object. Nothing is given out before finish().
+  static ToolCallParser forced(std::optional<std::string> function_name);
 
   struct Piece {
     std::string content;
@@ -105,6 +110,8 @@ class ToolCallParser {
   void add_calls(Piece& out, std::vector<ToolCall>& calls);
 
   ToolCallFormat format_;
+  bool forced_ = false;
+  std::optional<std::string> forced_name_;  // a named function; none: "required"
   State state_ = State::kText;
   std::string pending_;    // text not yet attributed
   std::string ws_;         // trailing whitespace of the content so far, held back

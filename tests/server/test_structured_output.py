@@ -199,3 +199,98 @@ def test_compiled_once_per_schema(server):
         chat(server, response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
              seed=seed, extra_body=COMPACT)
     assert compiled() == before + 1
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "pattern": "^[A-Z][a-z]{1,8}$"},
+            "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 99},
+            "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["a", "b"], "additionalProperties": False}}},
+]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_forced_tool_choice_always_calls_with_valid_arguments(server, choice, stream):
+    for seed in range(6):
+        kw = dict(tools=TOOLS, tool_choice=choice, seed=seed, extra_body=COMPACT)
+        if not stream:
+            ch = chat(server, **kw).choices[0]
+            calls, finish = ch.message.tool_calls, ch.finish_reason
+            assert ch.message.content is None
+        else:
+            parts, finish = {}, None
+            for chunk in chat(server, stream=True, **kw):
+                for c in chunk.choices:
+                    assert not c.delta.content
+                    finish = c.finish_reason or finish
+                    for tc in c.delta.tool_calls or []:
+                        p = parts.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                        p["id"] = tc.id or p["id"]
+                        p["name"] += (tc.function.name or "") if tc.function else ""
+                        p["arguments"] += (tc.function.arguments or "") if tc.function else ""
+            calls = [openai.types.chat.ChatCompletionMessageToolCall(
+                id=p["id"], type="function", function={"name": p["name"], "arguments": p["arguments"]})
+                for _, p in sorted(parts.items())]
+        assert finish == "tool_calls" and calls
+        for call in calls:
+            assert call.id.startswith("call_")
+            if isinstance(choice, dict):
+                assert call.function.name == "add"
+            jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+
+
+def test_forced_tool_choice_errors(server):
+    for kw, fragment in [
+        (dict(tool_choice={"type": "function", "function": {"name": "nope"}}, tools=TOOLS), "lacks"),
+        (dict(tool_choice="required"), "needs 'tools'"),
+        (dict(tool_choice="required", tools=TOOLS, response_format={"type": "json_object"}), "cannot be combined"),
+        (dict(tool_choice="sometimes", tools=TOOLS), "must be"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(server, max_tokens=4, **kw)
+        assert fragment in e.value.message
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_reasoning_is_free_and_the_answer_follows_the_schema(server_factory, tmp_path, parser):
+    d = make_byte_model(GOLDEN_LLAMA, str(tmp_path / "think"), special_tokens={3: "<think>", 4: "</think>"})
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    config["max_position_embeddings"] = 512
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    # As in DeepSeek-R1's and Qwen3's tokenizers, the markers are added tokens that stay in the text.
+    with open(os.path.join(d, "tokenizer.json")) as f:
+        tok = json.load(f)
+    for t in tok["added_tokens"]:
+        t["special"] = False
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    s = server_factory(["--model", d, "--kv-cache-memory", KV_BYTES, "--served-model-name", "tiny",
+                        "--reasoning-parser", parser])
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    thoughts = 0
+    for seed in range(12):
+        # Biased towards the markers, so that thoughts open (qwen3) and end within max_tokens, and
+        # away from EOS (2), which would end a thought with no answer (once the JSON is complete,
+        # EOS is the one token the grammar allows).
+        r = chat(s, seed=seed, max_tokens=300, logit_bias={"3": 4, "4": 3, "2": -100},
+                 response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
+                 extra_body=COMPACT)
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop", ch.message
+        assert ch.message.content is not None, ch.message
+        jsonschema.validate(json.loads(ch.message.content), schema)
+        # The thought is the model's own: unconstrained bytes, not JSON.
+        thought = getattr(ch.message, "reasoning_content", None)
+        thoughts += bool(thought)
+    assert thoughts >= 3
