@@ -2,13 +2,12 @@
 // into the answer in its family's own syntax; the chat API returns them apart, as
 // message.tool_calls (delta.tool_calls when streaming), and the rest of the answer as content.
 //
-//   llama3_json  Llama 3.1-3.3 (JSON tool calling): a JSON object {"name": ..., "parameters":
-//   {...}}
-//                ("arguments" is accepted too) at the start of the answer or of a line, or after
-//                <|python_tag|>; several calls separated by ';' and/or whitespace.
-//   hermes       Hermes 2 Pro, Qwen2.5, Qwen3: <tool_call>{"name": ..., "arguments":
-//   {...}}</tool_call>,
-//                one block per call.
+//   llama3_json  Llama 3.1-3.3 (JSON tool calling): a JSON object
+//                {"name": ..., "parameters": {...}} ("arguments" is accepted too) at the start of
+//                the answer or of a line, or after <|python_tag|>; several calls separated by ';'
+//                and/or whitespace.
+//   hermes       Hermes 2 Pro, Qwen2.5, Qwen3: <tool_call>{"name": ..., "arguments": {...}}
+//                </tool_call>, one block per call.
 //   mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (tokenizers before v11), or
 //                [TOOL_CALLS]name[ARGS]{...} once per call (v11 and later).
 //   deepseek_v3  DeepSeek-V3, R1 and V3.1: <｜tool▁calls▁begin｜> then per call
