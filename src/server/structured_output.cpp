@@ -1,6 +1,9 @@
 #include "server/structured_output.h"
 
+#include <algorithm>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pagellm::server {
@@ -130,27 +133,45 @@ std::optional<ApiError> parse_response_format(const Json& rf, Collector& c) {
       "response_format.type");
 }
 
+// One constraint of `kind` from the request's value `v` of `field`.
+std::optional<ApiError> add_spec(GrammarKind kind, const Json& v, const std::string& field,
+                                 Collector& c) {
+  GrammarSpec s{kind};
+  std::optional<ApiError> e;
+  switch (kind) {
+    case GrammarKind::kJsonSchema:
+      e = schema_text(v, field, s.text);
+      break;
+    case GrammarKind::kChoice:
+      e = choices_field(v, field, s.choices);
+      break;
+    case GrammarKind::kRegex:
+    case GrammarKind::kEbnf:
+      e = string_field(v, field, s.text);
+      break;
+    case GrammarKind::kJsonObject:
+      break;
+  }
+  if (e) return e;
+  return c.add(std::move(s), field);
+}
+
+// vLLM's older per-kind request fields, and the keys of its structured_outputs object.
+constexpr std::pair<const char*, GrammarKind> kGuidedFields[] = {
+    {"guided_json", GrammarKind::kJsonSchema},
+    {"guided_regex", GrammarKind::kRegex},
+    {"guided_choice", GrammarKind::kChoice},
+    {"guided_grammar", GrammarKind::kEbnf}};
+constexpr std::pair<const char*, GrammarKind> kStructuredOutputsKeys[] = {
+    {"json", GrammarKind::kJsonSchema},
+    {"regex", GrammarKind::kRegex},
+    {"choice", GrammarKind::kChoice},
+    {"grammar", GrammarKind::kEbnf}};
+
 std::optional<ApiError> parse_vllm_fields(const Json& b, Collector& c) {
-  if (b.contains("guided_json")) {
-    GrammarSpec s{GrammarKind::kJsonSchema};
-    if (auto e = schema_text(b["guided_json"], "guided_json", s.text)) return e;
-    if (auto e = c.add(std::move(s), "guided_json")) return e;
-  }
-  if (b.contains("guided_regex")) {
-    GrammarSpec s{GrammarKind::kRegex};
-    if (auto e = string_field(b["guided_regex"], "guided_regex", s.text)) return e;
-    if (auto e = c.add(std::move(s), "guided_regex")) return e;
-  }
-  if (b.contains("guided_choice")) {
-    GrammarSpec s{GrammarKind::kChoice};
-    if (auto e = choices_field(b["guided_choice"], "guided_choice", s.choices)) return e;
-    if (auto e = c.add(std::move(s), "guided_choice")) return e;
-  }
-  if (b.contains("guided_grammar")) {
-    GrammarSpec s{GrammarKind::kEbnf};
-    if (auto e = string_field(b["guided_grammar"], "guided_grammar", s.text)) return e;
-    if (auto e = c.add(std::move(s), "guided_grammar")) return e;
-  }
+  for (const auto& [field, kind] : kGuidedFields)
+    if (b.contains(field))
+      if (auto e = add_spec(kind, b[field], field, c)) return e;
   return std::nullopt;
 }
 
@@ -162,22 +183,11 @@ std::optional<ApiError> parse_structured_outputs(const Json& so, Collector& c,
   for (const auto& [key, v] : so.items()) {
     const std::string field = f + "." + key;
     if (v.is_null()) continue;
-    if (key == "json") {
-      GrammarSpec s{GrammarKind::kJsonSchema};
-      if (auto e = schema_text(v, field, s.text)) return e;
-      if (auto e = c.add(std::move(s), field)) return e;
-    } else if (key == "regex") {
-      GrammarSpec s{GrammarKind::kRegex};
-      if (auto e = string_field(v, field, s.text)) return e;
-      if (auto e = c.add(std::move(s), field)) return e;
-    } else if (key == "choice") {
-      GrammarSpec s{GrammarKind::kChoice};
-      if (auto e = choices_field(v, field, s.choices)) return e;
-      if (auto e = c.add(std::move(s), field)) return e;
-    } else if (key == "grammar") {
-      GrammarSpec s{GrammarKind::kEbnf};
-      if (auto e = string_field(v, field, s.text)) return e;
-      if (auto e = c.add(std::move(s), field)) return e;
+    const auto* known =
+        std::find_if(std::begin(kStructuredOutputsKeys), std::end(kStructuredOutputsKeys),
+                     [&](const auto& k) { return key == k.first; });
+    if (known != std::end(kStructuredOutputsKeys)) {
+      if (auto e = add_spec(known->second, v, field, c)) return e;
     } else if (key == "json_object") {
       if (!v.is_boolean()) return bad_request("'" + field + "' must be a boolean", field);
       if (v == true) {
@@ -186,17 +196,16 @@ std::optional<ApiError> parse_structured_outputs(const Json& so, Collector& c,
     } else if (key == "disable_any_whitespace") {
       if (!v.is_boolean()) return bad_request("'" + field + "' must be a boolean", field);
       disable_any_whitespace = v.get<bool>();
-    } else if (key == "disable_fallback" || key == "disable_additional_properties" ||
-               key == "whitespace_pattern") {
-      // Options of vLLM's fallback between backends and of another backend's JSON compiler:
-      // accepted when they change nothing here, refused when they would.
-      if (key == "whitespace_pattern")
-        return bad_request("'" + field + "' is not supported (use disable_any_whitespace)", field);
-      if (key == "disable_additional_properties" && v == true)
+    } else if (key == "disable_fallback") {
+      // vLLM's switch between grammar backends: this server has one, so it changes nothing.
+    } else if (key == "disable_additional_properties") {
+      if (v != false)
         return bad_request("'" + field +
                                "' is not supported: say additionalProperties: false in "
                                "the schema",
                            field);
+    } else if (key == "whitespace_pattern") {
+      return bad_request("'" + field + "' is not supported (use disable_any_whitespace)", field);
     } else if (key == "structural_tag") {
       return bad_request("'" + field + "' is not supported", field);
     } else {
