@@ -68,7 +68,7 @@ struct SampleRow {
   uint64_t seed = 0;                       // this sequence's effective seed
   // The tokens a grammar allows next (bit t % 32 of word t / 32); empty: no constraint. CPU
   // sampling only: the engine samples such rows on the host.
-  std::span<const uint32_t> allowed;
+  std::span<const uint32_t> allowed = {};
 };
 
 struct SampleOutput {
