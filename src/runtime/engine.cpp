@@ -507,14 +507,16 @@ void Engine::step() {
   // [n_logits, V] on the backend's device
   const Tensor device_logits = run_model(chunks, reads_pending ? pending_.ticket : 0);
   backend_.background_work();  // while the device runs the step just queued
-  const int64_t n_logits = device_logits.rows();
-  // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
-  // prompt logprobs: the host computes those from every row.
-  // Grammar rows are sampled on the host too (their masks are made there): then the whole step is.
+  // Grammar rows are sampled on the host too (their masks are made there, now, while the device
+  // runs the forward): then the whole step is.
   const bool constrained =
       std::any_of(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& s) {
         return s.needs_logits && live_.at(s.request_id)->req.grammar != nullptr;
       });
+  if (constrained) fill_grammar_masks(plan);
+  const int64_t n_logits = device_logits.rows();
+  // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
+  // prompt logprobs: the host computes those from every row.
   const bool on_device = backend_.supports_sampling() && !config_.host_sampling && !constrained &&
                          std::none_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) {
                            return c.logits == LogitsWanted::kAll;
@@ -563,7 +565,13 @@ void Engine::step() {
     rows.push_back({&live.req.params, live.req.prompt, sq.outputs, sq.seed});
     reads_outputs = reads_outputs || uses_output_values(live.req.params) || sq.grammar;
   }
-  if (constrained) fill_grammar_masks(picks, rows);
+  if (constrained) {  // the masks made during the forward, one per pick
+    PAGELLM_CHECK(grammar_mask_of_.size() == picks.size());
+    const size_t words = static_cast<size_t>(token_mask_words(V));
+    for (size_t k = 0; k < picks.size(); ++k)
+      if (grammar_mask_of_[k] >= 0)
+        rows[k].allowed = {grammar_masks_.data() + grammar_mask_of_[k], words};
+  }
   std::vector<SampleOutput> outs(rows.size());
   uint64_t ticket = 0;
   if (!rows.empty()) {
@@ -640,30 +648,40 @@ void Engine::step() {
   stats_.iteration_tokens_sum += n_tokens;
 }
 
-void Engine::fill_grammar_masks(const std::vector<Pick>& picks, std::vector<SampleRow>& rows) {
-  // While the device runs the forward just queued (on a CPU backend it has run already).
+void Engine::fill_grammar_masks(const SchedulePlan& plan) {
   const int64_t words = token_mask_words(model_.config().vocab_size);
-  size_t n = 0;
+  // The step's picks in the order step() makes them: one per sample of each sequence whose
+  // logits are sampled.
+  struct Item {
+    Live::Seq* seq;
+    const Live* live;
+  };
+  std::vector<Item> items;
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.needs_logits) continue;
+    Live* live = live_.at(s.request_id).get();
+    for (int32_t j = 0; j < s.n_samples; ++j)
+      items.push_back({&live->seqs[s.n_samples > 1 ? j : s.seq_index], live});
+  }
+  // A thought is the model's own: no mask inside it.
   auto bound = [](const Live::Seq& s) {
     return s.grammar && s.phase != Live::Seq::Phase::kThinking;
   };
-  for (const Pick& p : picks) n += bound(p.live->seqs[p.seq_index]) ? 1 : 0;
-  grammar_masks_.resize(n * static_cast<size_t>(words));
-  std::vector<std::pair<size_t, uint32_t*>> work;  // (row, its mask)
-  work.reserve(n);
-  for (size_t k = 0, m = 0; k < picks.size(); ++k) {
-    if (!bound(picks[k].live->seqs[picks[k].seq_index])) continue;
-    uint32_t* mask = grammar_masks_.data() + m++ * words;
-    rows[k].allowed = {mask, static_cast<size_t>(words)};
-    work.emplace_back(k, mask);
+  grammar_mask_of_.assign(items.size(), -1);
+  std::vector<size_t> work;  // the bound items
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (!bound(*items[k].seq)) continue;
+    grammar_mask_of_[k] = static_cast<int64_t>(work.size()) * words;
+    work.push_back(k);
   }
+  grammar_masks_.resize(work.size() * static_cast<size_t>(words));
   auto fill = [&](size_t i) {
-    const Pick& p = picks[work[i].first];
-    Live::Seq& s = p.live->seqs[p.seq_index];
-    s.grammar->fill_mask({work[i].second, static_cast<size_t>(words)});
-    if (s.phase == Live::Seq::Phase::kMayThink) {  // or open a thought
-      const int32_t t = p.live->req.thinking->think_start;
-      work[i].second[t / 32] |= 1u << (t % 32);
+    const Item& it = items[work[i]];
+    uint32_t* mask = grammar_masks_.data() + grammar_mask_of_[work[i]];
+    it.seq->grammar->fill_mask({mask, static_cast<size_t>(words)});
+    if (it.seq->phase == Live::Seq::Phase::kMayThink) {  // or open a thought
+      const int32_t t = it.live->req.thinking->think_start;
+      mask[t / 32] |= 1u << (t % 32);
     }
   };
   const auto t0 = Clock::now();

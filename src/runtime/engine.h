@@ -203,8 +203,9 @@ class Engine {
   // Whether sampling with `p` reads the values of the tokens generated before (the penalties),
   // which a step planned ahead does not know yet.
   static bool uses_output_values(const SamplingParams& p);
-  // Each grammar row's allowed-token mask into grammar_masks_, and rows[k].allowed pointing at it.
-  void fill_grammar_masks(const std::vector<Pick>& picks, std::vector<SampleRow>& rows);
+  // The allowed-token masks of the step's constrained picks into grammar_masks_ (pick k's at
+  // grammar_mask_of_[k], -1: none), made while the device runs the step's forward.
+  void fill_grammar_masks(const SchedulePlan& plan);
   // The sampled tokens of picks (outs[k] is picks[k]'s) as text, stop decisions and events;
   // appended to each sequence's outputs, or, resolving, in place of its pending token. Picks of
   // requests gone or sequences stopped meanwhile are skipped; rows that failed go to `failed`.
@@ -258,6 +259,7 @@ class Engine {
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<GrammarCompiler> grammars_;
   std::vector<uint32_t> grammar_masks_;        // this step's grammar rows' allowed-token bitmasks
+  std::vector<int64_t> grammar_mask_of_;  // per pick: its mask's offset in grammar_masks_, or -1
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
   PackedSampleBatch packed_;
   // A step whose tokens are still on the device: the step after it was planned and queued
