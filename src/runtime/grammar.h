@@ -34,8 +34,8 @@ enum class GrammarKind {
 
 struct GrammarSpec {
   GrammarKind kind = GrammarKind::kJsonObject;
-  std::string text;
-  std::vector<std::string> choices;
+  std::string text = "";
+  std::vector<std::string> choices = {};
   // JSON: whitespace between tokens as the model likes (true, vLLM's default; at most 20
   // characters in a row) or none at all.
   bool any_whitespace = true;

@@ -172,7 +172,9 @@ TEST(Args, ByteSizesTakeUnits) {
   for (const char* bad : {"", "GiB", "8XB", "-1", "0.5", "1e3", "8GiBs", "99999999TiB"}) {
     auto r = parse_bytes("--kv-cache-memory", bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("--kv-cache-memory"), std::string::npos);
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("--kv-cache-memory"), std::string::npos);
+    }
   }
 }
 

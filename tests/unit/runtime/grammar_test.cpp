@@ -175,7 +175,9 @@ TEST(GrammarSpelling, SentencePieceVocabulary) {
     m.fill_mask(mask);
     all = all && (mask[t / 32] >> (t % 32) & 1u);
     trace += (*tok)->id_to_token(t).value_or("?") + "|";
-    if (all) EXPECT_TRUE(m.accept(t));
+    if (all) {
+      EXPECT_TRUE(m.accept(t));
+    }
   }
   EXPECT_TRUE(all) << *text << " as " << trace;
   EXPECT_EQ(byte_tokenizer()->token_spelling(), TokenSpelling::kByteLevel);
