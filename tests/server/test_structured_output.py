@@ -47,14 +47,20 @@ SCHEMA = {
 COMPACT = {"structured_outputs": {"disable_any_whitespace": True}}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    d = make_byte_model(GOLDEN_LLAMA, str(tmp_path_factory.mktemp("byte_llama_512")))
+def byte_model_512(dst, **kw):
+    """The byte-level golden Llama with a 512-token context (random weights: any length works)."""
+    d = make_byte_model(GOLDEN_LLAMA, dst, **kw)
     with open(os.path.join(d, "config.json")) as f:
         config = json.load(f)
-    config["max_position_embeddings"] = 512  # random weights: any length works
+    config["max_position_embeddings"] = 512
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = byte_model_512(str(tmp_path_factory.mktemp("byte_llama_512")))
     s = Server(["--model", d, "--kv-cache-memory", KV_BYTES, "--served-model-name", "tiny"])
     yield s
     assert s.stop() == 0
@@ -261,12 +267,7 @@ def test_forced_tool_choice_errors(server):
 
 @pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
 def test_reasoning_is_free_and_the_answer_follows_the_schema(server_factory, tmp_path, parser):
-    d = make_byte_model(GOLDEN_LLAMA, str(tmp_path / "think"), special_tokens={3: "<think>", 4: "</think>"})
-    with open(os.path.join(d, "config.json")) as f:
-        config = json.load(f)
-    config["max_position_embeddings"] = 512
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(config, f)
+    d = byte_model_512(str(tmp_path / "think"), special_tokens={3: "<think>", 4: "</think>"})
     # As in DeepSeek-R1's and Qwen3's tokenizers, the markers are added tokens that stay in the text.
     with open(os.path.join(d, "tokenizer.json")) as f:
         tok = json.load(f)
