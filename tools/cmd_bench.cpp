@@ -29,6 +29,7 @@
 #include "runtime/engine.h"
 #include "runtime/sequence_runner.h"
 #include "runtime/serving_model.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
 #include "tools/cmd_bench_serve.h"
@@ -363,6 +364,10 @@ int bench_throughput(int argc, char** argv) {
             {"temperature", "T", "sampling temperature; 0 is greedy", "1.0"},
             {"sequential", "",
              "submit one request at a time (the first one's TTFT on a fresh engine)"},
+            {"tokenizer", "PATH",
+             "use this tokenizer (tokenizer.json, .model, .gguf or a folder), e.g. beside "
+             "--load-format dummy weights for --json-schema or --dataset",
+             std::nullopt, "the model's own"},
             {"json-schema", "FILE",
              "constrain every request's output to this JSON schema (structured output); the "
              "report adds its compile time. Requests end when their JSON does",
@@ -374,7 +379,7 @@ int bench_throughput(int argc, char** argv) {
   ServingModelOptions o;
   o.model_path = a.str("model");
   o.device = a.str("device");
-  o.load_tokenizer = a.has("dataset") || a.has("json-schema");
+  o.load_tokenizer = (a.has("dataset") || a.has("json-schema")) && !a.has("tokenizer");
   o.load_format = a.str("load-format");
   o.quantization = a.str("quantization");
   const bool profile = a.flag("profile");
@@ -382,6 +387,11 @@ int bench_throughput(int argc, char** argv) {
   auto sm = load_serving_model(o);
   if (!sm.ok()) return fail("bench throughput", sm.status());
   ServingModel& m = **sm;
+  if (a.has("tokenizer")) {
+    auto t = load_tokenizer(a.str("tokenizer"));
+    if (!t.ok()) return fail("bench throughput", t.status());
+    m.tokenizer = std::move(*t);
+  }
   auto peak = peak_tflops(a, m.backend->name());
   if (!peak.ok()) return fail("bench throughput", peak.status());
   auto n = a.get_int("num-prompts"), in = a.get_int("input-len"), out = a.get_int("output-len"),
