@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "server/json_scan.h"
 #include "server/structured_output.h"
 
 namespace pagellm::server {
@@ -291,29 +292,13 @@ std::optional<ApiError> parse_template_extras(const Json& b, Json& tools, Json& 
 }  // namespace
 
 std::optional<ApiError> parse_json_body(const std::string& body, Json& out) {
-  // Nesting depth outside strings, so that a hostile body cannot exhaust the parser's stack.
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        return bad_request("the request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  // Nesting depth outside strings, so that a hostile body cannot exhaust the parser's stack. Past
+  // the first object or array the parser refuses anything but whitespace, without recursing.
+  const size_t start = body.find_first_not_of(" \t\r\n");
+  if (start != std::string::npos && (body[start] == '{' || body[start] == '[') &&
+      json_value_end(body, start, kMaxJsonDepth) == kJsonTooDeep)
+    return bad_request("the request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) +
+                       " levels");
   try {
     out = Json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {

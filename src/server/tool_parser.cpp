@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/json_scan.h"
+
 namespace pagellm::server {
 namespace {
 
@@ -56,34 +58,12 @@ bool may_become(std::string_view text, std::string_view marker) {
   return text.size() < marker.size() && marker.substr(0, text.size()) == text;
 }
 
-constexpr size_t kIncomplete = std::string_view::npos;
-constexpr size_t kTooDeep = kIncomplete - 1;
+constexpr size_t kIncomplete = kJsonIncomplete;
+constexpr size_t kTooDeep = kJsonTooDeep;
 
-// One past the end of the JSON object or array that starts at s[from], found by matching brackets
-// outside strings (whether it is valid JSON is for the parser to say); kIncomplete while its end
-// has not come, kTooDeep past kMaxDepth.
+// One past the end of the JSON object or array that starts at s[from] (server/json_scan.h).
 size_t json_value_end(std::string_view s, size_t from) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = from; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxDepth) return kTooDeep;
-    } else if (c == '}' || c == ']') {
-      if (--depth <= 0) return i + 1;
-    }
-  }
-  return kIncomplete;
+  return server::json_value_end(s, from, kMaxDepth);
 }
 
 // `s` as one JSON value (nothing after it but whitespace), or nullopt.
