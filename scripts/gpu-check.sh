@@ -13,7 +13,8 @@
 # PAGELLM_CHECK_ALL=1 also builds every target of the preset; PAGELLM_CHECK_NSYS=1 adds an Nsight
 # Systems kernel summary of batch-1 decode (graphs traced per node); PAGELLM_CHECK_BATCHING=1 runs
 # bench serve under the three batching policies; PAGELLM_CHECK_MOE=1 adds the Mixtral-8x7B- and
-# DeepSeek-V2-Lite-shape benchmarks; PAGELLM_CHECK_TESTS=0 skips the
+# DeepSeek-V2-Lite-shape benchmarks; PAGELLM_CHECK_STRUCTURED=1 the structured-output ones
+# (Llama-3-8B shape, a JSON schema against none); PAGELLM_CHECK_TESTS=0 skips the
 # tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
 # dependency setup on a machine without a GPU); PAGELLM_OPS_FILTER / PAGELLM_MODEL_FILTER narrow
@@ -477,6 +478,21 @@ PY
     run_bench throughput-llama3-8b throughput --model $cfg/llama-3-8b.json --load-format dummy \
       --device cuda --num-prompts ${PAGELLM_BENCH_PROMPTS:-1000} --input-len 512 --output-len 256 \
       --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
+    # PAGELLM_CHECK_STRUCTURED=1: structured outputs (issue 45) on the Llama-3-8B shape at 64 and
+    # 256 sequences, temperature 1, every request bound to bench/schemas/order.json against none
+    # (the test Llama-3 tokenizer beside the random weights: masks over the full 128,256 ids).
+    if [ "${PAGELLM_CHECK_STRUCTURED:-0}" = 1 ]; then
+      for b in 64 256; do
+        for s in none order; do
+          schema=()
+          [ "$s" = order ] && schema=(--json-schema bench/schemas/order.json)
+          run_bench structured-llama3-8b-b$b-$s throughput --model $cfg/llama-3-8b.json \
+            --load-format dummy --device cuda --tokenizer tests/data/tokenizer/llama3 \
+            --num-prompts $((b * 2)) --input-len 256 --output-len 256 --max-num-seqs $b \
+            --temperature 1 "${schema[@]}"
+        done
+      done
+    fi
     # Quantized weights: the Llama-3-8B shape with random 4-bit AWQ-style projections (issue 43:
     # group 128, bf16 lm_head) and FP8 ones (issue 44: per channel, and per 128 columns of a row
     # as block-scaled checkpoints have): batch-1 latency, its per-op tables, and the offline run.

@@ -166,7 +166,7 @@ int bench_latency(int argc, char** argv) {
     }
     auto lg = runner.feed_on_device(tokens);
     if (!lg.ok()) return lg.status();
-    return sampled_token(m.backend->sample_async(*lg, &greedy, 1, nullptr, 0));
+    return sampled_token(m.backend->sample_async(*lg, {&greedy, 1}));
   };
   // Decoding pipelined, as the serving engine does on a device: each step is queued before the
   // token it reads has reached the host (the device hands it over: SequenceRunner::feed_sampled),
@@ -177,13 +177,13 @@ int bench_latency(int argc, char** argv) {
   auto decode_pipelined = [&](int32_t first, std::vector<int32_t>& tokens) -> Status {
     auto lg = runner.feed_on_device(std::span<const int32_t>(&first, 1));
     if (!lg.ok()) return lg.status();
-    uint64_t ticket = m.backend->sample_async(*lg, &greedy, 1, nullptr, 0);
+    uint64_t ticket = m.backend->sample_async(*lg, {&greedy, 1});
     for (int64_t k = 1; k < *out; ++k) {
       uint64_t next = 0;
       if (k + 1 < *out) {
         auto l = runner.feed_sampled(ticket);
         if (!l.ok()) return l.status();
-        next = m.backend->sample_async(*l, &greedy, 1, nullptr, 0);
+        next = m.backend->sample_async(*l, {&greedy, 1});
       }
       auto token = sampled_token(ticket);
       if (!token.ok()) return token.status();

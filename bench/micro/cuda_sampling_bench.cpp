@@ -51,9 +51,20 @@ std::vector<float> make_logits(int64_t rows, bool peaked) {
   return logits;
 }
 
-enum Mode { kGreedy, kTopKTopP, kTemperature, kTopP, kFlatTopP, kMinP, kLogprobs, kPenalties };
-const char* const kModeNames[] = {"greedy",       "topk50_topp0.9", "temperature", "topp0.9",
-                                  "flat_topp0.9", "minp0.05",       "logprobs5",   "penalties"};
+enum Mode {
+  kGreedy,
+  kTopKTopP,
+  kTemperature,
+  kTopP,
+  kFlatTopP,
+  kMinP,
+  kLogprobs,
+  kPenalties,
+  kGrammar
+};
+const char* const kModeNames[] = {"greedy",    "topk50_topp0.9", "temperature",
+                                  "topp0.9",   "flat_topp0.9",   "minp0.05",
+                                  "logprobs5", "penalties",      "grammar_topp0.9"};
 
 SamplingParams params_for(Mode mode) {
   SamplingParams p;
@@ -69,6 +80,7 @@ SamplingParams params_for(Mode mode) {
       break;
     case kTopP:
     case kFlatTopP:
+    case kGrammar:
       p.top_p = 0.9f;
       break;
     case kMinP:
@@ -86,7 +98,8 @@ SamplingParams params_for(Mode mode) {
 }
 
 // One step's inputs: bf16 logits on the device and the rows (a 2048-token prompt and 512 generated
-// tokens per row for the penalties).
+// tokens per row for the penalties; for the grammar, a mask per row allowing a random quarter
+// of the vocabulary, as a JSON string's body does).
 struct Step {
   std::unique_ptr<Buffer> logits;
   Tensor logits_t;
@@ -95,6 +108,7 @@ struct Step {
   std::vector<int32_t> prompt, output;
   std::vector<SampleRow> rows;
   std::vector<int64_t> logits_rows;
+  std::vector<std::vector<uint32_t>> masks;
 
   Step(Backend& be, Mode mode, int64_t batch) {
     host = make_logits(batch, mode != kFlatTopP);
@@ -119,6 +133,14 @@ struct Step {
       if (mode == kPenalties) {
         rows[r].prompt_tokens = prompt;
         rows[r].output_tokens = output;
+      }
+    }
+    if (mode == kGrammar) {
+      masks.assign(batch, std::vector<uint32_t>((kVocab + 31) / 32));
+      for (int64_t r = 0; r < batch; ++r) {
+        for (uint32_t& w : masks[r])
+          w = static_cast<uint32_t>(rng()) & static_cast<uint32_t>(rng());
+        rows[r].allowed = masks[r];
       }
     }
   }
@@ -149,9 +171,7 @@ void BM_DeviceSample(benchmark::State& state) {
   for (auto _ : state) {
     // Packing is part of the step: the penalties' edits are rebuilt from the histories each time.
     packer.pack(step.rows, step.logits_rows, packed);
-    cb->sample_with_group(step.logits_t, packed.rows.data(), static_cast<int32_t>(batch),
-                          packed.edits.data(), static_cast<int32_t>(packed.edits.size()),
-                          res.data(), group);
+    cb->sample_with_group(step.logits_t, packed.inputs(), res.data(), group);
     SampleBatchPacker::unpack(packed, res, out);
     benchmark::DoNotOptimize(out.data());
   }
@@ -192,7 +212,7 @@ void DeviceArgs(benchmark::internal::Benchmark* b) {
     for (int batch : {1, 256}) b->Args({mode, batch, 0});
   b->Args({kGreedy, 1, 1});  // batch 1 on one block, against the cluster above
   b->Args({kTopKTopP, 1, 1});
-  for (int mode : {kTemperature, kTopP, kFlatTopP, kMinP, kLogprobs, kPenalties})
+  for (int mode : {kTemperature, kTopP, kFlatTopP, kMinP, kLogprobs, kPenalties, kGrammar})
     for (int batch : {1, 256}) b->Args({mode, batch, 0});
   b->Args({kTopKTopP, 32, 0});
 }
@@ -203,6 +223,8 @@ BENCHMARK(BM_HostPath)
     ->Args({kTopKTopP, 1})
     ->Args({kGreedy, 256})
     ->Args({kTopKTopP, 256})
+    ->Args({kGrammar, 1})
+    ->Args({kGrammar, 256})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -87,9 +87,8 @@ class NullDeviceBackend final : public Backend {
   void moe_experts(const Tensor&, const Tensor&, const Tensor&, const MoeExpertWeights&,
                    const Tensor&, Tensor&) override {}
   bool supports_sampling() const override { return true; }
-  void sample(const Tensor&, const DeviceSampleRow*, int32_t n_rows, const DeviceSampleEdit*,
-              int32_t, DeviceSampleResult* out) override {
-    for (int32_t i = 0; i < n_rows; ++i) {
+  void sample(const Tensor&, const DeviceSampleInputs& in, DeviceSampleResult* out) override {
+    for (int32_t i = 0; i < in.n_rows; ++i) {
       out[i] = DeviceSampleResult{};
       out[i].token = 1000 + i;
     }

@@ -50,13 +50,12 @@ Backend::HostSampleSlot& Backend::host_sample_slot(uint64_t ticket) {
   return slot;
 }
 
-uint64_t Backend::sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                               const DeviceSampleEdit* edits, int32_t n_edits) {
+uint64_t Backend::sample_async(const Tensor& logits, const DeviceSampleInputs& in) {
   const uint64_t ticket = ++host_sample_tickets_;
   HostSampleSlot& slot = host_samples_[ticket % kSampleSlots];
   slot.ticket = ticket;
-  slot.results.resize(static_cast<size_t>(std::max(n_rows, 0)));  // sample() writes every row
-  if (n_rows > 0) sample(logits, rows, n_rows, edits, n_edits, slot.results.data());
+  slot.results.resize(static_cast<size_t>(std::max(in.n_rows, 0)));  // sample() writes every row
+  if (in.n_rows > 0) sample(logits, in, slot.results.data());
   return ticket;
 }
 

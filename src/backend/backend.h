@@ -392,14 +392,14 @@ class Backend {
   // Whether sample() runs here. The CPU backend says no: the engine then downloads the logits and
   // runs the host Sampler (sample/sampler.h), which is the reference this op reproduces.
   virtual bool supports_sampling() const { return false; }
-  // Samples n_rows tokens from logits [n, vocab] (bf16 or f32, on this device) with the semantics
-  // of the CPU Sampler; row i reads logits row rows[i].logits_row and its edits
-  // edits[rows[i].edit_begin .. edit_end). rows, edits and out are host memory; the results are
-  // complete when the call returns: rows and edits go up in one copy, only the results come back
-  // (one copy, one wait). Preconditions (shapes, sorted in-range edits) are CHECKed.
-  virtual void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                      const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) {
-    (void)logits, (void)rows, (void)n_rows, (void)edits, (void)n_edits, (void)out;
+  // Samples in.n_rows tokens from logits [n, vocab] (bf16 or f32, on this device) with the
+  // semantics of the CPU Sampler; row i reads logits row rows[i].logits_row, its edits
+  // edits[rows[i].edit_begin .. edit_end) and, when rows[i].mask_word >= 0, its grammar mask.
+  // `in` and `out` are host memory; the results are complete when the call returns: the inputs
+  // go up in one copy, only the results come back (one copy, one wait). Preconditions (shapes,
+  // sorted in-range edits, masks inside the mask list) are CHECKed.
+  virtual void sample(const Tensor& logits, const DeviceSampleInputs& in, DeviceSampleResult* out) {
+    (void)logits, (void)in, (void)out;
     PAGELLM_CHECK_MSG(false, "sample() called on a backend without device sampling");
   }
 
@@ -416,8 +416,7 @@ class Backend {
   // The defaults serve a synchronous backend (and test doubles): sample() at once, the results
   // kept on the host, the substitution on host memory.
   static constexpr int kSampleSlots = 2;
-  virtual uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                                const DeviceSampleEdit* edits, int32_t n_edits);
+  virtual uint64_t sample_async(const Tensor& logits, const DeviceSampleInputs& in);
   virtual void sample_results(uint64_t ticket, DeviceSampleResult* out);
   virtual void take_sampled_tokens(Tensor& tokens, uint64_t ticket);
 

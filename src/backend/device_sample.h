@@ -46,6 +46,10 @@ struct DeviceSampleRow {
   int32_t edit_end = 0;     // sorted by token, one entry per distinct token
   uint64_t seed = 0;        // u = uniform01(seed, step) (sample/sample_rng.h)
   uint64_t step = 0;        // tokens generated so far
+  // A grammar's allowed-token mask: words [mask_word, mask_word + ceil(vocab / 32)) of the call's
+  // mask list, bit t % 32 of word t / 32 set for each allowed token t; every other token's
+  // processed logit becomes -inf after the edits (the CPU Sampler's step 3b). -1: no mask.
+  int64_t mask_word = -1;
 };
 
 // DeviceSampleEdit::flags
@@ -61,6 +65,17 @@ struct DeviceSampleEdit {
   float bias = 0.0f;
   int32_t output_count =
       0;  // occurrences in the output; nonzero only when presence/frequency apply
+};
+
+// One sampling call's inputs, all in host memory: the rows, the edits they index
+// (rows[i].edit_begin .. edit_end) and the grammar masks they index (rows[i].mask_word).
+struct DeviceSampleInputs {
+  const DeviceSampleRow* rows = nullptr;
+  int32_t n_rows = 0;
+  const DeviceSampleEdit* edits = nullptr;
+  int32_t n_edits = 0;
+  const uint32_t* masks = nullptr;
+  int64_t n_mask_words = 0;
 };
 
 // DeviceSampleResult::status

@@ -218,10 +218,13 @@ OpSample fill_random(const Tensor& t) {
                 bytes_of(t));
 }
 
-OpSample sample(const Tensor& logits, int32_t n_rows, int32_t n_edits) {
+OpSample sample(const Tensor& logits, const DeviceSampleInputs& in) {
+  const int32_t n_rows = in.n_rows;
   const double rows = static_cast<double>(dtype_bytes(logits.dtype, int64_t{n_rows} * logits.cols()));
-  const double io = static_cast<double>(n_rows) * (sizeof(DeviceSampleRow) + sizeof(DeviceSampleResult)) +
-                    static_cast<double>(n_edits) * sizeof(DeviceSampleEdit);
+  const double io =
+      static_cast<double>(n_rows) * (sizeof(DeviceSampleRow) + sizeof(DeviceSampleResult)) +
+      static_cast<double>(in.n_edits) * sizeof(DeviceSampleEdit) +
+      static_cast<double>(in.n_mask_words) * sizeof(uint32_t);
   return make_sample("sample", key("rows=%d vocab=%lld %s", n_rows, ll(logits.cols()),
                               std::string(dtype_name(logits.dtype)).c_str()),
                 rows + io);
@@ -386,18 +389,15 @@ void ProfilingBackend::moe_experts_ordered(const Tensor& h, const Tensor& ids,
 void ProfilingBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   timed([&] { return op_cost::fill_random(t); }, [&] { inner_->fill_random(t, seed, lo, hi); });
 }
-void ProfilingBackend::sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                              const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) {
-  timed([&] { return op_cost::sample(logits, n_rows, n_edits); },
-        [&] { inner_->sample(logits, rows, n_rows, edits, n_edits, out); });
+void ProfilingBackend::sample(const Tensor& logits, const DeviceSampleInputs& in,
+                              DeviceSampleResult* out) {
+  timed([&] { return op_cost::sample(logits, in); }, [&] { inner_->sample(logits, in, out); });
 }
 
-uint64_t ProfilingBackend::sample_async(const Tensor& logits, const DeviceSampleRow* rows,
-                                        int32_t n_rows, const DeviceSampleEdit* edits,
-                                        int32_t n_edits) {
+uint64_t ProfilingBackend::sample_async(const Tensor& logits, const DeviceSampleInputs& in) {
   uint64_t ticket = 0;
-  timed([&] { return op_cost::sample(logits, n_rows, n_edits); },
-        [&] { ticket = inner_->sample_async(logits, rows, n_rows, edits, n_edits); });
+  timed([&] { return op_cost::sample(logits, in); },
+        [&] { ticket = inner_->sample_async(logits, in); });
   return ticket;
 }
 

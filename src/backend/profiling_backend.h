@@ -70,7 +70,7 @@ OpSample moe_order(const Tensor& ids, const Tensor& order);
 OpSample fill_random(const Tensor& t);
 // The logits rows it samples from (a row sampled twice, n > 1, is read twice), the rows and edits
 // going up and the results coming back.
-OpSample sample(const Tensor& logits, int32_t n_rows, int32_t n_edits);
+OpSample sample(const Tensor& logits, const DeviceSampleInputs& in);
 // Host<->device copies count the bytes that cross the bus; a device copy counts them read and
 // written (the convention of measure_memory_bandwidth_gbs).
 OpSample copy_from_host(int64_t nbytes);
@@ -162,10 +162,8 @@ class ProfilingBackend final : public Backend {
                            const Tensor& shared, Tensor& out) override;
   void fill_random(Tensor& t, uint64_t seed, float lo, float hi) override;
   bool supports_sampling() const override { return inner_->supports_sampling(); }
-  void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit* edits,
-              int32_t n_edits, DeviceSampleResult* out) override;
-  uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                        const DeviceSampleEdit* edits, int32_t n_edits) override;
+  void sample(const Tensor& logits, const DeviceSampleInputs& in, DeviceSampleResult* out) override;
+  uint64_t sample_async(const Tensor& logits, const DeviceSampleInputs& in) override;
   void sample_results(uint64_t ticket, DeviceSampleResult* out) override {
     inner_->sample_results(ticket, out);
   }

@@ -507,8 +507,8 @@ void Engine::step() {
   // [n_logits, V] on the backend's device
   const Tensor device_logits = run_model(chunks, reads_pending ? pending_.ticket : 0);
   backend_.background_work();  // while the device runs the step just queued
-  // Grammar rows are sampled on the host too (their masks are made there, now, while the device
-  // runs the forward): then the whole step is.
+  // Grammar rows' masks are made on the host, now, while the device runs the forward; the
+  // sampler applies them where it runs.
   const bool constrained =
       std::any_of(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& s) {
         return s.needs_logits && live_.at(s.request_id)->req.grammar != nullptr;
@@ -517,7 +517,7 @@ void Engine::step() {
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.
-  const bool on_device = backend_.supports_sampling() && !config_.host_sampling && !constrained &&
+  const bool on_device = backend_.supports_sampling() && !config_.host_sampling &&
                          std::none_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) {
                            return c.logits == LogitsWanted::kAll;
                          });
@@ -587,7 +587,8 @@ void Engine::step() {
 
   // Planning ahead: this step's tokens stay on the device and the next step is planned and
   // queued before the host reads them. Not when a row's sampling reads its earlier tokens'
-  // values (penalties: the next step's row would be packed before they are known).
+  // values (penalties, or a grammar, whose next mask follows from this token: the next step's
+  // row would be packed before they are known).
   const bool ahead =
       config_.plan_ahead && ticket != 0 && !reads_outputs && scheduler_->can_plan_ahead();
   if (!ahead && ticket != 0) read_device_samples(ticket, packed_, outs);  // waits for the step
@@ -828,12 +829,11 @@ SamplerConfig Engine::sampler_config() const {
 
 uint64_t Engine::sample_on_device(const Tensor& logits, const std::vector<SampleRow>& rows,
                                   const std::vector<int64_t>& sample_rows) {
-  // One upload of the rows and their sparse edits, one kernel, one download of the results.
+  // One upload of the rows, their sparse edits and grammar masks, one kernel, one download of the
+  // results.
   if (!packer_) packer_ = std::make_unique<SampleBatchPacker>(sampler_config());
   packer_->pack(rows, sample_rows, packed_);
-  return backend_.sample_async(logits, packed_.rows.data(),
-                               static_cast<int32_t>(packed_.rows.size()), packed_.edits.data(),
-                               static_cast<int32_t>(packed_.edits.size()));
+  return backend_.sample_async(logits, packed_.inputs());
 }
 
 void Engine::read_device_samples(uint64_t ticket, const PackedSampleBatch& packed,

@@ -68,8 +68,9 @@ struct EngineRequest {
   bool skip_special_tokens = true;
   std::vector<uint64_t> extra_keys;  // prefix-cache salt (LoRA id, cache_salt)
   // Structured output: the grammar every sequence's text must follow (GrammarCompiler::compile
-  // of this engine's grammars()); null: none. Its sequences are sampled on the host, with the
-  // grammar's mask, and end when the grammar does.
+  // of this engine's grammars()); null: none. Each step its sequences are sampled with the
+  // grammar's mask (made on the host while the device runs the forward), and they end when the
+  // grammar does.
   std::shared_ptr<const CompiledGrammar> grammar;
   // A reasoning model's thought is not bound by the grammar, only the answer after it: with
   // think_end set, a sequence's grammar starts after that token. think_open: the thought is open

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "sample/logits_processors.h"
 #include "sample/sample_math.h"
 
 namespace pagellm {
@@ -79,7 +80,6 @@ SampleBatchPacker::SampleBatchPacker(const SamplerConfig& config) : config_(conf
 Status SampleBatchPacker::pack_row(int64_t r, const SampleRow& row, DeviceSampleRow& d,
                                    std::vector<DeviceSampleEdit>& edits) const {
   PAGELLM_CHECK_MSG(row.params != nullptr, "SampleRow without params");
-  PAGELLM_CHECK_MSG(row.allowed.empty(), "grammar-masked rows are sampled on the host");
   const SamplingParams& p = *row.params;
   const int32_t vocab = config_.vocab_size;
   d.flags = p.is_greedy() ? kSampleGreedy : 0u;
@@ -210,6 +210,17 @@ void SampleBatchPacker::pack(std::span<const SampleRow> rows, std::span<const in
   for (int64_t k = 0; k < n; ++k)
     std::copy(row_edits_[k].begin(), row_edits_[k].end(),
               out.edits.begin() + out.rows[k].edit_begin);
+  // The grammar masks, one after another, each row pointing at its own.
+  const int64_t words = token_mask_words(config_.vocab_size);
+  out.masks.clear();
+  for (int64_t k = 0; k < n; ++k) {
+    const std::span<const uint32_t> allowed = rows[k].allowed;
+    if (allowed.empty()) continue;
+    PAGELLM_CHECK_MSG(static_cast<int64_t>(allowed.size()) == words,
+                      "sample: a grammar mask must have one bit per token of the vocabulary");
+    out.rows[k].mask_word = static_cast<int64_t>(out.masks.size());
+    out.masks.insert(out.masks.end(), allowed.begin(), allowed.end());
+  }
 }
 
 void SampleBatchPacker::unpack(const PackedSampleBatch& batch,

@@ -7,7 +7,8 @@
 // recompute that token's processed logit from its raw one exactly as apply_logit_bias,
 // suppress_tokens and apply_penalties do (sample/logits_processors.h): its bias, whether it is
 // suppressed, whether it occurs in prompt ∪ output (repetition) and its output count (presence /
-// frequency). The entries are sorted by token. Host-side problems (a token outside the
+// frequency). The entries are sorted by token. A grammar row's allowed-token mask is copied whole
+// into the batch's mask list. Host-side problems (a token outside the
 // vocabulary) mark the row kSampleSkip and keep the CPU Sampler's error for it; the device still
 // checks the row's logits, whose error takes precedence, as on the CPU.
 #pragma once
@@ -25,7 +26,15 @@ namespace pagellm {
 struct PackedSampleBatch {
   std::vector<DeviceSampleRow> rows;
   std::vector<DeviceSampleEdit> edits;
+  std::vector<uint32_t> masks;      // grammar rows' allowed-token masks (SampleRow::allowed)
   std::vector<Status> host_status;  // per row: the error found while packing (kSampleSkip rows)
+
+  // The call Backend::sample takes, pointing into these vectors.
+  DeviceSampleInputs inputs() const {
+    return {rows.data(),  static_cast<int32_t>(rows.size()),
+            edits.data(), static_cast<int32_t>(edits.size()),
+            masks.data(), static_cast<int64_t>(masks.size())};
+  }
 };
 
 class SampleBatchPacker {

@@ -66,8 +66,8 @@ struct SampleRow {
   std::span<const int32_t> prompt_tokens;  // for the repetition penalty
   std::span<const int32_t> output_tokens;  // generated so far; its size is the RNG step
   uint64_t seed = 0;                       // this sequence's effective seed
-  // The tokens a grammar allows next (bit t % 32 of word t / 32); empty: no constraint. CPU
-  // sampling only: the engine samples such rows on the host.
+  // The tokens a grammar allows next (bit t % 32 of word t / 32, token_mask_words(vocab) words);
+  // empty: no constraint.
   std::span<const uint32_t> allowed = {};
 };
 

@@ -166,6 +166,7 @@ std::vector<float> cpu_processed(const float* raw, int32_t v, const SampleRow& r
   (void)suppress_tokens(x, suppress);
   (void)apply_penalties(x, row.prompt_tokens, row.output_tokens, p.repetition_penalty,
                         p.presence_penalty, p.frequency_penalty);
+  if (!row.allowed.empty()) (void)apply_token_mask(x, row.allowed);
   return x;
 }
 
@@ -217,13 +218,14 @@ struct CaseStats {
 // does). `group`: blocks per row, 0 = the backend's choice. `special`: 0 none, 1 a NaN row, 2 a
 // +inf row, 3 a row where only EOS and a stop id are finite (min_tokens leaves nothing).
 // `greedy_only`: every row plain greedy (no edits, no logprobs), the calls the lean argmax kernel
-// takes; special 4 then makes row 0 all -inf.
+// takes; special 4 then makes row 0 all -inf. `masked`: most rows get a grammar mask (a few
+// tokens allowed, half of them, all but a few, or none: a row error).
 void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t n_rows,
               int32_t n_logit_rows, int group, int special, CaseStats& stats,
-              bool greedy_only = false) {
+              bool greedy_only = false, bool masked = false) {
   const std::string what = Label("sample", seed)("vocab", vocab)("dtype", dtype_name(dtype))(
-      "rows", n_rows)("logit_rows", n_logit_rows)("group", group)("special", special)("greedy_only",
-                                                                                      greedy_only);
+      "rows", n_rows)("logit_rows", n_logit_rows)("group", group)("special", special)(
+      "greedy_only", greedy_only)("masked", masked);
   SCOPED_TRACE(what);
   Rng rng(seed);
   std::vector<float> logits(static_cast<size_t>(n_logit_rows) * vocab);
@@ -265,6 +267,37 @@ void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t 
     for (int j = 0; j < n_out; ++j) outputs[i].push_back(static_cast<int32_t>(rng.below(vocab)));
     rows[i] = {&params[i], prompts[i], outputs[i], rng.next()};
   }
+  // Grammar masks; the last word's bits past the vocabulary are random too (both samplers must
+  // ignore them).
+  std::vector<std::vector<uint32_t>> masks(n_rows);
+  for (int32_t i = 0; masked && i < n_rows; ++i) {
+    std::vector<uint32_t>& m = masks[i];
+    m.assign(static_cast<size_t>(token_mask_words(vocab)), 0u);
+    switch ((seed + static_cast<uint64_t>(i)) % 5) {
+      case 0:  // unconstrained
+        m.clear();
+        break;
+      case 1:  // a few tokens
+        for (uint64_t j = 0, n = 1 + rng.below(8); j < n; ++j) {
+          const uint64_t t = rng.below(vocab);
+          m[t / 32] |= 1u << (t % 32);
+        }
+        break;
+      case 2:  // about half
+        for (uint32_t& w : m) w = static_cast<uint32_t>(rng.next());
+        break;
+      case 3:  // all but about one in eight
+        for (uint32_t& w : m) {
+          w = 0xffffffffu;
+          for (int b = 0; b < 4; ++b) w &= ~(1u << rng.below(32));
+        }
+        break;
+      default:  // nothing: no token can be sampled
+        m.back() = vocab % 32 ? ~0u << (vocab % 32) : 0u;
+        break;
+    }
+    rows[i].allowed = m;
+  }
 
   // CPU reference on the rows each sample reads.
   std::vector<float> cpu_logits(static_cast<size_t>(n_rows) * vocab);
@@ -291,13 +324,11 @@ void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t 
   packer.pack(rows, logits_rows, packed);
   std::vector<DeviceSampleResult> res(n_rows);
   if (group == 0) {
-    cuda.sample(dl, packed.rows.data(), n_rows, packed.edits.data(),
-                static_cast<int32_t>(packed.edits.size()), res.data());
+    cuda.sample(dl, packed.inputs(), res.data());
   } else {
     auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
     ASSERT_NE(cb, nullptr);
-    cb->sample_with_group(dl, packed.rows.data(), n_rows, packed.edits.data(),
-                          static_cast<int32_t>(packed.edits.size()), res.data(), group);
+    cb->sample_with_group(dl, packed.inputs(), res.data(), group);
   }
   std::vector<SampleOutput> got(n_rows);
   SampleBatchPacker::unpack(packed, res, got);
@@ -424,6 +455,40 @@ TEST(Sampling, SharedRowsAndRowErrors) {
   EXPECT_GT(stats.errors, 0);  // the special rows did fail, as on the CPU
 }
 
+// Grammar masks (SampleRow::allowed, DeviceSampleRow::mask_word): the CPU Sampler's tokens,
+// logprobs and row errors with masks of every density beside unmasked rows, greedy and sampled,
+// in every block layout.
+TEST(Sampling, GrammarMasksMatchTheCpuSampler) {
+  PAGELLM_REQUIRE_CUDA();
+  (void)cpu;
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(cb, nullptr);
+  const bool clusters = cb->name().find("sm_9") != std::string::npos;
+  CaseStats stats;
+  uint64_t seed = base_seed() + 9700;
+  for (int32_t vocab : {1, 7, 111, 32000, 128256}) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      for (int32_t n : {1, 5, 64}) {
+        ++seed;
+        run_case(cuda, seed, vocab, dtype, n, n, 0, 0, stats, false, true);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  for (int group : {1, 3, 8}) {
+    if (group > 1 && !clusters) continue;
+    ++seed;
+    run_case(cuda, seed, 128256, DType::kBF16, 7, 7, group, 0, stats, false, true);
+    if (HasFatalFailure()) return;
+  }
+  // Greedy rows with a mask leave the lean argmax kernel for the general one.
+  ++seed;
+  run_case(cuda, seed, 32000, DType::kBF16, 9, 9, 0, 0, stats, true, true);
+  report("Sampling.GrammarMasksMatchTheCpuSampler", stats);
+  EXPECT_GT(stats.errors, 0);  // the rows that allow nothing failed, as on the CPU
+  EXPECT_GT(stats.tokens_equal, stats.rows / 2);
+}
+
 // Calls whose rows are all plain greedy take the lean argmax kernel (sampling_greedy.cu): the CPU
 // Sampler's tokens and row errors (NaN, +inf, all -inf) at every vocabulary and row count (the
 // one-block, many-block and device-rows layouts), and the general kernel's results field for field
@@ -476,8 +541,8 @@ TEST(Sampling, GreedyRowsTakeTheLeanKernel) {
       rows[i].flags = kSampleGreedy;
     }
     std::vector<DeviceSampleResult> lean(kRows), general(kRows);
-    cuda.sample(dl, rows.data(), kRows, nullptr, 0, lean.data());
-    cb->sample_with_group(dl, rows.data(), kRows, nullptr, 0, general.data(), 1);
+    cuda.sample(dl, {rows.data(), kRows}, lean.data());
+    cb->sample_with_group(dl, {rows.data(), kRows}, general.data(), 1);
     for (int32_t i = 0; i < kRows; ++i) {
       const std::string where = "vocab " + std::to_string(vocab) + " row " + std::to_string(i);
       EXPECT_EQ(lean[i].token, general[i].token) << where;
@@ -518,8 +583,8 @@ TEST(Sampling, PipelinedCallsAndTheTokensTheyHandOver) {
     reversed[i].logits_row = kRows - 1 - i;
   }
   std::vector<DeviceSampleResult> want(kRows), want_reversed(kRows);
-  cuda.sample(dl, rows.data(), kRows, nullptr, 0, want.data());
-  cuda.sample(dl, reversed.data(), kRows, nullptr, 0, want_reversed.data());
+  cuda.sample(dl, {rows.data(), kRows}, want.data());
+  cuda.sample(dl, {reversed.data(), kRows}, want_reversed.data());
   for (int32_t i = 0; i < kRows; ++i) {
     const float* r = logits.data() + int64_t{i} * kVocab;
     if (i == 3) {
@@ -530,8 +595,8 @@ TEST(Sampling, PipelinedCallsAndTheTokensTheyHandOver) {
     EXPECT_EQ(want[i].token, static_cast<int32_t>(std::max_element(r, r + kVocab) - r));
   }
 
-  const uint64_t a = cuda.sample_async(dl, rows.data(), kRows, nullptr, 0);
-  const uint64_t b = cuda.sample_async(dl, reversed.data(), kRows, nullptr, 0);
+  const uint64_t a = cuda.sample_async(dl, {rows.data(), kRows});
+  const uint64_t b = cuda.sample_async(dl, {reversed.data(), kRows});
   const std::vector<int32_t> ids = {-1, 7, -3, -4, -5, -6, 42, -2};
   DevBuf tok(cuda, static_cast<int64_t>(ids.size() * 4));
   tok.upload(ids.data(), static_cast<int64_t>(ids.size() * 4));

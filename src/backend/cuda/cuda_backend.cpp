@@ -1047,21 +1047,19 @@ void CudaBackend::fill_random(Tensor& t, uint64_t seed, float lo, float hi) {
   launch_fill_random(t.data, t.dtype, t.numel(), seed, lo, hi, stream_);
 }
 
-void CudaBackend::sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                         const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) {
-  sample_with_group(logits, rows, n_rows, edits, n_edits, out, 0);
+void CudaBackend::sample(const Tensor& logits, const DeviceSampleInputs& in,
+                         DeviceSampleResult* out) {
+  sample_with_group(logits, in, out, 0);
 }
 
-void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleRow* rows,
-                                    int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits,
+void CudaBackend::sample_with_group(const Tensor& logits, const DeviceSampleInputs& in,
                                     DeviceSampleResult* out, int group) {
-  if (n_rows <= 0) return;
-  sample_results(enqueue_sample(logits, rows, n_rows, edits, n_edits, group), out);
+  if (in.n_rows <= 0) return;
+  sample_results(enqueue_sample(logits, in, group), out);
 }
 
-uint64_t CudaBackend::sample_async(const Tensor& logits, const DeviceSampleRow* rows,
-                                   int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits) {
-  return enqueue_sample(logits, rows, n_rows, edits, n_edits, 0);
+uint64_t CudaBackend::sample_async(const Tensor& logits, const DeviceSampleInputs& in) {
+  return enqueue_sample(logits, in, 0);
 }
 
 CudaBackend::SampleSlot& CudaBackend::sample_slot(uint64_t ticket) {
@@ -1071,9 +1069,11 @@ CudaBackend::SampleSlot& CudaBackend::sample_slot(uint64_t ticket) {
   return slot;
 }
 
-uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow* rows,
-                                     int32_t n_rows, const DeviceSampleEdit* edits, int32_t n_edits,
+uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleInputs& in,
                                      int group) {
+  const DeviceSampleRow* rows = in.rows;
+  const DeviceSampleEdit* edits = in.edits;
+  const int32_t n_rows = in.n_rows, n_edits = in.n_edits;
   check_on_device(logits, "logits");
   PAGELLM_CHECK_MSG(
       logits.ndim == 2 && (logits.dtype == DType::kBF16 || logits.dtype == DType::kF32),
@@ -1081,6 +1081,8 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   const int64_t n_logit_rows = logits.size(0), vocab = logits.size(1);
   PAGELLM_CHECK_MSG(vocab > 0 && vocab < INT32_MAX, "sample: vocabulary size out of range");
   PAGELLM_CHECK(n_rows >= 0 && n_edits >= 0 && (n_edits == 0 || edits != nullptr));
+  PAGELLM_CHECK(in.n_mask_words >= 0 && (in.n_mask_words == 0 || in.masks != nullptr));
+  const int64_t mask_words = (vocab + 31) / 32;
   // Rows that only take the argmax (greedy, as a greedy request or a benchmark samples): the
   // lean kernel, whose launch carries up to kGreedyParamRows rows' logits rows itself, so the
   // call uploads nothing and the step waits for no copy (the general kernel took 27.7 us at
@@ -1096,6 +1098,9 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
                       "sample: a row's edit range is outside the edit list");
     PAGELLM_CHECK_MSG(r.n_logprobs >= -1 && r.n_logprobs <= kDeviceSampleMaxTop,
                       "sample: n_logprobs must be in [-1, 20]");
+    PAGELLM_CHECK_MSG(
+        r.mask_word == -1 || (r.mask_word >= 0 && r.mask_word + mask_words <= in.n_mask_words),
+        "sample: a row's grammar mask is outside the mask list");
     for (int32_t e = r.edit_begin; e < r.edit_end; ++e) {
       PAGELLM_CHECK_MSG(edits[e].token >= 0 && edits[e].token < vocab,
                         "sample: an edit's token is outside the vocabulary");
@@ -1117,8 +1122,9 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t rows_bytes = aligned(int64_t{n_rows} * sizeof(DeviceSampleRow));
   const int64_t edits_bytes = aligned(int64_t{n_edits} * sizeof(DeviceSampleEdit));
+  const int64_t masks_bytes = aligned(in.n_mask_words * int64_t{sizeof(uint32_t)});
   const int64_t results_bytes = int64_t{n_rows} * sizeof(DeviceSampleResult);
-  const int64_t need = rows_bytes + edits_bytes + results_bytes;
+  const int64_t need = rows_bytes + edits_bytes + masks_bytes + results_bytes;
   if (need > slot.bytes) {
     // A step may still read the device area (take_sampled_tokens on the main stream).
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1132,14 +1138,15 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
     slot.bytes = bytes;
   }
   slot.edits_offset = rows_bytes;
-  slot.results_offset = rows_bytes + edits_bytes;
+  slot.masks_offset = rows_bytes + edits_bytes;
+  slot.results_offset = rows_bytes + edits_bytes + masks_bytes;
   auto* results = reinterpret_cast<DeviceSampleResult*>(slot.dev + slot.results_offset);
   int32_t* handover = n_rows <= kHandoverRows ? handover_ : nullptr;
   handover_ticket_ = handover != nullptr ? ticket : 0;
   if (lean) {
     launch_greedy_rows(logits, vocab, rows, n_rows, slot, results, handover);
   } else {
-    upload_sample_rows(slot, rows, n_rows, edits, n_edits);
+    upload_sample_rows(slot, in);
     launch_sample_rows(logits, vocab, slot, results, n_rows, handover, group);
   }
   CUDA_CHECK(cudaEventRecord(slot.sampled, stream_));
@@ -1150,14 +1157,17 @@ uint64_t CudaBackend::enqueue_sample(const Tensor& logits, const DeviceSampleRow
   return ticket;
 }
 
-void CudaBackend::upload_sample_rows(const SampleSlot& slot, const DeviceSampleRow* rows,
-                                     int32_t n_rows, const DeviceSampleEdit* edits,
-                                     int32_t n_edits) {
-  std::memcpy(slot.host, rows, n_rows * sizeof(DeviceSampleRow));
-  if (n_edits > 0)
-    std::memcpy(slot.host + slot.edits_offset, edits, n_edits * sizeof(DeviceSampleEdit));
-  const int64_t bytes = n_edits > 0 ? slot.edits_offset + n_edits * sizeof(DeviceSampleEdit)
-                                    : n_rows * sizeof(DeviceSampleRow);
+void CudaBackend::upload_sample_rows(const SampleSlot& slot, const DeviceSampleInputs& in) {
+  std::memcpy(slot.host, in.rows, in.n_rows * sizeof(DeviceSampleRow));
+  int64_t bytes = in.n_rows * sizeof(DeviceSampleRow);
+  if (in.n_edits > 0) {
+    std::memcpy(slot.host + slot.edits_offset, in.edits, in.n_edits * sizeof(DeviceSampleEdit));
+    bytes = slot.edits_offset + in.n_edits * sizeof(DeviceSampleEdit);
+  }
+  if (in.n_mask_words > 0) {
+    std::memcpy(slot.host + slot.masks_offset, in.masks, in.n_mask_words * sizeof(uint32_t));
+    bytes = slot.masks_offset + in.n_mask_words * sizeof(uint32_t);
+  }
   CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, sample_stream_));
   CUDA_CHECK(cudaEventRecord(slot.uploaded, sample_stream_));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.uploaded, 0));
@@ -1174,6 +1184,7 @@ void CudaBackend::launch_sample_rows(const Tensor& logits, int64_t vocab, const 
   l.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);
   l.n_rows = n_rows;
   l.edits = reinterpret_cast<const DeviceSampleEdit*>(slot.dev + slot.edits_offset);
+  l.masks = reinterpret_cast<const uint32_t*>(slot.dev + slot.masks_offset);
   l.results = results;
   l.n_sms = n_sms_;
   l.cluster_ok = cluster_ok_;
@@ -1205,7 +1216,7 @@ void CudaBackend::launch_greedy_rows(const Tensor& logits, int64_t vocab,
   if (n_rows <= kGreedyParamRows) {
     g.host_rows = rows;
   } else {
-    upload_sample_rows(slot, rows, n_rows, nullptr, 0);
+    upload_sample_rows(slot, {rows, n_rows, nullptr, 0, nullptr, 0});
     g.rows = reinterpret_cast<const DeviceSampleRow*>(slot.dev);
   }
   g.results = results;

@@ -138,17 +138,14 @@ class CudaBackend final : public Backend {
   std::unique_ptr<OpTimer> make_op_timer() override;
   // Device sampling (sampling.cu).
   bool supports_sampling() const override { return true; }
-  void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-              const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) override;
-  uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                        const DeviceSampleEdit* edits, int32_t n_edits) override;
+  void sample(const Tensor& logits, const DeviceSampleInputs& in, DeviceSampleResult* out) override;
+  uint64_t sample_async(const Tensor& logits, const DeviceSampleInputs& in) override;
   void sample_results(uint64_t ticket, DeviceSampleResult* out) override;
   void take_sampled_tokens(Tensor& tokens, uint64_t ticket) override;
   // sample() with the blocks per row fixed (tests and benchmarks exercise every layout); 0 chooses
   // from the shape, as sample() does.
-  void sample_with_group(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                         const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out,
-                         int group);
+  void sample_with_group(const Tensor& logits, const DeviceSampleInputs& in,
+                         DeviceSampleResult* out, int group);
 
   // The stream all ops are queued on (for CUDA graph capture and events).
   cudaStream_t stream() const { return stream_; }
@@ -285,17 +282,16 @@ class CudaBackend final : public Backend {
     uint64_t ticket = 0;  // the call using it; 0: none yet
     int32_t n_rows = 0;
     int64_t edits_offset = 0;    // of the edits, in the device area
+    int64_t masks_offset = 0;    // of the grammar masks, in the device area
     int64_t results_offset = 0;  // of the results, in both areas
     cudaEvent_t uploaded = nullptr, sampled = nullptr, done = nullptr;
   };
   SampleSlot& sample_slot(uint64_t ticket);
-  uint64_t enqueue_sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                          const DeviceSampleEdit* edits, int32_t n_edits, int group);
-  // A call's rows (at 0) and edits (at edits_offset) up to `slot`'s device area on the sampling
-  // stream; the main stream waits for them.
-  void upload_sample_rows(const SampleSlot& slot, const DeviceSampleRow* rows, int32_t n_rows,
-                          const DeviceSampleEdit* edits, int32_t n_edits);
-  // The general sampling kernel over a call's rows and edits, uploaded to `slot`.
+  uint64_t enqueue_sample(const Tensor& logits, const DeviceSampleInputs& in, int group);
+  // A call's rows (at 0), edits (at edits_offset) and masks (at masks_offset) up to `slot`'s
+  // device area on the sampling stream; the main stream waits for them.
+  void upload_sample_rows(const SampleSlot& slot, const DeviceSampleInputs& in);
+  // The general sampling kernel over a call's inputs, uploaded to `slot`.
   void launch_sample_rows(const Tensor& logits, int64_t vocab, const SampleSlot& slot,
                           DeviceSampleResult* results, int32_t n_rows, int32_t* handover,
                           int group);

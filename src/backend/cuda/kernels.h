@@ -388,6 +388,7 @@ struct SampleLaunch {
   const DeviceSampleRow* rows = nullptr;
   int32_t n_rows = 0;
   const DeviceSampleEdit* edits = nullptr;
+  const uint32_t* masks = nullptr;  // rows' grammar masks (DeviceSampleRow::mask_word)
   DeviceSampleResult* results = nullptr;
   int n_sms = 0;
   bool cluster_ok = false;  // thread-block clusters available (sm_90)
@@ -406,7 +407,8 @@ int64_t sample_shared_bytes(int32_t slice);
 // logits rows travel in the launch itself (host_rows), so such a call uploads nothing.
 inline constexpr int32_t kGreedyParamRows = 64;
 inline bool greedy_row_is_lean(const DeviceSampleRow& r) {
-  return r.flags == kSampleGreedy && r.edit_begin == r.edit_end && r.n_logprobs < 0;
+  return r.flags == kSampleGreedy && r.edit_begin == r.edit_end && r.n_logprobs < 0 &&
+         r.mask_word < 0;
 }
 struct GreedySampleLaunch {
   const void* logits = nullptr;

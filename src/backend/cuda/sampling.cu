@@ -14,8 +14,9 @@
 //      max and key range (logprobs), and the processed row's max / argmax / finite count / key
 //      range. "Processed" = the raw row with the sparse edits (logit_bias, min_tokens
 //      suppression, penalties) applied on the fly: a per-slice bitmap marks edited tokens, whose
-//      value is recomputed from the raw logit with the CPU's exact fp32 operations. The raw row is
-//      never written.
+//      value is recomputed from the raw logit with the CPU's exact fp32 operations, and then a
+//      grammar's mask (when the row has one) sends every token it leaves out to -inf. The raw row
+//      is never written.
 //   2. greedy: the argmax (lowest id on ties). Otherwise, on s = (x - max) / T and
 //      w = exp_nonpositive(s) computed bit for bit as on the CPU (no FMA contraction):
 //      top-k by radix select on the order-preserving bits of x (exact k, ties at the cut resolved
@@ -221,6 +222,7 @@ struct SampleArgs {
   int32_t vocab;
   const DeviceSampleRow* rows;
   const DeviceSampleEdit* edits;
+  const uint32_t* masks;
   DeviceSampleResult* results;
   int32_t group;  // blocks per row
   int32_t slice;  // tokens per block, a multiple of kChunk
@@ -254,6 +256,7 @@ struct Ctx {
   float* list_w;
   double* chunk_sum;
   const uint8_t* edited;  // bitmap over [lo, lo + slice)
+  const uint8_t* mask;    // the row's grammar mask as bytes (token t: bit t % 8 of byte t / 8)
   unsigned char* exch;    // 2 x kExchBytes, read by the other blocks of the cluster
   unsigned char* bcast;   // kExchBytes, block-local broadcast
   uint32_t* list_count;
@@ -449,6 +452,8 @@ __device__ float apply_edit(const Ctx& c, int32_t t, float raw) {
   return v;
 }
 
+// Tokens t0 .. t0 + 7 (t0 a multiple of 8) processed: the edits, then the grammar mask, whose
+// byte t0 / 8 holds exactly these eight tokens' bits (the words are little-endian).
 __device__ __forceinline__ void process8(const Ctx& c, int32_t t0, const float (&raw)[kVec],
                                          float (&x)[kVec]) {
   uint32_t bits = 0;
@@ -458,6 +463,12 @@ __device__ __forceinline__ void process8(const Ctx& c, int32_t t0, const float (
   if (bits != 0) {
     for (int i = 0; i < kVec; ++i)
       if ((bits >> i) & 1u) x[i] = apply_edit(c, t0 + i, raw[i]);
+  }
+  if (c.mask != nullptr && t0 < c.hi) {
+    const uint32_t allowed = c.mask[t0 >> 3];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      if (!((allowed >> i) & 1u)) x[i] = -INFINITY;
   }
 }
 
@@ -956,6 +967,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   c.n_chunks = (c.hi - c.lo + kChunk - 1) / kChunk;
   c.phase = 0;
   c.edits = a.edits;
+  c.mask = row.mask_word >= 0 ? reinterpret_cast<const uint8_t*>(a.masks + row.mask_word) : nullptr;
   c.repetition = row.repetition;
   c.presence = row.presence;
   c.frequency = row.frequency;
@@ -1211,6 +1223,7 @@ void launch_sample(const SampleLaunch& l, cudaStream_t stream) {
   args.vocab = l.vocab;
   args.rows = l.rows;
   args.edits = l.edits;
+  args.masks = l.masks;
   args.results = l.results;
   args.group = group;
   args.slice = slice;

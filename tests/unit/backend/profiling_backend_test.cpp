@@ -138,13 +138,15 @@ TEST(OpCost, Copies) {
 }
 
 TEST(OpCost, DeviceSampling) {
-  // 3 rows of a bf16 vocabulary of 128256 (Llama 3) with 10 penalty/bias edits.
+  // 3 rows of a bf16 vocabulary of 128256 (Llama 3) with 10 penalty/bias edits and one grammar
+  // mask (4008 words).
   const Tensor logits = fake(0, DType::kBF16, {4, 128256});
-  const OpSample s = op_cost::sample(logits, 3, 10);
+  const OpSample s = op_cost::sample(logits, {nullptr, 3, nullptr, 10, nullptr, 4008});
   EXPECT_EQ(s.op, "sample");
   EXPECT_EQ(s.shape, "rows=3 vocab=128256 bf16");
-  EXPECT_DOUBLE_EQ(s.bytes, 3.0 * 128256 * 2 + 3.0 * (sizeof(DeviceSampleRow) + sizeof(DeviceSampleResult)) +
-                                10.0 * sizeof(DeviceSampleEdit));
+  EXPECT_DOUBLE_EQ(s.bytes, 3.0 * 128256 * 2 +
+                                3.0 * (sizeof(DeviceSampleRow) + sizeof(DeviceSampleResult)) +
+                                10.0 * sizeof(DeviceSampleEdit) + 4008.0 * 4);
   EXPECT_EQ(s.flops, 0);
 }
 

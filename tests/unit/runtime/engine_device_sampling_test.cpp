@@ -18,6 +18,7 @@
 #include <set>
 
 #include "backend/backend.h"
+#include "byte_tokenizer.h"
 #include "forwarding_backend.h"
 #include "io/weights.h"
 #include "runtime/engine.h"
@@ -35,7 +36,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // The device contract on the host: edits applied to the raw row, then the CPU's own selection,
 // draw and logprob functions.
 void sample_by_contract(const Tensor& logits, const DeviceSampleRow& row,
-                        const DeviceSampleEdit* edits, DeviceSampleResult& r) {
+                        const DeviceSampleInputs& in, DeviceSampleResult& r) {
+  const DeviceSampleEdit* edits = in.edits;
   const int64_t v = logits.size(1);
   std::span<const float> raw(static_cast<const float*>(logits.row_ptr(row.logits_row)), v);
   r = DeviceSampleResult{};
@@ -68,6 +70,11 @@ void sample_by_contract(const Tensor& logits, const DeviceSampleRow& row,
     }
     if (ed.output_count > 0)
       y -= static_cast<float>(ed.output_count) * row.frequency + row.presence;
+  }
+  if (row.mask_word >= 0) {
+    EXPECT_LE(row.mask_word + token_mask_words(v), in.n_mask_words);
+    for (int64_t t = 0; t < v; ++t)
+      if (!(in.masks[row.mask_word + t / 32] >> (t % 32) & 1u)) x[t] = -kInf;
   }
   int32_t token;
   if (row.flags & kSampleGreedy) {
@@ -109,24 +116,25 @@ class ContractSamplingBackend final : public ForwardingBackend {
 
   std::string name() const override { return "contract-sampling(" + in_.name() + ")"; }
   bool supports_sampling() const override { return true; }
-  void sample(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-              const DeviceSampleEdit* edits, int32_t n_edits, DeviceSampleResult* out) override {
+  void sample(const Tensor& logits, const DeviceSampleInputs& in,
+              DeviceSampleResult* out) override {
     EXPECT_EQ(logits.dtype, DType::kF32);
     ++n_calls;
-    n_rows_sampled += n_rows;
+    n_rows_sampled += in.n_rows;
     std::set<int32_t> seen;
-    for (int32_t i = 0; i < n_rows; ++i) {
-      EXPECT_TRUE(rows[i].edit_begin >= 0 && rows[i].edit_end <= n_edits);
-      if (!seen.insert(rows[i].logits_row).second) ++n_shared_rows;
-      sample_by_contract(logits, rows[i], edits, out[i]);
+    for (int32_t i = 0; i < in.n_rows; ++i) {
+      const DeviceSampleRow& row = in.rows[i];
+      EXPECT_TRUE(row.edit_begin >= 0 && row.edit_end <= in.n_edits);
+      if (!seen.insert(row.logits_row).second) ++n_shared_rows;
+      n_masked_rows += row.mask_word >= 0 ? 1 : 0;
+      sample_by_contract(logits, row, in, out[i]);
     }
   }
   // The pipelined half (Backend's defaults, counted): how many calls were unread at once, and
   // how often a step took its tokens from a call's results.
-  uint64_t sample_async(const Tensor& logits, const DeviceSampleRow* rows, int32_t n_rows,
-                        const DeviceSampleEdit* edits, int32_t n_edits) override {
+  uint64_t sample_async(const Tensor& logits, const DeviceSampleInputs& in) override {
     max_unread = std::max(max_unread, ++unread);
-    return Backend::sample_async(logits, rows, n_rows, edits, n_edits);
+    return Backend::sample_async(logits, in);
   }
   void sample_results(uint64_t ticket, DeviceSampleResult* out) override {
     --unread;
@@ -155,7 +163,7 @@ class ContractSamplingBackend final : public ForwardingBackend {
     return g;
   }
 
-  int64_t n_calls = 0, n_rows_sampled = 0, n_shared_rows = 0;
+  int64_t n_calls = 0, n_rows_sampled = 0, n_shared_rows = 0, n_masked_rows = 0;
   int64_t unread = 0, max_unread = 0, n_taken = 0;
   bool graphs = false;
   int64_t n_replays = 0;
@@ -189,14 +197,15 @@ class EngineDeviceSamplingTest : public testing::Test {
 
   // Runs `reqs` together on an engine over `backend`; one Collected per request. Requests listed
   // in `abort` are aborted once their first token is out; *final (optional) gets the engine's
-  // stats once every request is done.
+  // stats once every request is done; `tokenizer` (optional) is the engine's.
   std::vector<Collected> run(Backend& backend, const std::vector<EngineRequest>& reqs,
-                             const std::set<size_t>& abort = {}, EngineStats* final = nullptr) {
+                             const std::set<size_t>& abort = {}, EngineStats* final = nullptr,
+                             const Tokenizer* tokenizer = nullptr) {
     EngineConfig cfg;
     cfg.scheduler.max_num_seqs = 32;
     cfg.scheduler.max_num_batched_tokens = 40;  // chunked prefills mixed with decodes
     cfg.kv_cache_memory = 8 << 20;
-    auto e = Engine::create(*model_, backend, nullptr, cfg);
+    auto e = Engine::create(*model_, backend, tokenizer, cfg);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     std::vector<Collected> out(reqs.size());
     if (!e.ok()) return out;
@@ -321,6 +330,51 @@ TEST_F(EngineDeviceSamplingTest, SameOutputsAsTheHostSampler) {
   for (const Collected& c : host)
     for (const auto& [seq, t] : c.tokens) n_tokens += static_cast<int64_t>(t.size());
   EXPECT_EQ(contract_->n_rows_sampled, n_tokens) << "every token came from the device path";
+}
+
+// Structured output on a device: grammar rows go to the device sampler with their masks (made on
+// the host during the forward), beside unconstrained rows in the same call, and give the host
+// path's tokens, logprobs and finish reasons.
+TEST_F(EngineDeviceSamplingTest, GrammarRowsSampleOnTheDeviceWithTheirMasks) {
+  const auto tok = byte_tokenizer();
+  auto compiler = GrammarCompiler::create(*tok, 256, {2});
+  ASSERT_TRUE(compiler.ok()) << compiler.status().to_string();
+  GrammarSpec spec{GrammarKind::kJsonSchema, R"({"type": "object", "properties": {
+      "ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
+      "required": ["ok", "color"], "additionalProperties": false})"};
+  spec.any_whitespace = false;  // short enough for the golden Llama's 64-token context
+  auto g = (*compiler)->compile(spec);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    EngineRequest r = request({5, 9, 33, static_cast<int32_t>(40 + i)}, 300 + i);
+    r.params.max_tokens = 40;
+    r.params.ignore_eos = false;
+    r.params.temperature = i % 4 == 0 ? 0.0f : 1.0f;
+    if (i % 3 == 1) r.params.logprobs = 2;
+    if (i == 5) r.params.n = 2;
+    if (i % 4 != 3) r.grammar = *g;
+    reqs.push_back(std::move(r));
+  }
+  const auto host = run(*cpu_, reqs, {}, nullptr, tok.get());
+  const auto dev = run(*contract_, reqs, {}, nullptr, tok.get());
+  expect_same(host, dev);
+  EXPECT_GT(contract_->n_masked_rows, 0) << "no grammar row reached the device sampler";
+  int64_t n_tokens = 0;
+  for (const Collected& c : host)
+    for (const auto& [seq, t] : c.tokens) n_tokens += static_cast<int64_t>(t.size());
+  EXPECT_EQ(contract_->n_rows_sampled, n_tokens) << "every token came from the device path";
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (!reqs[i].grammar) continue;
+    for (const auto& [seq, ids] : dev[i].tokens) {
+      std::vector<int32_t> text_ids = ids;
+      if (!text_ids.empty() && text_ids.back() == 2) text_ids.pop_back();
+      const auto text = tok->decode(text_ids, false);
+      ASSERT_TRUE(text.ok());
+      EXPECT_FALSE(nlohmann::json::parse(*text, nullptr, false).is_discarded())
+          << "request " << i << ": " << *text;
+    }
+  }
 }
 
 // On a device, the start-up profile step also runs the sampling kernels once (three rows:

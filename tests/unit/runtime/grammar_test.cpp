@@ -10,42 +10,15 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "byte_tokenizer.h"
 #include "engine_test_util.h"
 #include "io/weights.h"
 #include "runtime/engine.h"
 #include "source_dir.h"
-#include "tokenizer/components.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pagellm {
 namespace {
-
-// Token id i is byte i (GPT-2's ByteLevel spelling), as tests/server/byte_model.py makes it: the
-// golden Llama's 256-token vocabulary as text.
-std::unique_ptr<Tokenizer> byte_tokenizer() {
-  nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[tok::byte_level_char(static_cast<unsigned char>(b))] = b;
-  const nlohmann::json bl = {{"type", "ByteLevel"},
-                             {"add_prefix_space", false},
-                             {"trim_offsets", true},
-                             {"use_regex", true}};
-  const nlohmann::json j = {{"version", "1.0"},
-                            {"added_tokens", nlohmann::json::array()},
-                            {"normalizer", nullptr},
-                            {"pre_tokenizer", bl},
-                            {"post_processor", nullptr},
-                            {"decoder", bl},
-                            {"model",
-                             {{"type", "BPE"},
-                              {"vocab", vocab},
-                              {"merges", nlohmann::json::array()},
-                              {"byte_fallback", false},
-                              {"fuse_unk", false},
-                              {"unk_token", nullptr}}}};
-  auto t = tokenizer_from_json(j.dump(), "bytes");
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  return std::move(*t);
-}
 
 constexpr int32_t kEos = 2;  // the golden Llama's
 

@@ -19,11 +19,10 @@ class FixedSampler final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   bool supports_sampling() const override { return true; }
-  void sample(const Tensor&, const DeviceSampleRow* rows, int32_t n_rows, const DeviceSampleEdit*,
-              int32_t, DeviceSampleResult* out) override {
-    for (int32_t i = 0; i < n_rows; ++i) {
+  void sample(const Tensor&, const DeviceSampleInputs& in, DeviceSampleResult* out) override {
+    for (int32_t i = 0; i < in.n_rows; ++i) {
       out[i] = DeviceSampleResult{};
-      out[i].token = base + rows[i].logits_row;
+      out[i].token = base + in.rows[i].logits_row;
       if (i == 2) {
         out[i].token = -1;
         out[i].status = DeviceSampleStatus::kNan;
@@ -41,8 +40,8 @@ TEST(SampleHandover, TicketsReadTheirOwnRowsAndHandTheirTokensOver) {
   const Tensor l(logits.data(), DType::kF32, {4, 8});
   std::vector<DeviceSampleRow> rows(4);
   for (int32_t i = 0; i < 4; ++i) rows[i].logits_row = i;
-  const uint64_t a = b.sample_async(l, rows.data(), 4, nullptr, 0);  // tokens 100..103
-  const uint64_t c = b.sample_async(l, rows.data(), 3, nullptr, 0);  // tokens 200..202
+  const uint64_t a = b.sample_async(l, {rows.data(), 4});  // tokens 100..103
+  const uint64_t c = b.sample_async(l, {rows.data(), 3});  // tokens 200..202
   ASSERT_NE(a, c);
 
   std::vector<int32_t> ids = {-1, 5, -2, -3, -4, -5, 0};
@@ -65,7 +64,7 @@ TEST(SampleHandover, TicketsReadTheirOwnRowsAndHandTheirTokensOver) {
   // A third call reuses the first call's slot: that ticket is gone. (The CPU backend's pool has
   // threads: the death test re-executes the binary rather than fork it.)
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  (void)b.sample_async(l, rows.data(), 1, nullptr, 0);
+  (void)b.sample_async(l, {rows.data(), 1});
   EXPECT_DEATH(b.sample_results(a, ra.data()), "slot was reused");
 }
 
