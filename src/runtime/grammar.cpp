@@ -204,6 +204,22 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const Gr
   return r;
 }
 
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::find(const GrammarSpec& spec) {
+  const std::string key = spec.key();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->cache.find(key);
+  // Being built (its future not ready) counts as not there: the caller would wait.
+  if (it == impl_->cache.end() ||
+      it->second.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return nullptr;
+  const Result<std::shared_ptr<const CompiledGrammar>>& r = it->second.get();
+  if (!r.ok()) return nullptr;
+  impl_->lru.remove(key);
+  impl_->lru.push_front(key);
+  ++impl_->stats.cache_hits;
+  return *r;
+}
+
 GrammarCompileStats GrammarCompiler::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->stats;

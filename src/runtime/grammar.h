@@ -67,6 +67,9 @@ class GrammarCompiler {
   // a regex or grammar that does not parse) is kInvalidArgument with the reason. Thread-safe;
   // concurrent calls for the same new spec build it once.
   Result<std::shared_ptr<const CompiledGrammar>> compile(const GrammarSpec& spec);
+  // The grammar of `spec` if it is built and cached (a cache hit, as compile() counts it), else
+  // null: a caller that must not wait (an HTTP I/O thread) then compiles it on a thread of its own.
+  std::shared_ptr<const CompiledGrammar> find(const GrammarSpec& spec);
 
   GrammarCompileStats stats() const;
   int32_t vocab_size() const { return vocab_size_; }

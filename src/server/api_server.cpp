@@ -8,6 +8,7 @@
 #include <ctime>
 #include <thread>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 
 #include "core/log.h"
@@ -732,6 +733,8 @@ ApiServer::ApiServer(ApiServerConfig config, Engine& engine, const Tokenizer* to
 }
 
 ApiServer::~ApiServer() {
+  grammar_pool_.stop();  // compiles not started are dropped; one under way finishes
+  grammar_pool_.join();
   engine_.shutdown();  // its last callbacks post into the I/O context, which must still exist
   http_->stop();
   if (tracer_) tracer_->shutdown(config_.tracing.shutdown_timeout_s);
@@ -996,35 +999,63 @@ void ApiServer::end_span(std::unique_ptr<Span> span, const Exchange& ex, const A
   tracer_->submit(std::move(*span));
 }
 
+void ApiServer::refuse(Exchange& ex, std::unique_ptr<Span> span, const ApiError& e, Headers extra) {
+  reply_error(metrics_, ex, e, std::move(extra));
+  end_span(std::move(span), ex, &e);
+}
+
 void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   const HttpRequest& r = ex->request();
   // Tracing: refused requests get a span too (their status code tells why).
   std::unique_ptr<Span> span = start_span(*ex);
-  auto refuse = [&](const ApiError& e, Headers extra = {}) {
-    reply_error(metrics_, *ex, e, std::move(extra));
-    end_span(std::move(span), *ex, &e);
-  };
   Json body;
-  if (auto e = parse_json_body(r.body, body)) return refuse(*e);
+  if (auto e = parse_json_body(r.body, body)) return refuse(*ex, std::move(span), *e);
   const int32_t vocab = static_cast<int32_t>(engine_.model_config().vocab_size);
   GenerateRequest req;
   if (auto e =
           chat ? parse_chat_request(body, vocab, req) : parse_completion_request(body, vocab, req))
-    return refuse(*e);
-  if (auto e = check_model(req.model)) return refuse(*e);
-  if (req.grammar) {
-    // Compiled here, once per distinct spec (later requests with it take the cached grammar),
-    // so that a schema, regex or grammar that does not compile is this request's 400.
-    GrammarCompiler* grammars = engine_.grammars();
-    if (!grammars)
-      return refuse(
-          bad_request("structured output needs the model's tokenizer, which this "
-                      "server does not have"));
-    auto g = grammars->compile(*req.grammar);
-    if (!g.ok()) return refuse(bad_request("invalid structured output: " + g.status().message()));
-    req.compiled_grammar = std::move(*g);
-    metrics_.observe_structured_request();
+    return refuse(*ex, std::move(span), *e);
+  if (auto e = check_model(req.model)) return refuse(*ex, std::move(span), *e);
+  if (!req.grammar) return generate_with_grammar(ex, chat, std::move(req), std::move(span));
+  // Compiled once per distinct spec (later requests with it take the cached grammar), before
+  // the request is queued, so that a schema, regex or grammar that does not compile is this
+  // request's 400.
+  GrammarCompiler* grammars = engine_.grammars();
+  if (!grammars)
+    return refuse(*ex, std::move(span),
+                  bad_request("structured output needs the model's tokenizer, which this server "
+                              "does not have"));
+  if (auto g = grammars->find(*req.grammar)) {
+    req.compiled_grammar = std::move(g);
+    return generate_with_grammar(ex, chat, std::move(req), std::move(span));
   }
+  // Not built yet: on grammar_pool_, then back on this exchange's strand.
+  struct Pending {
+    GenerateRequest req;
+    std::unique_ptr<Span> span;
+    Result<std::shared_ptr<const CompiledGrammar>> grammar = internal_error("not compiled");
+  };
+  auto p = std::make_shared<Pending>(Pending{std::move(req), std::move(span)});
+  boost::asio::post(grammar_pool_, [this, ex, chat, grammars, p] {
+    p->grammar = grammars->compile(*p->req.grammar);
+    ex->post([this, ex, chat, p] {
+      // The client left, or the request timed out (answered by the server), meanwhile.
+      if (ex->closed() || ex->started()) return;
+      if (!p->grammar.ok())
+        return refuse(*ex, std::move(p->span),
+                      bad_request("invalid structured output: " + p->grammar.status().message()));
+      p->req.compiled_grammar = std::move(*p->grammar);
+      generate_with_grammar(ex, chat, std::move(p->req), std::move(p->span));
+    });
+  });
+}
+
+void ApiServer::generate_with_grammar(const std::shared_ptr<Exchange>& ex, bool chat,
+                                      GenerateRequest req, std::unique_ptr<Span> span) {
+  auto refuse = [&](const ApiError& e, Headers extra = {}) {
+    this->refuse(*ex, std::move(span), e, std::move(extra));
+  };
+  if (req.compiled_grammar) metrics_.observe_structured_request();
   if (http_->draining()) {
     ApiError e;
     e.status = 503;

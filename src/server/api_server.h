@@ -17,11 +17,13 @@
 #include <unordered_set>
 
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include "runtime/engine.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
 #include "server/tool_parser.h"
 #include "server/trace_exporter.h"
@@ -81,7 +83,14 @@ class ApiServer {
 
  private:
   void handle(std::shared_ptr<Exchange> ex);
+  // handle_generate parses and validates a completions / chat request; a structured-output
+  // request whose grammar is not built yet then waits for it on grammar_pool_, and
+  // generate_with_grammar goes on from there: template, tokens, limits, then the engine.
   void handle_generate(const std::shared_ptr<Exchange>& ex, bool chat);
+  void generate_with_grammar(const std::shared_ptr<Exchange>& ex, bool chat, GenerateRequest req,
+                             std::unique_ptr<Span> span);
+  // A request refused: the error response, counted, and its span ended.
+  void refuse(Exchange& ex, std::unique_ptr<Span> span, const ApiError& e, Headers extra = {});
   void handle_models(const std::shared_ptr<Exchange>& ex, const std::string& id);
   void handle_tokenize(const std::shared_ptr<Exchange>& ex);
   void handle_detokenize(const std::shared_ptr<Exchange>& ex);
@@ -101,6 +110,9 @@ class ApiServer {
   std::unique_ptr<TraceExporter> tracer_;  // null: tracing off. Outlives http_'s handlers.
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<boost::asio::signal_set> signals_;  // destroyed before http_ (its I/O context)
+  // Grammar compiles (seconds for a large schema over a large vocabulary) run here, never on an
+  // I/O thread, whose other connections would stall meanwhile. Joined before http_ goes.
+  boost::asio::thread_pool grammar_pool_{2};
 
   mutable std::mutex live_mu_;
   std::unordered_set<uint64_t> live_;  // engine request ids in flight

@@ -9,7 +9,10 @@ structured_outputs), streamed and not, and the 400s for specs that cannot work.
 import json
 import os
 import re
+import threading
+import time
 
+import httpx
 import jsonschema
 import openai
 import pydantic
@@ -193,11 +196,14 @@ def test_bad_specs_are_400_with_the_reason(server, extra, fragment):
     assert server.client().completions.create(model="tiny", prompt="x", max_tokens=2).choices
 
 
+def metric(server, name):
+    m = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", httpx.get(server.url + "/metrics").text, re.M)
+    return float(m.group(1))
+
+
 def test_compiled_once_per_schema(server):
-    import httpx
     def compiled():
-        m = re.search(r"^pagellm:grammar_compiles_total\{[^}]*\} (\S+)$", httpx.get(server.url + "/metrics").text, re.M)
-        return float(m.group(1))
+        return metric(server, "pagellm:grammar_compiles_total")
     schema = {"type": "object", "properties": {"unique_key_for_this_test": {"type": "boolean"}},
               "required": ["unique_key_for_this_test"], "additionalProperties": False}
     before = compiled()
@@ -295,3 +301,47 @@ def test_reasoning_is_free_and_the_answer_follows_the_schema(server_factory, tmp
         thought = getattr(ch.message, "reasoning_content", None)
         thoughts += bool(thought)
     assert thoughts >= 3
+
+
+SLOW_PROPERTIES = 1500
+
+
+def slow_schema(n_properties):
+    """An object of many string properties, each with a pattern of its own: a grammar of many
+    rules, whose token masks the compiler precomputes rule by rule."""
+    props = {f"p{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 5 + 1},{i % 5 + 9}}}-[0-9]{{{i % 4 + 2}}}x{i}$"}
+             for i in range(n_properties)}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def test_a_grammar_compile_does_not_hold_up_other_requests(server_factory, tmp_path):
+    """With one I/O thread, requests keep being answered while a large new schema compiles: the
+    compile runs on the server's grammar threads, not on the thread that serves connections."""
+    d = byte_model_512(str(tmp_path / "m"))
+    s = server_factory(["--model", d, "--kv-cache-memory", KV_BYTES, "--served-model-name", "tiny",
+                        "--io-threads", "1"])
+    fmt = {"type": "json_schema", "json_schema": {"name": "slow", "schema": slow_schema(SLOW_PROPERTIES)}}
+    done = {}
+
+    def constrained():
+        t0 = time.monotonic()
+        done["response"] = chat(s, response_format=fmt, max_tokens=1)
+        done["span"] = (t0, time.monotonic())
+
+    th = threading.Thread(target=constrained)
+    th.start()
+    probes = []  # (sent, answered) of /health requests while the compile runs
+    while th.is_alive():
+        t0 = time.monotonic()
+        assert httpx.get(s.url + "/health", timeout=60).status_code == 200
+        probes.append((t0, time.monotonic()))
+        time.sleep(0.01)
+    th.join()
+    assert done["response"].choices[0].finish_reason == "length"
+    compile_s = metric(s, "pagellm:grammar_compile_seconds_total")
+    assert compile_s > 0.3, f"the schema compiled in {compile_s:.3f} s: too fast to tell; make it larger"
+    start, end = done["span"]
+    during = [b - a for a, b in probes if a > start and b < end]
+    assert len(during) >= 3, (probes, done["span"], compile_s)
+    # Blocked behind the compile, a probe would wait for most of it.
+    assert max(during) < compile_s / 4, (max(during), compile_s)
