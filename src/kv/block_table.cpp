@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "kv/kv_layout.h"
 
 namespace pagellm {
 
@@ -120,6 +121,15 @@ BlockTable BlockTable::fork(BlockManager& mgr) const {
   BlockTable copy = *this;
   for (BlockId b : blocks_) mgr.share(b);
   return copy;
+}
+
+void BlockTable::truncate(BlockManager& mgr, int32_t n_tokens) {
+  const int32_t keep = static_cast<int32_t>(blocks_for_tokens(n_tokens, block_size_));
+  PAGELLM_CHECK_MSG(keep >= n_registered_, "truncate: would drop a registered block");
+  while (n_blocks() > keep) {
+    mgr.release(blocks_.back());
+    blocks_.pop_back();
+  }
 }
 
 void BlockTable::release(BlockManager& mgr) {

@@ -68,6 +68,11 @@ class BlockTable {
                          uint64_t extra_hash);
   int32_t n_registered() const { return n_registered_; }
 
+  // Drops the blocks past those that positions [0, n_tokens) need, last first: the positions a
+  // step wrote speculatively and that turned out not to be the sequence's. Precondition: none
+  // of them is registered in the prefix cache.
+  void truncate(BlockManager& mgr, int32_t n_tokens);
+
   // A table sharing every block of this one (each refcount + 1), for a parallel sample.
   BlockTable fork(BlockManager& mgr) const;
   // Drops this table's references, last block first (so a sequence's tail is evicted before its

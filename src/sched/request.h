@@ -49,6 +49,12 @@ struct Sequence {
   // Resumed after preemption, waiting for the request's first live sequence (the leader) to
   // recompute the prompt's full blocks, which it then shares instead of recomputing them.
   bool parked = false;
+  // Speculative decoding: the tokens guessed to follow (Scheduler::set_draft, for the next
+  // schedule() only), and how many of them the step in flight verifies. Their KV positions
+  // [n_computed, n_computed + n_draft_in_flight) hold blocks until the step's results say how
+  // many guesses were right; the rest are released then.
+  std::vector<int32_t> draft;
+  int32_t n_draft_in_flight = 0;
 
   bool finished() const { return finish != FinishReason::kNone; }
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "core/check.h"
@@ -195,6 +196,8 @@ void Scheduler::release_all(Request* r) {
   for (Sequence& s : r->seqs) {
     s.table.release(mgr_);
     s.n_computed = 0;
+    s.n_draft_in_flight = 0;
+    s.draft.clear();
   }
 }
 
@@ -263,6 +266,7 @@ void Scheduler::emit(Request* r, Sequence& s, int32_t n, bool is_prefill) {
   q.context_len = end;
   q.needs_logits = end == s.n_tokens();
   q.n_samples = q.needs_logits ? (r->forked ? 1 : r->n) : 0;
+  q.n_draft = 0;
   s.n_computed = end;
   budget_ -= n;
   entries_.push_back(std::move(e));
@@ -494,8 +498,15 @@ SchedulePlan Scheduler::schedule(double now_ms) {
     if (!try_admit(r) && waiting_.size() == before) break;  // blocked (a failed one is dropped)
   }
 
+  // 4. Guesses, with what is left: they never cost a running sequence or a waiting request
+  //    its place.
+  add_drafts();
+  for (Request* r : running_)  // a draft serves one schedule() only; on_step_done checks the
+    for (Sequence& s : r->seqs) s.draft.resize(s.n_draft_in_flight);  // verified ones
+
   for (Entry& e : entries_) {
-    InFlight f{e.seq.request_id, e.seq.seq_index, e.seq.needs_logits, e.seq.n_samples};
+    InFlight f{e.seq.request_id, e.seq.seq_index, e.seq.needs_logits, e.seq.n_samples,
+               e.seq.n_draft};
     in_flight_.push_back(f);
     plan.n_tokens += static_cast<int32_t>(e.seq.token_ids.size());
     plan.n_decode_seqs += e.seq.is_prefill ? 0 : 1;
@@ -506,6 +517,40 @@ SchedulePlan Scheduler::schedule(double now_ms) {
   plan_ = nullptr;
   maybe_check();
   return plan;
+}
+
+void Scheduler::set_draft(RequestId id, int32_t seq_index, std::span<const int32_t> draft) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->state != RequestState::kRunning) return;
+  Request& r = *it->second;
+  if (seq_index < 0 || seq_index >= r.n) return;
+  Sequence& s = r.seqs[seq_index];
+  if (!r.is_active(s) || !is_decode(r, s)) return;
+  s.draft.assign(draft.begin(), draft.end());
+}
+
+void Scheduler::add_drafts() {
+  for (Entry& e : entries_) {
+    if (budget_ <= 0) break;
+    ScheduledSeq& q = e.seq;
+    if (q.is_prefill || !q.needs_logits || q.n_samples != 1) continue;
+    Request* r = e.req;
+    Sequence& s = r->seqs[q.seq_index];
+    if (s.draft.empty()) continue;
+    // All guesses right gives them plus one more token: within max_tokens.
+    const int32_t room = r->max_tokens - (s.n_tokens() - r->prompt_len) - 1;
+    int32_t k = std::min({static_cast<int32_t>(s.draft.size()), room, budget_});
+    if (k <= 0) continue;
+    k = s.table.max_writable(mgr_, s.n_computed, k, mgr_.n_free());
+    if (k <= 0) continue;
+    s.table.prepare_write(mgr_, s.n_computed, s.n_computed + k, &q.copies);
+    q.token_ids.insert(q.token_ids.end(), s.draft.begin(), s.draft.begin() + k);
+    q.block_table = s.table.blocks();
+    q.context_len += k;
+    q.n_draft = k;
+    s.n_draft_in_flight = k;
+    budget_ -= k;
+  }
 }
 
 void Scheduler::recycle(SchedulePlan&& plan) {
@@ -537,14 +582,23 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
   const auto key = [&](uint32_t i) {
     return std::pair(results[i].request_id, results[i].seq_index);
   };
-  std::sort(by_sequence_.begin(), by_sequence_.end(),
-            [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
+  // Stable: a sequence that verified a draft reports several tokens, kept in their order.
+  std::stable_sort(by_sequence_.begin(), by_sequence_.end(),
+                   [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
+  // A sequence's results, in the order reported.
+  auto range = [&](RequestId id, int32_t seq_index) {
+    return std::equal_range(by_sequence_.begin(), by_sequence_.end(), std::pair(id, seq_index),
+                            [&](const auto& a, const auto& b) {
+                              if constexpr (std::is_same_v<std::decay_t<decltype(a)>, uint32_t>) {
+                                return key(a) < b;
+                              } else {
+                                return a < key(b);
+                              }
+                            });
+  };
   auto take = [&](RequestId id, int32_t seq_index) -> const SampledToken* {
-    const auto it =
-        std::lower_bound(by_sequence_.begin(), by_sequence_.end(), std::pair(id, seq_index),
-                         [&](uint32_t i, const auto& k) { return key(i) < k; });
-    return it != by_sequence_.end() && key(*it) == std::pair(id, seq_index) ? &results[*it]
-                                                                            : nullptr;
+    const auto [first, last] = range(id, seq_index);
+    return first != last ? &results[*first] : nullptr;
   };
 
   // The requests that sampled, in plan order; a request's sequences are consecutive there, so
@@ -590,6 +644,26 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
       }
       r->forked = true;
       for (int32_t j = 0; j < r->n; ++j) append(r, r->seqs[j], *samples[j]);
+    } else if (f.n_draft > 0) {
+      // The guesses that were right, then the model's next token: the KV of the first ones is
+      // the sequence's, the rest of the step's speculative KV goes.
+      const auto [first, last] = range(r->id, f.seq_index);
+      const int32_t n = static_cast<int32_t>(last - first);
+      PAGELLM_CHECK_MSG(n >= 1, "on_step_done: a sampled token is missing");
+      PAGELLM_CHECK_MSG(n <= f.n_draft + 1, "on_step_done: more tokens than a draft allows");
+      s.n_draft_in_flight = 0;
+      for (int32_t i = 0; i < n && !s.finished(); ++i) {
+        const SampledToken& t = results[first[i]];
+        PAGELLM_CHECK_MSG(i + 1 == n || t.token == s.draft[i],
+                          "on_step_done: a token before the last is not the guess it verified");
+        append(r, s, t);
+        if (i + 1 < n && !s.finished()) ++s.n_computed;  // a right guess: its KV is computed
+      }
+      s.draft.clear();
+      if (!s.finished()) {
+        s.table.truncate(mgr_, s.n_computed);
+        s.table.register_computed(mgr_, s.tokens, s.n_computed, r->extra_hash);
+      }
     } else {
       const SampledToken* t = take(r->id, f.seq_index);
       PAGELLM_CHECK_MSG(t != nullptr, "on_step_done: a sampled token is missing");
@@ -632,7 +706,7 @@ bool Scheduler::can_plan_ahead() const {
     if (it == requests_.end() || it->second->state != RequestState::kRunning) continue;
     const Request& r = *it->second;
     const Sequence& s = r.seqs[f.seq_index];
-    if (!f.needs_logits || (!r.forked && r.n > 1) || r.has_parked()) return false;
+    if (!f.needs_logits || (!r.forked && r.n > 1) || r.has_parked() || f.n_draft > 0) return false;
     ++in_step;
     // The next decode writes position n_computed (the token this step samples).
     blocks += s.table.n_blocks_needed(mgr_, s.n_computed, s.n_computed + 1);
@@ -704,10 +778,12 @@ Status Scheduler::check_invariants() const {
       if (s.n_computed < 0 || s.n_computed > s.n_tokens()) {
         return internal_error(where(r) + "n_computed out of range");
       }
-      if (s.table.n_blocks() != blocks_for_tokens(s.n_computed, bs)) {
+      // Guesses in flight hold the blocks of their positions past the computed tokens.
+      if (s.table.n_blocks() != blocks_for_tokens(s.n_computed + s.n_draft_in_flight, bs)) {
         return internal_error(where(r) + "sequence " + std::to_string(s.index) + " holds " +
                               std::to_string(s.table.n_blocks()) + " blocks for " +
-                              std::to_string(s.n_computed) + " computed tokens");
+                              std::to_string(s.n_computed) + " computed tokens and " +
+                              std::to_string(s.n_draft_in_flight) + " guesses");
       }
       for (BlockId b : s.table.blocks()) ++refs[b];
     }

@@ -29,6 +29,13 @@
 // tokens and reports their values and stop decisions with resolve_tokens(), before that next
 // step's on_step_done().
 //
+// Speculative decoding: before schedule(), set_draft() gives a decoding sequence the tokens a
+// proposer guesses will follow its last one. Once decodes, prefill chunks and admissions are
+// planned, the budget and free blocks left over extend decodes with their guesses (never a
+// preemption or a prompt's token for a guess); such a step verifies them, and on_step_done() takes
+// several tokens for that sequence, in order: the guesses that were right, then the one the
+// model chose after them. The KV of the guesses that were wrong is dropped. No planning ahead
+// of a step that verifies guesses.
 // Policy (continuous batching, the default):
 //   1. Decodes first: every running sequence whose next token is its last sampled one computes 1
 //      token (while the budget lasts).
@@ -97,6 +104,10 @@ struct ScheduledSeq {
   int32_t context_len = 0;             // tokens with KV once this step ran (seq_lens_kv)
   bool needs_logits = false;           // the chunk ends at the last known token
   int32_t n_samples = 0;               // tokens to sample from those logits (0 without logits)
+  // Speculative decoding: the last n_draft of token_ids are guesses (Scheduler::set_draft) that
+  // this step verifies, so the step wants the logits of every token of the chunk (1 + n_draft
+  // rows), and its KV is written for them all, provisionally.
+  int32_t n_draft = 0;
   std::vector<BlockCopy> copies;       // copy-on-write ops for this sequence (also in plan.copies)
 };
 
@@ -168,10 +179,17 @@ class Scheduler {
   void recycle(SchedulePlan&& plan);
   // Reports the step's sampled tokens: for every scheduled sequence with needs_logits,
   // n_samples tokens (seq_index 0..n_samples-1 for a first sample of n > 1, else the sequence's
-  // own index). Appends them, registers the newly full blocks in the prefix cache, finishes
-  // sequences the engine stopped or that hit max_tokens, frees their blocks, and returns the
-  // requests that completed (they are forgotten). Results for aborted requests are ignored.
+  // own index); a sequence that verified a draft reports 1 to n_draft + 1 tokens, in order, all
+  // but the last being its first guesses (fewer when the engine stopped it). Appends them,
+  // registers the newly full blocks in the prefix cache, finishes sequences the engine stopped or
+  // that hit max_tokens, frees their blocks, and returns the requests that completed (they are
+  // forgotten). Results for aborted requests are ignored.
   std::vector<FinishedRequest> on_step_done(std::span<const SampledToken> results);
+
+  // Speculative decoding: `draft` guesses the tokens after sequence seq_index's last one, for the
+  // next schedule() only (a decode then verifies up to draft.size() of them, as budget, blocks
+  // and max_tokens allow). Ignored unless the sequence is running and its next step a decode.
+  void set_draft(RequestId id, int32_t seq_index, std::span<const int32_t> draft);
 
   // Planning ahead. True when on_step_done() may take the step in flight's tokens as
   // kPendingToken: every running sequence is in that step, wants its logits, and will be a plain
@@ -208,6 +226,7 @@ class Scheduler {
     int32_t seq_index;
     bool needs_logits;
     int32_t n_samples;
+    int32_t n_draft;
   };
   struct Entry {
     Request* req;
@@ -222,6 +241,8 @@ class Scheduler {
   bool schedule_running(Request* r, Sequence& s, int32_t want);
   bool try_admit(Request* r);
   void emit(Request* r, Sequence& s, int32_t n_tokens, bool is_prefill);
+  // Extends the planned decodes with their drafts, within the budget and the free blocks left.
+  void add_drafts();
   void preempt(Request* r);
   void fail(Request* r, std::string reason);
   // What abort() and fail() share: r leaves the running or waiting queue with its blocks freed,
