@@ -62,6 +62,22 @@ OptionGroup scheduler_options() {
             "wait for each decode step's tokens before queueing the next (for comparison)"}}};
 }
 
+OptionGroup speculative_options() {
+  return {
+      "Speculative decoding",
+      {{"speculative-method", "METHOD",
+        "guess the next tokens and check them all in one step (outputs unchanged): ngram "
+        "(prompt lookup: what followed an earlier occurrence of the last tokens), or none",
+        "none"},
+       {"num-speculative-tokens", "K", "most tokens guessed per step", "4"},
+       {"prompt-lookup-min", "N", "ngram: the shortest run of last tokens looked up", "2"},
+       {"prompt-lookup-max", "N", "ngram: the longest run of last tokens looked up (first)", "4"},
+       {"speculative-disable-by-batch-size", "N",
+        "guess nothing while N or more sequences run (a busy device gains nothing); 0: "
+        "always guess",
+        "32"}}};
+}
+
 OptionGroup sampling_options(const SamplingDefaults& d) {
   return {
       "Sampling",
@@ -113,6 +129,24 @@ Result<EngineConfig> engine_config_from_args(const Args& a) {
   c.host_sampling = a.flag("host-sampling");
   c.plan_ahead = !a.flag("no-plan-ahead");
   PAGELLM_ASSIGN_OR_RETURN(c.scheduler.batching, parse_batching_policy(a.str("batching")));
+  const std::string method = a.str("speculative-method");
+  if (method == "ngram") {
+    c.speculative.method = SpeculativeConfig::Method::kNgram;
+  } else if (method != "none") {
+    return invalid_argument("--speculative-method must be ngram or none, not '" + method + "'");
+  }
+  PAGELLM_ASSIGN_OR_RETURN(int64_t k, a.get_int("num-speculative-tokens"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t lo, a.get_int("prompt-lookup-min"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t hi, a.get_int("prompt-lookup-max"));
+  PAGELLM_ASSIGN_OR_RETURN(int64_t off, a.get_int("speculative-disable-by-batch-size"));
+  if (k < 1 || k > 64 || lo < 1 || hi < lo || hi > 64 || off < 0)
+    return invalid_argument(
+        "speculative options out of range (--num-speculative-tokens in [1, 64], 1 <= "
+        "--prompt-lookup-min <= --prompt-lookup-max <= 64, "
+        "--speculative-disable-by-batch-size >= 0)");
+  c.speculative.num_tokens = static_cast<int32_t>(k);
+  c.speculative.ngram = {static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
+  c.speculative.disable_by_batch_size = static_cast<int32_t>(off);
   return c;
 }
 

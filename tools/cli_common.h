@@ -21,6 +21,9 @@ OptionGroup cache_options();
 // --max-num-seqs --max-num-batched-tokens --max-waiting --batching --enforce-eager
 // --host-sampling --no-plan-ahead
 OptionGroup scheduler_options();
+// --speculative-method --num-speculative-tokens --prompt-lookup-min --prompt-lookup-max
+// --speculative-disable-by-batch-size
+OptionGroup speculative_options();
 // --max-tokens --temperature --top-p --top-k --min-p --repetition-penalty --seed --logprobs
 // --ignore-eos
 // The defaults differ by command (chat samples more conservatively than generate).

@@ -374,7 +374,8 @@ int bench_throughput(int argc, char** argv) {
              std::nullopt, "unconstrained"}}},
           {"Output", {kJson, kProfile, kPeakTflops}},
           cache_options(),
-          scheduler_options()});
+          scheduler_options(),
+          speculative_options()});
   if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   ServingModelOptions o;
   o.model_path = a.str("model");
@@ -589,6 +590,22 @@ int bench_throughput(int argc, char** argv) {
                                           : 0.0,
                 static_cast<long long>(st.grammar_mask_steps));
   }
+  const bool speculating = !st.spec_accepted_per_position.empty();
+  const double spec_rate = st.spec_draft_tokens > 0 ? static_cast<double>(st.spec_accepted_tokens) /
+                                                          static_cast<double>(st.spec_draft_tokens)
+                                                    : 0.0;
+  // Tokens a verifying step yields on average: its right guesses plus the model's own token.
+  const double spec_len = st.spec_drafts > 0 ? 1.0 + static_cast<double>(st.spec_accepted_tokens) /
+                                                         static_cast<double>(st.spec_drafts)
+                                             : 0.0;
+  if (speculating) {
+    std::printf(
+        "speculative      %lld drafts of %lld tokens, %lld right (acceptance %.1f%%, "
+        "mean accepted length %.2f); drafting %.3f s\n",
+        static_cast<long long>(st.spec_drafts), static_cast<long long>(st.spec_draft_tokens),
+        static_cast<long long>(st.spec_accepted_tokens), 100.0 * spec_rate, spec_len,
+        st.spec_draft_seconds);
+  }
   if (run_table) std::printf("\n%s", format_op_table(*run_table).c_str());
   if (a.flag("json")) {
     nlohmann::json j = {{"requests_per_s", rps},
@@ -615,6 +632,14 @@ int bench_throughput(int argc, char** argv) {
       j["grammar_compile_seconds"] = compile_s;
       j["grammar_mask_seconds"] = st.grammar_mask_seconds;
       j["grammar_mask_steps"] = st.grammar_mask_steps;
+    }
+    if (speculating) {
+      j["spec_drafts"] = st.spec_drafts;
+      j["spec_draft_tokens"] = st.spec_draft_tokens;
+      j["spec_accepted_tokens"] = st.spec_accepted_tokens;
+      j["spec_acceptance_rate"] = spec_rate;
+      j["spec_mean_accepted_length"] = spec_len;
+      j["spec_draft_seconds"] = st.spec_draft_seconds;
     }
     if (run_table) j["profile"] = op_table_json(*run_table);
     std::printf("%s\n", j.dump().c_str());

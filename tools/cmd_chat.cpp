@@ -25,7 +25,8 @@ int run_chat(int argc, char** argv) {
              "none"}}},
           sampling_options({.temperature = "0.7", .top_p = "0.9"}),
           cache_options(),
-          scheduler_options()});
+          scheduler_options(),
+          speculative_options()});
   if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   auto sm = load_model_from_args(a);
   if (!sm.ok()) return fail("chat", sm.status());

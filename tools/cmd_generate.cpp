@@ -39,7 +39,8 @@ int run_generate(int argc, char** argv) {
          {"no-stream", "", "print the text once at the end instead of token by token"}}},
        sampling_options({.max_tokens = "128"}),
        cache_options(),
-       scheduler_options()});
+       scheduler_options(),
+       speculative_options()});
   if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   auto sm = load_model_from_args(a);
   if (!sm.ok()) return fail("generate", sm.status());

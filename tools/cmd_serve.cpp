@@ -47,6 +47,7 @@ std::vector<OptionGroup> serve_options() {
       model_options(),
       cache_options(),
       scheduler_options(),
+      speculative_options(),
       {"Server",
        {{"host", "ADDR", "address to listen on (0.0.0.0: every interface)", "127.0.0.1"},
         {"port", "PORT", "TCP port; 0 picks a free one (printed)", "8000"},

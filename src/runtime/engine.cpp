@@ -25,6 +25,9 @@ double now_ms() {
 // a laptop does not reserve most of its memory for cache it will never fill.
 constexpr int64_t kCpuDefaultKvBytes = int64_t{2} << 30;
 
+// The longest pause in drafting for a sequence whose guesses keep failing (steps).
+constexpr int32_t kMaxSpecBackoff = 16;
+
 }  // namespace
 
 // A request the engine thread is working on.
@@ -41,6 +44,10 @@ struct Engine::Live {
     // Whether the grammar binds the next token: not inside a reasoning model's thought.
     enum class Phase { kAnswer, kMayThink, kThinking } phase = Phase::kAnswer;
     int32_t pending_row = -1;  // its last token's row in the pending step's results, if any
+    // Speculative decoding: steps left before a draft is made for it again, and how many steps a
+    // draft with no right guess costs it next (doubling up to kMaxSpecBackoff, 0 after a hit).
+    int32_t spec_skip = 0;
+    int32_t spec_backoff = 0;
   };
   std::vector<Seq> seqs;
   std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
@@ -81,6 +88,14 @@ Status Engine::init() {
     PAGELLM_ASSIGN_OR_RETURN(
         grammars_, GrammarCompiler::create(*tokenizer_, static_cast<int32_t>(mc.vocab_size),
                                            mc.eos_token_ids));
+  }
+  const SpeculativeConfig& sc = config_.speculative;
+  if (sc.method != SpeculativeConfig::Method::kNone) {
+    if (sc.num_tokens < 1) return invalid_argument("--num-speculative-tokens must be >= 1");
+    if (sc.ngram.min_n < 1 || sc.ngram.max_n < sc.ngram.min_n)
+      return invalid_argument("--prompt-lookup-min must be >= 1 and <= --prompt-lookup-max");
+    proposer_ = std::make_unique<NgramProposer>(sc.ngram);
+    stats_.spec_accepted_per_position.assign(static_cast<size_t>(sc.num_tokens), 0);
   }
   const KvSpec spec = model_.kv_spec();
   const int32_t bs = config_.block_size;
@@ -444,6 +459,7 @@ void Engine::step() {
   // The device still runs the step before when that step's tokens are pending: planning this
   // one overlaps it.
   const bool overlapped = pending_.ticket != 0;
+  propose_drafts();
   SchedulePlan plan = scheduler_->schedule(now_ms());
   for (uint64_t id : plan.preempted)
     if (auto it = live_.find(id); it != live_.end()) it->second->preemption_times.push_back(t0);
@@ -497,9 +513,10 @@ void Engine::step() {
     c.n_blocks = static_cast<int32_t>(s.block_table.size());
     const bool prompt_lp = live.req.params.prompt_logprobs && s.is_prefill && s.seq_index == 0 &&
                            c.start_pos < static_cast<int32_t>(live.req.prompt.size());
-    c.logits = prompt_lp        ? LogitsWanted::kAll
-               : s.needs_logits ? LogitsWanted::kLast
-                                : LogitsWanted::kNone;
+    // A verified draft wants a row per token: the next token and one after each guess.
+    c.logits = prompt_lp || s.n_draft > 0 ? LogitsWanted::kAll
+               : s.needs_logits           ? LogitsWanted::kLast
+                                          : LogitsWanted::kNone;
     chunks.push_back(c);
   }
   const int64_t V = model_.config().vocab_size;
@@ -517,10 +534,11 @@ void Engine::step() {
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.
-  const bool on_device = backend_.supports_sampling() && !config_.host_sampling &&
-                         std::none_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) {
-                           return c.logits == LogitsWanted::kAll;
-                         });
+  bool prompt_logprobs = false;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    prompt_logprobs =
+        prompt_logprobs || (chunks[i].logits == LogitsWanted::kAll && plan.seqs[i].n_draft == 0);
+  const bool on_device = backend_.supports_sampling() && !config_.host_sampling && !prompt_logprobs;
   logits_.resize(on_device ? 0 : static_cast<size_t>(n_logits) * V);
   if (n_logits > 0 && !on_device) download_(device_logits, logits_.data());
 
@@ -529,10 +547,23 @@ void Engine::step() {
   std::vector<SampleRow> rows;
   std::vector<int64_t> sample_rows;  // the logits_ row each pick samples from
   int64_t row = 0;
+  int64_t n_drafts = 0, n_draft_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     Live& live = *live_.at(s.request_id);
     int64_t sample_row = -1;
+    if (s.n_draft > 0) {
+      // A verified draft: row j samples the token after the sequence's last token and the
+      // guesses before position j; token_ids = [last token, guess 0, ..., guess n_draft - 1].
+      for (int32_t j = 0; j <= s.n_draft; ++j) {
+        picks.push_back({&live, s.seq_index, j, j < s.n_draft ? s.token_ids[1 + j] : -1});
+        sample_rows.push_back(row + j);
+      }
+      row += chunks[i].n_tokens;
+      ++n_drafts;
+      n_draft_tokens += s.n_draft;
+      continue;
+    }
     if (chunks[i].logits == LogitsWanted::kAll) {
       const int32_t n_prompt = static_cast<int32_t>(live.req.prompt.size());
       const int32_t top_n = *live.req.params.prompt_logprobs;
@@ -559,10 +590,29 @@ void Engine::step() {
   }
   rows.reserve(picks.size());
   bool reads_outputs = false;  // a row's sampling depends on its earlier tokens' values
-  for (const Pick& p : picks) {
+  // A draft's row j has the guesses before it as history: its RNG step and penalties are those
+  // decoding without speculation would have there.
+  size_t n_histories = 0;
+  for (size_t k = 0; k < picks.size(); ++k) {
+    const Pick& p = picks[k];
     const Live& live = *p.live;
     const Live::Seq& sq = live.seqs[p.seq_index];
-    rows.push_back({&live.req.params, live.req.prompt, sq.outputs, sq.seed});
+    std::span<const int32_t> history = sq.outputs;
+    if (p.draft_pos == 0) {
+      if (spec_histories_.size() <= n_histories) spec_histories_.emplace_back();
+      std::vector<int32_t>& h = spec_histories_[n_histories++];
+      h.assign(sq.outputs.begin(), sq.outputs.end());
+      // The draft's rows are picks k, k + 1, ...: each but the last carries its guess.
+      for (size_t j = k; j < picks.size() && picks[j].draft_pos == static_cast<int32_t>(j - k) &&
+                         picks[j].guess >= 0;
+           ++j)
+        h.push_back(picks[j].guess);
+    }
+    if (p.draft_pos > 0) {
+      const std::vector<int32_t>& h = spec_histories_[n_histories - 1];
+      history = std::span<const int32_t>(h.data(), sq.outputs.size() + p.draft_pos);
+    }
+    rows.push_back({&live.req.params, live.req.prompt, history, sq.seed});
     reads_outputs = reads_outputs || uses_output_values(live.req.params) || sq.grammar;
   }
   if (constrained) {  // the masks made during the forward, one per pick
@@ -589,8 +639,8 @@ void Engine::step() {
   // queued before the host reads them. Not when a row's sampling reads its earlier tokens'
   // values (penalties, or a grammar, whose next mask follows from this token: the next step's
   // row would be packed before they are known).
-  const bool ahead =
-      config_.plan_ahead && ticket != 0 && !reads_outputs && scheduler_->can_plan_ahead();
+  const bool ahead = config_.plan_ahead && ticket != 0 && !reads_outputs && !spec_active_ &&
+                     scheduler_->can_plan_ahead();
   if (!ahead && ticket != 0) read_device_samples(ticket, packed_, outs);  // waits for the step
   const auto t_tokens = Clock::now();  // and from here to the next step's forward
   int64_t n_generated = 0;
@@ -638,6 +688,8 @@ void Engine::step() {
   publish_stats();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.generation_tokens_total += n_generated;
+  stats_.spec_drafts += n_drafts;
+  stats_.spec_draft_tokens += n_draft_tokens;
   stats_.steps += 1;
   stats_.steps_planned_ahead += ahead ? 1 : 0;
   stats_.busy_seconds += dt;
@@ -661,7 +713,9 @@ void Engine::fill_grammar_masks(const SchedulePlan& plan) {
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.needs_logits) continue;
     Live* live = live_.at(s.request_id).get();
-    for (int32_t j = 0; j < s.n_samples; ++j)
+    // A verified draft has a row per position (propose_drafts makes none under a grammar).
+    PAGELLM_CHECK(s.n_draft == 0 || !live->req.grammar);
+    for (int32_t j = 0; j < s.n_samples + s.n_draft; ++j)
       items.push_back({&live->seqs[s.n_samples > 1 ? j : s.seq_index], live});
   }
   // A thought is the model's own: no mask inside it.
@@ -726,11 +780,17 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
                             bool resolving, std::vector<SampledToken>& results,
                             std::vector<uint64_t>& failed) {
   int64_t n_generated = 0;
+  // A verified draft's rows count while each token is the guess the next row assumed: the
+  // first that is not ends the draft (its token is the sequence's, the rows after it are not).
+  const Live::Seq* draft_ended = nullptr;
+  std::vector<int64_t> accepted;  // right guesses by position
   for (size_t k = 0; k < picks.size(); ++k) {
     Live& live = *picks[k].live;
     if (live.done) continue;  // aborted or failed meanwhile
     const int32_t idx = picks[k].seq_index;
     Live::Seq& sq = live.seqs[idx];
+    const int32_t draft_pos = picks[k].draft_pos;
+    if (draft_pos > 0 && draft_ended == &sq) continue;
     // Stopped while this step was in flight (the step before it was read after it was queued).
     if (sq.stop->finished()) continue;
     if (!outs[k].status.ok()) {
@@ -740,6 +800,20 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
       continue;
     }
     const int32_t tok = outs[k].token;
+    if (draft_pos >= 0) {
+      const int32_t guess = picks[k].guess;
+      if (guess >= 0 && tok == guess) {
+        if (accepted.size() <= static_cast<size_t>(draft_pos)) accepted.resize(draft_pos + 1);
+        ++accepted[draft_pos];
+        sq.spec_backoff = 0;
+      } else {
+        draft_ended = &sq;
+        if (draft_pos == 0) {  // not one guess right: draft less often for a while
+          sq.spec_backoff = std::clamp(2 * sq.spec_backoff, 1, kMaxSpecBackoff);
+          sq.spec_skip = sq.spec_backoff;
+        }
+      }
+    }
     if (resolving) {
       PAGELLM_CHECK(!sq.outputs.empty() && sq.outputs.back() == kPendingToken);
       sq.outputs.back() = tok;
@@ -805,7 +879,72 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
     live.cb(std::move(o));
     results.push_back({live.id, idx, tok, u.finish});
   }
+  if (!accepted.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t j = 0; j < accepted.size(); ++j) {
+      stats_.spec_accepted_tokens += accepted[j];
+      stats_.spec_accepted_per_position[j] += accepted[j];
+    }
+  }
   return n_generated;
+}
+
+void Engine::propose_drafts() {
+  spec_active_ = false;
+  if (!proposer_) return;
+  const SpeculativeConfig& sc = config_.speculative;
+  if (sc.disable_by_batch_size > 0 && scheduler_->n_running_seqs() >= sc.disable_by_batch_size)
+    return;
+  // Speculating: this step's tokens are read before the next step is planned (no planning
+  // ahead), so that the next step can have drafts too.
+  spec_active_ = true;
+  // A step whose tokens are still on the device: guesses would follow unknown tokens.
+  if (pending_.ticket != 0) return;
+  proposals_.clear();
+  for (auto& [id, lp] : live_) {
+    Live& live = *lp;
+    // Under a grammar, a guess's row would need the mask after the guesses before it.
+    if (live.done || live.req.grammar) continue;
+    const int32_t n_prompt = static_cast<int32_t>(live.req.prompt.size());
+    for (int32_t i = 0; i < static_cast<int32_t>(live.seqs.size()); ++i) {
+      Live::Seq& sq = live.seqs[i];
+      if (sq.outputs.empty() || sq.stop->finished() || !scheduler_->next_is_decode(id, i)) continue;
+      if (sq.spec_skip > 0) {
+        --sq.spec_skip;
+        continue;
+      }
+      const int32_t n_out = static_cast<int32_t>(sq.outputs.size());
+      // All guesses right gives one more token than guesses: within max_tokens and the context.
+      const int32_t k = std::min({sc.num_tokens, *live.req.params.max_tokens - n_out - 1,
+                                  max_model_len_ - n_prompt - n_out});
+      if (k <= 0) continue;
+      proposals_.push_back({id, i, {}, k, nullptr});
+    }
+  }
+  // The sequences' tokens and drafts, now that their number is known (the spans and pointers
+  // into these vectors must not move).
+  if (spec_tokens_.size() < proposals_.size()) {
+    spec_tokens_.resize(proposals_.size());
+    spec_drafts_.resize(proposals_.size());
+  }
+  for (size_t j = 0; j < proposals_.size(); ++j) {
+    ProposalRequest& p = proposals_[j];
+    const Live& live = *live_.at(p.request_id);
+    const Live::Seq& sq = live.seqs[p.seq_index];
+    std::vector<int32_t>& tokens = spec_tokens_[j];
+    tokens.assign(live.req.prompt.begin(), live.req.prompt.end());
+    tokens.insert(tokens.end(), sq.outputs.begin(), sq.outputs.end());
+    p.tokens = tokens;
+    p.draft = &spec_drafts_[j];
+  }
+  if (proposals_.empty()) return;
+  const auto t0 = Clock::now();
+  proposer_->propose(proposals_);
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (const ProposalRequest& p : proposals_)
+    if (!p.draft->empty()) scheduler_->set_draft(p.request_id, p.seq_index, *p.draft);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.spec_draft_seconds += dt;
 }
 
 void Engine::fail_sampling(const std::vector<uint64_t>& failed) {

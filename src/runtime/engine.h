@@ -35,9 +35,27 @@
 #include "sample/sampler.h"
 #include "sample/sampling_params.h"
 #include "sched/scheduler.h"
+#include "spec/ngram_proposer.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pagellm {
+
+// Speculative decoding: a proposer guesses up to num_tokens tokens after a decoding sequence's
+// last one, and the step verifies them all in one pass (the sequence's next token and one more
+// per guess). Each position's token is sampled exactly as decoding without speculation would
+// sample it (same seed, same step, same processors, the guesses before it as its history), and
+// a guess counts only where it equals that token: outputs are identical to decoding without
+// speculation, greedy or sampled, token for token.
+struct SpeculativeConfig {
+  enum class Method { kNone, kNgram };
+  Method method = Method::kNone;
+  int32_t num_tokens = 4;  // guesses per step, at most
+  NgramConfig ngram{2, 4};
+  // Off while this many sequences or more are running: a batch that large already keeps the
+  // device busy, and verifying guesses would only add work (0: never off).
+  int32_t disable_by_batch_size = 32;
+};
 
 struct EngineConfig {
   SchedulerConfig scheduler;
@@ -59,6 +77,7 @@ struct EngineConfig {
   // (they go from the sampler to the next step on the device), where sampling reads no earlier
   // token values (no penalties). Off: every step waits for its tokens, for comparison.
   bool plan_ahead = true;
+  SpeculativeConfig speculative;
 };
 
 struct EngineRequest {
@@ -129,6 +148,13 @@ struct EngineStats {
   // Structured outputs: steps with grammar rows, and the host time making their token masks.
   int64_t grammar_mask_steps = 0;
   double grammar_mask_seconds = 0;
+  // Speculative decoding (vllm:spec_decode_*): drafts verified (one per sequence and step), the
+  // guesses they held, the guesses that were right, and those by position in their draft.
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;  // empty without a proposer
+  double spec_draft_seconds = 0;                    // the proposer's time
   // Of that, the host's own work with nothing queued on the device: scheduling and packing a step
   // before its forward is queued, and handling its sampled tokens once they are back (text,
   // stop checks, events). On a device backend the device idles meanwhile, so this is the share
@@ -184,6 +210,11 @@ class Engine {
   struct Pick {
     Live* live;
     int32_t seq_index;
+    // A verified draft's rows: this row's position in it (0: the row of the sequence's last
+    // token), and the guess the next row assumed this row's token to be (-1: the last row).
+    // -1, -1: a plain row.
+    int32_t draft_pos = -1;
+    int32_t guess = -1;
   };
   // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
   // on the device ([n_logits, vocab]; undefined when the step wants none). With a sampling
@@ -217,6 +248,9 @@ class Engine {
   // Reads the pending step's tokens (emit_tokens, Scheduler::resolve_tokens) and ends the
   // requests it completed.
   void read_pending();
+  // Speculative decoding: gives the scheduler the proposer's drafts for the sequences that
+  // decode next (before schedule()).
+  void propose_drafts();
   // Ends requests whose sampling failed (non-finite logits).
   void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();
@@ -261,6 +295,11 @@ class Engine {
   std::unique_ptr<GrammarCompiler> grammars_;
   std::vector<uint32_t> grammar_masks_;        // this step's grammar rows' allowed-token bitmasks
   std::vector<int64_t> grammar_mask_of_;  // per pick: its mask's offset in grammar_masks_, or -1
+  std::unique_ptr<Proposer> proposer_;    // null: no speculative decoding
+  bool spec_active_ = false;              // this step speculates: it is not planned ahead of
+  std::vector<ProposalRequest> proposals_;  // propose_drafts()'s, reused
+  std::vector<std::vector<int32_t>> spec_tokens_, spec_drafts_;
+  std::vector<std::vector<int32_t>> spec_histories_;  // a step's verified drafts: outputs + guesses
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data
   PackedSampleBatch packed_;
   // A step whose tokens are still on the device: the step after it was planned and queued

@@ -519,14 +519,18 @@ SchedulePlan Scheduler::schedule(double now_ms) {
   return plan;
 }
 
-void Scheduler::set_draft(RequestId id, int32_t seq_index, std::span<const int32_t> draft) {
+bool Scheduler::next_is_decode(RequestId id, int32_t seq_index) const {
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second->state != RequestState::kRunning) return;
-  Request& r = *it->second;
-  if (seq_index < 0 || seq_index >= r.n) return;
-  Sequence& s = r.seqs[seq_index];
-  if (!r.is_active(s) || !is_decode(r, s)) return;
-  s.draft.assign(draft.begin(), draft.end());
+  if (it == requests_.end() || it->second->state != RequestState::kRunning) return false;
+  const Request& r = *it->second;
+  if (seq_index < 0 || seq_index >= r.n) return false;
+  const Sequence& s = r.seqs[seq_index];
+  return r.is_active(s) && is_decode(r, s);
+}
+
+void Scheduler::set_draft(RequestId id, int32_t seq_index, std::span<const int32_t> draft) {
+  if (!next_is_decode(id, seq_index)) return;
+  requests_.at(id)->seqs[seq_index].draft.assign(draft.begin(), draft.end());
 }
 
 void Scheduler::add_drafts() {

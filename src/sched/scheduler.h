@@ -208,6 +208,10 @@ class Scheduler {
   const Request* find(RequestId id) const;
   int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t n_running_seqs() const { return running_seqs_; }
+  // Whether sequence seq_index of request id is running and its next step is a decode (of its
+  // last token): the sequences set_draft() serves.
+  bool next_is_decode(RequestId id, int32_t seq_index) const;
   bool has_unfinished() const { return !requests_.empty(); }
   bool step_in_flight() const { return !in_flight_.empty(); }
   SchedulerStats stats() const;

@@ -252,6 +252,29 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t n_open_connecti
   header(out, "pagellm:grammar_mask_seconds_total", "counter",
          "Seconds the engine spent making grammar token masks.");
   sample(out, "pagellm:grammar_mask_seconds_total", l, es.grammar_mask_seconds);
+  // Speculative decoding, under vLLM's names (present only with a proposer): acceptance rate =
+  // accepted / draft tokens, mean accepted length = 1 + accepted / drafts.
+  if (!es.spec_accepted_per_position.empty()) {
+    header(out, "vllm:spec_decode_num_drafts_total", "counter",
+           "Drafts verified (one per sequence and step).");
+    sample(out, "vllm:spec_decode_num_drafts_total", l, static_cast<double>(es.spec_drafts));
+    header(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.");
+    sample(out, "vllm:spec_decode_num_draft_tokens_total", l,
+           static_cast<double>(es.spec_draft_tokens));
+    header(out, "vllm:spec_decode_num_accepted_tokens_total", "counter",
+           "Draft tokens found right.");
+    sample(out, "vllm:spec_decode_num_accepted_tokens_total", l,
+           static_cast<double>(es.spec_accepted_tokens));
+    header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "Draft tokens found right, by their position in the draft.");
+    for (size_t j = 0; j < es.spec_accepted_per_position.size(); ++j)
+      sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+             l + ",position=\"" + std::to_string(j) + "\"",
+             static_cast<double>(es.spec_accepted_per_position[j]));
+    header(out, "pagellm:spec_decode_draft_seconds_total", "counter",
+           "Seconds the engine spent making drafts.");
+    sample(out, "pagellm:spec_decode_draft_seconds_total", l, es.spec_draft_seconds);
+  }
   if (tracing) {
     header(out, "pagellm:trace_spans_exported_total", "counter",
            "Trace spans the OTLP collector accepted.");
