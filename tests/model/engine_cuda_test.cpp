@@ -1,5 +1,6 @@
 // The serving engine on the GPU (tiny random Llama, tests/data/golden/llama): batch invariance,
-// prefix caching and recorded decode graphs against eager steps. Skipped without a CUDA device.
+// prefix caching, recorded decode graphs against eager steps, and speculative decoding (a draft
+// verified in one chunk) against plain decoding. Skipped without a CUDA device.
 //
 // Tolerance. On the GPU, activations are bf16 and the kernels depend on the step's shape: a token
 // decoded alone goes through the GEMV and a graph padded to batch 1, in a batch of 16 through
@@ -59,8 +60,14 @@ class EngineCuda : public testing::Test {
     EXPECT_LE(sum_err_ / n_err_, mean_tol_);
   }
 
-  std::unique_ptr<Engine> make_engine(int32_t max_num_seqs, int32_t budget, bool eager = false) {
+  std::unique_ptr<Engine> make_engine(int32_t max_num_seqs, int32_t budget, bool eager = false,
+                                      bool speculate = false) {
     EngineConfig cfg;
+    if (speculate) {
+      cfg.speculative.method = SpeculativeConfig::Method::kNgram;
+      cfg.speculative.ngram = {1, 3};
+      cfg.speculative.disable_by_batch_size = 0;
+    }
     cfg.scheduler.max_num_seqs = max_num_seqs;
     cfg.scheduler.max_num_batched_tokens = budget;
     cfg.kv_cache_memory = 16 << 20;
@@ -181,6 +188,39 @@ TEST_F(EngineCuda, GraphReplayMatchesEagerSteps) {
   int compared = 0;
   for (int i = 0; i < kN; ++i) compared += compare_runs(eager[i], graph[i], "request " + std::to_string(i));
   EXPECT_GE(compared, kN * kOut * 3 / 4);
+}
+
+// Speculative decoding: a draft's tokens are verified in one chunk (GEMM rows, prefill attention)
+// where plain decoding takes them one at a time (GEMV, decode attention, graphs): the same
+// tokens and logprobs within the bf16 yardstick. Half the requests repeat a biased token, so
+// that prompt lookup guesses right.
+TEST_F(EngineCuda, SpeculativeDecodingMatchesPlainDecoding) {
+  std::mt19937 rng(17);
+  constexpr int kN = 8, kOut = 24;
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < kN; ++i) {
+    EngineRequest r = greedy(random_prompt(rng, 6 + 3 * i), kOut);
+    if (i % 2 == 0) r.params.logit_bias = {{20 + i, 30.0f}};
+    reqs.push_back(std::move(r));
+  }
+  std::vector<Collected> plain(kN), spec(kN);
+  EngineStats st;
+  for (bool speculate : {false, true}) {
+    auto e = make_engine(8, 128, false, speculate);
+    ASSERT_NE(e, nullptr);
+    Waiter w;
+    auto& out = speculate ? spec : plain;
+    for (int i = 0; i < kN; ++i) ASSERT_TRUE(e->submit(reqs[i], w.callback(&out[i])).ok());
+    w.wait(kN);
+    e->shutdown();
+    if (speculate) st = e->stats();
+    EXPECT_EQ(e->stats().scheduler.kv_usage, 0.0);
+  }
+  int compared = 0;
+  for (int i = 0; i < kN; ++i)
+    compared += compare_runs(plain[i], spec[i], "request " + std::to_string(i));
+  EXPECT_GE(compared, kN * kOut * 3 / 4);
+  EXPECT_GT(st.spec_accepted_tokens, kN / 2 * kOut / 2) << "the biased requests' guesses missed";
 }
 
 }  // namespace
