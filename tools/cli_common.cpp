@@ -67,8 +67,13 @@ OptionGroup speculative_options() {
       "Speculative decoding",
       {{"speculative-method", "METHOD",
         "guess the next tokens and check them all in one step (outputs unchanged): ngram "
-        "(prompt lookup: what followed an earlier occurrence of the last tokens), or none",
+        "(prompt lookup: what followed an earlier occurrence of the last tokens), draft_model "
+        "(--speculative-model), or none",
         "none"},
+       {"speculative-model", "DIR|FILE",
+        "a smaller model of the same vocabulary that guesses by decoding ahead, greedily "
+        "(implies --speculative-method draft_model)",
+        std::nullopt, "none"},
        {"num-speculative-tokens", "K", "most tokens guessed per step", "4"},
        {"prompt-lookup-min", "N", "ngram: the shortest run of last tokens looked up", "2"},
        {"prompt-lookup-max", "N", "ngram: the longest run of last tokens looked up (first)", "4"},
@@ -101,10 +106,11 @@ Result<std::unique_ptr<ServingModel>> load_model_from_args(const Args& a) {
   o.device = a.str("device");
   o.load_format = a.str("load-format");
   o.quantization = a.str("quantization");
+  o.speculative_model = a.str("speculative-model");
   return load_serving_model(o);
 }
 
-Result<EngineConfig> engine_config_from_args(const Args& a) {
+Result<EngineConfig> engine_config_from_args(const Args& a, const ServingModel& m) {
   EngineConfig c;
   PAGELLM_ASSIGN_OR_RETURN(int64_t seqs, a.get_int("max-num-seqs"));
   PAGELLM_ASSIGN_OR_RETURN(int64_t tokens, a.get_int("max-num-batched-tokens"));
@@ -129,12 +135,21 @@ Result<EngineConfig> engine_config_from_args(const Args& a) {
   c.host_sampling = a.flag("host-sampling");
   c.plan_ahead = !a.flag("no-plan-ahead");
   PAGELLM_ASSIGN_OR_RETURN(c.scheduler.batching, parse_batching_policy(a.str("batching")));
-  const std::string method = a.str("speculative-method");
+  std::string method = a.str("speculative-method");
+  if (m.draft_model && method == "none") method = "draft_model";
   if (method == "ngram") {
     c.speculative.method = SpeculativeConfig::Method::kNgram;
+  } else if (method == "draft_model") {
+    if (!m.draft_model)
+      return invalid_argument("--speculative-method draft_model needs --speculative-model");
+    c.speculative.method = SpeculativeConfig::Method::kDraftModel;
+    c.speculative.draft_model = m.draft_model.get();
   } else if (method != "none") {
-    return invalid_argument("--speculative-method must be ngram or none, not '" + method + "'");
+    return invalid_argument("--speculative-method must be ngram, draft_model or none, not '" +
+                            method + "'");
   }
+  if (m.draft_model && method != "draft_model")
+    return invalid_argument("--speculative-model is for --speculative-method draft_model");
   PAGELLM_ASSIGN_OR_RETURN(int64_t k, a.get_int("num-speculative-tokens"));
   PAGELLM_ASSIGN_OR_RETURN(int64_t lo, a.get_int("prompt-lookup-min"));
   PAGELLM_ASSIGN_OR_RETURN(int64_t hi, a.get_int("prompt-lookup-max"));
@@ -151,7 +166,7 @@ Result<EngineConfig> engine_config_from_args(const Args& a) {
 }
 
 Result<std::unique_ptr<Engine>> make_engine_from_args(const Args& a, ServingModel& m) {
-  PAGELLM_ASSIGN_OR_RETURN(EngineConfig c, engine_config_from_args(a));
+  PAGELLM_ASSIGN_OR_RETURN(EngineConfig c, engine_config_from_args(a, m));
   return Engine::create(*m.model, *m.backend, m.tokenizer.get(), c);
 }
 

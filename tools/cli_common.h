@@ -21,8 +21,8 @@ OptionGroup cache_options();
 // --max-num-seqs --max-num-batched-tokens --max-waiting --batching --enforce-eager
 // --host-sampling --no-plan-ahead
 OptionGroup scheduler_options();
-// --speculative-method --num-speculative-tokens --prompt-lookup-min --prompt-lookup-max
-// --speculative-disable-by-batch-size
+// --speculative-method --speculative-model --num-speculative-tokens --prompt-lookup-min
+// --prompt-lookup-max --speculative-disable-by-batch-size
 OptionGroup speculative_options();
 // --max-tokens --temperature --top-p --top-k --min-p --repetition-penalty --seed --logprobs
 // --ignore-eos
@@ -35,7 +35,9 @@ struct SamplingDefaults {
 OptionGroup sampling_options(const SamplingDefaults& d = {});
 
 Result<std::unique_ptr<ServingModel>> load_model_from_args(const Args& a);
-Result<EngineConfig> engine_config_from_args(const Args& a);
+// The engine's settings; `m` gives the draft model of --speculative-model (its ServingModel
+// must outlive the engine).
+Result<EngineConfig> engine_config_from_args(const Args& a, const ServingModel& m);
 Result<std::unique_ptr<Engine>> make_engine_from_args(const Args& a, ServingModel& m);
 Result<SamplingParams> sampling_from_args(const Args& a);
 

@@ -383,6 +383,7 @@ int bench_throughput(int argc, char** argv) {
   o.load_tokenizer = (a.has("dataset") || a.has("json-schema")) && !a.has("tokenizer");
   o.load_format = a.str("load-format");
   o.quantization = a.str("quantization");
+  o.speculative_model = a.str("speculative-model");
   const bool profile = a.flag("profile");
   o.profile_ops = profile;
   auto sm = load_serving_model(o);
@@ -449,7 +450,7 @@ int bench_throughput(int argc, char** argv) {
     r.detokenize = false;
   }
 
-  auto cfg = engine_config_from_args(a);
+  auto cfg = engine_config_from_args(a, m);
   if (!cfg.ok()) return fail("bench throughput", cfg.status());
   // Offline: every request is queued at once.
   cfg->scheduler.max_waiting =

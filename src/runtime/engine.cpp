@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "runtime/draft_model_proposer.h"
 #include "runtime/step_batch.h"
 #include "sample/logits_processors.h"
 #include "sample/sample_rng.h"
@@ -94,7 +95,19 @@ Status Engine::init() {
     if (sc.num_tokens < 1) return invalid_argument("--num-speculative-tokens must be >= 1");
     if (sc.ngram.min_n < 1 || sc.ngram.max_n < sc.ngram.min_n)
       return invalid_argument("--prompt-lookup-min must be >= 1 and <= --prompt-lookup-max");
-    proposer_ = std::make_unique<NgramProposer>(sc.ngram);
+    if (sc.method == SpeculativeConfig::Method::kNgram) {
+      proposer_ = std::make_unique<NgramProposer>(sc.ngram);
+    } else {
+      if (!sc.draft_model) return invalid_argument("speculative decoding: no draft model given");
+      const int64_t v = sc.draft_model->config().vocab_size;
+      if (v != mc.vocab_size)
+        return invalid_argument("--speculative-model: the draft model's vocabulary (" +
+                                std::to_string(v) + " tokens) is not the model's (" +
+                                std::to_string(mc.vocab_size) +
+                                "): draft and target must share one tokenizer");
+      proposer_ = std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_,
+                                                       draft_runners());
+    }
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(sc.num_tokens), 0);
   }
   const KvSpec spec = model_.kv_spec();
@@ -108,6 +121,11 @@ Status Engine::init() {
   if (budget <= 0) {
     budget = static_cast<int64_t>(backend_.free_memory() * config_.memory_utilization);
     if (backend_.device() == Device::kCpu) budget = std::min(budget, kCpuDefaultKvBytes);
+    // A draft model's runners keep KV caches of their own, allocated as sequences are drafted
+    // for: their room comes out of the pool's.
+    if (sc.method == SpeculativeConfig::Method::kDraftModel)
+      budget -= draft_runners() *
+                DraftModelProposer::runner_cache_bytes(*sc.draft_model, backend_, max_model_len_);
   }
   const int64_t n_blocks = budget / kv_block_bytes_;
   const int64_t need = (max_model_len_ + bs - 1) / bs;
@@ -326,10 +344,16 @@ void Engine::publish_stats() {
   stats_.scheduler = scheduler_->stats();
 }
 
+int32_t Engine::draft_runners() const {
+  const int32_t off = config_.speculative.disable_by_batch_size;
+  return off > 0 ? std::min(off, config_.scheduler.max_num_seqs) : config_.scheduler.max_num_seqs;
+}
+
 void Engine::finish_request(Live& live, const FinishedRequest& info) {
   // The scheduler has already released the request: publish that before the caller hears it is
   // done, so a caller that then reads stats() sees its blocks freed.
   publish_stats();
+  if (proposer_) proposer_->release(live.id);
   // Sequences still open end now (abort or failure): flush what their stop checker held back.
   for (size_t i = 0; i < live.seqs.size(); ++i) {
     auto& s = live.seqs[i];

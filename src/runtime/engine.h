@@ -48,8 +48,11 @@ namespace pagellm {
 // a guess counts only where it equals that token: outputs are identical to decoding without
 // speculation, greedy or sampled, token for token.
 struct SpeculativeConfig {
-  enum class Method { kNone, kNgram };
+  // kNgram: prompt lookup (spec/ngram_proposer.h); kDraftModel: draft_model decodes ahead,
+  // greedily (runtime/draft_model_proposer.h).
+  enum class Method { kNone, kNgram, kDraftModel };
   Method method = Method::kNone;
+  Model* draft_model = nullptr;  // kDraftModel: loaded by the caller on the engine's backend
   int32_t num_tokens = 4;  // guesses per step, at most
   NgramConfig ngram{2, 4};
   // Off while this many sequences or more are running: a batch that large already keeps the
@@ -251,6 +254,8 @@ class Engine {
   // Speculative decoding: gives the scheduler the proposer's drafts for the sequences that
   // decode next (before schedule()).
   void propose_drafts();
+  // The most sequences a draft model keeps a runner (and its KV cache) for.
+  int32_t draft_runners() const;
   // Ends requests whose sampling failed (non-finite logits).
   void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();

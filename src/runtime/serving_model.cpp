@@ -89,6 +89,17 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
     sm->backend = std::move(prof);
   }
   PAGELLM_ASSIGN_OR_RETURN(sm->model, load_model(sm->checkpoint, *sm->backend, load));
+  if (!options.speculative_model.empty()) {
+    auto ckpt = options.load_format == "dummy" ? open_dummy_checkpoint(options.speculative_model)
+                                               : open_checkpoint(options.speculative_model);
+    if (!ckpt.ok())
+      return Status(ckpt.status().code(), "--speculative-model: " + ckpt.status().message());
+    sm->draft_checkpoint = std::move(*ckpt);
+    auto draft = load_model(sm->draft_checkpoint, *sm->backend, load);
+    if (!draft.ok())
+      return Status(draft.status().code(), "--speculative-model: " + draft.status().message());
+    sm->draft_model = std::move(*draft);
+  }
   if (options.load_tokenizer && options.load_format != "dummy") {
     const std::string tok_path =
         sm->checkpoint.gguf_path.empty() ? sm->path : sm->checkpoint.gguf_path;

@@ -31,6 +31,9 @@ struct ServingModelOptions {
   // Wrap the backend in a ProfilingBackend before the model is loaded, so that every op of a
   // step can be timed (`bench latency --profile`); recording stays off until asked for.
   bool profile_ops = false;
+  // Speculative decoding's draft model (--speculative-model): loaded on the same backend, in
+  // the same load_format; empty: none.
+  std::string speculative_model;
 };
 
 struct ServingModel {
@@ -39,6 +42,8 @@ struct ServingModel {
   std::unique_ptr<Backend> backend;
   ProfilingBackend* profiler = nullptr;  // `backend` itself when profile_ops, else null
   std::unique_ptr<Model> model;
+  LoadedCheckpoint draft_checkpoint;           // options.speculative_model's
+  std::unique_ptr<Model> draft_model;          // null without options.speculative_model
   std::unique_ptr<Tokenizer> tokenizer;        // null when the checkpoint has none
   std::optional<ChatTemplate> chat_template;   // absent when the checkpoint has none
 };

@@ -3,9 +3,13 @@
 // compared exactly): every request's tokens, logprobs, text and finish reasons equal those of the
 // same requests without speculation, greedy and sampled (seeded, top-k/top-p/min-p, penalties,
 // logit bias, min_tokens, n > 1), with stop strings and stop tokens, max_tokens, prefix caching
-// and a KV cache small enough to preempt; and guesses were verified and found right.
+// and a KV cache small enough to preempt; and guesses were verified and found right. The same
+// for a draft model (the target itself, and another model of the same vocabulary).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "backend/backend.h"
@@ -32,20 +36,38 @@ class EngineSpecTest : public testing::Test {
   }
 
   // Runs `reqs` together; returns each request's events and the engine's final stats.
+  // Prompt lookup from 1 to 3 tokens, 4 guesses, at any batch size.
+  static SpeculativeConfig ngram() {
+    SpeculativeConfig sc;
+    sc.method = SpeculativeConfig::Method::kNgram;
+    sc.num_tokens = 4;
+    sc.ngram = {1, 3};
+    sc.disable_by_batch_size = 0;
+    return sc;
+  }
+  static SpeculativeConfig draft(Model& m, int32_t k) {
+    SpeculativeConfig sc;
+    sc.method = SpeculativeConfig::Method::kDraftModel;
+    sc.draft_model = &m;
+    sc.num_tokens = k;
+    sc.disable_by_batch_size = 0;
+    return sc;
+  }
+
   std::vector<Collected> run(const std::vector<EngineRequest>& reqs, bool speculate,
                              EngineStats* stats = nullptr, int64_t kv_bytes = 4 << 20,
                              int32_t budget = 64) {
+    return run_with(reqs, speculate ? ngram() : SpeculativeConfig{}, stats, kv_bytes, budget);
+  }
+  std::vector<Collected> run_with(const std::vector<EngineRequest>& reqs,
+                                  const SpeculativeConfig& sc, EngineStats* stats = nullptr,
+                                  int64_t kv_bytes = 4 << 20, int32_t budget = 64) {
     EngineConfig cfg;
     cfg.scheduler.max_num_seqs = 32;
     cfg.scheduler.max_num_batched_tokens = budget;
     cfg.scheduler.paranoid = true;
     cfg.kv_cache_memory = kv_bytes;
-    if (speculate) {
-      cfg.speculative.method = SpeculativeConfig::Method::kNgram;
-      cfg.speculative.num_tokens = 4;
-      cfg.speculative.ngram = {1, 3};
-      cfg.speculative.disable_by_batch_size = 0;
-    }
+    cfg.speculative = sc;
     auto e = Engine::create(*model_, *backend_, tok_.get(), cfg);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     std::vector<Collected> out(reqs.size());
@@ -218,6 +240,72 @@ TEST_F(EngineSpecTest, PreemptionAndPrefixCachingKeepOutputs) {
   EXPECT_GT(spec_stats.scheduler.n_preemptions, 0) << "the cache was large enough: no preemption";
   EXPECT_GT(spec_stats.scheduler.prefix.hits, 0);
   EXPECT_GT(spec_stats.spec_accepted_tokens, 0);
+}
+
+// A draft model: the target itself (every greedy guess right: the upper bound, and a check that
+// the runners follow their sequences; sampled requests take some), and an unrelated model of the
+// same vocabulary (its guesses rejected), greedy and sampled.
+TEST_F(EngineSpecTest, DraftModelOutputsAreUnchanged) {
+  auto other_ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/qwen2");
+  ASSERT_TRUE(other_ckpt.ok()) << other_ckpt.status().to_string();
+  auto other = load_model(*other_ckpt, *backend_);
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  std::mt19937 rng(21);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    EngineRequest r = greedy_request(random_prompt(rng, 5 + 2 * i), 30, 2);
+    r.detokenize = false;
+    if (i % 2 == 1) {
+      r.params.temperature = 0.8f;
+      r.params.seed = 40 + i;
+      r.params.top_k = 20;
+    }
+    if (i == 3) r.params.n = 2;
+    reqs.push_back(std::move(r));
+  }
+  const auto plain = run(reqs, false);
+  EngineStats self_stats, other_stats;
+  const auto self = run_with(reqs, draft(*model_, 3), &self_stats);
+  expect_same(plain, self);
+  const auto by_other = run_with(reqs, draft(**other, 3), &other_stats);
+  expect_same(plain, by_other);
+  // The sampled requests take the target's own greedy guesses only where their draw agrees; an
+  // unrelated random model guesses (almost) nothing right: every draft rejected, outputs the same.
+  EXPECT_GT(self_stats.spec_accepted_tokens, 0);
+  EXPECT_LT(self_stats.spec_accepted_tokens, self_stats.spec_draft_tokens);
+  EXPECT_GT(other_stats.spec_drafts, 0);
+  EXPECT_LT(other_stats.spec_accepted_tokens, self_stats.spec_accepted_tokens);
+  EXPECT_EQ(self_stats.spec_accepted_per_position.size(), 3u);
+  // Greedy requests take every guess of their own model (the same logits, bit for bit, on this
+  // backend): each step yields 4 tokens but the last steps, which max_tokens cuts short.
+  std::vector<EngineRequest> greedy_reqs;
+  for (const EngineRequest& r : reqs)
+    if (r.params.temperature == 0.0f) greedy_reqs.push_back(r);
+  EngineStats greedy_stats;
+  expect_same(run(greedy_reqs, false), run_with(greedy_reqs, draft(*model_, 3), &greedy_stats));
+  EXPECT_GT(greedy_stats.spec_draft_tokens, 0);
+  EXPECT_EQ(greedy_stats.spec_accepted_tokens, greedy_stats.spec_draft_tokens);
+}
+
+TEST_F(EngineSpecTest, ADraftModelOfAnotherVocabularyIsRefused) {
+  const std::string dir = testing::TempDir() + "/draft_vocab_300";
+  std::filesystem::create_directories(dir);
+  std::ifstream in(test_source_dir() + "/tests/data/golden/llama/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["vocab_size"] = 300;
+  std::ofstream(dir + "/config.json") << config.dump();
+  auto ckpt = open_dummy_checkpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  auto draft_model = load_model(*ckpt, *backend_);
+  ASSERT_TRUE(draft_model.ok()) << draft_model.status().to_string();
+  EngineConfig cfg;
+  cfg.kv_cache_memory = 4 << 20;
+  cfg.speculative = draft(**draft_model, 4);
+  auto e = Engine::create(*model_, *backend_, nullptr, cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("vocabulary (300 tokens)"), std::string::npos)
+      << e.status().message();
 }
 
 }  // namespace
