@@ -14,7 +14,8 @@
 # Systems kernel summary of batch-1 decode (graphs traced per node); PAGELLM_CHECK_BATCHING=1 runs
 # bench serve under the three batching policies; PAGELLM_CHECK_MOE=1 adds the Mixtral-8x7B- and
 # DeepSeek-V2-Lite-shape benchmarks; PAGELLM_CHECK_STRUCTURED=1 the structured-output ones
-# (Llama-3-8B shape, a JSON schema against none); PAGELLM_CHECK_TESTS=0 skips the
+# (Llama-3-8B shape, a JSON schema against none); PAGELLM_CHECK_SPEC=1 the speculative-decoding
+# ones; PAGELLM_CHECK_TESTS=0 skips the
 # tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
 # dependency setup on a machine without a GPU); PAGELLM_OPS_FILTER / PAGELLM_MODEL_FILTER narrow
@@ -491,6 +492,23 @@ PY
             --num-prompts $((b * 2)) --input-len 256 --output-len 256 --max-num-seqs $b \
             --temperature 1 "${schema[@]}"
         done
+      done
+    fi
+    # PAGELLM_CHECK_SPEC=1: speculative decoding (issue 46) on the Llama-3-8B shape, greedy,
+    # 512-token prompts: none; a draft model equal to the target (the same random weights: every
+    # guess right but near-ties, the upper bound, and what drafting and verifying cost); prompt
+    # lookup, whose guesses random weights make wrong (its cost when it misses). Batch 1 and 8.
+    if [ "${PAGELLM_CHECK_SPEC:-0}" = 1 ]; then
+      spec_args=(--model $cfg/llama-3-8b.json --load-format dummy --device cuda --input-len 512
+        --output-len 128 --temperature 0 --max-model-len 1024)
+      for b in 1 8; do
+        batch=(--num-prompts $((b * 2)) --max-num-seqs $b)
+        [ "$b" = 1 ] && batch=(--num-prompts 3 --sequential)
+        run_bench spec-llama3-8b-b$b-none throughput "${spec_args[@]}" "${batch[@]}"
+        run_bench spec-llama3-8b-b$b-draft throughput "${spec_args[@]}" "${batch[@]}" \
+          --speculative-model $cfg/llama-3-8b.json
+        run_bench spec-llama3-8b-b$b-ngram throughput "${spec_args[@]}" "${batch[@]}" \
+          --speculative-method ngram
       done
     fi
     # Quantized weights: the Llama-3-8B shape with random 4-bit AWQ-style projections (issue 43:
