@@ -728,40 +728,68 @@ void Engine::step() {
 void Engine::fill_grammar_masks(const SchedulePlan& plan) {
   const int64_t words = token_mask_words(model_.config().vocab_size);
   // The step's picks in the order step() makes them: one per sample of each sequence whose
-  // logits are sampled.
+  // logits are sampled, and one per position of a verified draft. A unit of work is one
+  // sequence's rows: a draft's rows are made one after another, each after its guesses.
   struct Item {
     Live::Seq* seq;
     const Live* live;
+    size_t first_pick;
+    int32_t n_rows;
+    const int32_t* guesses;  // a draft's: guess j is what row j + 1 assumes row j gives
   };
   std::vector<Item> items;
+  size_t n_picks = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.needs_logits) continue;
     Live* live = live_.at(s.request_id).get();
-    // A verified draft has a row per position (propose_drafts makes none under a grammar).
-    PAGELLM_CHECK(s.n_draft == 0 || !live->req.grammar);
-    for (int32_t j = 0; j < s.n_samples + s.n_draft; ++j)
-      items.push_back({&live->seqs[s.n_samples > 1 ? j : s.seq_index], live});
+    if (s.n_draft > 0) {
+      items.push_back(
+          {&live->seqs[s.seq_index], live, n_picks, s.n_draft + 1, s.token_ids.data() + 1});
+      n_picks += s.n_draft + 1;
+      continue;
+    }
+    for (int32_t j = 0; j < s.n_samples; ++j)
+      items.push_back(
+          {&live->seqs[s.n_samples > 1 ? j : s.seq_index], live, n_picks++, 1, nullptr});
   }
   // A thought is the model's own: no mask inside it.
   auto bound = [](const Live::Seq& s) {
     return s.grammar && s.phase != Live::Seq::Phase::kThinking;
   };
-  grammar_mask_of_.assign(items.size(), -1);
+  grammar_mask_of_.assign(n_picks, -1);
   std::vector<size_t> work;  // the bound items
+  int64_t n_masks = 0;
   for (size_t k = 0; k < items.size(); ++k) {
     if (!bound(*items[k].seq)) continue;
-    grammar_mask_of_[k] = static_cast<int64_t>(work.size()) * words;
+    for (int32_t j = 0; j < items[k].n_rows; ++j)
+      grammar_mask_of_[items[k].first_pick + j] = (n_masks + j) * words;
+    n_masks += items[k].n_rows;
     work.push_back(k);
   }
-  grammar_masks_.resize(work.size() * static_cast<size_t>(words));
+  grammar_masks_.resize(static_cast<size_t>(n_masks * words));
   auto fill = [&](size_t i) {
     const Item& it = items[work[i]];
-    uint32_t* mask = grammar_masks_.data() + grammar_mask_of_[work[i]];
-    it.seq->grammar->fill_mask({mask, static_cast<size_t>(words)});
-    if (it.seq->phase == Live::Seq::Phase::kMayThink) {  // or open a thought
-      const int32_t t = it.live->req.thinking->think_start;
-      mask[t / 32] |= 1u << (t % 32);
+    GrammarMatcher& m = *it.seq->grammar;
+    int32_t advanced = 0;
+    bool open = true;  // the guesses so far are the grammar's
+    for (int32_t j = 0; j < it.n_rows; ++j) {
+      uint32_t* mask = grammar_masks_.data() + grammar_mask_of_[it.first_pick + j];
+      if (!open) {  // past a guess the grammar refuses: a row the draft never reaches
+        std::fill(mask, mask + words, ~0u);
+        continue;
+      }
+      m.fill_mask({mask, static_cast<size_t>(words)});
+      if (it.seq->phase == Live::Seq::Phase::kMayThink) {  // or open a thought
+        const int32_t t = it.live->req.thinking->think_start;
+        mask[t / 32] |= 1u << (t % 32);
+      }
+      if (j + 1 < it.n_rows) {
+        const int32_t g = it.guesses[j];
+        open = (mask[g / 32] >> (g % 32) & 1u) && m.accept(g);
+        advanced += open ? 1 : 0;
+      }
     }
+    if (advanced > 0) m.rollback(advanced);  // the tokens the step keeps advance it for good
   };
   const auto t0 = Clock::now();
   if (work.size() > 1) {
@@ -927,12 +955,14 @@ void Engine::propose_drafts() {
   proposals_.clear();
   for (auto& [id, lp] : live_) {
     Live& live = *lp;
-    // Under a grammar, a guess's row would need the mask after the guesses before it.
-    if (live.done || live.req.grammar) continue;
+    if (live.done) continue;
     const int32_t n_prompt = static_cast<int32_t>(live.req.prompt.size());
     for (int32_t i = 0; i < static_cast<int32_t>(live.seqs.size()); ++i) {
       Live::Seq& sq = live.seqs[i];
       if (sq.outputs.empty() || sq.stop->finished() || !scheduler_->next_is_decode(id, i)) continue;
+      // Under a grammar, only while it binds the answer: a thought's end would change which
+      // rows it binds in the middle of a draft.
+      if (sq.grammar && sq.phase != Live::Seq::Phase::kAnswer) continue;
       if (sq.spec_skip > 0) {
         --sq.spec_skip;
         continue;

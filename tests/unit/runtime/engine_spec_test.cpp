@@ -17,6 +17,7 @@
 #include "engine_test_util.h"
 #include "io/weights.h"
 #include "runtime/engine.h"
+#include "runtime/grammar.h"
 #include "source_dir.h"
 
 namespace pagellm {
@@ -240,6 +241,45 @@ TEST_F(EngineSpecTest, PreemptionAndPrefixCachingKeepOutputs) {
   EXPECT_GT(spec_stats.scheduler.n_preemptions, 0) << "the cache was large enough: no preemption";
   EXPECT_GT(spec_stats.scheduler.prefix.hits, 0);
   EXPECT_GT(spec_stats.spec_accepted_tokens, 0);
+}
+
+// Under a grammar: each row of a draft gets the mask that follows the guesses before it, so the
+// tokens are the plain engine's and valid; a grammar that repeats itself is guessed right.
+TEST_F(EngineSpecTest, GrammarBoundDraftsKeepOutputsAndFollowTheGrammar) {
+  auto compiler = GrammarCompiler::create(*tok_, 256, {2});
+  ASSERT_TRUE(compiler.ok()) << compiler.status().to_string();
+  GrammarSpec spec{GrammarKind::kJsonSchema, R"({"type": "array", "minItems": 3, "maxItems": 3,
+      "items": {"enum": ["hello world", "abc"]}})"};
+  spec.any_whitespace = false;
+  auto g = (*compiler)->compile(spec);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  std::mt19937 rng(31);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    EngineRequest r;
+    r.prompt = random_prompt(rng, 4 + i);
+    r.params.max_tokens = 48;
+    r.params.temperature = i % 2 ? 1.0f : 0.0f;
+    r.params.seed = 7 + i;
+    r.params.logprobs = 1;
+    r.detokenize = false;
+    if (i != 5) r.grammar = *g;  // one free request beside them
+    reqs.push_back(std::move(r));
+  }
+  EngineStats st;
+  const auto plain = run(reqs, false);
+  const auto spec_out = run(reqs, true, &st);
+  expect_same(plain, spec_out);
+  for (int i = 0; i < 5; ++i) {
+    std::vector<int32_t> ids = spec_out[i].tokens.at(0);
+    if (!ids.empty() && ids.back() == 2) ids.pop_back();
+    auto text = tok_->decode(ids, false);
+    ASSERT_TRUE(text.ok());
+    const auto j = nlohmann::json::parse(*text, nullptr, false);
+    ASSERT_TRUE(j.is_array()) << *text;
+    EXPECT_EQ(j.size(), 3u) << *text;
+  }
+  EXPECT_GT(st.spec_accepted_tokens, 10) << "the repeated items were not guessed";
 }
 
 // A draft model: the target itself (every greedy guess right: the upper bound, and a check that
