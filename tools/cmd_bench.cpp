@@ -494,6 +494,9 @@ int bench_throughput(int argc, char** argv) {
   // count (bench/stats.h's RequestResult): TTFT, and TPOT as a streaming client sees it.
   std::vector<Clock::time_point> submitted(reqs.size());
   std::vector<bench::RequestResult> timing(reqs.size());
+  // --json-schema: each request's tokens, to check that its text parses.
+  const bool structured = a.has("json-schema");
+  std::vector<std::vector<int32_t>> outputs(structured ? reqs.size() : 0);
   // --sequential: each request is submitted when the one before has finished (one at a time, as a
   // single client would), so the first request's TTFT, on an engine that has served nothing yet,
   // compares with the same request's on a warm one.
@@ -514,6 +517,8 @@ int bench_throughput(int argc, char** argv) {
         if (t.output_tokens == 0) t.ttft_s = t.latency_s;
         t.ok = true;
         t.output_tokens += static_cast<int64_t>(ev.token_ids.size());
+        if (structured)
+          outputs[i].insert(outputs[i].end(), ev.token_ids.begin(), ev.token_ids.end());
       }
       if (!ev.request_done) return;
       ++done;
@@ -582,7 +587,22 @@ int bench_throughput(int argc, char** argv) {
               static_cast<long long>(st.scheduler.prefix.hits),
               static_cast<long long>(st.scheduler.prefix.queries),
               100.0 * st.scheduler.prefix.hit_rate());
+  // Structured outputs: the texts the grammar completed (they end with its stop token; the others
+  // reached max_tokens first), and how many of those parse as JSON.
+  int64_t n_complete = 0, n_json = 0;
+  for (std::vector<int32_t>& ids : outputs) {
+    const auto& eos = m.model->config().eos_token_ids;
+    if (ids.empty() || std::find(eos.begin(), eos.end(), ids.back()) == eos.end()) continue;
+    ids.pop_back();
+    ++n_complete;
+    auto text = m.tokenizer->decode(ids, true);
+    n_json += text.ok() && !nlohmann::json::parse(*text, nullptr, false).is_discarded() ? 1 : 0;
+  }
   if (a.has("json-schema")) {
+    std::printf(
+        "structured       %lld of %zu outputs complete (the others reached max_tokens), "
+        "%lld of them parse as JSON\n",
+        static_cast<long long>(n_complete), outputs.size(), static_cast<long long>(n_json));
     std::printf("structured       every request bound to %s: compiled in %.1f ms; masks %.3f ms "
                 "a step over %lld steps\n",
                 a.str("json-schema").c_str(), 1e3 * compile_s,
@@ -633,6 +653,8 @@ int bench_throughput(int argc, char** argv) {
       j["grammar_compile_seconds"] = compile_s;
       j["grammar_mask_seconds"] = st.grammar_mask_seconds;
       j["grammar_mask_steps"] = st.grammar_mask_steps;
+      j["json_outputs_complete"] = n_complete;
+      j["json_outputs_parsed"] = n_json;
     }
     if (speculating) {
       j["spec_drafts"] = st.spec_drafts;

@@ -387,6 +387,13 @@ void run_case(Backend& cuda, uint64_t seed, int32_t vocab, DType dtype, int32_t 
   }
 }
 
+// Whether the backend's device has thread-block clusters (sm_90): rows split over 2-8 blocks.
+bool has_clusters(Backend& b) {
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(&b);
+  EXPECT_NE(cb, nullptr);
+  return cb != nullptr && cb->name().find("sm_9") != std::string::npos;
+}
+
 void report(const char* name, const CaseStats& s) {
   std::printf("%s: %lld rows, %lld identical tokens, %lld boundary differences, %lld row errors\n",
               name, static_cast<long long>(s.rows), static_cast<long long>(s.tokens_equal),
@@ -415,9 +422,7 @@ TEST(Sampling, EveryModeMatchesTheCpuSampler) {
 TEST(Sampling, EveryBlockLayoutMatchesTheCpuSampler) {
   PAGELLM_REQUIRE_CUDA();
   (void)cpu;
-  auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
-  ASSERT_NE(cb, nullptr);
-  const bool clusters = cb->name().find("sm_9") != std::string::npos;
+  const bool clusters = has_clusters(cuda);
   CaseStats stats;
   uint64_t seed = base_seed() + 9500;
   // The same shapes with the row split over 1, 2, 3, 5 and 8 blocks (uneven last slices).
@@ -461,9 +466,7 @@ TEST(Sampling, SharedRowsAndRowErrors) {
 TEST(Sampling, GrammarMasksMatchTheCpuSampler) {
   PAGELLM_REQUIRE_CUDA();
   (void)cpu;
-  auto* cb = dynamic_cast<cuda::CudaBackend*>(&cuda);
-  ASSERT_NE(cb, nullptr);
-  const bool clusters = cb->name().find("sm_9") != std::string::npos;
+  const bool clusters = has_clusters(cuda);
   CaseStats stats;
   uint64_t seed = base_seed() + 9700;
   for (int32_t vocab : {1, 7, 111, 32000, 128256}) {
