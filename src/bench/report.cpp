@@ -36,6 +36,10 @@ ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSampl
   s.prefix_cache_queries = counter_delta(before, after, "vllm:prefix_cache_queries_total");
   s.prefix_cache_hits = counter_delta(before, after, "vllm:prefix_cache_hits_total");
   s.busy_seconds = counter_delta(before, after, "pagellm:engine_busy_seconds_total");
+  s.spec_drafts = counter_delta(before, after, "vllm:spec_decode_num_drafts_total");
+  s.spec_draft_tokens = counter_delta(before, after, "vllm:spec_decode_num_draft_tokens_total");
+  s.spec_accepted_tokens =
+      counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens_total");
   return s;
 }
 
@@ -84,6 +88,13 @@ nlohmann::json run_json(const RunReport& r, const Slo& slo, bool with_requests) 
                    {"prefix_cache_hits", s.prefix_cache_hits},
                    {"busy_seconds", s.busy_seconds}};
     if (s.busy_seconds > 0 && m.duration_s > 0) j["server"]["busy_fraction"] = s.busy_seconds / m.duration_s;
+    if (s.spec_drafts > 0) {
+      j["server"]["spec_drafts"] = s.spec_drafts;
+      j["server"]["spec_draft_tokens"] = s.spec_draft_tokens;
+      j["server"]["spec_accepted_tokens"] = s.spec_accepted_tokens;
+      j["server"]["spec_acceptance_rate"] = s.spec_accepted_tokens / s.spec_draft_tokens;
+      j["server"]["spec_mean_accepted_length"] = 1.0 + s.spec_accepted_tokens / s.spec_drafts;
+    }
   }
   if (with_requests) {
     nlohmann::json reqs = nlohmann::json::array();
@@ -159,6 +170,11 @@ std::string run_markdown(const RunReport& r, const Slo& slo) {
     if (v.busy_seconds > 0 && m.duration_s > 0)
       s += "| engine busy (GPU steps) | | " + fmt("%.1f%% of the run", 100.0 * v.busy_seconds / m.duration_s) +
            " | |\n";
+    if (v.spec_drafts > 0)
+      s += "| speculative decoding | | " +
+           fmt("acceptance %.1f%%", 100.0 * v.spec_accepted_tokens / v.spec_draft_tokens) +
+           fmt(", mean accepted length %.2f", 1.0 + v.spec_accepted_tokens / v.spec_drafts) +
+           " | " + fmt("%.0f", v.spec_drafts) + " |\n";
   }
   return s;
 }

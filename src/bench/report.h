@@ -30,6 +30,11 @@ struct ServerSideMetrics {
   // includes its kernels and the wait for its sampled ids). Over the run's duration it is the
   // GPU busy fraction; absent (0) on other servers.
   double busy_seconds = 0;
+  // Speculative decoding (vllm:spec_decode_num_drafts / _draft_tokens / _accepted_tokens):
+  // acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts.
+  double spec_drafts = 0;
+  double spec_draft_tokens = 0;
+  double spec_accepted_tokens = 0;
   bool any() const { return ttft_s.count > 0 || itl_s.count > 0 || e2el_s.count > 0 || generation_tokens > 0; }
 };
 ServerSideMetrics server_side_metrics(const PromSamples& before, const PromSamples& after);

@@ -70,6 +70,17 @@ TEST(Report, ServerSideColumns) {
   EXPECT_NEAR(run_json(r, Slo{}, false)["server"]["busy_fraction"].get<double>(), 0.5, 1e-12);
   EXPECT_NE(run_markdown(r, Slo{}).find("| engine busy (GPU steps) | | 50.0% of the run |"), std::string::npos)
       << run_markdown(r, Slo{});
+  // Speculative decoding's counters: 10 drafts of 40 tokens, 25 right.
+  after["vllm:spec_decode_num_drafts_total"] = 10;
+  after["vllm:spec_decode_num_draft_tokens_total"] = 40;
+  after["vllm:spec_decode_num_accepted_tokens_total"] = 25;
+  r.server = server_side_metrics(before, after);
+  const nlohmann::json j = run_json(r, Slo{}, false)["server"];
+  EXPECT_DOUBLE_EQ(j["spec_acceptance_rate"].get<double>(), 0.625);
+  EXPECT_DOUBLE_EQ(j["spec_mean_accepted_length"].get<double>(), 3.5);
+  EXPECT_NE(run_markdown(r, Slo{}).find("acceptance 62.5%, mean accepted length 3.50 | 10 |"),
+            std::string::npos)
+      << run_markdown(r, Slo{});
 }
 
 TEST(Report, BestRateMeetingSlo) {
