@@ -544,6 +544,7 @@ int bench_throughput(int argc, char** argv) {
     // The run itself was profiled: the gap is host work (scheduling, sampling) plus launches.
     run_table->wall_of = "the same run";
   }
+  (*engine)->shutdown();  // its last step's counts are in once its thread has ended
   const EngineStats st = (*engine)->stats();
   const double rps = reqs.size() / elapsed;
   const double total_tps = (prompt_tokens + output_tokens) / elapsed;

@@ -1,97 +1,140 @@
 #include "runtime/draft_model_proposer.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/check.h"
-#include "core/log.h"
 
 namespace pagellm {
 namespace {
 
 constexpr int32_t kBlockSize = 16;
+// A sequence with more new tokens than this (its prompt, the first time; its whole text, after
+// the engine preempted it) feeds the rest alone first, in chunks of kMaxChunk, so that the
+// batched forwards stay small.
+constexpr int32_t kMaxBatchedTokens = 16;
 constexpr int32_t kMaxChunk = 512;
 
 }  // namespace
 
 DraftModelProposer::DraftModelProposer(Model& draft, Backend& backend, int32_t max_len,
-                                       int32_t max_runners)
-    : draft_(draft), backend_(backend), max_len_(max_len), max_runners_(max_runners) {}
-
-int64_t DraftModelProposer::runner_cache_bytes(const Model& draft, const Backend& backend,
-                                               int32_t max_len) {
-  const int64_t blocks = (max_len + kBlockSize - 1) / kBlockSize;
-  return blocks * KvCache::bytes_per_block(draft.kv_spec(), kBlockSize, backend.activation_dtype());
+                                       int32_t max_seqs)
+    : draft_(draft),
+      backend_(backend),
+      max_len_(max_len),
+      blocks_per_seq_((max_len + kBlockSize - 1) / kBlockSize),
+      builder_(backend, kBlockSize) {
+  PAGELLM_CHECK(max_len > 0 && max_seqs > 0);
+  cache_ =
+      KvCache::allocate(backend, draft.kv_spec(), kBlockSize, int64_t{max_seqs} * blocks_per_seq_);
+  tables_.resize(static_cast<size_t>(max_seqs) * blocks_per_seq_);
+  std::iota(tables_.begin(), tables_.end(), 0);
+  for (int32_t i = max_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
 }
 
-DraftModelProposer::Runner& DraftModelProposer::runner_for(uint64_t request_id, int32_t seq_index) {
-  const auto key = std::pair(request_id, seq_index);
-  auto it = live_.find(key);
-  if (it != live_.end()) return it->second;
-  Runner r;
-  if (!spare_.empty()) {
-    r = std::move(spare_.back());
-    spare_.pop_back();
-    r.runner->reset();
-    r.fed.clear();
-  } else {
-    // Eager steps: a runner's recorded graphs would cost their memory once per sequence.
-    r.runner = std::make_unique<SequenceRunner>(draft_, backend_, max_len_, kBlockSize, kMaxChunk,
-                                                /*use_graphs=*/false);
-  }
-  return live_.emplace(key, std::move(r)).first->second;
+SeqChunk DraftModelProposer::chunk(Slot& slot, const int32_t* tokens, int32_t n,
+                                   LogitsWanted logits) {
+  SeqChunk c;
+  c.tokens = tokens;
+  c.n_tokens = n;
+  c.start_pos = static_cast<int32_t>(slot.fed.size());
+  c.block_table = tables_.data() + static_cast<size_t>(slot.index) * blocks_per_seq_;
+  c.n_blocks = blocks_per_seq_;
+  c.logits = logits;
+  slot.fed.insert(slot.fed.end(), tokens, tokens + n);
+  return c;
 }
 
-int32_t DraftModelProposer::next_token(Runner& r, std::span<const int32_t> tokens) {
-  r.fed.insert(r.fed.end(), tokens.begin(), tokens.end());
+void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& next) {
+  const StepBatch& batch = builder_.build(chunks);
+  const int64_t vocab = draft_.config().vocab_size;
+  const int32_t n = static_cast<int32_t>(chunks.size());
+  next.assign(chunks.size(), -1);
   if (backend_.supports_sampling()) {
-    auto logits = r.runner->feed_on_device(tokens);
-    if (!logits.ok()) return -1;
-    DeviceSampleRow row;
-    row.flags = kSampleGreedy;
-    DeviceSampleResult res;
-    backend_.sample(*logits, {&row, 1}, &res);
-    return res.status == DeviceSampleStatus::kOk ? res.token : -1;
+    draft_.forward(batch, cache_, nullptr);
+    rows_.assign(chunks.size(), DeviceSampleRow{});
+    for (int32_t i = 0; i < n; ++i) {
+      rows_[i].logits_row = i;
+      rows_[i].flags = kSampleGreedy;
+    }
+    results_.resize(chunks.size());
+    backend_.sample(draft_.last_logits(), {rows_.data(), n}, results_.data());
+    for (int32_t i = 0; i < n; ++i)
+      if (results_[i].status == DeviceSampleStatus::kOk) next[i] = results_[i].token;
+    return;
   }
-  auto logits = r.runner->feed(tokens, LogitsWanted::kLast);
-  if (!logits.ok()) return -1;
-  // The argmax, lowest id on ties; a row with a NaN guesses nothing.
-  int32_t best = -1;
-  for (size_t t = 0; t < logits->size(); ++t) {
-    const float x = (*logits)[t];
-    if (x != x) return -1;
-    if (best < 0 || x > (*logits)[best]) best = static_cast<int32_t>(t);
+  host_logits_.resize(static_cast<size_t>(n) * vocab);
+  draft_.forward(batch, cache_, host_logits_.data());
+  for (int32_t i = 0; i < n; ++i) {
+    // The argmax, lowest id on ties; a row with a NaN guesses nothing.
+    const float* row = host_logits_.data() + static_cast<size_t>(i) * vocab;
+    int32_t best = 0;
+    for (int64_t t = 0; t < vocab && best >= 0; ++t) {
+      if (row[t] != row[t])
+        best = -1;
+      else if (row[t] > row[best])
+        best = static_cast<int32_t>(t);
+    }
+    next[i] = best;
   }
-  return best;
 }
 
 void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
+  struct Work {
+    const ProposalRequest* p;
+    Slot* slot;
+  };
+  std::vector<Work> work;
+  std::vector<SeqChunk> chunks;
+  std::vector<int32_t> next;
   for (const ProposalRequest& p : batch) {
-    std::vector<int32_t>& draft = *p.draft;
-    draft.clear();
-    if (p.tokens.empty() || p.max_tokens <= 0) continue;
-    Runner& r = runner_for(p.request_id, p.seq_index);
-    // What the runner holds that is still the sequence's (its guesses that were wrong go), less
-    // the last token at least: the guesses start from that token's logits.
-    const size_t same = static_cast<size_t>(
-        std::mismatch(r.fed.begin(), r.fed.end(), p.tokens.begin(), p.tokens.end()).first -
-        r.fed.begin());
-    const size_t keep = std::min(same, p.tokens.size() - 1);
-    r.runner->truncate(static_cast<int32_t>(keep));
-    r.fed.resize(keep);
-    int32_t t = next_token(r, p.tokens.subspan(keep));
-    while (t >= 0) {
-      draft.push_back(t);
-      if (static_cast<int32_t>(draft.size()) == p.max_tokens) break;
-      const int32_t last = t;
-      t = next_token(r, std::span<const int32_t>(&last, 1));
+    p.draft->clear();
+    const int64_t len = static_cast<int64_t>(p.tokens.size());
+    if (len == 0 || p.max_tokens <= 0 || len + p.max_tokens > max_len_) continue;
+    auto it = live_.find({p.request_id, p.seq_index});
+    if (it == live_.end()) {
+      if (free_slots_.empty()) continue;  // more sequences than slots: no guess for this one
+      it = live_.emplace(std::pair(p.request_id, p.seq_index), Slot{free_slots_.back(), {}}).first;
+      free_slots_.pop_back();
     }
+    Slot& slot = it->second;
+    // What the slot holds that is still the sequence's (its wrong guesses go), less the last
+    // token at least: the guesses start from that token's logits.
+    const int64_t same =
+        std::mismatch(slot.fed.begin(), slot.fed.end(), p.tokens.begin(), p.tokens.end()).first -
+        slot.fed.begin();
+    int64_t keep = std::min(same, len - 1);
+    slot.fed.resize(static_cast<size_t>(keep));
+    while (len - keep > kMaxBatchedTokens) {  // a long catch-up runs alone, without logits
+      const int32_t n = static_cast<int32_t>(std::min<int64_t>(kMaxChunk, len - keep - 1));
+      step({chunk(slot, p.tokens.data() + keep, n, LogitsWanted::kNone)}, next);
+      keep += n;
+    }
+    work.push_back({&p, &slot});
+    chunks.push_back(
+        chunk(slot, p.tokens.data() + keep, static_cast<int32_t>(len - keep), LogitsWanted::kLast));
+  }
+  // Guess after guess, every sequence that still wants one in each forward.
+  while (!chunks.empty()) {
+    step(chunks, next);
+    std::vector<Work> still;
+    chunks.clear();
+    for (size_t i = 0; i < work.size(); ++i) {
+      std::vector<int32_t>& draft = *work[i].p->draft;
+      if (next[i] < 0) continue;
+      draft.push_back(next[i]);
+      if (static_cast<int32_t>(draft.size()) == work[i].p->max_tokens) continue;
+      still.push_back(work[i]);
+      chunks.push_back(chunk(*work[i].slot, &draft.back(), 1, LogitsWanted::kLast));
+    }
+    work = std::move(still);
   }
 }
 
 void DraftModelProposer::release(uint64_t request_id) {
   auto it = live_.lower_bound(std::pair(request_id, INT32_MIN));
   while (it != live_.end() && it->first.first == request_id) {
-    if (static_cast<int32_t>(spare_.size()) < max_runners_) spare_.push_back(std::move(it->second));
+    free_slots_.push_back(it->second.index);
     it = live_.erase(it);
   }
 }

@@ -4,11 +4,12 @@
 // it, a guess kept where it equals that token) leaves outputs unchanged at any temperature; a
 // guess is right with the target's probability of the draft's top token.
 //
-// Each sequence has its own SequenceRunner (a private KV cache of max_len tokens) that keeps the
-// tokens it has seen: a proposal feeds only what is new since the last (the tokens accepted
-// since, after the runner forgets its own guesses that were wrong), then decodes k - 1 more.
-// Runners of finished requests are kept for the next ones (at most max_runners, the most
-// sequences the engine drafts for at once), so their caches are allocated once.
+// Every sequence drafted for holds a slot of the draft's own KV cache (max_len tokens, allocated
+// once for max_seqs slots) and the tokens the slot holds. A proposal first forgets the slot's
+// guesses that turned out wrong, then runs all the batch's sequences together: one forward for
+// what each has new since its last proposal (the tokens accepted since), then one per further
+// guess, each a decode step of every sequence still guessing. So k guesses for n sequences cost k
+// forwards of the draft, whatever n.
 #pragma once
 
 #include <map>
@@ -18,38 +19,43 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/step_batch.h"
 #include "spec/proposer.h"
 
 namespace pagellm {
 
 class DraftModelProposer final : public Proposer {
  public:
-  // `draft` runs on `backend` (the target's). max_len: the longest sequence (the engine's
-  // max_model_len).
-  DraftModelProposer(Model& draft, Backend& backend, int32_t max_len, int32_t max_runners);
+  // `draft` runs on `backend` (the target's), with a KV cache for max_seqs sequences of up to
+  // max_len tokens (the engine's max_model_len).
+  DraftModelProposer(Model& draft, Backend& backend, int32_t max_len, int32_t max_seqs);
   void propose(std::span<const ProposalRequest> batch) override;
   void release(uint64_t request_id) override;
 
-  // Bytes of KV cache one runner holds (max_len tokens of the draft model).
-  static int64_t runner_cache_bytes(const Model& draft, const Backend& backend, int32_t max_len);
-
  private:
-  struct Runner {
-    std::unique_ptr<SequenceRunner> runner;
-    std::vector<int32_t> fed;  // the tokens the runner's cache holds, in order
+  struct Slot {
+    int32_t index = 0;         // its blocks: [index * blocks_per_seq_, (index + 1) * ...)
+    std::vector<int32_t> fed;  // the tokens its cache holds, in order
   };
-  Runner& runner_for(uint64_t request_id, int32_t seq_index);
-  // The draft's next token after what `r` was fed last, greedy: on the device when the backend
-  // samples there (only the token comes back), else from the downloaded logits.
-  int32_t next_token(Runner& r, std::span<const int32_t> tokens);
+  // The chunk of `slot` that feeds tokens[0, n) at its end, wanting `logits`.
+  SeqChunk chunk(Slot& slot, const int32_t* tokens, int32_t n, LogitsWanted logits);
+  // One forward of `chunks` (each wanting its last logits row, or none); next[i] becomes chunk i's
+  // greedy next token (-1: its row had no finite logit). On the device when the backend samples
+  // there (only the tokens come back), else from the logits downloaded.
+  void step(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& next);
 
   Model& draft_;
   Backend& backend_;
   int32_t max_len_;
-  int32_t max_runners_;
-  std::map<std::pair<uint64_t, int32_t>, Runner> live_;
-  std::vector<Runner> spare_;
+  int32_t blocks_per_seq_;
+  KvCache cache_;
+  StepBatchBuilder builder_;
+  std::vector<int32_t> tables_;                        // every slot's block table, back to back
+  std::map<std::pair<uint64_t, int32_t>, Slot> live_;  // by (request, sequence)
+  std::vector<int32_t> free_slots_;
+  std::vector<float> host_logits_;
+  std::vector<DeviceSampleRow> rows_;
+  std::vector<DeviceSampleResult> results_;
 };
 
 }  // namespace pagellm

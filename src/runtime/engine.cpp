@@ -105,8 +105,13 @@ Status Engine::init() {
                                 std::to_string(v) + " tokens) is not the model's (" +
                                 std::to_string(mc.vocab_size) +
                                 "): draft and target must share one tokenizer");
-      proposer_ = std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_,
-                                                       draft_runners());
+      // A draft cache slot for every sequence that may be drafted for at once; allocated now, so
+      // the pool below is sized from the memory left after it.
+      const int32_t off = sc.disable_by_batch_size;
+      const int32_t slots =
+          off > 0 ? std::min(off, config_.scheduler.max_num_seqs) : config_.scheduler.max_num_seqs;
+      proposer_ =
+          std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_, slots);
     }
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(sc.num_tokens), 0);
   }
@@ -121,11 +126,6 @@ Status Engine::init() {
   if (budget <= 0) {
     budget = static_cast<int64_t>(backend_.free_memory() * config_.memory_utilization);
     if (backend_.device() == Device::kCpu) budget = std::min(budget, kCpuDefaultKvBytes);
-    // A draft model's runners keep KV caches of their own, allocated as sequences are drafted
-    // for: their room comes out of the pool's.
-    if (sc.method == SpeculativeConfig::Method::kDraftModel)
-      budget -= draft_runners() *
-                DraftModelProposer::runner_cache_bytes(*sc.draft_model, backend_, max_model_len_);
   }
   const int64_t n_blocks = budget / kv_block_bytes_;
   const int64_t need = (max_model_len_ + bs - 1) / bs;
@@ -342,11 +342,6 @@ void Engine::drain_inbox() {
 void Engine::publish_stats() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.scheduler = scheduler_->stats();
-}
-
-int32_t Engine::draft_runners() const {
-  const int32_t off = config_.speculative.disable_by_batch_size;
-  return off > 0 ? std::min(off, config_.scheduler.max_num_seqs) : config_.scheduler.max_num_seqs;
 }
 
 void Engine::finish_request(Live& live, const FinishedRequest& info) {
@@ -646,6 +641,11 @@ void Engine::step() {
       if (grammar_mask_of_[k] >= 0)
         rows[k].allowed = {grammar_masks_.data() + grammar_mask_of_[k], words};
   }
+  if (n_drafts > 0) {  // counted before emit_tokens counts the right guesses, whose events
+    std::lock_guard<std::mutex> lock(mu_);  // may end a request its caller then reads stats for
+    stats_.spec_drafts += n_drafts;
+    stats_.spec_draft_tokens += n_draft_tokens;
+  }
   std::vector<SampleOutput> outs(rows.size());
   uint64_t ticket = 0;
   if (!rows.empty()) {
@@ -712,8 +712,6 @@ void Engine::step() {
   publish_stats();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.generation_tokens_total += n_generated;
-  stats_.spec_drafts += n_drafts;
-  stats_.spec_draft_tokens += n_draft_tokens;
   stats_.steps += 1;
   stats_.steps_planned_ahead += ahead ? 1 : 0;
   stats_.busy_seconds += dt;

@@ -254,8 +254,6 @@ class Engine {
   // Speculative decoding: gives the scheduler the proposer's drafts for the sequences that
   // decode next (before schedule()).
   void propose_drafts();
-  // The most sequences a draft model keeps a runner (and its KV cache) for.
-  int32_t draft_runners() const;
   // Ends requests whose sampling failed (non-finite logits).
   void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();

@@ -4,8 +4,6 @@
 #include <numeric>
 #include <string>
 
-#include "core/check.h"
-
 namespace pagellm {
 
 SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
@@ -21,11 +19,6 @@ SequenceRunner::SequenceRunner(Model& model, Backend& backend, int32_t max_len,
   block_table_.resize(n_blocks);
   std::iota(block_table_.begin(), block_table_.end(), 0);
   if (use_graphs) graphs_ = DecodeGraphs::create(model, backend, cache_, block_size, 1, max_len);
-}
-
-void SequenceRunner::truncate(int32_t n) {
-  PAGELLM_CHECK_MSG(n >= 0 && n <= length_, "truncate: past the sequence's end");
-  length_ = n;
 }
 
 Status SequenceRunner::check_tokens(std::span<const int32_t> tokens) const {

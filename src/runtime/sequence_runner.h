@@ -39,9 +39,6 @@ class SequenceRunner {
   int32_t length() const { return length_; }
   int32_t max_len() const { return max_len_; }
   void reset() { length_ = 0; }
-  // Forgets every token from position n on (their KV is overwritten by the next feed): a draft
-  // model's guesses that turned out wrong. Precondition: 0 <= n <= length().
-  void truncate(int32_t n);
 
  private:
   Status check_tokens(std::span<const int32_t> tokens) const;
