@@ -245,8 +245,22 @@ def test_queue_full_is_429_with_retry_after(server_factory):
     s = server_factory(["--max-model-len", "512", "--kv-cache-memory", "33554432",
                         "--max-num-seqs", "1", "--max-waiting", "1"])
     body = {"prompt": "Tell me a long story about a dragon.", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    import re
+    import time
+
+    def running():
+        m = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", raw(s.url, "/metrics")[2].decode(), re.M)
+        return float(m.group(1)) if m else 0
     with concurrent.futures.ThreadPoolExecutor(6) as ex:
-        results = list(ex.map(lambda _: raw(s.url, "/v1/completions", body), range(6)))
+        # One request running first (on a busy machine the engine may not have admitted it yet
+        # when the others arrive, and then it holds the waiting place itself), then five more:
+        # one takes the waiting place, the rest are refused.
+        first = ex.submit(raw, s.url, "/v1/completions", body)
+        deadline = time.time() + 30
+        while running() < 1 and time.time() < deadline:
+            time.sleep(0.005)
+        rest = [ex.submit(raw, s.url, "/v1/completions", body) for _ in range(5)]
+        results = [first.result()] + [f.result() for f in rest]
     statuses = sorted(r[0] for r in results)
     assert statuses.count(200) >= 2 and 429 in statuses, statuses
     for status, headers, b in results:
