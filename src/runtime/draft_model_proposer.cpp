@@ -50,6 +50,11 @@ void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<i
   const int64_t vocab = draft_.config().vocab_size;
   const int32_t n = static_cast<int32_t>(chunks.size());
   next.assign(chunks.size(), -1);
+  if (batch.n_logits == 0) {  // a catch-up: KV only
+    draft_.forward(batch, cache_, nullptr);
+    return;
+  }
+  PAGELLM_CHECK(batch.n_logits == n);
   if (backend_.supports_sampling()) {
     draft_.forward(batch, cache_, nullptr);
     rows_.assign(chunks.size(), DeviceSampleRow{});

@@ -39,9 +39,9 @@ class DraftModelProposer final : public Proposer {
   };
   // The chunk of `slot` that feeds tokens[0, n) at its end, wanting `logits`.
   SeqChunk chunk(Slot& slot, const int32_t* tokens, int32_t n, LogitsWanted logits);
-  // One forward of `chunks` (each wanting its last logits row, or none); next[i] becomes chunk i's
-  // greedy next token (-1: its row had no finite logit). On the device when the backend samples
-  // there (only the tokens come back), else from the logits downloaded.
+  // One forward of `chunks`: all of them wanting their last logits row (next[i] becomes chunk i's
+  // greedy next token; -1: its row had a NaN), or none (a catch-up). On the device when the backend
+  // samples there (only the tokens come back), else from the logits downloaded.
   void step(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& next);
 
   Model& draft_;

@@ -200,8 +200,10 @@ class EngineDeviceSamplingTest : public testing::Test {
   // stats once every request is done; `tokenizer` (optional) is the engine's.
   std::vector<Collected> run(Backend& backend, const std::vector<EngineRequest>& reqs,
                              const std::set<size_t>& abort = {}, EngineStats* final = nullptr,
-                             const Tokenizer* tokenizer = nullptr) {
+                             const Tokenizer* tokenizer = nullptr,
+                             const SpeculativeConfig& speculative = {}) {
     EngineConfig cfg;
+    cfg.speculative = speculative;
     cfg.scheduler.max_num_seqs = 32;
     cfg.scheduler.max_num_batched_tokens = 40;  // chunked prefills mixed with decodes
     cfg.kv_cache_memory = 8 << 20;
@@ -374,6 +376,33 @@ TEST_F(EngineDeviceSamplingTest, GrammarRowsSampleOnTheDeviceWithTheirMasks) {
       EXPECT_FALSE(nlohmann::json::parse(*text, nullptr, false).is_discarded())
           << "request " << i << ": " << *text;
     }
+  }
+}
+
+// Speculative decoding on a device: a draft model's guesses sampled there (its catch-up steps
+// want no logits), the verifying rows sampled there, and the host path's outputs.
+TEST_F(EngineDeviceSamplingTest, SpeculativeDecodingSamplesOnTheDevice) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 20 + 3 * i; ++j) prompt.push_back(5 + (j * 7 + i) % 200);  // > 16 tokens
+    EngineRequest r = request(prompt, 60 + i);
+    r.params.max_tokens = 16;
+    r.params.temperature = i % 2 ? 0.7f : 0.0f;
+    reqs.push_back(std::move(r));
+  }
+  for (auto method : {SpeculativeConfig::Method::kDraftModel, SpeculativeConfig::Method::kNgram}) {
+    SpeculativeConfig sc;
+    sc.method = method;
+    sc.draft_model = model_.get();  // the model drafting for itself
+    sc.ngram = {1, 3};
+    sc.disable_by_batch_size = 0;
+    EngineStats st;
+    const auto host = run(*cpu_, reqs);
+    const auto dev = run(*contract_, reqs, {}, &st, nullptr, sc);
+    expect_same(host, dev);
+    EXPECT_GT(st.spec_drafts, 0);
+    if (method == SpeculativeConfig::Method::kDraftModel) EXPECT_GT(st.spec_accepted_tokens, 0);
   }
 }
 
