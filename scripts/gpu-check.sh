@@ -15,7 +15,8 @@
 # bench serve under the three batching policies; PAGELLM_CHECK_MOE=1 adds the Mixtral-8x7B- and
 # DeepSeek-V2-Lite-shape benchmarks; PAGELLM_CHECK_STRUCTURED=1 the structured-output ones
 # (Llama-3-8B shape, a JSON schema against none); PAGELLM_CHECK_SPEC=1 the speculative-decoding
-# ones; PAGELLM_CHECK_TESTS=0 skips the
+# ones; PAGELLM_CHECK_OPS_EXTRA=0 skips test_ops' variant runs and the sanitizers (a targeted
+# re-check); PAGELLM_CHECK_TESTS=0 skips the
 # tests (benchmarks only); PAGELLM_BUILD_DIR overrides the
 # preset's build folder; PAGELLM_CHECK_CONFIGURE_ONLY=1 stops after configuring (to test the
 # dependency setup on a machine without a GPU); PAGELLM_OPS_FILTER / PAGELLM_MODEL_FILTER narrow
@@ -197,6 +198,7 @@ if [ $ops_built = 1 ]; then
   ops_variants() {
     local label=$1 log=$logs/$2.log run ok=1 t
     shift 2
+    if [ "${PAGELLM_CHECK_OPS_EXTRA:-1}" = 0 ]; then record "$label" "skipped (PAGELLM_CHECK_OPS_EXTRA=0)"; return; fi
     t=$(now)
     : >"$log"
     for run in "$@"; do
@@ -234,7 +236,10 @@ if [ $ops_built = 1 ]; then
   sanitizer=$(command -v compute-sanitizer || true)
   [ -z "$sanitizer" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] &&
     sanitizer=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
-  if [ -n "$sanitizer" ] && [ "$(step_limit 180)" -lt 30 ]; then
+  if [ "${PAGELLM_CHECK_OPS_EXTRA:-1}" = 0 ]; then
+    record "memcheck (reduced ops)" "skipped (PAGELLM_CHECK_OPS_EXTRA=0)"
+    sanitizer=""
+  elif [ -n "$sanitizer" ] && [ "$(step_limit 180)" -lt 30 ]; then
     record "memcheck (reduced ops)" "skipped: out of time"
   elif [ -n "$sanitizer" ]; then
     filter='Add.*:SiluMul.*:GatherRows.*:AddRmsNorm.*:Rope.*:RopeStoreKv.*:UploadWeight.DequantizesBlockFormatsToBf16'

@@ -543,13 +543,10 @@ void Engine::step() {
   // [n_logits, V] on the backend's device
   const Tensor device_logits = run_model(chunks, reads_pending ? pending_.ticket : 0);
   backend_.background_work();  // while the device runs the step just queued
-  // Grammar rows' masks are made on the host, now, while the device runs the forward; the
-  // sampler applies them where it runs.
   const bool constrained =
       std::any_of(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& s) {
         return s.needs_logits && live_.at(s.request_id)->req.grammar != nullptr;
       });
-  if (constrained) fill_grammar_masks(plan);
   const int64_t n_logits = device_logits.rows();
   // The logits stay on the device, and only tokens and logprobs come back, unless a chunk wants
   // prompt logprobs: the host computes those from every row.
@@ -607,6 +604,17 @@ void Engine::step() {
       sample_rows.push_back(sample_row);
     }
   }
+  // Grammar rows' masks are made on the host, now, while the device runs the forward; the
+  // sampler applies them where it runs. When the step before was planned ahead, its tokens are
+  // read first (this step's forward is queued already): the grammars must have taken them.
+  bool read_before = false;
+  if (constrained) {
+    if (overlapped) {
+      read_pending();
+      read_before = true;
+    }
+    fill_grammar_masks(picks);
+  }
   rows.reserve(picks.size());
   bool reads_outputs = false;  // a row's sampling depends on its earlier tokens' values
   // A draft's row j has the guesses before it as history: its RNG step and penalties are those
@@ -632,7 +640,7 @@ void Engine::step() {
       history = std::span<const int32_t>(h.data(), sq.outputs.size() + p.draft_pos);
     }
     rows.push_back({&live.req.params, live.req.prompt, history, sq.seed});
-    reads_outputs = reads_outputs || uses_output_values(live.req.params) || sq.grammar;
+    reads_outputs = reads_outputs || uses_output_values(live.req.params);
   }
   if (constrained) {  // the masks made during the forward, one per pick
     PAGELLM_CHECK(grammar_mask_of_.size() == picks.size());
@@ -657,7 +665,7 @@ void Engine::step() {
   }
 
   // The step before's tokens, now that this step is queued behind it: their events and stops.
-  if (overlapped) read_pending();
+  if (overlapped && !read_before) read_pending();
 
   // Planning ahead: this step's tokens stay on the device and the next step is planned and
   // queued before the host reads them. Not when a row's sampling reads its earlier tokens'
@@ -723,37 +731,32 @@ void Engine::step() {
   stats_.iteration_tokens_sum += n_tokens;
 }
 
-void Engine::fill_grammar_masks(const SchedulePlan& plan) {
+void Engine::fill_grammar_masks(const std::vector<Pick>& picks) {
   const int64_t words = token_mask_words(model_.config().vocab_size);
-  // The step's picks in the order step() makes them: one per sample of each sequence whose
-  // logits are sampled, and one per position of a verified draft. A unit of work is one
-  // sequence's rows: a draft's rows are made one after another, each after its guesses.
+  // A unit of work is one sequence's rows: a plain pick, or a verified draft's rows (picks with
+  // draft_pos 0, 1, ...), made one after another, each after the guesses before it.
   struct Item {
     Live::Seq* seq;
     const Live* live;
     size_t first_pick;
     int32_t n_rows;
-    const int32_t* guesses;  // a draft's: guess j is what row j + 1 assumes row j gives
   };
   std::vector<Item> items;
-  size_t n_picks = 0;
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (!s.needs_logits) continue;
-    Live* live = live_.at(s.request_id).get();
-    if (s.n_draft > 0) {
-      items.push_back(
-          {&live->seqs[s.seq_index], live, n_picks, s.n_draft + 1, s.token_ids.data() + 1});
-      n_picks += s.n_draft + 1;
-      continue;
-    }
-    for (int32_t j = 0; j < s.n_samples; ++j)
-      items.push_back(
-          {&live->seqs[s.n_samples > 1 ? j : s.seq_index], live, n_picks++, 1, nullptr});
+  for (size_t k = 0; k < picks.size();) {
+    int32_t n = 1;
+    if (picks[k].draft_pos == 0)
+      while (k + n < picks.size() && picks[k + n].draft_pos == n) ++n;
+    Live* live = picks[k].live;
+    items.push_back({&live->seqs[picks[k].seq_index], live, k, n});
+    k += n;
   }
+  const size_t n_picks = picks.size();
   // A thought is the model's own: no mask inside it.
   auto bound = [](const Live::Seq& s) {
     return s.grammar && s.phase != Live::Seq::Phase::kThinking;
   };
+  // A sequence that ended with the step before (read just now) has rows this step discards.
+  auto ended = [](const Item& it) { return it.live->done || it.seq->stop->finished(); };
   grammar_mask_of_.assign(n_picks, -1);
   std::vector<size_t> work;  // the bound items
   int64_t n_masks = 0;
@@ -770,9 +773,10 @@ void Engine::fill_grammar_masks(const SchedulePlan& plan) {
     GrammarMatcher& m = *it.seq->grammar;
     int32_t advanced = 0;
     bool open = true;  // the guesses so far are the grammar's
+    if (ended(it)) open = false;
     for (int32_t j = 0; j < it.n_rows; ++j) {
       uint32_t* mask = grammar_masks_.data() + grammar_mask_of_[it.first_pick + j];
-      if (!open) {  // past a guess the grammar refuses: a row the draft never reaches
+      if (!open) {  // past a guess the grammar refuses, or after the end: a row never used
         std::fill(mask, mask + words, ~0u);
         continue;
       }
@@ -782,7 +786,7 @@ void Engine::fill_grammar_masks(const SchedulePlan& plan) {
         mask[t / 32] |= 1u << (t % 32);
       }
       if (j + 1 < it.n_rows) {
-        const int32_t g = it.guesses[j];
+        const int32_t g = picks[it.first_pick + j].guess;
         open = (mask[g / 32] >> (g % 32) & 1u) && m.accept(g);
         advanced += open ? 1 : 0;
       }

@@ -240,7 +240,7 @@ class Engine {
   static bool uses_output_values(const SamplingParams& p);
   // The allowed-token masks of the step's constrained picks into grammar_masks_ (pick k's at
   // grammar_mask_of_[k], -1: none), made while the device runs the step's forward.
-  void fill_grammar_masks(const SchedulePlan& plan);
+  void fill_grammar_masks(const std::vector<Pick>& picks);
   // The sampled tokens of picks (outs[k] is picks[k]'s) as text, stop decisions and events;
   // appended to each sequence's outputs, or, resolving, in place of its pending token. Picks of
   // requests gone or sequences stopped meanwhile are skipped; rows that failed go to `failed`.
