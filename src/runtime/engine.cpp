@@ -28,6 +28,12 @@ constexpr int64_t kCpuDefaultKvBytes = int64_t{2} << 30;
 
 // The longest pause in drafting for a sequence whose guesses keep failing (steps).
 constexpr int32_t kMaxSpecBackoff = 16;
+// A sequence's share of right guesses, averaged over its drafts (each draft weighs kSpecRateWeight
+// against the ones before): below kMinSpecRate its drafts cost more than they return. At 17.8%
+// (the Llama-3-8B shape's random weights at batch 8 on an H100) speculation was 5.6% slower than
+// none, at 36.5% (batch 1) 7.5% faster: docs/perf-history/speculative.md.
+constexpr float kSpecRateWeight = 0.3f;
+constexpr float kMinSpecRate = 0.25f;
 
 }  // namespace
 
@@ -46,9 +52,11 @@ struct Engine::Live {
     enum class Phase { kAnswer, kMayThink, kThinking } phase = Phase::kAnswer;
     int32_t pending_row = -1;  // its last token's row in the pending step's results, if any
     // Speculative decoding: steps left before a draft is made for it again, and how many steps a
-    // draft with no right guess costs it next (doubling up to kMaxSpecBackoff, 0 after a hit).
+    // draft with no right guess, or a share of right guesses below kMinSpecRate, costs it next
+    // (doubling up to kMaxSpecBackoff; 0 after a draft that paid).
     int32_t spec_skip = 0;
     int32_t spec_backoff = 0;
+    float spec_rate = 1.0f;  // the share of its guesses found right, averaged over its drafts
   };
   std::vector<Seq> seqs;
   std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
@@ -572,7 +580,8 @@ void Engine::step() {
       // A verified draft: row j samples the token after the sequence's last token and the
       // guesses before position j; token_ids = [last token, guess 0, ..., guess n_draft - 1].
       for (int32_t j = 0; j <= s.n_draft; ++j) {
-        picks.push_back({&live, s.seq_index, j, j < s.n_draft ? s.token_ids[1 + j] : -1});
+        picks.push_back(
+            {&live, s.seq_index, j, j < s.n_draft ? s.token_ids[1 + j] : -1, s.n_draft});
         sample_rows.push_back(row + j);
       }
       row += chunks[i].n_tokens;
@@ -859,12 +868,16 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
       if (guess >= 0 && tok == guess) {
         if (accepted.size() <= static_cast<size_t>(draft_pos)) accepted.resize(draft_pos + 1);
         ++accepted[draft_pos];
-        sq.spec_backoff = 0;
       } else {
+        // The draft is over: draft_pos of its guesses were right.
         draft_ended = &sq;
-        if (draft_pos == 0) {  // not one guess right: draft less often for a while
+        const float rate = static_cast<float>(draft_pos) / static_cast<float>(picks[k].n_draft);
+        sq.spec_rate = (1.0f - kSpecRateWeight) * sq.spec_rate + kSpecRateWeight * rate;
+        if (draft_pos == 0 || sq.spec_rate < kMinSpecRate) {  // draft less often for a while
           sq.spec_backoff = std::clamp(2 * sq.spec_backoff, 1, kMaxSpecBackoff);
           sq.spec_skip = sq.spec_backoff;
+        } else {
+          sq.spec_backoff = 0;
         }
       }
     }

@@ -218,6 +218,7 @@ class Engine {
     // -1, -1: a plain row.
     int32_t draft_pos = -1;
     int32_t guess = -1;
+    int32_t n_draft = 0;  // the draft's guesses
   };
   // One step's forward: a recorded decode graph when it fits, else op by op. Returns the logits
   // on the device ([n_logits, vocab]; undefined when the step wants none). With a sampling
