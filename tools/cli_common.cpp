@@ -78,9 +78,9 @@ OptionGroup speculative_options() {
        {"prompt-lookup-min", "N", "ngram: the shortest run of last tokens looked up", "2"},
        {"prompt-lookup-max", "N", "ngram: the longest run of last tokens looked up (first)", "4"},
        {"speculative-disable-by-batch-size", "N",
-        "guess nothing while N or more sequences run (a busy device gains nothing); 0: "
-        "always guess",
-        "32"}}};
+        "guess nothing while N or more sequences run (verifying steps run without CUDA graphs, "
+        "for the whole batch); 0: always guess",
+        "2"}}};
 }
 
 OptionGroup sampling_options(const SamplingDefaults& d) {
