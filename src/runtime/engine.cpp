@@ -678,8 +678,9 @@ void Engine::step() {
 
   // Planning ahead: this step's tokens stay on the device and the next step is planned and
   // queued before the host reads them. Not when a row's sampling reads its earlier tokens'
-  // values (penalties, or a grammar, whose next mask follows from this token: the next step's
-  // row would be packed before they are known).
+  // values (penalties: the next step's row would be packed before they are known; a grammar's
+  // next mask waits for them instead, see above), nor while speculating (the next step's
+  // drafts follow this step's tokens).
   const bool ahead = config_.plan_ahead && ticket != 0 && !reads_outputs && !spec_active_ &&
                      scheduler_->can_plan_ahead();
   if (!ahead && ticket != 0) read_device_samples(ticket, packed_, outs);  // waits for the step
