@@ -54,7 +54,7 @@ struct SpeculativeConfig {
   Method method = Method::kNone;
   Model* draft_model = nullptr;  // kDraftModel: loaded by the caller on the engine's backend
   int32_t num_tokens = 4;  // guesses per step, at most
-  NgramConfig ngram{2, 4};
+  NgramConfig ngram;
   // Off while this many sequences or more are running (0: never off). A step that verifies a
   // guess runs eager, outside the decode graphs, for its whole batch: on an H100 (Llama-3-8B
   // shape, prompt lookup at 20-40% acceptance) speculation was 7% faster than none at batch 1

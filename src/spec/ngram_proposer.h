@@ -13,7 +13,7 @@
 namespace pagellm {
 
 struct NgramConfig {
-  int32_t min_n = 1;  // shortest suffix looked up
+  int32_t min_n = 2;  // shortest suffix looked up (the --prompt-lookup-min default)
   int32_t max_n = 4;  // longest suffix looked up (tried first)
 };
 
