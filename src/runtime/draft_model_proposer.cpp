@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "sample/logits_processors.h"
 
 namespace pagellm {
 namespace {
@@ -70,18 +71,9 @@ void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<i
   }
   host_logits_.resize(static_cast<size_t>(n) * vocab);
   draft_.forward(batch, cache_, host_logits_.data());
-  for (int32_t i = 0; i < n; ++i) {
-    // The argmax, lowest id on ties; a row with a NaN guesses nothing.
-    const float* row = host_logits_.data() + static_cast<size_t>(i) * vocab;
-    int32_t best = 0;
-    for (int64_t t = 0; t < vocab && best >= 0; ++t) {
-      if (row[t] != row[t])
-        best = -1;
-      else if (row[t] > row[best])
-        best = static_cast<int32_t>(t);
-    }
-    next[i] = best;
-  }
+  for (int32_t i = 0; i < n; ++i)
+    next[i] = argmax_token({host_logits_.data() + static_cast<size_t>(i) * vocab,
+                            static_cast<size_t>(vocab)});
 }
 
 void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {

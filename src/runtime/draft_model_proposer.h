@@ -40,7 +40,8 @@ class DraftModelProposer final : public Proposer {
   // The chunk of `slot` that feeds tokens[0, n) at its end, wanting `logits`.
   SeqChunk chunk(Slot& slot, const int32_t* tokens, int32_t n, LogitsWanted logits);
   // One forward of `chunks`: all of them wanting their last logits row (next[i] becomes chunk i's
-  // greedy next token; -1: its row had a NaN), or none (a catch-up). On the device when the backend
+  // greedy next token; -1: none, as argmax_token and the device's greedy row say), or none (a
+  // catch-up). On the device when the backend
   // samples there (only the tokens come back), else from the logits downloaded.
   void step(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& next);
 

@@ -782,8 +782,7 @@ void Engine::fill_grammar_masks(const std::vector<Pick>& picks) {
     const Item& it = items[work[i]];
     GrammarMatcher& m = *it.seq->grammar;
     int32_t advanced = 0;
-    bool open = true;  // the guesses so far are the grammar's
-    if (ended(it)) open = false;
+    bool open = !ended(it);  // the guesses so far are the grammar's
     for (int32_t j = 0; j < it.n_rows; ++j) {
       uint32_t* mask = grammar_masks_.data() + grammar_mask_of_[it.first_pick + j];
       if (!open) {  // past a guess the grammar refuses, or after the end: a row never used

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <type_traits>
 #include <utility>
 
 #include "core/check.h"
@@ -500,9 +499,13 @@ SchedulePlan Scheduler::schedule(double now_ms) {
 
   // 4. Guesses, with what is left: they never cost a running sequence or a waiting request
   //    its place.
-  add_drafts();
-  for (Request* r : running_)  // a draft serves one schedule() only; on_step_done checks the
-    for (Sequence& s : r->seqs) s.draft.resize(s.n_draft_in_flight);  // verified ones
+  // Only when set_draft() gave drafts: a step without speculation walks no sequence for them.
+  if (drafts_given_) {
+    add_drafts();
+    for (Request* r : running_)  // a draft serves one schedule() only; on_step_done checks the
+      for (Sequence& s : r->seqs) s.draft.resize(s.n_draft_in_flight);  // verified ones
+    drafts_given_ = false;
+  }
 
   for (Entry& e : entries_) {
     InFlight f{e.seq.request_id, e.seq.seq_index, e.seq.needs_logits, e.seq.n_samples,
@@ -531,6 +534,7 @@ bool Scheduler::next_is_decode(RequestId id, int32_t seq_index) const {
 void Scheduler::set_draft(RequestId id, int32_t seq_index, std::span<const int32_t> draft) {
   if (!next_is_decode(id, seq_index)) return;
   requests_.at(id)->seqs[seq_index].draft.assign(draft.begin(), draft.end());
+  drafts_given_ = true;
 }
 
 void Scheduler::add_drafts() {
@@ -591,14 +595,12 @@ std::vector<FinishedRequest> Scheduler::on_step_done(std::span<const SampledToke
                    [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
   // A sequence's results, in the order reported.
   auto range = [&](RequestId id, int32_t seq_index) {
-    return std::equal_range(by_sequence_.begin(), by_sequence_.end(), std::pair(id, seq_index),
-                            [&](const auto& a, const auto& b) {
-                              if constexpr (std::is_same_v<std::decay_t<decltype(a)>, uint32_t>) {
-                                return key(a) < b;
-                              } else {
-                                return a < key(b);
-                              }
-                            });
+    const auto k = std::pair(id, seq_index);
+    auto first = std::lower_bound(by_sequence_.begin(), by_sequence_.end(), k,
+                                  [&](uint32_t i, const auto& v) { return key(i) < v; });
+    auto last = first;
+    while (last != by_sequence_.end() && key(*last) == k) ++last;
+    return std::pair(first, last);
   };
   auto take = [&](RequestId id, int32_t seq_index) -> const SampledToken* {
     const auto [first, last] = range(id, seq_index);

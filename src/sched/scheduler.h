@@ -283,6 +283,7 @@ class Scheduler {
   int32_t budget_ = 0;
   SchedulePlan* plan_ = nullptr;
   std::vector<InFlight> in_flight_;
+  bool drafts_given_ = false;  // set_draft() was called since the last schedule()
   std::vector<uint32_t> by_sequence_;  // on_step_done's lookup order, kept for its capacity
   // What recycle() kept: an emptied plan and its sequences' storage (overwritten by emit()).
   SchedulePlan spare_plan_;

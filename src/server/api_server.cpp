@@ -1016,7 +1016,7 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
           chat ? parse_chat_request(body, vocab, req) : parse_completion_request(body, vocab, req))
     return refuse(*ex, std::move(span), *e);
   if (auto e = check_model(req.model)) return refuse(*ex, std::move(span), *e);
-  if (!req.grammar) return generate_with_grammar(ex, chat, std::move(req), std::move(span));
+  if (!req.grammar) return start_generation(ex, chat, std::move(req), std::move(span));
   // Compiled once per distinct spec (later requests with it take the cached grammar), before
   // the request is queued, so that a schema, regex or grammar that does not compile is this
   // request's 400.
@@ -1027,7 +1027,7 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
                               "does not have"));
   if (auto g = grammars->find(*req.grammar)) {
     req.compiled_grammar = std::move(g);
-    return generate_with_grammar(ex, chat, std::move(req), std::move(span));
+    return start_generation(ex, chat, std::move(req), std::move(span));
   }
   // Not built yet: on grammar_pool_, then back on this exchange's strand.
   struct Pending {
@@ -1045,12 +1045,12 @@ void ApiServer::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) 
         return refuse(*ex, std::move(p->span),
                       bad_request("invalid structured output: " + p->grammar.status().message()));
       p->req.compiled_grammar = std::move(*p->grammar);
-      generate_with_grammar(ex, chat, std::move(p->req), std::move(p->span));
+      start_generation(ex, chat, std::move(p->req), std::move(p->span));
     });
   });
 }
 
-void ApiServer::generate_with_grammar(const std::shared_ptr<Exchange>& ex, bool chat,
+void ApiServer::start_generation(const std::shared_ptr<Exchange>& ex, bool chat,
                                       GenerateRequest req, std::unique_ptr<Span> span) {
   auto refuse = [&](const ApiError& e, Headers extra = {}) {
     this->refuse(*ex, std::move(span), e, std::move(extra));

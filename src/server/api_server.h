@@ -85,9 +85,9 @@ class ApiServer {
   void handle(std::shared_ptr<Exchange> ex);
   // handle_generate parses and validates a completions / chat request; a structured-output
   // request whose grammar is not built yet then waits for it on grammar_pool_, and
-  // generate_with_grammar goes on from there: template, tokens, limits, then the engine.
+  // start_generation goes on from there: template, tokens, limits, then the engine.
   void handle_generate(const std::shared_ptr<Exchange>& ex, bool chat);
-  void generate_with_grammar(const std::shared_ptr<Exchange>& ex, bool chat, GenerateRequest req,
+  void start_generation(const std::shared_ptr<Exchange>& ex, bool chat, GenerateRequest req,
                              std::unique_ptr<Span> span);
   // A request refused: the error response, counted, and its span ended.
   void refuse(Exchange& ex, std::unique_ptr<Span> span, const ApiError& e, Headers extra = {});
