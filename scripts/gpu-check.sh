@@ -491,7 +491,9 @@ PY
       for b in 64 256; do
         for s in none order; do
           schema=()
-          [ "$s" = order ] && schema=(--json-schema bench/schemas/order.json)
+          # The constrained run is followed by the same work unconstrained: new prompts of the
+          # same lengths, each generating as many tokens as its constrained counterpart did.
+          [ "$s" = order ] && schema=(--json-schema bench/schemas/order.json --unconstrained-baseline)
           run_bench structured-llama3-8b-b$b-$s throughput --model $cfg/llama-3-8b.json \
             --load-format dummy --device cuda --tokenizer tests/data/tokenizer/llama3 \
             --num-prompts $((b * 2)) --input-len 256 --output-len 256 --max-num-seqs $b \

@@ -343,39 +343,101 @@ int bench_latency(int argc, char** argv) {
   return 0;
 }
 
+// One offline run: every request submitted at once (or, sequential, each when the one before has
+// finished), and what came back.
+struct OfflineRun {
+  double elapsed_s = 0;
+  int64_t failed = 0, prompt_tokens = 0, output_tokens = 0;
+  // Each request's time to its first token and to its last, from its submission, and its token
+  // count (bench/stats.h's RequestResult): TTFT, and TPOT as a streaming client sees it.
+  std::vector<bench::RequestResult> timing;
+  std::vector<std::vector<int32_t>> outputs;  // each request's tokens, when asked for
+};
+
+Result<OfflineRun> run_offline(Engine& engine, const std::vector<EngineRequest>& reqs,
+                               bool sequential, bool keep_outputs) {
+  OfflineRun run;
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t done = 0;
+  std::vector<Clock::time_point> submitted(reqs.size());
+  run.timing.resize(reqs.size());
+  run.outputs.resize(keep_outputs ? reqs.size() : 0);
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (sequential) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done == static_cast<int64_t>(i); });
+    }
+    submitted[i] = Clock::now();
+    auto id = engine.submit(reqs[i], [&, i](EngineOutput&& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!ev.token_ids.empty()) {
+        bench::RequestResult& t = run.timing[i];
+        t.latency_s = seconds_since(submitted[i]);
+        if (t.output_tokens == 0) t.ttft_s = t.latency_s;
+        t.ok = true;
+        t.output_tokens += static_cast<int64_t>(ev.token_ids.size());
+        if (keep_outputs)
+          run.outputs[i].insert(run.outputs[i].end(), ev.token_ids.begin(), ev.token_ids.end());
+      }
+      if (!ev.request_done) return;
+      ++done;
+      if (!ev.error.ok()) ++run.failed;
+      run.prompt_tokens += ev.prompt_tokens;
+      run.output_tokens += ev.completion_tokens;
+      cv.notify_all();
+    });
+    if (!id.ok()) {  // the ones submitted finish before the engine may go
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done == static_cast<int64_t>(i); });
+      return id.status();
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == static_cast<int64_t>(reqs.size()); });
+  run.elapsed_s = seconds_since(t0);
+  return run;
+}
+
 int bench_throughput(int argc, char** argv) {
   // --profile: every op of the whole run timed (eager, no CUDA graphs), summed per op kind and
   // weight shape: where an offline run's time goes.
-  Args a("bench throughput",
-         "Offline throughput of many requests through the engine (like vLLM's offline benchmark):\n"
-         "requests/s, total and output tokens/s, mean time to the first token and per output\n"
-         "token, KV and prefix cache statistics, and the host's share of the steps.",
-         {model_options(),
-          {"Workload",
-           {{"num-prompts", "N", "requests, all submitted at once", "64"},
-            {"input-len", "TOKENS", "prompt tokens of each request (random ids)", "128"},
-            {"output-len", "TOKENS", "generated tokens of each request (end of sequence ignored)",
-             "128"},
-            {"shared-prefix-len", "TOKENS", "leading prompt tokens every request shares", "0"},
-            {"dataset", "FILE.jsonl",
-             "prompts from a file instead, one {\"prompt\": ..., \"max_tokens\": N} a line",
-             std::nullopt, "random prompts"},
-            {"seed", "N", "seed of the random prompts and of sampling", "0"},
-            {"temperature", "T", "sampling temperature; 0 is greedy", "1.0"},
-            {"sequential", "",
-             "submit one request at a time (the first one's TTFT on a fresh engine)"},
-            {"tokenizer", "PATH",
-             "use this tokenizer (tokenizer.json, .model, .gguf or a folder), e.g. beside "
-             "--load-format dummy weights for --json-schema or --dataset",
-             std::nullopt, "the model's own"},
-            {"json-schema", "FILE",
-             "constrain every request's output to this JSON schema (structured output); the "
-             "report adds its compile time. Requests end when their JSON does",
-             std::nullopt, "unconstrained"}}},
-          {"Output", {kJson, kProfile, kPeakTflops}},
-          cache_options(),
-          scheduler_options(),
-          speculative_options()});
+  Args a(
+      "bench throughput",
+      "Offline throughput of many requests through the engine (like vLLM's offline benchmark):\n"
+      "requests/s, total and output tokens/s, mean time to the first token and per output\n"
+      "token, KV and prefix cache statistics, and the host's share of the steps.",
+      {model_options(),
+       {"Workload",
+        {{"num-prompts", "N", "requests, all submitted at once", "64"},
+         {"input-len", "TOKENS", "prompt tokens of each request (random ids)", "128"},
+         {"output-len", "TOKENS", "generated tokens of each request (end of sequence ignored)",
+          "128"},
+         {"shared-prefix-len", "TOKENS", "leading prompt tokens every request shares", "0"},
+         {"dataset", "FILE.jsonl",
+          "prompts from a file instead, one {\"prompt\": ..., \"max_tokens\": N} a line",
+          std::nullopt, "random prompts"},
+         {"seed", "N", "seed of the random prompts and of sampling", "0"},
+         {"temperature", "T", "sampling temperature; 0 is greedy", "1.0"},
+         {"sequential", "",
+          "submit one request at a time (the first one's TTFT on a fresh engine)"},
+         {"tokenizer", "PATH",
+          "use this tokenizer (tokenizer.json, .model, .gguf or a folder), e.g. beside "
+          "--load-format dummy weights for --json-schema or --dataset",
+          std::nullopt, "the model's own"},
+         {"json-schema", "FILE",
+          "constrain every request's output to this JSON schema (structured output); the "
+          "report adds its compile time. Requests end when their JSON does",
+          std::nullopt, "unconstrained"},
+         {"unconstrained-baseline", "",
+          "with --json-schema: then run new prompts of the same lengths unconstrained, each "
+          "generating as many tokens as its constrained counterpart did, and report the "
+          "constrained run's output tok/s against theirs (the grammar's cost on the same work)"}}},
+       {"Output", {kJson, kProfile, kPeakTflops}},
+       cache_options(),
+       scheduler_options(),
+       speculative_options()});
   if (auto rc = parse_command_line(a, argc, argv)) return *rc;
   ServingModelOptions o;
   o.model_path = a.str("model");
@@ -487,53 +549,19 @@ int bench_throughput(int argc, char** argv) {
     m.profiler->start();  // the engine is idle until the first submit
   }
 
-  std::mutex mu;
-  std::condition_variable cv;
-  int64_t done = 0, failed = 0, prompt_tokens = 0, output_tokens = 0;
-  // Each request's time to its first token and to its last, from its submission, and its token
-  // count (bench/stats.h's RequestResult): TTFT, and TPOT as a streaming client sees it.
-  std::vector<Clock::time_point> submitted(reqs.size());
-  std::vector<bench::RequestResult> timing(reqs.size());
   // --json-schema: each request's tokens, to check that its text parses.
   const bool structured = a.has("json-schema");
-  std::vector<std::vector<int32_t>> outputs(structured ? reqs.size() : 0);
   // --sequential: each request is submitted when the one before has finished (one at a time, as a
   // single client would), so the first request's TTFT, on an engine that has served nothing yet,
   // compares with the same request's on a warm one.
   const bool sequential = a.flag("sequential");
-  const auto t0 = Clock::now();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EngineRequest& r = reqs[i];
-    if (sequential) {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done == static_cast<int64_t>(i); });
-    }
-    submitted[i] = Clock::now();
-    auto id = (*engine)->submit(r, [&, i](EngineOutput&& ev) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!ev.token_ids.empty()) {
-        bench::RequestResult& t = timing[i];
-        t.latency_s = seconds_since(submitted[i]);
-        if (t.output_tokens == 0) t.ttft_s = t.latency_s;
-        t.ok = true;
-        t.output_tokens += static_cast<int64_t>(ev.token_ids.size());
-        if (structured)
-          outputs[i].insert(outputs[i].end(), ev.token_ids.begin(), ev.token_ids.end());
-      }
-      if (!ev.request_done) return;
-      ++done;
-      if (!ev.error.ok()) ++failed;
-      prompt_tokens += ev.prompt_tokens;
-      output_tokens += ev.completion_tokens;
-      cv.notify_all();
-    });
-    if (!id.ok()) return fail("bench throughput", id.status());
-  }
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done == static_cast<int64_t>(reqs.size()); });
-  }
-  const double elapsed = seconds_since(t0);
+  auto ran = run_offline(**engine, reqs, sequential, structured);
+  if (!ran.ok()) return fail("bench throughput", ran.status());
+  const double elapsed = ran->elapsed_s;
+  const int64_t failed = ran->failed, prompt_tokens = ran->prompt_tokens,
+                output_tokens = ran->output_tokens;
+  const std::vector<bench::RequestResult>& timing = ran->timing;
+  std::vector<std::vector<int32_t>>& outputs = ran->outputs;
   std::optional<OpProfileTable> run_table;
   if (profile) {
     std::vector<OpSample> ops = m.profiler->stop();  // every request is done: the engine is idle
@@ -544,8 +572,38 @@ int bench_throughput(int argc, char** argv) {
     // The run itself was profiled: the gap is host work (scheduling, sampling) plus launches.
     run_table->wall_of = "the same run";
   }
+  // --unconstrained-baseline: the same work without the grammar. New prompts (the constrained
+  // ones' blocks are in the prefix cache) of the same lengths; each request's max_tokens is the
+  // number of tokens its constrained counterpart generated (ignore_eos keeps it going that far).
+  const bool baseline = structured && a.flag("unconstrained-baseline");
+  if (a.flag("unconstrained-baseline") && !structured)
+    return fail("bench throughput",
+                invalid_argument("--unconstrained-baseline needs --json-schema"));
+  if (baseline && profile)
+    return fail("bench throughput",
+                invalid_argument("--unconstrained-baseline and --profile: profile one run"));
+  // The constrained run's engine counts: taken before the baseline runs (its last step's counts
+  // may be published after its last request finished: a step's error), else once the engine's
+  // thread has ended.
+  std::optional<EngineStats> first_stats;
+  if (baseline) first_stats = (*engine)->stats();
+  std::optional<OfflineRun> base;
+  if (baseline) {
+    std::vector<EngineRequest> same;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (timing[i].output_tokens == 0) continue;  // failed
+      EngineRequest r = reqs[i];
+      r.grammar = nullptr;
+      r.prompt = random_tokens(rng, static_cast<int64_t>(r.prompt.size()), V);
+      r.params.max_tokens = static_cast<int32_t>(timing[i].output_tokens);
+      same.push_back(std::move(r));
+    }
+    auto b = run_offline(**engine, same, sequential, false);
+    if (!b.ok()) return fail("bench throughput", b.status());
+    base = std::move(*b);
+  }
   (*engine)->shutdown();  // its last step's counts are in once its thread has ended
-  const EngineStats st = (*engine)->stats();
+  const EngineStats st = first_stats ? *first_stats : (*engine)->stats();
   const double rps = reqs.size() / elapsed;
   const double total_tps = (prompt_tokens + output_tokens) / elapsed;
   const double out_tps = output_tokens / elapsed;
@@ -612,6 +670,14 @@ int bench_throughput(int argc, char** argv) {
                                           : 0.0,
                 static_cast<long long>(st.grammar_mask_steps));
   }
+  const double base_out_tps = base ? static_cast<double>(base->output_tokens) / base->elapsed_s : 0;
+  if (base) {
+    std::printf(
+        "unconstrained    the same lengths without the grammar: %lld output tokens in %.2f s, "
+        "%.1f output tok/s; constrained at %.1f%% of it\n",
+        static_cast<long long>(base->output_tokens), base->elapsed_s, base_out_tps,
+        100.0 * out_tps / base_out_tps);
+  }
   const bool speculating = !st.spec_accepted_per_position.empty();
   const double spec_rate = st.spec_draft_tokens > 0 ? static_cast<double>(st.spec_accepted_tokens) /
                                                           static_cast<double>(st.spec_draft_tokens)
@@ -656,6 +722,11 @@ int bench_throughput(int argc, char** argv) {
       j["grammar_mask_steps"] = st.grammar_mask_steps;
       j["json_outputs_complete"] = n_complete;
       j["json_outputs_parsed"] = n_json;
+    }
+    if (base) {
+      j["unconstrained_output_tokens"] = base->output_tokens;
+      j["unconstrained_elapsed_s"] = base->elapsed_s;
+      j["unconstrained_output_tokens_per_s"] = base_out_tps;
     }
     if (speculating) {
       j["spec_drafts"] = st.spec_drafts;

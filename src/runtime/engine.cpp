@@ -741,10 +741,34 @@ void Engine::step() {
   stats_.iteration_tokens_sum += n_tokens;
 }
 
+std::vector<Engine::SeqPicks> Engine::group_by_sequence(const std::vector<Pick>& picks) {
+  std::vector<SeqPicks> groups;
+  for (size_t k = 0; k < picks.size();) {
+    int32_t n = 1;
+    if (picks[k].draft_pos == 0)
+      while (k + n < picks.size() && picks[k + n].draft_pos == n) ++n;
+    groups.push_back({k, n});
+    k += n;
+  }
+  return groups;
+}
+
+// Runs fn(i) for i in [0, n), across the thread pool when there is more than one.
+template <typename Fn>
+static void for_each_parallel(size_t n, Fn&& fn) {
+  if (n > 1) {
+    ThreadPool::global().parallel_for(static_cast<int64_t>(n), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) fn(static_cast<size_t>(i));
+    });
+  } else if (n == 1) {
+    fn(0);
+  }
+}
+
 void Engine::fill_grammar_masks(const std::vector<Pick>& picks) {
   const int64_t words = token_mask_words(model_.config().vocab_size);
-  // A unit of work is one sequence's rows: a plain pick, or a verified draft's rows (picks with
-  // draft_pos 0, 1, ...), made one after another, each after the guesses before it.
+  // A unit of work is one sequence's rows, made one after another, each after the guesses before
+  // it.
   struct Item {
     Live::Seq* seq;
     const Live* live;
@@ -752,13 +776,9 @@ void Engine::fill_grammar_masks(const std::vector<Pick>& picks) {
     int32_t n_rows;
   };
   std::vector<Item> items;
-  for (size_t k = 0; k < picks.size();) {
-    int32_t n = 1;
-    if (picks[k].draft_pos == 0)
-      while (k + n < picks.size() && picks[k + n].draft_pos == n) ++n;
-    Live* live = picks[k].live;
-    items.push_back({&live->seqs[picks[k].seq_index], live, k, n});
-    k += n;
+  for (const SeqPicks& g : group_by_sequence(picks)) {
+    Live* live = picks[g.first_pick].live;
+    items.push_back({&live->seqs[picks[g.first_pick].seq_index], live, g.first_pick, g.n_rows});
   }
   const size_t n_picks = picks.size();
   // A thought is the model's own: no mask inside it.
@@ -803,15 +823,7 @@ void Engine::fill_grammar_masks(const std::vector<Pick>& picks) {
     if (advanced > 0) m.rollback(advanced);  // the tokens the step keeps advance it for good
   };
   const auto t0 = Clock::now();
-  if (work.size() > 1) {
-    ThreadPool::global().parallel_for(static_cast<int64_t>(work.size()), 1,
-                                      [&](int64_t b, int64_t e) {
-                                        for (int64_t i = b; i < e; ++i)
-                                          fill(static_cast<size_t>(i));
-                                      });
-  } else if (!work.empty()) {
-    fill(0);
-  }
+  for_each_parallel(work.size(), fill);
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.grammar_mask_steps += 1;
@@ -839,10 +851,47 @@ void Engine::read_pending() {
   pending_.finished.clear();
 }
 
+void Engine::advance_grammars(const std::vector<Pick>& picks,
+                              const std::vector<SampleOutput>& outs) {
+  grammar_takes_.assign(picks.size(), GrammarTake{});
+  std::vector<SeqPicks> work;  // the sequences under a grammar that may take tokens
+  for (const SeqPicks& g : group_by_sequence(picks)) {
+    const Live& live = *picks[g.first_pick].live;
+    const Live::Seq& sq = live.seqs[picks[g.first_pick].seq_index];
+    if (sq.grammar && !live.done && !sq.stop->finished()) work.push_back(g);
+  }
+  using Phase = Live::Seq::Phase;
+  for_each_parallel(work.size(), [&](size_t i) {
+    for (size_t k = work[i].first_pick; k < work[i].first_pick + work[i].n_rows; ++k) {
+      if (!outs[k].status.ok()) continue;  // as emit_tokens skips it
+      Live& live = *picks[k].live;
+      Live::Seq& sq = live.seqs[picks[k].seq_index];
+      const int32_t tok = outs[k].token;
+      // The grammar advances with the token its mask let through; a thought is the model's own.
+      GrammarTake& t = grammar_takes_[k];
+      t.taken = true;
+      if (sq.phase == Phase::kThinking) {
+        if (tok == live.req.thinking->think_end) sq.phase = Phase::kAnswer;
+      } else if (sq.phase == Phase::kMayThink && tok == live.req.thinking->think_start) {
+        sq.phase = Phase::kThinking;
+      } else {
+        sq.phase = Phase::kAnswer;
+        t.refused = !sq.grammar->accept(tok);
+      }
+      t.terminated = sq.grammar->terminated();
+      // A verified draft's rows after the first wrong guess are not the sequence's.
+      if (picks[k].draft_pos >= 0 && !(picks[k].guess >= 0 && tok == picks[k].guess)) break;
+    }
+  });
+}
+
 int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOutput>& outs,
                             bool resolving, std::vector<SampledToken>& results,
                             std::vector<uint64_t>& failed) {
   int64_t n_generated = 0;
+  // The grammars first, in parallel: an accept costs tens of microseconds, hundreds of them a
+  // step at large batches.
+  advance_grammars(picks, outs);
   // A verified draft's rows count while each token is the guess the next row assumed: the
   // first that is not ends the draft (its token is the sequence's, the rows after it are not).
   const Live::Seq* draft_ended = nullptr;
@@ -902,21 +951,14 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
       }
     }
     StopUpdate u = sq.stop->append(tok, delta);
-    // The grammar advances with the token its mask let through; once it has ended (its stop
-    // token, which ignore_eos does not keep going), so does the sequence.
-    using Phase = Live::Seq::Phase;
-    if (sq.grammar && sq.phase == Phase::kThinking) {
-      if (tok == live.req.thinking->think_end) sq.phase = Phase::kAnswer;
-    } else if (sq.grammar && sq.phase == Phase::kMayThink &&
-               tok == live.req.thinking->think_start) {
-      sq.phase = Phase::kThinking;
-    } else if (sq.grammar) {
-      sq.phase = Phase::kAnswer;
-      if (!sq.grammar->accept(tok))
-        PAGELLM_LOG_WARN("request %llu: token %d is not allowed by its grammar",
-                         static_cast<unsigned long long>(live.id), tok);
-    }
-    if (sq.grammar && u.finish == FinishReason::kNone && sq.grammar->terminated()) {
+    // Once the grammar has ended (its stop token, which ignore_eos does not keep going), so does
+    // the sequence.
+    const GrammarTake& take = grammar_takes_[k];
+    PAGELLM_CHECK(take.taken || !sq.grammar);
+    if (take.refused)
+      PAGELLM_LOG_WARN("request %llu: token %d is not allowed by its grammar",
+                       static_cast<unsigned long long>(live.id), tok);
+    if (take.terminated && u.finish == FinishReason::kNone) {
       u.text += sq.stop->finish(FinishReason::kStop);
       u.finish = FinishReason::kStop;
     }

@@ -241,9 +241,25 @@ class Engine {
   // Whether sampling with `p` reads the values of the tokens generated before (the penalties),
   // which a step planned ahead does not know yet.
   static bool uses_output_values(const SamplingParams& p);
+  // A step's picks of one sequence: a plain pick, or a verified draft's rows (picks with
+  // draft_pos 0, 1, ...), which follow one another.
+  struct SeqPicks {
+    size_t first_pick;
+    int32_t n_rows;
+  };
+  static std::vector<SeqPicks> group_by_sequence(const std::vector<Pick>& picks);
   // The allowed-token masks of the step's constrained picks into grammar_masks_ (pick k's at
   // grammar_mask_of_[k], -1: none), made while the device runs the step's forward.
   void fill_grammar_masks(const std::vector<Pick>& picks);
+  // What a grammar made of a pick's sampled token: emit_tokens' decisions for constrained picks.
+  struct GrammarTake {
+    bool taken = false;       // the pick's token went to its sequence's grammar (or thought)
+    bool refused = false;     // the grammar did not allow it (a bug upstream: logged)
+    bool terminated = false;  // the grammar ended with it
+  };
+  // The grammars take the sampled tokens of picks (outs[k] is picks[k]'s) into grammar_takes_,
+  // in parallel across sequences: emit_tokens' skips, one sequence's picks in order.
+  void advance_grammars(const std::vector<Pick>& picks, const std::vector<SampleOutput>& outs);
   // The sampled tokens of picks (outs[k] is picks[k]'s) as text, stop decisions and events;
   // appended to each sequence's outputs, or, resolving, in place of its pending token. Picks of
   // requests gone or sequences stopped meanwhile are skipped; rows that failed go to `failed`.
@@ -301,6 +317,7 @@ class Engine {
   std::unique_ptr<GrammarCompiler> grammars_;
   std::vector<uint32_t> grammar_masks_;        // this step's grammar rows' allowed-token bitmasks
   std::vector<int64_t> grammar_mask_of_;  // per pick: its mask's offset in grammar_masks_, or -1
+  std::vector<GrammarTake> grammar_takes_;  // per pick of the tokens being emitted
   std::unique_ptr<Proposer> proposer_;    // null: no speculative decoding
   bool spec_active_ = false;              // this step speculates: it is not planned ahead of
   std::vector<ProposalRequest> proposals_;  // propose_drafts()'s, reused

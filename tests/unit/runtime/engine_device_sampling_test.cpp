@@ -409,7 +409,9 @@ TEST_F(EngineDeviceSamplingTest, SpeculativeDecodingSamplesOnTheDevice) {
     const auto dev = run(*contract_, reqs, {}, &st, nullptr, sc);
     expect_same(host, dev);
     EXPECT_GT(st.spec_drafts, 0);
-    if (method == SpeculativeConfig::Method::kDraftModel) EXPECT_GT(st.spec_accepted_tokens, 0);
+    if (method == SpeculativeConfig::Method::kDraftModel) {
+      EXPECT_GT(st.spec_accepted_tokens, 0);
+    }
   }
 }
 
