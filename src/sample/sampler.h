@@ -45,6 +45,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "sample/logits_processors.h"
 #include "sample/logprobs.h"
 #include "sample/sample_rng.h"
 #include "sample/sampling_params.h"
@@ -79,6 +80,11 @@ struct SampleOutput {
   std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, best first
 };
 
+// Sets out's token, and with params.logprobs its logprob, rank and top-N list from the raw row:
+// for a token chosen outside sample() (speculative decoding's verification).
+void set_sampled_token(std::span<const float> raw, const SamplingParams& params, int32_t token,
+                       SampleOutput& out);
+
 class Sampler {
  public:
   explicit Sampler(SamplerConfig config);
@@ -89,6 +95,11 @@ class Sampler {
   // out[0 .. rows.size()). Thread-safe: concurrent calls share nothing but the pool.
   Status sample(const Tensor& logits, std::span<const SampleRow> rows,
                 std::span<SampleOutput> out) const;
+  // The distribution sample() draws a row's token from (steps 1-8): the kept tokens in ascending
+  // id order, masses summing to 1; a greedy row's argmax alone. `raw` is one row of vocab_size
+  // logits. The row's errors are sample()'s, with out empty.
+  Status distribution(std::span<const float> raw, const SampleRow& row,
+                      std::vector<TokenProb>& out) const;
 
  private:
   SamplerConfig config_;
