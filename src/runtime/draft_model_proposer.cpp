@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "sample/logits_processors.h"
+#include "sample/rejection_sampler.h"
 
 namespace pagellm {
 namespace {
@@ -19,12 +20,13 @@ constexpr int32_t kMaxChunk = 512;
 }  // namespace
 
 DraftModelProposer::DraftModelProposer(Model& draft, Backend& backend, int32_t max_len,
-                                       int32_t max_seqs)
+                                       int32_t max_seqs, const SamplerConfig& sampler)
     : draft_(draft),
       backend_(backend),
       max_len_(max_len),
       blocks_per_seq_((max_len + kBlockSize - 1) / kBlockSize),
-      builder_(backend, kBlockSize) {
+      builder_(backend, kBlockSize),
+      sampler_(sampler) {
   PAGELLM_CHECK(max_len > 0 && max_seqs > 0);
   cache_ =
       KvCache::allocate(backend, draft.kv_spec(), kBlockSize, int64_t{max_seqs} * blocks_per_seq_);
@@ -46,7 +48,8 @@ SeqChunk DraftModelProposer::chunk(Slot& slot, const int32_t* tokens, int32_t n,
   return c;
 }
 
-void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& next) {
+void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<Work>& work,
+                              std::vector<int32_t>& next) {
   const StepBatch& batch = builder_.build(chunks);
   const int64_t vocab = draft_.config().vocab_size;
   const int32_t n = static_cast<int32_t>(chunks.size());
@@ -55,8 +58,10 @@ void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<i
     draft_.forward(batch, cache_, nullptr);
     return;
   }
-  PAGELLM_CHECK(batch.n_logits == n);
-  if (backend_.supports_sampling()) {
+  PAGELLM_CHECK(batch.n_logits == n && work.size() == chunks.size());
+  const bool draws =
+      std::any_of(work.begin(), work.end(), [](const Work& w) { return w.p->params != nullptr; });
+  if (backend_.supports_sampling() && !draws) {
     draft_.forward(batch, cache_, nullptr);
     rows_.assign(chunks.size(), DeviceSampleRow{});
     for (int32_t i = 0; i < n; ++i) {
@@ -71,23 +76,36 @@ void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<i
   }
   host_logits_.resize(static_cast<size_t>(n) * vocab);
   draft_.forward(batch, cache_, host_logits_.data());
-  for (int32_t i = 0; i < n; ++i)
-    next[i] = argmax_token({host_logits_.data() + static_cast<size_t>(i) * vocab,
-                            static_cast<size_t>(vocab)});
+  for (int32_t i = 0; i < n; ++i) {
+    const std::span<const float> row(host_logits_.data() + static_cast<size_t>(i) * vocab,
+                                     static_cast<size_t>(vocab));
+    const ProposalRequest& p = *work[i].p;
+    if (!p.params) {
+      next[i] = argmax_token(row);
+      continue;
+    }
+    // A drawn guess: from the draft's distribution after the request's processors, with the
+    // draft stream's uniform at the guess's position.
+    const std::vector<int32_t>& h = work[i].history;
+    const SampleRow sr{p.params, p.tokens.first(static_cast<size_t>(p.n_prompt)), h, p.seed};
+    std::vector<TokenProb> q;
+    if (!sampler_.distribution(row, sr, q).ok()) continue;  // no guess (e.g. a non-finite row)
+    next[i] = draw_from(q, uniform01(stream_seed(p.seed, SpecStream::kDraft), h.size()));
+    p.draft_probs->push_back(std::move(q));
+  }
 }
 
 void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
-  struct Work {
-    const ProposalRequest* p;
-    Slot* slot;
-  };
   std::vector<Work> work;
   std::vector<SeqChunk> chunks;
   std::vector<int32_t> next;
+  std::vector<Work> none;
   for (const ProposalRequest& p : batch) {
     p.draft->clear();
+    if (p.draft_probs) p.draft_probs->clear();
     const int64_t len = static_cast<int64_t>(p.tokens.size());
     if (len == 0 || p.max_tokens <= 0 || len + p.max_tokens > max_len_) continue;
+    PAGELLM_CHECK(!p.params || (p.draft_probs && p.n_prompt <= len));
     auto it = live_.find({p.request_id, p.seq_index});
     if (it == live_.end()) {
       if (free_slots_.empty()) continue;  // more sequences than slots: no guess for this one
@@ -104,25 +122,28 @@ void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
     slot.fed.resize(static_cast<size_t>(keep));
     while (len - keep > kMaxBatchedTokens) {  // a long catch-up runs alone, without logits
       const int32_t n = static_cast<int32_t>(std::min<int64_t>(kMaxChunk, len - keep - 1));
-      step({chunk(slot, p.tokens.data() + keep, n, LogitsWanted::kNone)}, next);
+      step({chunk(slot, p.tokens.data() + keep, n, LogitsWanted::kNone)}, none, next);
       keep += n;
     }
-    work.push_back({&p, &slot});
+    Work w{&p, &slot, {}};
+    if (p.params) w.history.assign(p.tokens.begin() + p.n_prompt, p.tokens.end());
+    work.push_back(std::move(w));
     chunks.push_back(
         chunk(slot, p.tokens.data() + keep, static_cast<int32_t>(len - keep), LogitsWanted::kLast));
   }
   // Guess after guess, every sequence that still wants one in each forward.
   while (!chunks.empty()) {
-    step(chunks, next);
+    step(chunks, work, next);
     std::vector<Work> still;
     chunks.clear();
     for (size_t i = 0; i < work.size(); ++i) {
       std::vector<int32_t>& draft = *work[i].p->draft;
       if (next[i] < 0) continue;
       draft.push_back(next[i]);
+      if (work[i].p->params) work[i].history.push_back(next[i]);
       if (static_cast<int32_t>(draft.size()) == work[i].p->max_tokens) continue;
-      still.push_back(work[i]);
-      chunks.push_back(chunk(*work[i].slot, &draft.back(), 1, LogitsWanted::kLast));
+      still.push_back(std::move(work[i]));
+      chunks.push_back(chunk(*still.back().slot, &draft.back(), 1, LogitsWanted::kLast));
     }
     work = std::move(still);
   }

@@ -1,8 +1,10 @@
 // Draft-model proposals: a smaller model of the same vocabulary (--speculative-model) decodes a
-// few tokens ahead of each sequence, greedily, and those are the guesses. Greedy guesses are
-// deterministic, so the engine's verification (each position sampled as plain decoding samples
-// it, a guess kept where it equals that token) leaves outputs unchanged at any temperature; a
-// guess is right with the target's probability of the draft's top token.
+// few tokens ahead of each sequence, and those are the guesses. For a greedy request it decodes
+// greedily: deterministic guesses, which the engine verifies exactly (outputs unchanged). For a
+// request that samples it draws each guess from its own distribution, processed with the
+// request's sampling settings as the target's is, and hands the distributions over: the
+// rejection sampler keeps a guess with probability min(1, p/q), which for a draft close to the
+// target is far more often than the target's probability of the draft's top token.
 //
 // Every sequence drafted for holds a slot of the draft's own KV cache (max_len tokens, allocated
 // once for max_seqs slots) and the tokens the slot holds. A proposal first forgets the slot's
@@ -20,6 +22,7 @@
 #include "backend/backend.h"
 #include "model/model.h"
 #include "runtime/step_batch.h"
+#include "sample/sampler.h"
 #include "spec/proposer.h"
 
 namespace pagellm {
@@ -28,7 +31,9 @@ class DraftModelProposer final : public Proposer {
  public:
   // `draft` runs on `backend` (the target's), with a KV cache for max_seqs sequences of up to
   // max_len tokens (the engine's max_model_len).
-  DraftModelProposer(Model& draft, Backend& backend, int32_t max_len, int32_t max_seqs);
+  // `sampler`: the target's sampling settings (vocabulary, EOS ids), for the drawn guesses.
+  DraftModelProposer(Model& draft, Backend& backend, int32_t max_len, int32_t max_seqs,
+                     const SamplerConfig& sampler);
   void propose(std::span<const ProposalRequest> batch) override;
   void release(uint64_t request_id) override;
 
@@ -37,13 +42,21 @@ class DraftModelProposer final : public Proposer {
     int32_t index = 0;         // its blocks: [index * blocks_per_seq_, (index + 1) * ...)
     std::vector<int32_t> fed;  // the tokens its cache holds, in order
   };
+  // A sequence being drafted for in propose().
+  struct Work {
+    const ProposalRequest* p;
+    Slot* slot;
+    std::vector<int32_t> history;  // a sampled request's: its outputs, then the guesses so far
+  };
   // The chunk of `slot` that feeds tokens[0, n) at its end, wanting `logits`.
   SeqChunk chunk(Slot& slot, const int32_t* tokens, int32_t n, LogitsWanted logits);
-  // One forward of `chunks`: all of them wanting their last logits row (next[i] becomes chunk i's
-  // greedy next token; -1: none, as argmax_token and the device's greedy row say), or none (a
-  // catch-up). On the device when the backend
-  // samples there (only the tokens come back), else from the logits downloaded.
-  void step(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& next);
+  // One forward of `chunks`: all of them wanting their last logits row, or none (a catch-up,
+  // work empty). next[i] becomes chunk i's next token: work[i]'s draw when its request samples,
+  // else the greedy one (-1: none, as argmax_token and the device's greedy row say). On the
+  // device when the backend samples there and no request samples (only the tokens come back),
+  // else from the logits downloaded.
+  void step(const std::vector<SeqChunk>& chunks, std::vector<Work>& work,
+            std::vector<int32_t>& next);
 
   Model& draft_;
   Backend& backend_;
@@ -57,6 +70,7 @@ class DraftModelProposer final : public Proposer {
   std::vector<float> host_logits_;
   std::vector<DeviceSampleRow> rows_;
   std::vector<DeviceSampleResult> results_;
+  Sampler sampler_;
 };
 
 }  // namespace pagellm

@@ -8,6 +8,7 @@
 #include "runtime/draft_model_proposer.h"
 #include "runtime/step_batch.h"
 #include "sample/logits_processors.h"
+#include "sample/rejection_sampler.h"
 #include "sample/sample_rng.h"
 #include "sample/sampler.h"
 #include "sample/stop_checker.h"
@@ -57,6 +58,9 @@ struct Engine::Live {
     int32_t spec_skip = 0;
     int32_t spec_backoff = 0;
     float spec_rate = 1.0f;  // the share of its guesses found right, averaged over its drafts
+    // The distributions its last proposal drew its guesses from (a sampled request's, from a
+    // draft model), one per guess; empty: deterministic guesses, verified exactly.
+    std::vector<std::vector<TokenProb>> draft_probs;
   };
   std::vector<Seq> seqs;
   std::vector<LogprobsResult> prompt_logprobs;  // accumulated over prefill chunks
@@ -118,8 +122,8 @@ Status Engine::init() {
       const int32_t off = sc.disable_by_batch_size;
       const int32_t slots =
           off > 0 ? std::min(off, config_.scheduler.max_num_seqs) : config_.scheduler.max_num_seqs;
-      proposer_ =
-          std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_, slots);
+      proposer_ = std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_,
+                                                       slots, sampler_config());
     }
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(sc.num_tokens), 0);
   }
@@ -562,7 +566,14 @@ void Engine::step() {
   for (size_t i = 0; i < chunks.size(); ++i)
     prompt_logprobs =
         prompt_logprobs || (chunks[i].logits == LogitsWanted::kAll && plan.seqs[i].n_draft == 0);
-  const bool on_device = backend_.supports_sampling() && !config_.host_sampling && !prompt_logprobs;
+  // Guesses drawn from a draft's distribution are verified against the target's on the host.
+  bool drawn_drafts = false;
+  for (const ScheduledSeq& sd : plan.seqs)
+    drawn_drafts =
+        drawn_drafts ||
+        (sd.n_draft > 0 && !live_.at(sd.request_id)->seqs[sd.seq_index].draft_probs.empty());
+  const bool on_device =
+      backend_.supports_sampling() && !config_.host_sampling && !prompt_logprobs && !drawn_drafts;
   logits_.resize(on_device ? 0 : static_cast<size_t>(n_logits) * V);
   if (n_logits > 0 && !on_device) download_(device_logits, logits_.data());
 
@@ -670,6 +681,7 @@ void Engine::step() {
       ticket = sample_on_device(device_logits, rows, sample_rows);
     } else {
       sample(device_logits, false, rows, sample_rows, outs);
+      if (drawn_drafts) verify_drawn_drafts(picks, rows, sample_rows, outs);
     }
   }
 
@@ -998,6 +1010,43 @@ int64_t Engine::emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOu
   return n_generated;
 }
 
+void Engine::verify_drawn_drafts(const std::vector<Pick>& picks, const std::vector<SampleRow>& rows,
+                                 const std::vector<int64_t>& sample_rows,
+                                 std::vector<SampleOutput>& outs) {
+  const int64_t V = model_.config().vocab_size;
+  std::vector<TokenProb> p;
+  for (const SeqPicks& g : group_by_sequence(picks)) {
+    const Pick& first = picks[g.first_pick];
+    Live::Seq& sq = first.live->seqs[first.seq_index];
+    const int32_t n_draft = first.draft_pos == 0 ? first.n_draft : 0;
+    if (n_draft == 0 || static_cast<int32_t>(sq.draft_probs.size()) < n_draft) continue;
+    // Guess j against row j's distribution: kept, or the residual's token ends the draft. When
+    // every guess is kept, the last row keeps the draw sample() made, as plain decoding's.
+    for (int32_t j = 0; j < n_draft; ++j) {
+      const size_t k = g.first_pick + j;
+      if (!outs[k].status.ok()) break;  // the row's error stands
+      const std::span<const float> raw(logits_.data() + sample_rows[k] * V, static_cast<size_t>(V));
+      Status st = sampler_->distribution(raw, rows[k], p);
+      if (!st.ok()) {
+        outs[k].status = st;
+        break;
+      }
+      const uint64_t step = rows[k].output_tokens.size();
+      const std::vector<TokenProb>& q = sq.draft_probs[j];
+      const int32_t guess = picks[k].guess;
+      if (keep_guess(p, q, guess, uniform01(stream_seed(sq.seed, SpecStream::kAccept), step))) {
+        set_sampled_token(raw, *rows[k].params, guess, outs[k]);
+        continue;
+      }
+      const int32_t t =
+          draw_residual(p, q, uniform01(stream_seed(sq.seed, SpecStream::kResidual), step));
+      set_sampled_token(raw, *rows[k].params, t, outs[k]);
+      break;
+    }
+    sq.draft_probs.clear();
+  }
+}
+
 void Engine::propose_drafts() {
   spec_active_ = false;
   if (!proposer_) return;
@@ -1016,6 +1065,7 @@ void Engine::propose_drafts() {
     const int32_t n_prompt = static_cast<int32_t>(live.req.prompt.size());
     for (int32_t i = 0; i < static_cast<int32_t>(live.seqs.size()); ++i) {
       Live::Seq& sq = live.seqs[i];
+      sq.draft_probs.clear();  // a proposal serves one step
       if (sq.outputs.empty() || sq.stop->finished() || !scheduler_->next_is_decode(id, i)) continue;
       // Under a grammar, only while it binds the answer: a thought's end would change which
       // rows it binds in the middle of a draft.
@@ -1029,7 +1079,14 @@ void Engine::propose_drafts() {
       const int32_t k = std::min({sc.num_tokens, *live.req.params.max_tokens - n_out - 1,
                                   max_model_len_ - n_prompt - n_out});
       if (k <= 0) continue;
-      proposals_.push_back({id, i, {}, k, nullptr});
+      ProposalRequest p{id, i, {}, k, nullptr};
+      if (!live.req.params.is_greedy()) {  // a proposer with distributions may draw its guesses
+        p.params = &live.req.params;
+        p.n_prompt = n_prompt;
+        p.seed = sq.seed;
+        p.draft_probs = &sq.draft_probs;
+      }
+      proposals_.push_back(p);
     }
   }
   // The sequences' tokens and drafts, now that their number is known (the spans and pointers

@@ -267,6 +267,12 @@ class Engine {
   int64_t emit_tokens(const std::vector<Pick>& picks, std::vector<SampleOutput>& outs,
                       bool resolving, std::vector<SampledToken>& results,
                       std::vector<uint64_t>& failed);
+  // Speculative decoding: the rejection sampler's verdict on the verified drafts whose guesses
+  // were drawn from a draft's distribution (Live::Seq::draft_probs), in place of the plain draws
+  // sample() made for their rows (host sampling: logits_ holds the rows).
+  void verify_drawn_drafts(const std::vector<Pick>& picks, const std::vector<SampleRow>& rows,
+                           const std::vector<int64_t>& sample_rows,
+                           std::vector<SampleOutput>& outs);
   // Reads the pending step's tokens (emit_tokens, Scheduler::resolve_tokens) and ends the
   // requests it completed.
   void read_pending();

@@ -1,12 +1,18 @@
 // Speculative decoding's proposers: guesses of a sequence's next tokens, which the target model
 // then checks all at once in one forward pass (runtime/engine.cpp verifies them). A proposer only
-// guesses: a wrong guess costs the verification's extra positions, never the output, which the
-// verification makes identical to decoding without speculation.
+// guesses: a wrong guess costs the verification's extra positions, never the output. Deterministic
+// guesses (prompt lookup, a draft model's argmax) are verified exactly: outputs identical to
+// decoding without speculation. A proposer with distributions may instead draw the guesses of a
+// sampled request from them and say what they were (draft_probs); the rejection sampler
+// (sample/rejection_sampler.h) verifies those, keeping the target's distribution.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "sample/logits_processors.h"
+#include "sample/sampling_params.h"
 
 namespace pagellm {
 
@@ -17,6 +23,14 @@ struct ProposalRequest {
   std::span<const int32_t> tokens;        // prompt, then the outputs so far (the last one included)
   int32_t max_tokens = 0;                 // at most this many draft tokens, >= 1
   std::vector<int32_t>* draft = nullptr;  // out: the guesses, in order (empty: no guess)
+  // A request that samples: a proposer with distributions draws guess j from its own, processed
+  // with these params as the target's row is (tokens[0, n_prompt) the prompt, the rest and the
+  // guesses before j the history, the sequence's seed), and appends it to *draft_probs. Null
+  // params: deterministic guesses, draft_probs left empty.
+  const SamplingParams* params = nullptr;
+  int32_t n_prompt = 0;
+  uint64_t seed = 0;
+  std::vector<std::vector<TokenProb>>* draft_probs = nullptr;  // out, one per guess, or empty
 };
 
 class Proposer {

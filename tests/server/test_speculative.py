@@ -76,6 +76,25 @@ def test_a_draft_model_keeps_the_texts(server_factory, plain):
     assert draft_tokens > 0 and accepted >= 0.9 * draft_tokens, (accepted, draft_tokens)
 
 
+def test_a_draft_model_draws_the_guesses_of_sampled_requests(server_factory):
+    # Sampled requests draw their guesses from the draft's distribution and the rejection sampler
+    # keeps each with probability min(1, p/q): the model drafting for itself (q = p but for
+    # rounding) has nearly all kept, where guessing its own top token would be kept only as often
+    # as the sampled token happens to be it.
+    s = server_factory(BASE + ["--speculative-model", default_model_path(),
+                               "--num-speculative-tokens", "3"])
+    client = s.client()
+    for i, p in enumerate(PROMPTS):
+        r = client.completions.create(model="smol", prompt=p, max_tokens=48, temperature=1.0,
+                                      top_p=0.95, seed=i, logprobs=1)
+        c = r.choices[0]
+        assert c.finish_reason in ("stop", "length")
+        assert len(c.logprobs.tokens) == r.usage.completion_tokens > 0
+    accepted = metric(s, "vllm:spec_decode_num_accepted_tokens_total")
+    draft_tokens = metric(s, "vllm:spec_decode_num_draft_tokens_total")
+    assert draft_tokens > 0 and accepted >= 0.9 * draft_tokens, (accepted, draft_tokens)
+
+
 def test_no_speculation_metrics_without_it(plain):
     # (The plain server's texts were made above; a fresh one shows no spec_decode series.)
     from conftest import Server
