@@ -386,8 +386,10 @@ TEST_F(EngineDeviceSamplingTest, GrammarRowsSampleOnTheDeviceWithTheirMasks) {
   }
 }
 
-// Speculative decoding on a device: a draft model's guesses sampled there (its catch-up steps
-// want no logits), the verifying rows sampled there, and the host path's outputs.
+// Speculative decoding on a device: a draft model's greedy guesses sampled there (its catch-up
+// steps want no logits), the verifying rows sampled there, and the host path's outputs. Sampled
+// requests' drawn guesses (a draft model's) are drawn and verified on the host on either backend:
+// the same outputs as the host path with the same speculation.
 TEST_F(EngineDeviceSamplingTest, SpeculativeDecodingSamplesOnTheDevice) {
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 6; ++i) {
@@ -405,7 +407,8 @@ TEST_F(EngineDeviceSamplingTest, SpeculativeDecodingSamplesOnTheDevice) {
     sc.ngram = {1, 3};
     sc.disable_by_batch_size = 0;
     EngineStats st;
-    const auto host = run(*cpu_, reqs);
+    const bool draws = method == SpeculativeConfig::Method::kDraftModel;
+    const auto host = run(*cpu_, reqs, {}, nullptr, nullptr, draws ? sc : SpeculativeConfig{});
     const auto dev = run(*contract_, reqs, {}, &st, nullptr, sc);
     expect_same(host, dev);
     EXPECT_GT(st.spec_drafts, 0);
