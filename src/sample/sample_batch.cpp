@@ -210,17 +210,30 @@ void SampleBatchPacker::pack(std::span<const SampleRow> rows, std::span<const in
   for (int64_t k = 0; k < n; ++k)
     std::copy(row_edits_[k].begin(), row_edits_[k].end(),
               out.edits.begin() + out.rows[k].edit_begin);
-  // The grammar masks, one after another, each row pointing at its own.
+  // The grammar masks, one after another, each row pointing at its own: where they lie so
+  // already (4 MB a step for 256 rows of a 128k vocabulary), in place.
   const int64_t words = token_mask_words(config_.vocab_size);
-  out.masks.clear();
+  const uint32_t* first = nullptr;
+  int64_t n_words = 0;
+  bool in_place = true;
   for (int64_t k = 0; k < n; ++k) {
     const std::span<const uint32_t> allowed = rows[k].allowed;
     if (allowed.empty()) continue;
     PAGELLM_CHECK_MSG(static_cast<int64_t>(allowed.size()) == words,
                       "sample: a grammar mask must have one bit per token of the vocabulary");
-    out.rows[k].mask_word = static_cast<int64_t>(out.masks.size());
-    out.masks.insert(out.masks.end(), allowed.begin(), allowed.end());
+    if (!first) first = allowed.data();
+    in_place = in_place && allowed.data() == first + n_words;
+    out.rows[k].mask_word = n_words;
+    n_words += words;
   }
+  out.mask_store.clear();
+  if (in_place) {
+    out.masks = {first, static_cast<size_t>(n_words)};
+    return;
+  }
+  for (int64_t k = 0; k < n; ++k)
+    out.mask_store.insert(out.mask_store.end(), rows[k].allowed.begin(), rows[k].allowed.end());
+  out.masks = out.mask_store;
 }
 
 void SampleBatchPacker::unpack(const PackedSampleBatch& batch,

@@ -7,8 +7,10 @@
 // recompute that token's processed logit from its raw one exactly as apply_logit_bias,
 // suppress_tokens and apply_penalties do (sample/logits_processors.h): its bias, whether it is
 // suppressed, whether it occurs in prompt ∪ output (repetition) and its output count (presence /
-// frequency). The entries are sorted by token. A grammar row's allowed-token mask is copied whole
-// into the batch's mask list. Host-side problems (a token outside the
+// frequency). The entries are sorted by token. The grammar rows' allowed-token masks form the
+// batch's mask list: where they already lie back to back in one buffer, in row order (the
+// engine makes them so), the list is that buffer, else they are copied. Host-side problems (a
+// token outside the
 // vocabulary) mark the row kSampleSkip and keep the CPU Sampler's error for it; the device still
 // checks the row's logits, whose error takes precedence, as on the CPU.
 #pragma once
@@ -26,7 +28,11 @@ namespace pagellm {
 struct PackedSampleBatch {
   std::vector<DeviceSampleRow> rows;
   std::vector<DeviceSampleEdit> edits;
-  std::vector<uint32_t> masks;      // grammar rows' allowed-token masks (SampleRow::allowed)
+  // The grammar rows' allowed-token masks (SampleRow::allowed), back to back: mask_store, or the
+  // rows' own buffer when their masks lay so already (valid while that buffer is: the call that
+  // sends the batch reads it, nothing later does).
+  std::span<const uint32_t> masks;
+  std::vector<uint32_t> mask_store;
   std::vector<Status> host_status;  // per row: the error found while packing (kSampleSkip rows)
 
   // The call Backend::sample takes, pointing into these vectors.

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -182,6 +183,46 @@ TEST(SampleBatch, RowFieldsFollowTheParams) {
   EXPECT_EQ(b.rows[2].n_logprobs, -1);
   EXPECT_EQ(b.rows[2].logits_row, 1);
   EXPECT_TRUE(b.edits.empty());  // no processor touches anything
+}
+
+// Grammar masks: each masked row's mask_word finds its own mask in the batch's list, whether the
+// masks lay back to back in one buffer (used in place) or apart (copied); unmasked rows have none.
+TEST(SampleBatch, GrammarMasksAreListedInPlaceOrCopied) {
+  constexpr int32_t kVocab = 70;  // 3 words a mask
+  const int64_t words = token_mask_words(kVocab);
+  SampleBatchPacker packer(cfg(kVocab));
+  SamplingParams p;
+  std::vector<uint32_t> together(3 * words), apart(5 * words);
+  for (size_t i = 0; i < together.size(); ++i) together[i] = 0x1000u + static_cast<uint32_t>(i);
+  for (size_t i = 0; i < apart.size(); ++i) apart[i] = 0x2000u + static_cast<uint32_t>(i);
+  auto span_of = [&](std::vector<uint32_t>& v, int64_t i) {
+    return std::span<const uint32_t>(v.data() + i * words, static_cast<size_t>(words));
+  };
+  for (bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "in place" : "copied");
+    std::vector<SampleRow> rows(5, SampleRow{&p, {}, {}, 1});
+    std::vector<std::span<const uint32_t>> want(5);
+    // Rows 0, 2, 3 masked; in place their masks are 0, 1, 2 of `together`, else 4, 0, 2 of `apart`.
+    const int64_t at[3] = {0, 2, 3};
+    for (int j = 0; j < 3; ++j) {
+      want[at[j]] = in_place ? span_of(together, j) : span_of(apart, (4 + 2 * j) % 6);
+      rows[at[j]].allowed = want[at[j]];
+    }
+    PackedSampleBatch b;
+    packer.pack(rows, std::vector<int64_t>{0, 1, 2, 3, 4}, b);
+    EXPECT_EQ(b.masks.size(), static_cast<size_t>(3 * words));
+    EXPECT_EQ(b.masks.data() == together.data(), in_place);
+    EXPECT_EQ(b.mask_store.empty(), in_place);
+    for (int k = 0; k < 5; ++k) {
+      if (want[k].empty()) {
+        EXPECT_EQ(b.rows[k].mask_word, -1) << k;
+        continue;
+      }
+      ASSERT_GE(b.rows[k].mask_word, 0) << k;
+      const uint32_t* got = b.inputs().masks + b.rows[k].mask_word;
+      EXPECT_TRUE(std::equal(want[k].begin(), want[k].end(), got)) << k;
+    }
+  }
 }
 
 TEST(SampleBatch, MinTokensSuppressesStopIdsAndEosUnlessIgnored) {
