@@ -20,7 +20,7 @@ constexpr int32_t kMaxChunk = 512;
 }  // namespace
 
 DraftModelProposer::DraftModelProposer(Model& draft, Backend& backend, int32_t max_len,
-                                       int32_t max_seqs, const SamplerConfig& sampler)
+                                       int32_t max_seqs, const SamplerConfig& sampler, bool graphs)
     : draft_(draft),
       backend_(backend),
       max_len_(max_len),
@@ -33,7 +33,14 @@ DraftModelProposer::DraftModelProposer(Model& draft, Backend& backend, int32_t m
   tables_.resize(static_cast<size_t>(max_seqs) * blocks_per_seq_);
   std::iota(tables_.begin(), tables_.end(), 0);
   for (int32_t i = max_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
+  // Slots' block tables are max_len wide, as the graphs' padded batches lay them out.
+  if (graphs) {
+    graphs_ = DecodeGraphs::create(draft_, backend_, cache_, kBlockSize, max_seqs, max_len);
+    if (graphs_) graphs_->warm_up();
+  }
 }
+
+DraftModelProposer::~DraftModelProposer() = default;
 
 SeqChunk DraftModelProposer::chunk(Slot& slot, const int32_t* tokens, int32_t n,
                                    LogitsWanted logits) {
@@ -50,32 +57,36 @@ SeqChunk DraftModelProposer::chunk(Slot& slot, const int32_t* tokens, int32_t n,
 
 void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<Work>& work,
                               std::vector<int32_t>& next) {
-  const StepBatch& batch = builder_.build(chunks);
   const int64_t vocab = draft_.config().vocab_size;
   const int32_t n = static_cast<int32_t>(chunks.size());
   next.assign(chunks.size(), -1);
-  if (batch.n_logits == 0) {  // a catch-up: KV only
+  Tensor logits;  // act [n, vocab] on the backend's device
+  if (graphs_ && graphs_->accepts(chunks)) {
+    logits = graphs_->run(chunks);
+  } else {
+    const StepBatch& batch = builder_.build(chunks);
     draft_.forward(batch, cache_, nullptr);
-    return;
+    if (batch.n_logits == 0) return;  // a catch-up: KV only
+    PAGELLM_CHECK(batch.n_logits == n);
+    logits = draft_.last_logits();
   }
-  PAGELLM_CHECK(batch.n_logits == n && work.size() == chunks.size());
+  PAGELLM_CHECK(work.size() == chunks.size());
   const bool draws =
       std::any_of(work.begin(), work.end(), [](const Work& w) { return w.p->params != nullptr; });
   if (backend_.supports_sampling() && !draws) {
-    draft_.forward(batch, cache_, nullptr);
     rows_.assign(chunks.size(), DeviceSampleRow{});
     for (int32_t i = 0; i < n; ++i) {
       rows_[i].logits_row = i;
       rows_[i].flags = kSampleGreedy;
     }
     results_.resize(chunks.size());
-    backend_.sample(draft_.last_logits(), {rows_.data(), n}, results_.data());
+    backend_.sample(logits, {rows_.data(), n}, results_.data());
     for (int32_t i = 0; i < n; ++i)
       if (results_[i].status == DeviceSampleStatus::kOk) next[i] = results_[i].token;
     return;
   }
   host_logits_.resize(static_cast<size_t>(n) * vocab);
-  draft_.forward(batch, cache_, host_logits_.data());
+  download_(logits, host_logits_.data());
   for (int32_t i = 0; i < n; ++i) {
     const std::span<const float> row(host_logits_.data() + static_cast<size_t>(i) * vocab,
                                      static_cast<size_t>(vocab));

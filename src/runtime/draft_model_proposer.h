@@ -11,7 +11,8 @@
 // guesses that turned out wrong, then runs all the batch's sequences together: one forward for
 // what each has new since its last proposal (the tokens accepted since), then one per further
 // guess, each a decode step of every sequence still guessing. So k guesses for n sequences cost k
-// forwards of the draft, whatever n.
+// forwards of the draft, whatever n. On a device the decode steps replay recorded graphs
+// (runtime/decode_graphs.h): a small draft's step is launch-bound op by op.
 #pragma once
 
 #include <map>
@@ -20,7 +21,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/logits_head.h"
 #include "model/model.h"
+#include "runtime/decode_graphs.h"
 #include "runtime/step_batch.h"
 #include "sample/sampler.h"
 #include "spec/proposer.h"
@@ -31,9 +34,11 @@ class DraftModelProposer final : public Proposer {
  public:
   // `draft` runs on `backend` (the target's), with a KV cache for max_seqs sequences of up to
   // max_len tokens (the engine's max_model_len).
-  // `sampler`: the target's sampling settings (vocabulary, EOS ids), for the drawn guesses.
+  // `sampler`: the target's sampling settings (vocabulary, EOS ids), for the drawn guesses;
+  // `graphs`: replay decode steps from recorded graphs where the backend can (no --enforce-eager).
   DraftModelProposer(Model& draft, Backend& backend, int32_t max_len, int32_t max_seqs,
-                     const SamplerConfig& sampler);
+                     const SamplerConfig& sampler, bool graphs);
+  ~DraftModelProposer() override;
   void propose(std::span<const ProposalRequest> batch) override;
   void release(uint64_t request_id) override;
 
@@ -71,6 +76,8 @@ class DraftModelProposer final : public Proposer {
   std::vector<DeviceSampleRow> rows_;
   std::vector<DeviceSampleResult> results_;
   Sampler sampler_;
+  std::unique_ptr<DecodeGraphs> graphs_;  // null: every step op by op
+  LogitsDownload download_{backend_};
 };
 
 }  // namespace pagellm

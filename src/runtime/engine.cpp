@@ -122,8 +122,9 @@ Status Engine::init() {
       const int32_t off = sc.disable_by_batch_size;
       const int32_t slots =
           off > 0 ? std::min(off, config_.scheduler.max_num_seqs) : config_.scheduler.max_num_seqs;
-      proposer_ = std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_,
-                                                       slots, sampler_config());
+      proposer_ =
+          std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_, slots,
+                                               sampler_config(), !config_.enforce_eager);
     }
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(sc.num_tokens), 0);
   }
