@@ -37,6 +37,12 @@ OptionGroup cache_options() {
             "0.9"},
            {"block-size", "TOKENS", "tokens per KV cache block (the paging and prefix-cache unit)",
             "16"},
+           {"kv-cache-dtype", "auto|fp8",
+            "the KV cache's element type: auto, the activations' (f32 on the CPU, bf16 on a "
+            "GPU); fp8 (also fp8_e4m3), float8_e4m3fn with the checkpoint's per-layer "
+            "k_scale/v_scale or 1: a byte a value, twice the tokens of bf16 in the same memory "
+            "(the CPU backend only, for now)",
+            "auto"},
            {"no-prefix-caching", "",
             "turn prefix caching off: requests then never share KV blocks of a common prompt "
             "prefix"}}};
@@ -131,6 +137,11 @@ Result<EngineConfig> engine_config_from_args(const Args& a, const ServingModel& 
   c.memory_utilization = util;
   c.block_size = static_cast<int32_t>(bs);
   c.enable_prefix_caching = !a.flag("no-prefix-caching");
+  const std::string kv_dtype = a.str("kv-cache-dtype");
+  if (kv_dtype != "auto" && kv_dtype != "fp8" && kv_dtype != "fp8_e4m3")
+    return invalid_argument("--kv-cache-dtype must be auto, fp8 or fp8_e4m3, got '" + kv_dtype +
+                            "'");
+  c.fp8_kv_cache = kv_dtype != "auto";
   c.enforce_eager = a.flag("enforce-eager");
   c.host_sampling = a.flag("host-sampling");
   c.plan_ahead = !a.flag("no-plan-ahead");

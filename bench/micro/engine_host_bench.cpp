@@ -80,7 +80,7 @@ class NullDeviceBackend final : public Backend {
   void matmul(const Tensor&, const Tensor&, const Tensor&, Tensor&) override {}
   void batched_matmul(const Tensor&, const Tensor&, Tensor&) override {}
   void rope_store_kv(Tensor&, Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, Tensor&,
-                     Tensor&) override {}
+                     Tensor&, float, float) override {}
   void rope(Tensor&, const Tensor&, bool) override {}
   void attention(const Tensor&, const Tensor&, const Tensor&, const AttentionMeta&,
                  const AttentionParams&, Tensor&) override {}

@@ -59,6 +59,9 @@ struct AttentionParams {
   float scale = 1.0f;       // softmax scale, usually 1/sqrt(head_dim) (times yarn mscale^2)
   int32_t window = -1;      // sliding window in tokens; -1: none
   float softcap = 0.0f;     // tanh soft-capping of scores; 0: none
+  // An FP8 cache's (float8_e4m3fn) dequantization: a key is k_scale * e4m3(q), a value v_scale *
+  // e4m3(q). Unused by a cache in the activation dtype.
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 // A recording of ops on a device backend, replayed with one launch (a CUDA graph): the device work
@@ -291,9 +294,21 @@ class Backend {
   //   k_cache [n_blocks, block_size, Hkv, D]; v_cache [n_blocks, block_size, Hkv, Dv]
   //   slot_mapping i32 [n]: block * block_size + offset; negative: do not store (padding)
   // interleaved: rotate pairs (2i, 2i+1) (GPT-J / DeepSeek); otherwise halves (NeoX / HF Llama).
+  // Caches in the activation dtype, or both float8_e4m3fn where supports_fp8_kv_cache(): then a
+  // key is stored as e4m3(k / k_scale), a value as e4m3(v / v_scale), rounded to nearest even and
+  // saturated to +-448 (AttentionParams' scales read them back).
   virtual void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
                              bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                             Tensor& v_cache) = 0;
+                             Tensor& v_cache, float k_scale, float v_scale) = 0;
+  // Whether rope_store_kv and the attention ops take float8_e4m3fn caches (--kv-cache-dtype fp8).
+  virtual bool supports_fp8_kv_cache() const { return false; }
+  // x = scale * e4m3(x / scale) in place: what an FP8 cache gives back for x, for attention that
+  // reads a step's fresh keys where they were made rather than from the cache (MLA's expanded
+  // prompts), so that it sees what later steps will.   x act [n, d] (rows may be strided)
+  virtual void round_to_fp8_cache(Tensor& x, float scale) {
+    (void)x, (void)scale;
+    PAGELLM_CHECK_MSG(false, "round_to_fp8_cache() called on a backend without an FP8 KV cache");
+  }
 
   // Rotary embedding alone, in place.   x act [n, H, D]; cos_sin f32 [n, rotary_dim]
   virtual void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) = 0;

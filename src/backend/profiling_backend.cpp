@@ -333,10 +333,14 @@ void ProfilingBackend::rms_norm_swiglu(const Tensor& x, const Tensor& norm_w, fl
 void ProfilingBackend::batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   timed([&] { return op_cost::batched_matmul(x, w, out); }, [&] { inner_->batched_matmul(x, w, out); });
 }
-void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
-                                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
+void ProfilingBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
+                                     bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
+                                     Tensor& v_cache, float k_scale, float v_scale) {
   timed([&] { return op_cost::rope_store_kv(q, k, v, cos_sin, slot_mapping, k_cache, v_cache); },
-        [&] { inner_->rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache); });
+        [&] {
+          inner_->rope_store_kv(q, k, v, cos_sin, interleaved, slot_mapping, k_cache, v_cache,
+                                k_scale, v_scale);
+        });
 }
 void ProfilingBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
   timed([&] { return op_cost::rope(x, cos_sin); }, [&] { inner_->rope(x, cos_sin, interleaved); });

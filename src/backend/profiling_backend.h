@@ -138,7 +138,10 @@ class ProfilingBackend final : public Backend {
                        const Tensor& bias, Tensor& h, Tensor& gate_up, Tensor& out) override;
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
-                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
+                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache, float k_scale,
+                     float v_scale) override;
+  bool supports_fp8_kv_cache() const override { return inner_->supports_fp8_kv_cache(); }
+  void round_to_fp8_cache(Tensor& x, float scale) override { inner_->round_to_fp8_cache(x, scale); }
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;

@@ -346,16 +346,24 @@ class DeepseekModel final : public DecoderModel {
       // Rotates q_pe and k_pe (the leading P dims) and writes the latent row; V is the c_kv
       // column view of the same cache rows, so it is written twice with the same values.
       Tensor v_cache = cache.k[l].slice_cols(P, P + R);  // [blocks, bs, 1, R]
+      // (An FP8 latent row has one scale: V is the same bytes as K's c_kv part.)
       backend_.rope_store_kv(absorb_beside ? qfull3 : q3, lat3, lat3_c, cos_sin,
-                             cfg_.rope.interleaved, b.slot_mapping, cache.k[l], v_cache);
+                             cfg_.rope.interleaved, b.slot_mapping, cache.k[l], v_cache,
+                             cache.k_scale(l), cache.k_scale(l));
       if (na > 0) {
         if (!absorb_beside) absorb_q();
         Tensor attn_v_abs = attn_v.slice_rows(0, na).split_heads(H, Vd);  // [na, H, Vd]
-        backend_.attention_project(qfull3, cache.k[l], v_cache, meta_abs, attn_params_, L.w_uv,
-                                   attn_lat3, attn_v_abs);
+        AttentionParams ap = cache.params(l, attn_params_);
+        ap.v_scale = ap.k_scale;
+        backend_.attention_project(qfull3, cache.k[l], v_cache, meta_abs, ap, L.w_uv, attn_lat3,
+                                   attn_v_abs);
       }
       if (sp.expanded()) {  // expanded: per-head keys and values of the fresh prompts
-        const auto [k_exp, v_exp] = expand_kv(L, lat.slice_rows(na, n));
+        // From the latent rows as an FP8 cache holds them: what later steps read back.
+        Tensor lat_exp = lat.slice_rows(na, n);
+        if (cache.k[l].dtype == DType::kF8E4M3)
+          backend_.round_to_fp8_cache(lat_exp, cache.k_scale(l));
+        const auto [k_exp, v_exp] = expand_kv(L, lat_exp);
         backend_.attention(q3.slice_rows(na, n), k_exp, v_exp, meta_exp, attn_params_, attn_v_exp3);
       }
       backend_.matmul(attn_v, L.o_proj, L.o_bias, x);  // [n, D]

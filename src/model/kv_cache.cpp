@@ -7,11 +7,10 @@ int64_t KvCache::bytes_per_block(const KvSpec& spec, int32_t block_size, DType d
 }
 
 KvCache KvCache::allocate(Backend& backend, const KvSpec& spec, int32_t block_size,
-                          int64_t n_blocks) {
+                          int64_t n_blocks, DType dt) {
   KvCache c;
   c.block_size = block_size;
   c.n_blocks = n_blocks;
-  const DType dt = backend.activation_dtype();
   for (int64_t l = 0; l < spec.n_layers; ++l) {
     auto kb = backend.must_allocate(
         dtype_bytes(dt, n_blocks * block_size * spec.n_kv_heads * spec.k_dim), "the KV cache");

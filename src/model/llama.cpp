@@ -173,8 +173,8 @@ class LlamaModel final : public DecoderModel {
         backend_.rms_norm(kh, L.k_norm, eps, kh);
       }
       backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
-                             cache.v[l]);
-      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
+                             cache.v[l], cache.k_scale(l), cache.v_scale(l));
+      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, cache.params(l, attn_params_), attn3);
       if (chained) {
         std::vector<Link> links = {
             // residual += o_proj(attn); act = SwiGLU(norm(residual)); residual += down(act)

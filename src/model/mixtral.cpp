@@ -116,9 +116,9 @@ class MixtralModel final : public DecoderModel {
         backend_.matmul(h, L.k_proj, Tensor(), k);
         backend_.matmul(h, L.v_proj, Tensor(), v);
       }
-      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping,
-                             cache.k[l], cache.v[l]);
-      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, attn_params_, attn3);
+      backend_.rope_store_kv(q3, k3, v3, cos_sin, cfg_.rope.interleaved, b.slot_mapping, cache.k[l],
+                             cache.v[l], cache.k_scale(l), cache.v_scale(l));
+      backend_.attention(q3, cache.k[l], cache.v[l], b.attn, cache.params(l, attn_params_), attn3);
       backend_.matmul(attn, L.o_proj, Tensor(), x);  // [n, D]
       backend_.add_rms_norm(x, residual, L.post_attention_layernorm, eps, h);
       moe_.run(h, L.router, Tensor(), L.experts, Tensor(), x);  // [n, D]

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -29,16 +30,33 @@ struct KvSpec {
 };
 
 // The device-side paged KV cache: per layer, K [n_blocks, block_size, n_kv_heads, k_dim] and
-// V [n_blocks, block_size, n_kv_heads, v_dim] in the backend's activation dtype.
+// V [n_blocks, block_size, n_kv_heads, v_dim] in the backend's activation dtype, or both in
+// float8_e4m3fn (--kv-cache-dtype fp8) with a scale per layer for keys and one for values.
 struct KvCache {
   int32_t block_size = 16;
   int64_t n_blocks = 0;
   std::vector<Tensor> k;  // per layer
   std::vector<Tensor> v;  // per layer (undefined for MLA)
   std::vector<std::unique_ptr<Buffer>> storage;
+  // An FP8 cache's per-layer scales (Backend::rope_store_kv); empty: 1.
+  std::vector<float> k_scales, v_scales;
 
+  float k_scale(size_t layer) const { return layer < k_scales.size() ? k_scales[layer] : 1.0f; }
+  float v_scale(size_t layer) const { return layer < v_scales.size() ? v_scales[layer] : 1.0f; }
+  // `p` with layer `layer`'s scales, for the attention ops.
+  AttentionParams params(size_t layer, AttentionParams p) const {
+    p.k_scale = k_scale(layer);
+    p.v_scale = v_scale(layer);
+    return p;
+  }
+
+  // `dtype`: the elements' (the backend's activation dtype, or kF8E4M3).
   static KvCache allocate(Backend& backend, const KvSpec& spec, int32_t block_size,
-                          int64_t n_blocks);
+                          int64_t n_blocks, DType dtype);
+  static KvCache allocate(Backend& backend, const KvSpec& spec, int32_t block_size,
+                          int64_t n_blocks) {
+    return allocate(backend, spec, block_size, n_blocks, backend.activation_dtype());
+  }
   static int64_t bytes_per_block(const KvSpec& spec, int32_t block_size, DType dtype);
 };
 
@@ -89,6 +107,16 @@ class Model {
   // Weight bytes one decode step reads: every matrix but the embedding table (one row of it is
   // gathered), plus the LM head even when it shares the table. The floor of a batch-1 step.
   virtual int64_t decode_weight_bytes() const = 0;
+
+  // Per layer (key, value) scales of an FP8 KV cache that the checkpoint carries
+  // (io/kv_cache_scales.h); empty when it has none (scales of 1). Set by load_model().
+  const std::vector<std::pair<float, float>>& kv_cache_scales() const { return kv_cache_scales_; }
+  void set_kv_cache_scales(std::vector<std::pair<float, float>> s) {
+    kv_cache_scales_ = std::move(s);
+  }
+
+ private:
+  std::vector<std::pair<float, float>> kv_cache_scales_;
 };
 
 struct LoadOptions {

@@ -2,6 +2,8 @@
 
 #include "model/model.h"
 
+#include "io/kv_cache_scales.h"
+
 namespace pagellm {
 
 // Each architecture file defines one of these. They are called explicitly (not from static
@@ -50,7 +52,11 @@ Result<std::unique_ptr<Model>> load_model(const LoadedCheckpoint& ckpt, Backend&
     return unimplemented(ckpt.config.source + ": architecture '" + ckpt.config.architecture +
                          "' is not supported (supported: " + list + ")");
   }
-  return it->second(ckpt, backend, options);
+  PAGELLM_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, it->second(ckpt, backend, options));
+  PAGELLM_ASSIGN_OR_RETURN(auto scales,
+                           read_kv_cache_scales(*ckpt.weights, ckpt.config.num_hidden_layers));
+  m->set_kv_cache_scales(std::move(scales));
+  return m;
 }
 
 }  // namespace pagellm

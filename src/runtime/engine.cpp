@@ -131,7 +131,11 @@ Status Engine::init() {
   const KvSpec spec = model_.kv_spec();
   const int32_t bs = config_.block_size;
   if (bs < 1) return invalid_argument("--block-size must be >= 1");
-  kv_block_bytes_ = KvCache::bytes_per_block(spec, bs, backend_.activation_dtype());
+  if (config_.fp8_kv_cache && !backend_.supports_fp8_kv_cache())
+    return unimplemented("--kv-cache-dtype fp8: the " + backend_.name() +
+                         " backend does not read an FP8 KV cache yet (the CPU backend does)");
+  const DType kv_dtype = config_.fp8_kv_cache ? DType::kF8E4M3 : backend_.activation_dtype();
+  kv_block_bytes_ = KvCache::bytes_per_block(spec, bs, kv_dtype);
   // On a device, the largest step runs first (profile_run), so the pool below is sized from the
   // memory left after the weights AND that step's scratch and workspaces.
   if (backend_.device() != Device::kCpu) profile_run();
@@ -148,7 +152,14 @@ Status Engine::init() {
                               std::to_string(max_model_len_) +
                               "-token sequence: raise --kv-cache-memory or lower --max-model-len");
   }
-  cache_ = KvCache::allocate(backend_, spec, bs, n_blocks);
+  cache_ = KvCache::allocate(backend_, spec, bs, n_blocks, kv_dtype);
+  // An FP8 cache's per-layer scales: the checkpoint's, else 1 (as vLLM's default: keys and
+  // values past 448 saturate).
+  for (const auto& [k_scale, v_scale] :
+       config_.fp8_kv_cache ? model_.kv_cache_scales() : std::vector<std::pair<float, float>>{}) {
+    cache_.k_scales.push_back(k_scale);
+    cache_.v_scales.push_back(v_scale);
+  }
   KvCacheConfig kv;
   kv.n_blocks = static_cast<int32_t>(std::min<int64_t>(n_blocks, INT32_MAX));
   kv.block_size = bs;
@@ -171,9 +182,12 @@ Status Engine::init() {
   stats_.n_kv_blocks = n_blocks;
   stats_.kv_block_size = bs;
   stats_.kv_block_bytes = kv_block_bytes_;
-  PAGELLM_LOG_INFO("KV cache: %lld blocks of %d tokens (%.1f MiB, %lld tokens), max_model_len %d",
-                   static_cast<long long>(n_blocks), bs, n_blocks * kv_block_bytes_ / 1048576.0,
-                   static_cast<long long>(n_blocks * bs), max_model_len_);
+  PAGELLM_LOG_INFO(
+      "KV cache: %lld blocks of %d tokens (%.1f MiB, %lld tokens, %s, %lld bytes a token), "
+      "max_model_len %d",
+      static_cast<long long>(n_blocks), bs, n_blocks * kv_block_bytes_ / 1048576.0,
+      static_cast<long long>(n_blocks * bs), std::string(dtype_name(kv_dtype)).c_str(),
+      static_cast<long long>(kv_block_bytes_ / bs), max_model_len_);
   return {};
 }
 

@@ -70,6 +70,10 @@ struct EngineConfig {
   // and, on a device, after the profile run has grown scratch to its largest step.
   int64_t kv_cache_memory = 0;
   double memory_utilization = 0.9;
+  // The KV cache's element type: false, the activation dtype (f32 on the CPU, bf16 on devices);
+  // true, float8_e4m3fn with the checkpoint's per-layer scales or 1 (--kv-cache-dtype fp8): a
+  // byte a value, so 2x (4x on the CPU) the tokens in the same memory, rounded to 3 mantissa bits.
+  bool fp8_kv_cache = false;
   // Longest prompt + output a request may have (0: the model's max_position_embeddings).
   int32_t max_model_len = 0;
   // Run every step op by op: no recorded decode graphs (runtime/decode_graphs.h) and no start-up

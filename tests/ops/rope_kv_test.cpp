@@ -58,13 +58,13 @@ void run_rope_store_kv_case(Backend& cuda, Backend& cpu, uint64_t seed, const Ro
   Tensor vc_t = vc_dev->view(DType::kBF16, {n_blocks, c.block_size, c.hkv, c.dv});
   cuda.rope_store_kv(q_t, k_t, v_dev->view(DType::kBF16, {c.n, c.hkv, c.dv}),
                      cs_dev->view(DType::kF32, {c.n, c.rd}), c.interleaved,
-                     slots_dev->view(DType::kI32, {c.n}), kc_t, vc_t);
+                     slots_dev->view(DType::kI32, {c.n}), kc_t, vc_t, 1.0f, 1.0f);
 
   Tensor qh = host_f32(q, {c.n, c.hq, c.q_dim()}), kh = host_f32(k, {c.n, c.hkv, c.d});
   Tensor kch = host_f32(kc, {n_blocks, c.block_size, c.hkv, c.d});
   Tensor vch = host_f32(vc, {n_blocks, c.block_size, c.hkv, c.dv});
   cpu.rope_store_kv(qh, kh, host_f32(v, {c.n, c.hkv, c.dv}), host_f32(cs, {c.n, c.rd}),
-                    c.interleaved, Tensor(slots.data(), DType::kI32, {c.n}), kch, vch);
+                    c.interleaved, Tensor(slots.data(), DType::kI32, {c.n}), kch, vch, 1.0f, 1.0f);
 
   const std::string what =
       Label("rope_store_kv", seed)("n", c.n)("hq", c.hq)("hkv", c.hkv)("dq", c.q_dim())("d", c.d)(

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/fp8_kv.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/reference.h"
@@ -46,6 +47,16 @@ int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 16)
 void check_act(const Tensor& t, const char* what) {
   PAGELLM_CHECK_MSG(t.defined() && t.dtype == DType::kF32 && t.device == Device::kCpu, what);
   PAGELLM_CHECK_MSG(t.ndim >= 1 && t.stride[t.ndim - 1] == 1, what);
+}
+// A KV cache: f32, or float8_e4m3fn (--kv-cache-dtype fp8); k and v alike.
+void check_caches(const Tensor& k_cache, const Tensor& v_cache, const char* what) {
+  for (const Tensor* t : {&k_cache, &v_cache}) {
+    PAGELLM_CHECK_MSG(t->defined() && t->device == Device::kCpu && t->ndim == 4 &&
+                          t->stride[3] == 1 &&
+                          (t->dtype == DType::kF32 || t->dtype == DType::kF8E4M3),
+                      what);
+  }
+  PAGELLM_CHECK_MSG(k_cache.dtype == v_cache.dtype, what);
 }
 void check_same_rows(const Tensor& a, const Tensor& b, const char* what) {
   PAGELLM_CHECK_MSG(a.rows() == b.rows() && a.cols() == b.cols(), what);
@@ -101,9 +112,11 @@ class CpuBackend final : public Backend {
   void add_rms_norm(const Tensor& x, Tensor& residual, const Tensor& w, float eps,
                     Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
-  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
-                     bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                     Tensor& v_cache) override;
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
+                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache, float k_scale,
+                     float v_scale) override;
+  bool supports_fp8_kv_cache() const override { return true; }
+  void round_to_fp8_cache(Tensor& x, float scale) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;
@@ -416,15 +429,17 @@ void CpuBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
 
 void CpuBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
                                bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                               Tensor& v_cache) {
+                               Tensor& v_cache, float k_scale, float v_scale) {
   check_rope(q, cos_sin);
   check_rope(k, cos_sin);
   check_act(v, "rope_store_kv: v must be f32");
   PAGELLM_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3);
   PAGELLM_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && v.size(1) == k.size(1));
-  check_act(k_cache, "rope_store_kv: k_cache must be f32");
-  check_act(v_cache, "rope_store_kv: v_cache must be f32");
-  PAGELLM_CHECK(k_cache.ndim == 4 && v_cache.ndim == 4);
+  check_caches(k_cache, v_cache, "rope_store_kv: the caches must be both f32 or both fp8 (e4m3)");
+  const bool fp8 = k_cache.dtype == DType::kF8E4M3;
+  PAGELLM_CHECK_MSG(!fp8 || (std::isfinite(k_scale) && k_scale > 0.0f && std::isfinite(v_scale) &&
+                             v_scale > 0.0f),
+                    "rope_store_kv: an FP8 cache's scales must be positive and finite");
   PAGELLM_CHECK_MSG(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2),
                     "rope_store_kv: k_cache is not [n_blocks, block_size, Hkv, D]");
   PAGELLM_CHECK_MSG(v_cache.size(0) == k_cache.size(0) && v_cache.size(1) == k_cache.size(1) &&
@@ -436,7 +451,13 @@ void CpuBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tens
     PAGELLM_CHECK_MSG(slot_mapping.ptr<int32_t>()[i] < n_slots, "rope_store_kv: slot out of range");
   rope(q, cos_sin, interleaved);
   rope(k, cos_sin, interleaved);
+  if (fp8) return cpu::store_kv_fp8(k, v, slot_mapping, k_scale, v_scale, k_cache, v_cache);
   cpu::ref::store_kv(k, v, slot_mapping, k_cache, v_cache);
+}
+
+void CpuBackend::round_to_fp8_cache(Tensor& x, float scale) {
+  check_act(x, "round_to_fp8_cache: x must be f32");
+  for (int64_t r = 0; r < x.rows(); ++r) cpu::round_to_fp8(row_f32(x, r), x.cols(), scale);
 }
 
 // --- attention ---
@@ -445,9 +466,8 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
                            const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
   check_act(q, "attention: q must be f32");
   check_act(out, "attention: out must be f32");
-  check_act(k_cache, "attention: k_cache must be f32");
-  check_act(v_cache, "attention: v_cache must be f32");
-  PAGELLM_CHECK(q.ndim == 3 && out.ndim == 3 && k_cache.ndim == 4 && v_cache.ndim == 4);
+  check_caches(k_cache, v_cache, "attention: the caches must be both f32 or both fp8 (e4m3)");
+  PAGELLM_CHECK(q.ndim == 3 && out.ndim == 3);
   const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t hkv = k_cache.size(2), dv = v_cache.size(3);
   PAGELLM_CHECK_MSG(k_cache.size(3) == d, "attention: k_cache head_dim differs from q");
@@ -478,6 +498,8 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       PAGELLM_CHECK_MSG(blk >= 0 && blk < k_cache.size(0), "attention: block id out of range");
     }
   }
+  if (k_cache.dtype == DType::kF8E4M3)
+    return cpu::attention_fp8(q, k_cache, v_cache, meta, params, out);
   if (!kernels_) return cpu::ref::attention(q, k_cache, v_cache, meta, params, out);
   PAGELLM_CHECK_MSG(dv <= 1024, "attention: Dv above 1024 is not supported by the fast path");
 

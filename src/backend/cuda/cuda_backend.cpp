@@ -840,7 +840,8 @@ void CudaBackend::rope(Tensor& x, const Tensor& cos_sin, bool interleaved) {
 
 void CudaBackend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin,
                                 bool interleaved, const Tensor& slot_mapping, Tensor& k_cache,
-                                Tensor& v_cache) {
+                                Tensor& v_cache, float k_scale, float v_scale) {
+  (void)k_scale, (void)v_scale;  // bf16 caches only (supports_fp8_kv_cache() is false)
   if (ablated("rope_store_kv")) return;
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&q, "q"},
                                 {&k, "k"},

@@ -98,7 +98,8 @@ class CudaBackend final : public Backend {
   // batch entry.
   void batched_matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cos_sin, bool interleaved,
-                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) override;
+                     const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache, float k_scale,
+                     float v_scale) override;
   void rope(Tensor& x, const Tensor& cos_sin, bool interleaved) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMeta& meta, const AttentionParams& params, Tensor& out) override;

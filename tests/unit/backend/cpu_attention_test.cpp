@@ -324,8 +324,8 @@ TEST(CpuRope, StoreKvWritesMappedSlotsOnly) {
       Tensor vt(v.data(), DType::kF32, {n, hkv, dv});
       Tensor kct(kc.ptr(), DType::kF32, {n_blocks, bs, hkv, d});
       Tensor vct(vc.ptr(), DType::kF32, {n_blocks, bs, hkv, dv});
-      be->rope_store_kv(qt, kt, vt, cst, interleaved,
-                        Tensor(slots.data(), DType::kI32, {n}), kct, vct);
+      be->rope_store_kv(qt, kt, vt, cst, interleaved, Tensor(slots.data(), DType::kI32, {n}), kct,
+                        vct, 1.0f, 1.0f);
       ASSERT_TRUE(kc.guard_intact() && vc.guard_intact()) << ctx;
       for (size_t i = 0; i < q.size(); ++i, ++checked) {
         PAGELLM_EXPECT_CLOSE(q[i], q2[i], 1e-6, ctx + " q", i);
@@ -350,6 +350,86 @@ TEST(CpuRope, StoreKvWritesMappedSlotsOnly) {
     }
   }
   EXPECT_GT(checked, 0);
+}
+
+// An FP8 cache (float8_e4m3fn, a scale for keys and one for values): attention over it equals,
+// bit for bit, the reference's attention over the same cache dequantized to f32 (scale *
+// e4m3(code)); unused slots hold NaN codes, which must never be read.
+TEST(CpuAttention, Fp8CacheReadsAsItsDequantizedValues) {
+  auto ref = make_cpu_backend(false);
+  int64_t checked = 0;
+  uint32_t seed = 700;
+  for (bool fast : {false, true}) {
+    auto be = make_cpu_backend(fast);
+    for (const AttnCase& c : attn_cases()) {
+      const std::string ctx = std::string(c.name) + (fast ? " fast" : " reference");
+      AttnData d(c, ++seed);
+      d.params.k_scale = 0.05f;   // [-1, 1] -> [-20, 20] stored
+      d.params.v_scale = 0.004f;  // [-1, 1] -> [-250, 250]
+      auto quantize = [](std::vector<float>& cache, float scale) {
+        std::vector<uint8_t> codes(cache.size());
+        for (size_t i = 0; i < cache.size(); ++i) {
+          codes[i] = std::isnan(cache[i]) ? uint8_t{0x7f} : f32_to_e4m3(cache[i] / scale);
+          if (!std::isnan(cache[i])) cache[i] = scale * e4m3_to_f32(codes[i]);
+        }
+        return codes;
+      };
+      std::vector<uint8_t> k8 = quantize(d.k_cache, d.params.k_scale);
+      std::vector<uint8_t> v8 = quantize(d.v_cache, d.params.v_scale);
+      GuardedBuffer want = d.run(*ref);  // f32 caches holding the dequantized values
+      Tensor k8t(k8.data(), DType::kF8E4M3, {d.kt.size(0), c.block_size, c.hkv, c.d});
+      Tensor v8t(v8.data(), DType::kF8E4M3, {d.vt.size(0), c.block_size, c.hkv, c.dv});
+      GuardedBuffer got(d.n * c.hq * c.dv);
+      Tensor ot(got.ptr(), DType::kF32, {d.n, c.hq, c.dv});
+      be->attention(d.qt, k8t, v8t, d.meta, d.params, ot);
+      ASSERT_TRUE(got.guard_intact()) << ctx;
+      for (int64_t i = 0; i < got.n; ++i, ++checked) {
+        PAGELLM_EXPECT_CLOSE(got.data[i], want.data[i], 1e-6, ctx, i);
+      }
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// rope_store_kv into FP8 caches: each mapped slot holds e4m3(rotated k / k_scale) and e4m3(v /
+// v_scale), values past 448 saturated; padding and other slots keep their bytes.
+TEST(CpuRope, StoreKvFp8WritesScaledCodes) {
+  for (bool fast : {false, true}) {
+    auto be = make_cpu_backend(fast);
+    auto ref = make_cpu_backend(false);
+    const int64_t n = 5, hq = 2, hkv = 2, d = 16, dv = 8, n_blocks = 3, bs = 4;
+    std::vector<int32_t> slots = {7, -1, 0, 11, 3}, pos = {0, 1, 2, 3, 4};
+    std::mt19937 rng(fast ? 91 : 90);
+    std::vector<float> q = random_floats(rng, n * hq * d), k = random_floats(rng, n * hkv * d);
+    std::vector<float> v = random_floats(rng, n * hkv * dv);
+    v[3] = 5000.0f;  // past 448 * v_scale: saturates
+    std::vector<float> cs = make_cos_sin(pos, d), k2 = k;
+    Tensor cst(cs.data(), DType::kF32, {n, d});
+    Tensor k2t(k2.data(), DType::kF32, {n, hkv, d});
+    ref->rope(k2t, cst, false);
+    std::vector<uint8_t> kc(n_blocks * bs * hkv * d, 0xAA), vc(n_blocks * bs * hkv * dv, 0xAA);
+    Tensor qt(q.data(), DType::kF32, {n, hq, d}), kt(k.data(), DType::kF32, {n, hkv, d});
+    Tensor vt(v.data(), DType::kF32, {n, hkv, dv});
+    Tensor kct(kc.data(), DType::kF8E4M3, {n_blocks, bs, hkv, d});
+    Tensor vct(vc.data(), DType::kF8E4M3, {n_blocks, bs, hkv, dv});
+    const float k_scale = 0.5f, v_scale = 0.25f;
+    be->rope_store_kv(qt, kt, vt, cst, false, Tensor(slots.data(), DType::kI32, {n}), kct, vct,
+                      k_scale, v_scale);
+    for (int64_t slot = 0; slot < n_blocks * bs; ++slot) {
+      const auto it = std::find(slots.begin(), slots.end(), slot);
+      const int64_t tok = it == slots.end() ? -1 : it - slots.begin();
+      for (int64_t e = 0; e < hkv * d; ++e) {
+        const uint8_t want = tok < 0 ? 0xAA : f32_to_e4m3(k2[tok * hkv * d + e] / k_scale);
+        ASSERT_EQ(kc[slot * hkv * d + e], want) << "k slot " << slot << " element " << e;
+      }
+      for (int64_t e = 0; e < hkv * dv; ++e) {
+        const uint8_t want = tok < 0 ? 0xAA : f32_to_e4m3(v[tok * hkv * dv + e] / v_scale);
+        ASSERT_EQ(vc[slot * hkv * dv + e], want) << "v slot " << slot << " element " << e;
+      }
+    }
+    EXPECT_EQ(e4m3_to_f32(vc[7 * hkv * dv + 3]), 448.0f);  // token 0's v[3], saturated
+  }
 }
 
 }  // namespace

@@ -43,9 +43,11 @@ class ForwardingBackend : public Backend {
     in_.matmul(x, w, b, o);
   }
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& cs, bool il,
-                     const Tensor& sm, Tensor& kc, Tensor& vc) override {
-    in_.rope_store_kv(q, k, v, cs, il, sm, kc, vc);
+                     const Tensor& sm, Tensor& kc, Tensor& vc, float ks, float vs) override {
+    in_.rope_store_kv(q, k, v, cs, il, sm, kc, vc, ks, vs);
   }
+  bool supports_fp8_kv_cache() const override { return in_.supports_fp8_kv_cache(); }
+  void round_to_fp8_cache(Tensor& x, float scale) override { in_.round_to_fp8_cache(x, scale); }
   void rope(Tensor& x, const Tensor& cs, bool il) override { in_.rope(x, cs, il); }
   void attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMeta& m,
                  const AttentionParams& p, Tensor& o) override {

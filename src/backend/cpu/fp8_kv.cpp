@@ -1,0 +1,119 @@
+#include "backend/cpu/fp8_kv.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace pagellm::cpu {
+namespace {
+
+// Every e4m3 code's value.
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = e4m3_to_f32(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void store_kv_fp8(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, float k_scale,
+                  float v_scale, Tensor& k_cache, Tensor& v_cache) {
+  const int64_t n = k.size(0), hkv = k.size(1), d = k.size(2), dv = v.size(2);
+  const int64_t bs = k_cache.size(1);
+  const int32_t* slots = slot_mapping.ptr<int32_t>();
+  const float k_inv = 1.0f / k_scale, v_inv = 1.0f / v_scale;
+  auto store = [](const float* x, int64_t len, float inv, uint8_t* dst) {
+    for (int64_t e = 0; e < len; ++e) dst[e] = f32_to_e4m3(x[e] * inv);
+  };
+  // MLA's V is a column view of K's rows: K is written last, so the bytes hold K's codes (the
+  // same values, the same scale).
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;  // padding: not stored
+    const int64_t block = slots[i] / bs, off = slots[i] % bs;
+    for (int64_t h = 0; h < hkv; ++h) {
+      store(v.ptr<float>() + i * v.stride[0] + h * v.stride[1], dv, v_inv,
+            v_cache.ptr<uint8_t>() + block * v_cache.stride[0] + off * v_cache.stride[1] +
+                h * v_cache.stride[2]);
+      store(k.ptr<float>() + i * k.stride[0] + h * k.stride[1], d, k_inv,
+            k_cache.ptr<uint8_t>() + block * k_cache.stride[0] + off * k_cache.stride[1] +
+                h * k_cache.stride[2]);
+    }
+  }
+}
+
+void round_to_fp8(float* x, int64_t n, float scale) {
+  const float inv = 1.0f / scale;
+  const std::array<float, 256>& e4m3 = e4m3_table();
+  for (int64_t i = 0; i < n; ++i) x[i] = scale * e4m3[f32_to_e4m3(x[i] * inv)];
+}
+
+void attention_fp8(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                   const AttentionMeta& meta, const AttentionParams& params, Tensor& out) {
+  const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
+  const int64_t hkv = k_cache.size(2), dv = v_cache.size(3), group = hq / hkv;
+  const int32_t bs = meta.block_size;
+  const int32_t* cu = meta.cu_seqlens_q.ptr<int32_t>();
+  const int32_t* lens = meta.seq_lens_kv.ptr<int32_t>();
+  const int64_t table_stride = meta.block_tables.row_stride();
+  const std::array<float, 256>& e4m3 = e4m3_table();
+  std::vector<int32_t> seq_of(n);  // token -> sequence
+  for (int32_t s = 0; s < meta.n_seqs; ++s)
+    std::fill(seq_of.begin() + cu[s], seq_of.begin() + cu[s + 1], s);
+  ThreadPool::global().parallel_for(hq * n, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    std::vector<double> acc(dv);
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t h = item / n, i = item % n;
+      const int32_t s = seq_of[i];
+      const int32_t n_q = cu[s + 1] - cu[s];
+      const int32_t pos = lens[s] - n_q + static_cast<int32_t>(i - cu[s]);
+      float* o = out.ptr<float>() + i * out.stride[0] + h * out.stride[1];
+      if (lens[s] == 0) {  // a padding sequence of a graph batch: no keys, zeros
+        std::fill_n(o, dv, 0.0f);
+        continue;
+      }
+      const int64_t kh = h / group;
+      const int32_t* table = meta.block_tables.ptr<int32_t>() + s * table_stride;
+      const float* qv = q.ptr<float>() + i * q.stride[0] + h * q.stride[1];
+      auto k_at = [&](int32_t p) {
+        return k_cache.ptr<uint8_t>() + table[p / bs] * k_cache.stride[0] +
+               (p % bs) * k_cache.stride[1] + kh * k_cache.stride[2];
+      };
+      auto v_at = [&](int32_t p) {
+        return v_cache.ptr<uint8_t>() + table[p / bs] * v_cache.stride[0] +
+               (p % bs) * v_cache.stride[1] + kh * v_cache.stride[2];
+      };
+      const int32_t lo = params.window > 0 ? std::max(0, pos - params.window + 1) : 0;
+      scores.assign(static_cast<size_t>(pos - lo + 1), 0.0f);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int32_t p = lo; p <= pos; ++p) {
+        const uint8_t* kv = k_at(p);
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d; ++c) dot += qv[c] * (params.k_scale * e4m3[kv[c]]);
+        float sc = dot * params.scale;
+        if (params.softcap > 0.0f) sc = params.softcap * std::tanh(sc / params.softcap);
+        scores[p - lo] = sc;
+        mx = std::max(mx, sc);
+      }
+      double sum = 0.0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int32_t p = lo; p <= pos; ++p) {
+        const double w = std::exp(static_cast<double>(scores[p - lo] - mx));
+        sum += w;
+        const uint8_t* vv = v_at(p);
+        for (int64_t c = 0; c < dv; ++c) acc[c] += w * (params.v_scale * e4m3[vv[c]]);
+      }
+      for (int64_t c = 0; c < dv; ++c) o[c] = static_cast<float>(acc[c] / sum);
+    }
+  });
+}
+
+}  // namespace pagellm::cpu
