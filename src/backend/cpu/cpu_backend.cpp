@@ -499,7 +499,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     }
   }
   if (k_cache.dtype == DType::kF8E4M3)
-    return cpu::attention_fp8(q, k_cache, v_cache, meta, params, out);
+    return cpu::attention_fp8(q, k_cache, v_cache, meta, params, out, kernels_);
   if (!kernels_) return cpu::ref::attention(q, k_cache, v_cache, meta, params, out);
   PAGELLM_CHECK_MSG(dv <= 1024, "attention: Dv above 1024 is not supported by the fast path");
 

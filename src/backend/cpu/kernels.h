@@ -74,6 +74,9 @@ struct Kernels {
 
   // Sum of n floats, streaming (memory-bandwidth probe).
   float (*read_sum)(const float* x, int64_t n);
+
+  // dst[k] = scale * e4m3(src[k]) for k < n: an FP8 KV cache row read back (exact).
+  void (*e4m3_row)(const uint8_t* src, int64_t n, float scale, float* dst);
 };
 
 // The best table this CPU supports (AVX-512 F/BW/VL/DQ, else AVX2+FMA+F16C), or nullptr when it has

@@ -353,10 +353,10 @@ TEST(CpuRope, StoreKvWritesMappedSlotsOnly) {
 }
 
 // An FP8 cache (float8_e4m3fn, a scale for keys and one for values): attention over it equals,
-// bit for bit, the reference's attention over the same cache dequantized to f32 (scale *
-// e4m3(code)); unused slots hold NaN codes, which must never be read.
+// the same backend's attention over the cache dequantized to f32 (scale * e4m3(code)): bit for
+// bit on the reference loops, within f32 summation order on the fast kernels; unused slots hold
+// NaN codes, which must never be read.
 TEST(CpuAttention, Fp8CacheReadsAsItsDequantizedValues) {
-  auto ref = make_cpu_backend(false);
   int64_t checked = 0;
   uint32_t seed = 700;
   for (bool fast : {false, true}) {
@@ -376,7 +376,7 @@ TEST(CpuAttention, Fp8CacheReadsAsItsDequantizedValues) {
       };
       std::vector<uint8_t> k8 = quantize(d.k_cache, d.params.k_scale);
       std::vector<uint8_t> v8 = quantize(d.v_cache, d.params.v_scale);
-      GuardedBuffer want = d.run(*ref);  // f32 caches holding the dequantized values
+      GuardedBuffer want = d.run(*be);  // f32 caches holding the dequantized values
       Tensor k8t(k8.data(), DType::kF8E4M3, {d.kt.size(0), c.block_size, c.hkv, c.d});
       Tensor v8t(v8.data(), DType::kF8E4M3, {d.vt.size(0), c.block_size, c.hkv, c.dv});
       GuardedBuffer got(d.n * c.hq * c.dv);
@@ -384,9 +384,14 @@ TEST(CpuAttention, Fp8CacheReadsAsItsDequantizedValues) {
       be->attention(d.qt, k8t, v8t, d.meta, d.params, ot);
       ASSERT_TRUE(got.guard_intact()) << ctx;
       for (int64_t i = 0; i < got.n; ++i, ++checked) {
-        PAGELLM_EXPECT_CLOSE(got.data[i], want.data[i], 1e-6, ctx, i);
+        // The reference loops are the same arithmetic; the fast kernel reads the dequantized
+        // context as one block, which chunks its sums differently from 16-token blocks.
+        if (fast) {
+          PAGELLM_EXPECT_CLOSE(got.data[i], want.data[i], kAttnTol, ctx, i);
+        } else {
+          ASSERT_EQ(got.data[i], want.data[i]) << ctx << " element " << i;
+        }
       }
-      if (HasFailure()) return;
     }
   }
   EXPECT_GT(checked, 0);
