@@ -359,10 +359,12 @@ TEST(CpuRope, StoreKvWritesMappedSlotsOnly) {
 TEST(CpuAttention, Fp8CacheReadsAsItsDequantizedValues) {
   int64_t checked = 0;
   uint32_t seed = 700;
-  for (bool fast : {false, true}) {
-    auto be = make_cpu_backend(fast);
+  std::vector<NamedBackend> all = fast_backends();  // every ISA this CPU has
+  all.insert(all.begin(), NamedBackend{"reference", make_cpu_backend(false)});
+  for (auto& [isa, be] : all) {
+    const bool fast = isa != "reference";
     for (const AttnCase& c : attn_cases()) {
-      const std::string ctx = std::string(c.name) + (fast ? " fast" : " reference");
+      const std::string ctx = std::string(c.name) + " " + isa;
       AttnData d(c, ++seed);
       d.params.k_scale = 0.05f;   // [-1, 1] -> [-20, 20] stored
       d.params.v_scale = 0.004f;  // [-1, 1] -> [-250, 250]
