@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -420,6 +421,10 @@ int bench_throughput(int argc, char** argv) {
           std::nullopt, "random prompts"},
          {"seed", "N", "seed of the random prompts and of sampling", "0"},
          {"temperature", "T", "sampling temperature; 0 is greedy", "1.0"},
+         {"logit-bias", "TOKEN:BIAS,...",
+          "add BIAS to TOKEN's logit in every request (e.g. make random weights repeat a token, so "
+          "that prompt lookup guesses right: speculation's cost at high acceptance)",
+          std::nullopt, "none"},
          {"sequential", "",
           "submit one request at a time (the first one's TTFT on a fresh engine)"},
          {"tokenizer", "PATH",
@@ -505,7 +510,27 @@ int bench_throughput(int argc, char** argv) {
       reqs.push_back(std::move(r));
     }
   }
+  std::vector<LogitBias> bias;
+  if (a.has("logit-bias")) {
+    std::stringstream list(a.str("logit-bias"));
+    for (std::string item; std::getline(list, item, ',');) {
+      const size_t colon = item.find(':');
+      char* end = nullptr;
+      LogitBias b;
+      b.token = static_cast<int32_t>(std::strtol(item.c_str(), &end, 10));
+      if (colon == std::string::npos || end != item.c_str() + colon || b.token < 0 || b.token >= V)
+        return fail("bench throughput",
+                    invalid_argument("--logit-bias takes TOKEN:BIAS pairs with tokens below " +
+                                     std::to_string(V) + ", got '" + item + "'"));
+      b.bias = std::strtof(item.c_str() + colon + 1, &end);
+      if (*end != '\0')
+        return fail("bench throughput",
+                    invalid_argument("--logit-bias: bad bias in '" + item + "'"));
+      bias.push_back(b);
+    }
+  }
   for (auto& r : reqs) {
+    r.params.logit_bias = bias;
     r.params.temperature = static_cast<float>(*temperature);
     r.params.seed = static_cast<uint64_t>(*seed);
     r.params.ignore_eos = true;

@@ -27,8 +27,11 @@ void NgramProposer::propose_one(std::span<const int32_t> tokens, int32_t max_tok
     for (int64_t e = len - 2; e >= n - 1; --e) {
       if (tokens[e] != suffix[n - 1]) continue;
       if (!std::equal(suffix, suffix + n - 1, tokens.data() + e - n + 1)) continue;
-      const int64_t end = std::min<int64_t>(len, e + 1 + max_tokens);
-      draft.assign(tokens.begin() + e + 1, tokens.begin() + end);
+      // What followed, up to max_tokens; where that runs past the end of the text it goes on
+      // from the guesses themselves: a text that repeats with a short period (a list, a table
+      // row, a token over and over) gets whole drafts, not just up to its end.
+      for (int64_t j = e + 1; static_cast<int64_t>(draft.size()) < max_tokens; ++j)
+        draft.push_back(j < len ? tokens[j] : draft[j - len]);
       return;
     }
   }

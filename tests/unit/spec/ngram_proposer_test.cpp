@@ -1,6 +1,7 @@
 // The n-gram proposer against a brute-force statement of its rule (the longest suffix first, the
-// most recent earlier occurrence, up to max_tokens of what followed), on hand-made sequences and
-// random ones over small alphabets (where suffixes recur often).
+// most recent earlier occurrence, max_tokens of what followed, going on from the guesses past the
+// text's end), on hand-made sequences and random ones over small alphabets (where suffixes recur
+// often).
 #include "spec/ngram_proposer.h"
 
 #include <gtest/gtest.h>
@@ -27,9 +28,12 @@ std::vector<int32_t> reference(const std::vector<int32_t>& t, int32_t k, int32_t
       bool same = true;
       for (int64_t i = 0; i < n; ++i) same = same && t[e - i] == t[len - 1 - i];
       if (!same) continue;
-      std::vector<int32_t> d;
-      for (int64_t j = e + 1; j < len && static_cast<int64_t>(d.size()) < k; ++j) d.push_back(t[j]);
-      return d;
+      // Past the end of the text, the guesses go on from themselves (the text and the guesses as
+      // one sequence).
+      std::vector<int32_t> all = t;
+      for (int64_t j = e + 1; static_cast<int64_t>(all.size()) < len + k; ++j)
+        all.push_back(all[j]);
+      return std::vector<int32_t>(all.begin() + len, all.end());
     }
   }
   return {};
@@ -39,7 +43,10 @@ TEST(NgramProposer, CopiesWhatFollowedTheSuffixBefore) {
   // "the cat sat on the" -> "cat sat on ..."
   const std::vector<int32_t> t = {10, 11, 12, 13, 10};
   EXPECT_EQ(propose(t, 3, 1, 3), (std::vector<int32_t>{11, 12, 13}));
-  EXPECT_EQ(propose(t, 9, 1, 3), (std::vector<int32_t>{11, 12, 13, 10}));  // up to the end
+  // Past the text's end the copy goes on from the guesses: 11 12 13 10 11 12 13 10 11.
+  EXPECT_EQ(propose(t, 9, 1, 3), (std::vector<int32_t>{11, 12, 13, 10, 11, 12, 13, 10, 11}));
+  // A token over and over: whole drafts of it.
+  EXPECT_EQ(propose({4, 7, 7, 7}, 4, 2, 3), (std::vector<int32_t>{7, 7, 7, 7}));
 }
 
 TEST(NgramProposer, LongestSuffixFirstThenMostRecent) {
