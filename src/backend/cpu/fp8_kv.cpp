@@ -65,47 +65,76 @@ namespace {
 void attention_fp8_fast(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const AttentionMeta& meta, const AttentionParams& params, Tensor& out,
                         const Kernels& kernels) {
-  const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
+  constexpr int32_t kQueryRun = 64;
+  const int64_t hq = q.size(1), d = q.size(2);
   const int64_t hkv = k_cache.size(2), dv = v_cache.size(3), group = hq / hkv;
+  const int32_t bs = meta.block_size;
   const int32_t* cu = meta.cu_seqlens_q.ptr<int32_t>();
   const int32_t* lens = meta.seq_lens_kv.ptr<int32_t>();
   const int64_t table_stride = meta.block_tables.row_stride();
-  std::vector<int32_t> seq_of(n);  // token -> sequence
+  struct Item {
+    int32_t s, first, n_q;  // sequence, its first query (of the step's), how many
+    int64_t kh;             // KV head: its group's query heads read one dequantized context
+  };
+  std::vector<Item> items;
   for (int32_t s = 0; s < meta.n_seqs; ++s)
-    std::fill(seq_of.begin() + cu[s], seq_of.begin() + cu[s + 1], s);
-  // Work items are (head, token), head-major, as the f32 path's.
-  ThreadPool::global().parallel_for(hq * n, 1, [&](int64_t b, int64_t e) {
-    AttentionRow a;
-    a.k_block_stride = k_cache.stride[0];
-    a.k_token_stride = k_cache.stride[1];
-    a.v_block_stride = v_cache.stride[0];
-    a.v_token_stride = v_cache.stride[1];
-    a.block_size = meta.block_size;
-    a.head_dim = static_cast<int32_t>(d);
-    a.head_dim_v = static_cast<int32_t>(dv);
-    a.scale = params.scale;
-    a.softcap = params.softcap;
-    a.k_scale = params.k_scale;
-    a.v_scale = params.v_scale;
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t h = item / n, i = item % n;
-      const int32_t s = seq_of[i];
-      const int32_t n_q = cu[s + 1] - cu[s];
-      const int32_t pos = lens[s] - n_q + static_cast<int32_t>(i - cu[s]);
-      a.q = q.ptr<float>() + i * q.stride[0] + h * q.stride[1];
-      a.out = out.ptr<float>() + i * out.stride[0] + h * out.stride[1];
-      if (lens[s] == 0) {  // a padding sequence of a graph batch: no keys, zeros
-        std::fill_n(a.out, dv, 0.0f);
-        continue;
-      }
-      a.k_cache_e4m3 = k_cache.ptr<uint8_t>() + (h / group) * k_cache.stride[2];
-      a.v_cache_e4m3 = v_cache.ptr<uint8_t>() + (h / group) * v_cache.stride[2];
-      a.block_table = meta.block_tables.ptr<int32_t>() + s * table_stride;
-      a.kv_begin = params.window > 0 ? std::max(0, pos - params.window + 1) : 0;
-      a.kv_end = pos + 1;
-      kernels.attention_row_e4m3(a);
-    }
-  });
+    for (int32_t i = cu[s]; i < cu[s + 1]; i += kQueryRun)
+      for (int64_t kh = 0; kh < hkv; ++kh)
+        items.push_back({s, i, std::min(kQueryRun, cu[s + 1] - i), kh});
+  static const int32_t kOneBlock = 0;
+  ThreadPool::global().parallel_for(
+      static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> kf, vf;  // positions [0, last] of the item's context
+        for (int64_t w = b; w < e; ++w) {
+          const Item& it = items[w];
+          const int32_t s = it.s, n_q = cu[s + 1] - cu[s];
+          auto pos_of = [&](int32_t tok) { return lens[s] - n_q + (tok - cu[s]); };
+          const int32_t first_pos = pos_of(it.first), last = pos_of(it.first + it.n_q - 1);
+          const int32_t lo = params.window > 0 ? std::max(0, first_pos - params.window + 1) : 0;
+          if (lens[s] == 0) {  // a padding sequence of a graph batch: no keys, zeros
+            for (int32_t t = it.first; t < it.first + it.n_q; ++t)
+              for (int64_t g = 0; g < group; ++g)
+                std::fill_n(
+                    out.ptr<float>() + t * out.stride[0] + (it.kh * group + g) * out.stride[1], dv,
+                    0.0f);
+            continue;
+          }
+          const int64_t kh = it.kh;
+          kf.resize(static_cast<size_t>(last + 1) * d);
+          vf.resize(static_cast<size_t>(last + 1) * dv);
+          const int32_t* table = meta.block_tables.ptr<int32_t>() + s * table_stride;
+          for (int32_t p = lo; p <= last; ++p) {
+            const int64_t blk = table[p / bs], off = p % bs;
+            const uint8_t* kr = k_cache.ptr<uint8_t>() + blk * k_cache.stride[0] +
+                                off * k_cache.stride[1] + kh * k_cache.stride[2];
+            const uint8_t* vr = v_cache.ptr<uint8_t>() + blk * v_cache.stride[0] +
+                                off * v_cache.stride[1] + kh * v_cache.stride[2];
+            kernels.e4m3_row(kr, d, params.k_scale, kf.data() + static_cast<size_t>(p) * d);
+            kernels.e4m3_row(vr, dv, params.v_scale, vf.data() + static_cast<size_t>(p) * dv);
+          }
+          AttentionRow a;
+          a.k_cache = kf.data();
+          a.v_cache = vf.data();
+          a.k_token_stride = d;
+          a.v_token_stride = dv;
+          a.block_table = &kOneBlock;
+          a.block_size = last + 1;
+          a.head_dim = static_cast<int32_t>(d);
+          a.head_dim_v = static_cast<int32_t>(dv);
+          a.scale = params.scale;
+          a.softcap = params.softcap;
+          for (int32_t t = it.first; t < it.first + it.n_q; ++t) {
+            const int32_t pos = pos_of(t);
+            a.kv_begin = params.window > 0 ? std::max(0, pos - params.window + 1) : 0;
+            a.kv_end = pos + 1;
+            for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+              a.q = q.ptr<float>() + t * q.stride[0] + h * q.stride[1];
+              a.out = out.ptr<float>() + t * out.stride[0] + h * out.stride[1];
+              kernels.attention_row(a);
+            }
+          }
+        }
+      });
 }
 
 }  // namespace

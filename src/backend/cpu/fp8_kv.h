@@ -20,10 +20,12 @@ void round_to_fp8(float* x, int64_t n, float scale);
 
 struct Kernels;
 
-// Backend::attention over FP8 caches (shapes checked by the caller), spread over the thread pool
-// by (query head, token). Without `kernels` (the reference backend): the f32 reference's loops on
-// values read from a table. With them: the fast row kernel's e4m3 variant, which decodes the
-// codes in registers (a byte a value read where the f32 cache reads four).
+// Backend::attention over FP8 caches (shapes checked by the caller). Without `kernels` (the
+// reference backend): the f32 reference's loops on values read from a table, by (query head,
+// token). With them: per (sequence, KV head, run of up to 64 of its queries) the context those
+// queries read is dequantized once into f32 rows, which the fast row kernel then reads as a
+// one-block cache, for every query head of the group: the table lookups cost a small part of
+// the attention's own work, which runs at the f32 cache's SIMD speed.
 void attention_fp8(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                    const AttentionMeta& meta, const AttentionParams& params, Tensor& out,
                    const Kernels* kernels);

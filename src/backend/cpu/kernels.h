@@ -42,11 +42,6 @@ struct AttentionRow {
   int32_t head_dim = 0, head_dim_v = 0;
   float scale = 1.0f;
   float softcap = 0.0f;
-  // An FP8 KV cache (attention_row_e4m3): the codes in place of k_cache / v_cache, strides the
-  // same, a key being k_scale * e4m3(code) and a value v_scale * e4m3(code).
-  const uint8_t* k_cache_e4m3 = nullptr;
-  const uint8_t* v_cache_e4m3 = nullptr;
-  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 struct Kernels {
@@ -76,11 +71,12 @@ struct Kernels {
   void (*add_row)(const float* a, const float* b, float* out, int64_t d);
 
   void (*attention_row)(const AttentionRow& a);
-  // The same over an FP8 KV cache: k_cache_e4m3 / v_cache_e4m3 with k_scale / v_scale.
-  void (*attention_row_e4m3)(const AttentionRow& a);
 
   // Sum of n floats, streaming (memory-bandwidth probe).
   float (*read_sum)(const float* x, int64_t n);
+
+  // dst[k] = scale * e4m3(src[k]) for k < n: an FP8 KV cache row read back (exact).
+  void (*e4m3_row)(const uint8_t* src, int64_t n, float scale, float* dst);
 };
 
 // The best table this CPU supports (AVX-512 F/BW/VL/DQ, else AVX2+FMA+F16C), or nullptr when it has
