@@ -23,9 +23,10 @@ struct Kernels;
 // Backend::attention over FP8 caches (shapes checked by the caller). Without `kernels` (the
 // reference backend): the f32 reference's loops on values read from a table, by (query head,
 // token). With them: per (sequence, KV head, run of up to 64 of its queries) the context those
-// queries read is dequantized once into f32 rows, which the fast row kernel then reads as a
-// one-block cache, for every query head of the group: the table lookups cost a small part of
-// the attention's own work, which runs at the f32 cache's SIMD speed.
+// queries read is dequantized once into f32 rows (Kernels::e4m3_row), which the fast row kernel
+// then reads as a one-block cache, for every query head of the group. Decoding the codes inside
+// the row kernel instead, for every query head and query, was measured slower (TPOT 33 against
+// 19 ms on the default model at 1,024 tokens, docs/PERF.md K2's command) and reverted.
 void attention_fp8(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                    const AttentionMeta& meta, const AttentionParams& params, Tensor& out,
                    const Kernels* kernels);
