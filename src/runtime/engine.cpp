@@ -881,6 +881,9 @@ void Engine::read_pending() {
 void Engine::advance_grammars(const std::vector<Pick>& picks,
                               const std::vector<SampleOutput>& outs) {
   grammar_takes_.assign(picks.size(), GrammarTake{});
+  if (std::none_of(picks.begin(), picks.end(),
+                   [](const Pick& p) { return p.live->seqs[p.seq_index].grammar != nullptr; }))
+    return;                    // the usual step: nothing to group
   std::vector<SeqPicks> work;  // the sequences under a grammar that may take tokens
   for (const SeqPicks& g : group_by_sequence(picks)) {
     const Live& live = *picks[g.first_pick].live;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/reference.h"
 #include "core/thread_pool.h"
 
 namespace pagellm::cpu {
@@ -22,6 +23,14 @@ const std::array<float, 256>& e4m3_table() {
   }();
   return table;
 }
+
+// A cache row of e4m3 codes read as f32: [c] = scale * e4m3(code c).
+struct Decoded {
+  const uint8_t* codes;
+  float scale;
+  const std::array<float, 256>& table;
+  float operator[](int64_t c) const { return scale * table[codes[c]]; }
+};
 
 }  // namespace
 
@@ -170,34 +179,17 @@ void attention_fp8(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
       const int32_t* table = meta.block_tables.ptr<int32_t>() + s * table_stride;
       const float* qv = q.ptr<float>() + i * q.stride[0] + h * q.stride[1];
       auto k_at = [&](int32_t p) {
-        return k_cache.ptr<uint8_t>() + table[p / bs] * k_cache.stride[0] +
-               (p % bs) * k_cache.stride[1] + kh * k_cache.stride[2];
+        return Decoded{k_cache.ptr<uint8_t>() + table[p / bs] * k_cache.stride[0] +
+                           (p % bs) * k_cache.stride[1] + kh * k_cache.stride[2],
+                       params.k_scale, e4m3};
       };
       auto v_at = [&](int32_t p) {
-        return v_cache.ptr<uint8_t>() + table[p / bs] * v_cache.stride[0] +
-               (p % bs) * v_cache.stride[1] + kh * v_cache.stride[2];
+        return Decoded{v_cache.ptr<uint8_t>() + table[p / bs] * v_cache.stride[0] +
+                           (p % bs) * v_cache.stride[1] + kh * v_cache.stride[2],
+                       params.v_scale, e4m3};
       };
       const int32_t lo = params.window > 0 ? std::max(0, pos - params.window + 1) : 0;
-      scores.assign(static_cast<size_t>(pos - lo + 1), 0.0f);
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int32_t p = lo; p <= pos; ++p) {
-        const uint8_t* kv = k_at(p);
-        float dot = 0.0f;
-        for (int64_t c = 0; c < d; ++c) dot += qv[c] * (params.k_scale * e4m3[kv[c]]);
-        float sc = dot * params.scale;
-        if (params.softcap > 0.0f) sc = params.softcap * std::tanh(sc / params.softcap);
-        scores[p - lo] = sc;
-        mx = std::max(mx, sc);
-      }
-      double sum = 0.0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int32_t p = lo; p <= pos; ++p) {
-        const double w = std::exp(static_cast<double>(scores[p - lo] - mx));
-        sum += w;
-        const uint8_t* vv = v_at(p);
-        for (int64_t c = 0; c < dv; ++c) acc[c] += w * (params.v_scale * e4m3[vv[c]]);
-      }
-      for (int64_t c = 0; c < dv; ++c) o[c] = static_cast<float>(acc[c] / sum);
+      ref::attention_row(qv, d, dv, lo, pos, params, k_at, v_at, scores, acc, o);
     }
   });
 }

@@ -124,27 +124,8 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
           return v_cache.ptr<float>() + table[p / bs] * v_cache.stride[0] +
                  (p % bs) * v_cache.stride[1] + kh * v_cache.stride[2];
         };
-        scores.assign(pos - lo + 1, 0.0f);
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int32_t p = lo; p <= pos; ++p) {
-          const float* kv = k_at(p);
-          float dot = 0.0f;
-          for (int64_t e = 0; e < d; ++e) dot += qv[e] * kv[e];
-          float sc = dot * params.scale;
-          if (params.softcap > 0.0f) sc = params.softcap * std::tanh(sc / params.softcap);
-          scores[p - lo] = sc;
-          mx = std::max(mx, sc);
-        }
-        double sum = 0.0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int32_t p = lo; p <= pos; ++p) {
-          const double e = std::exp(static_cast<double>(scores[p - lo] - mx));
-          sum += e;
-          const float* vv = v_at(p);
-          for (int64_t c = 0; c < dv; ++c) acc[c] += e * vv[c];
-        }
-        float* o = out.ptr<float>() + tok * out.stride[0] + h * out.stride[1];
-        for (int64_t c = 0; c < dv; ++c) o[c] = static_cast<float>(acc[c] / sum);
+        attention_row(qv, d, dv, lo, pos, params, k_at, v_at, scores, acc,
+                      out.ptr<float>() + tok * out.stride[0] + h * out.stride[1]);
       }
     }
   }

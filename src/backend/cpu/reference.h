@@ -3,7 +3,11 @@
 // against them. Preconditions (shapes, dtypes) are checked by the backend before the call.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/tensor.h"
@@ -33,6 +37,36 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tens
               Tensor& v_cache);
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                const AttentionMeta& meta, const AttentionParams& params, Tensor& out);
+
+// One query row of attention(): q [d] against keys key(p) for positions [lo, pos] (scaled,
+// soft-capped scores, softmax in double), the values value(p) weighted into o [dv]. key(p) and
+// value(p) give a row whose [c] is element c as f32: a cache row's pointer, or an FP8 cache's
+// decoding view. scores and acc are scratch.
+template <typename KeyRow, typename ValueRow>
+void attention_row(const float* q, int64_t d, int64_t dv, int32_t lo, int32_t pos,
+                   const AttentionParams& params, KeyRow key, ValueRow value,
+                   std::vector<float>& scores, std::vector<double>& acc, float* o) {
+  scores.assign(static_cast<size_t>(pos - lo + 1), 0.0f);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t p = lo; p <= pos; ++p) {
+    const auto kv = key(p);
+    float dot = 0.0f;
+    for (int64_t e = 0; e < d; ++e) dot += q[e] * kv[e];
+    float sc = dot * params.scale;
+    if (params.softcap > 0.0f) sc = params.softcap * std::tanh(sc / params.softcap);
+    scores[p - lo] = sc;
+    mx = std::max(mx, sc);
+  }
+  double sum = 0.0;
+  acc.assign(static_cast<size_t>(dv), 0.0);
+  for (int32_t p = lo; p <= pos; ++p) {
+    const double e = std::exp(static_cast<double>(scores[p - lo] - mx));
+    sum += e;
+    const auto vv = value(p);
+    for (int64_t c = 0; c < dv; ++c) acc[c] += e * vv[c];
+  }
+  for (int64_t c = 0; c < dv; ++c) o[c] = static_cast<float>(acc[c] / sum);
+}
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
