@@ -63,6 +63,9 @@ class WeightLoader {
   // Whether `name` keeps a quantized stored type on the CPU (which keeps every block type): such
   // weights cannot be stacked with others there.
   bool stays_quantized(const std::string& name) const;
+  // On a device: the quantized type it keeps the stack of `parts` in (all parts stored in one
+  // type it keeps, the stack's shape fitting its layout), or kF32.
+  DType device_stack_type(const std::vector<Part>& parts, int64_t cols) const;
 
   // The same, storing into `out`: for the long load sequences of the architecture files.
   Status matrix_into(const std::string& name, std::vector<int64_t> shape, Tensor& out);
@@ -100,9 +103,6 @@ class WeightLoader {
                               const std::string& what);
   Result<Tensor> reorder_loaded(const std::string& name, const Tensor& t, int64_t cols,
                                 const RowRanges& ranges);
-  // On a device: the quantized type it keeps the stack of `parts` in (all parts stored in one
-  // type it keeps, the stack's shape fitting its layout), or kF32.
-  DType device_stack_type(const std::vector<Part>& parts, int64_t cols) const;
   // The parts' host tensors (their ranges in order) copied into one host buffer and uploaded as
   // `kept`; dummy weights: one random tensor of the stack's shape.
   Result<Tensor> stacked_on_host(const std::vector<Part>& parts, int64_t cols, DType kept);

@@ -3,8 +3,8 @@
 // from a handful of values so that ties are everywhere; moe_experts on both of its paths (grouped
 // GEMV and per-expert cuBLASLt) for 1, 2, 7, 64 and 300 tokens, Mixtral's routing (8 experts,
 // top 2) and DeepSeek-V2-Lite's (64 experts, top 6) with and without shared experts, experts that
-// receive no tokens, all tokens on one expert; and a recorded graph of routing + experts replayed
-// on new logits, which must route them anew on the device.
+// receive no tokens, all tokens on one expert, 4-bit experts; and a recorded graph of routing +
+// experts replayed on new logits, which must route them anew on the device.
 #include "op_test_util.h"
 
 #include <algorithm>
@@ -126,21 +126,48 @@ struct ExpertsCase {
   int64_t E, K, D, F;
   bool shared;
   Routing routing = Routing::kRandom;
+  // The experts' type: bf16, or a 4-bit checkpoint type (the I4G types, GGUF's Q4_0) that the
+  // device keeps 4-bit.
+  DType weights = DType::kBF16;
 };
 
-// Inputs of one case on both backends: the same bf16 values.
+// Inputs of one case on both backends: the same values.
 struct ExpertsInputs {
   int64_t n;
   std::vector<float> h, shared, weights;
   std::vector<int32_t> ids;
-  std::vector<uint16_t> gate_up, down;  // bf16 bits: [E, 2F, D], [E, D, F]
-  std::unique_ptr<DevBuf> h_dev, shared_dev, ids_dev, w_dev, gu_dev, dn_dev;
+  std::vector<float> gate_up, down;  // the experts' values: [E, 2F, D], [E, D, F]
+  std::unique_ptr<DevBuf> h_dev, shared_dev, ids_dev, w_dev;
+  Tensor gu_dev, dn_dev;  // [E, 2F, D], [E, D, F] on the device
+  std::vector<std::unique_ptr<Buffer>> storage;
 };
 
-std::vector<uint16_t> random_bf16_bits(Rng& rng, int64_t n, float amp) {
-  std::vector<uint16_t> v(n);
-  for (auto& b : v) b = f32_to_bf16(rng.uniform(-amp, amp));
-  return v;
+// Random expert weights [rows, cols] of type t, uniform in +-amp before rounding to it: their
+// values (what the reference multiplies) and the device tensor holding them.
+Tensor random_experts(Backend& cuda, Rng& rng, DType t, int64_t rows, int64_t cols, float amp,
+                      std::vector<float>& values, std::vector<std::unique_ptr<Buffer>>& storage) {
+  values.resize(rows * cols);
+  if (t == DType::kBF16) {
+    std::vector<uint16_t> bits(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      bits[i] = f32_to_bf16(rng.uniform(-amp, amp));
+      values[i] = bf16_to_f32(bits[i]);
+    }
+    storage.push_back(cuda.must_allocate(rows * cols * 2, "test experts"));
+    cuda.copy_from_host(storage.back()->data(), bits.data(), rows * cols * 2);
+    return Tensor(storage.back()->data(), DType::kBF16, {rows, cols}, Device::kCuda);
+  }
+  for (float& v : values) v = rng.uniform(-amp, amp);
+  std::vector<uint8_t> bytes(dtype_bytes(t, rows * cols));
+  from_f32(t, values.data(), bytes.data(), rows * cols);
+  to_f32(t, bytes.data(), values.data(), rows * cols);
+  const DType kept = cuda::int4_device_type(t);
+  PAGELLM_CHECK(cuda.quantized_storage(t, rows, cols) == kept);
+  Result<Tensor> w =
+      cuda.upload_weight(Tensor(bytes.data(), t, {rows, cols}), kept, storage.emplace_back());
+  PAGELLM_CHECK_MSG(w.ok(), w.status().to_string().c_str());
+  cuda.synchronize();
+  return *w;
 }
 
 ExpertsInputs make_inputs(Backend& cuda, Rng& rng, const ExpertsCase& c, int64_t n) {
@@ -148,9 +175,12 @@ ExpertsInputs make_inputs(Backend& cuda, Rng& rng, const ExpertsCase& c, int64_t
   in.n = n;
   in.h = random_bf16_values(rng, n * c.D);
   in.shared = random_bf16_values(rng, n * c.D);
-  in.gate_up =
-      random_bf16_bits(rng, c.E * 2 * c.F * c.D, 1.0f / std::sqrt(static_cast<float>(c.D)));
-  in.down = random_bf16_bits(rng, c.E * c.D * c.F, 1.0f / std::sqrt(static_cast<float>(c.F)));
+  in.gu_dev = random_experts(cuda, rng, c.weights, c.E * 2 * c.F, c.D,
+                             1.0f / std::sqrt(static_cast<float>(c.D)), in.gate_up, in.storage)
+                  .reshape({c.E, 2 * c.F, c.D});
+  in.dn_dev = random_experts(cuda, rng, c.weights, c.E * c.D, c.F,
+                             1.0f / std::sqrt(static_cast<float>(c.F)), in.down, in.storage)
+                  .reshape({c.E, c.D, c.F});
   in.ids.resize(n * c.K);
   in.weights.resize(n * c.K);
   // A token's experts in random order (routing lists them best first, not by index), drawn from
@@ -172,22 +202,20 @@ ExpertsInputs make_inputs(Backend& cuda, Rng& rng, const ExpertsCase& c, int64_t
   in.shared_dev = upload_bf16(cuda, in.shared);
   in.ids_dev = upload_raw(cuda, in.ids);
   in.w_dev = upload_raw(cuda, in.weights);
-  in.gu_dev = upload_raw(cuda, in.gate_up);
-  in.dn_dev = upload_raw(cuda, in.down);
   return in;
 }
 
-MoeExpertWeights device_weights(const ExpertsCase& c, const ExpertsInputs& in) {
+MoeExpertWeights device_weights(const ExpertsCase&, const ExpertsInputs& in) {
   MoeExpertWeights w;
-  w.gate_up = in.gu_dev->view(DType::kBF16, {c.E, 2 * c.F, c.D});
-  w.down = in.dn_dev->view(DType::kBF16, {c.E, c.D, c.F});
+  w.gate_up = in.gu_dev;
+  w.down = in.dn_dev;
   return w;
 }
 
 MoeExpertWeights host_weights(const ExpertsCase& c, ExpertsInputs& in) {
   MoeExpertWeights w;
-  w.gate_up = Tensor(in.gate_up.data(), DType::kBF16, {c.E, 2 * c.F, c.D});
-  w.down = Tensor(in.down.data(), DType::kBF16, {c.E, c.D, c.F});
+  w.gate_up = host_f32(in.gate_up, {c.E, 2 * c.F, c.D});
+  w.down = host_f32(in.down, {c.E, c.D, c.F});
   return w;
 }
 
@@ -196,22 +224,22 @@ MoeExpertWeights host_weights(const ExpertsCase& c, ExpertsInputs& in) {
 // the device's bf16 activations carry into that output, however much the terms cancel.
 std::vector<float> down_term_rss(const ExpertsCase& c, const ExpertsInputs& in, int64_t t, int32_t e) {
   std::vector<float> act(c.F);
-  const uint16_t* gu = in.gate_up.data() + static_cast<int64_t>(e) * 2 * c.F * c.D;
+  const float* gu = in.gate_up.data() + static_cast<int64_t>(e) * 2 * c.F * c.D;
   const float* h = in.h.data() + t * c.D;
   for (int64_t f = 0; f < c.F; ++f) {
     float g = 0.0f, u = 0.0f;
     for (int64_t d = 0; d < c.D; ++d) {
-      g += h[d] * bf16_to_f32(gu[f * c.D + d]);
-      u += h[d] * bf16_to_f32(gu[(c.F + f) * c.D + d]);
+      g += h[d] * gu[f * c.D + d];
+      u += h[d] * gu[(c.F + f) * c.D + d];
     }
     act[f] = g / (1.0f + std::exp(-g)) * u;
   }
-  const uint16_t* dn = in.down.data() + static_cast<int64_t>(e) * c.D * c.F;
+  const float* dn = in.down.data() + static_cast<int64_t>(e) * c.D * c.F;
   std::vector<float> rss(c.D);
   for (int64_t d = 0; d < c.D; ++d) {
     double ss = 0.0;
     for (int64_t f = 0; f < c.F; ++f) {
-      const double term = act[f] * bf16_to_f32(dn[d * c.F + f]);
+      const double term = act[f] * dn[d * c.F + f];
       ss += term * term;
     }
     rss[d] = static_cast<float>(std::sqrt(ss));
@@ -226,7 +254,10 @@ std::vector<float> down_term_rss(const ExpertsCase& c, const ExpertsInputs& in, 
 // square; 2^-5 x that (16 standard deviations) per expert, times the routing weight, does not
 // fail by chance, and stays far below one expert's whole contribution (the size of a wrong expert,
 // weight or order, about the root-sum-square itself for random weights). On top, 2^-8 of
-// |w_k y_k|: each expert's output rounded to bf16 before the weighted sum.
+// |w_k y_k|: each expert's output rounded to bf16 before the weighted sum. 4-bit experts: the
+// grouped 4-bit GEMV rounds as the GEMM path does (its products are exact); per-expert products
+// past its rows multiply the weights rounded to bf16, an error of the same size as the rounding of
+// gate and up (2^-9 of each term), which the same slack covers.
 void reference(Backend& cpu, const ExpertsCase& c, ExpertsInputs& in, std::vector<float>& want,
                std::vector<float>& slack) {
   const int64_t n = in.n;
@@ -393,6 +424,29 @@ TEST(MoeExperts, AllTokensOnOneExpert) {
   // Two experts sharing every token, listed in reverse expert order.
   for (int64_t n : {7, 300})
     run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, true, Routing::kAllOnFew}, n);
+}
+
+// 4-bit experts (kept 4-bit on the device) on their two paths, the grouped 4-bit GEMV and
+// per-expert products: group sizes 128 and 32 and GGUF's Q4_0, Mixtral's and DeepSeek-V2-Lite's
+// routing at decode and prefill sizes, V2-Lite's real expert shape, and one expert taking every
+// token (many GEMV passes of kInt4GemvMaxRows slots; the pass count sized from a low bound).
+TEST(MoeExperts, FourBitExperts) {
+  PAGELLM_REQUIRE_CUDA();
+  uint64_t seed = base_seed() + 9700;
+  const std::initializer_list<MoePath> paths = {MoePath::kAuto, MoePath::kGemv,
+                                                MoePath::kExpertGemm};
+  for (DType t : {DType::kI4G128, DType::kI4G32, DType::kQ4_0}) {
+    for (int64_t n : {1, 7, 64, 300}) {
+      run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, true, Routing::kRandom, t}, n, paths);
+      run_experts_case(cuda, cpu, ++seed, {64, 6, 512, 256, n > 7, Routing::kRandom, t}, n, paths);
+    }
+  }
+  for (int64_t n : {1, 7})
+    run_experts_case(cuda, cpu, ++seed, {64, 6, 2048, 1408, true, Routing::kRandom, DType::kI4G128},
+                     n, paths);
+  for (int64_t n : {1, 40, 100})
+    run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, false, Routing::kAllOnFew, DType::kI4G64},
+                     n, paths);
 }
 
 // The small sizes of the golden fixtures (hidden 64, widths 48 and 32): one partial stretch of

@@ -129,8 +129,9 @@ class CudaBackend final : public Backend {
   // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
   // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded. kGemv makes
   // a one-token step's down products and combine in one kernel where it can; kGemvApart keeps
-  // them two (what that kernel must equal bit for bit). order: made by moe_order, or null to sort
-  // here.
+  // them two (what that kernel must equal bit for bit). 4-bit experts have the grouped 4-bit GEMV
+  // (kGemv, kGemvApart and kGroupedGemm name it) and kExpertGemm. order: made by moe_order, or
+  // null to sort here.
   enum class MoePath { kAuto, kGemv, kGemvApart, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
@@ -227,6 +228,9 @@ class CudaBackend final : public Backend {
                          const MoeWorkspace& ws, int64_t n_pairs);
   void moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
                         const MoeWorkspace& ws);
+  // The same with 4-bit experts through the grouped 4-bit GEMV (moe.h, launch_moe_int4_gemv).
+  void moe_int4_gemvs(const Tensor& h, const Tensor& gu, const Tensor& dn, const MoeWorkspace& ws,
+                      int64_t max_active, int64_t max_tokens, int64_t n_pairs);
 
   // Shared with the buffers this backend hands out, which bump it when they free their memory
   // (they may outlive the backend, hence shared ownership).

@@ -27,6 +27,7 @@
 //   i:      0      1       2       3       4       5       6       7
 //   value:  (r,c)  (r+8,c) (r,c+2) (r+8,c+2) (r,c+1) (r+8,c+1) (r,c+3) (r+8,c+3)
 // so that (word >> 4s) & 0x000F000F holds A register s's pair in its two halves.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -34,6 +35,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/stripe_gemv.cuh"
 
 namespace pagellm::cuda {
@@ -148,22 +150,33 @@ struct Int4GemvParams {
   int64_t n_stripes, k_dim;
   int k_split;  // warps sharing a stripe's chunks: 1, 2, 4 or 8
   stripe_gemv::Output o;
+  // Grouped (a mixture-of-experts layer's stacked experts, kGrouped): blockIdx.y is an
+  // active-expert slot of the MoE sort (active[y] the expert, -1 past them), blockIdx.z a pass of
+  // 8 NT of that expert's slots [offsets[e], offsets[e + 1]); slot s multiplies x's row
+  // x_rows[s] (s when null) and writes the output's row s; expert e's weight starts
+  // e * expert_bytes into w.
+  const int32_t* offsets;
+  const int32_t* active;
+  const int32_t* x_rows;
+  int64_t expert_bytes;
 };
 
 // Blocks of the GEMV an SM holds: three where the registers allow it (one tile of x rows, one
 // header a chunk: 80 registers a thread with 8 bytes spilled), else two.
 __host__ __device__ constexpr int int4_gemv_blocks(int g, int nt) { return nt == 1 && g >= 64 ? 3 : 2; }
 
-// out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.o.n <= 8 NT. Warp `part` of a stripe's
-// k_split warps takes the chunks part, part + k_split, ..., streaming them a trip of kUnroll
-// chunks ahead (the next trip's loads go out before this one's math); each chunk's k-tiles go
-// through one mma per 8 rows of x (NT) into partial sums that the group's scale adds to the warp's
-// accumulators. The stripe's warps then meet in shared memory and its first warp adds their sums
-// in a fixed order (finish_stripe) and stores. The loop walks pointers (a chunk is a
-// fixed step in the weights, headers and x), which keeps the instructions a chunk few: the
-// kernel issues ~50% of the cycles at full speed (Nsight Compute), so every one counts.
-template <int G, int NT, typename TOut, bool kAdd>
-__global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_kernel(const Int4GemvParams p) {
+// out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < o.n <= 8 NT (grouped: n the slots
+// first_slot + n, x's rows x_rows of them, w the expert's weight, o the pass's output rows).
+// Warp `part` of a stripe's k_split warps takes the chunks part, part + k_split, ..., streaming
+// them a trip of kUnroll chunks ahead (the next trip's loads go out before this one's math); each
+// chunk's k-tiles go through one mma per 8 rows of x (NT) into partial sums that the group's scale
+// adds to the warp's accumulators. The stripe's warps then meet in shared memory and its first
+// warp adds their sums in a fixed order (finish_stripe) and stores. The loop walks pointers (a
+// chunk is a fixed step in the weights, headers and x), which keeps the instructions a chunk few:
+// the kernel issues ~50% of the cycles at full speed (Nsight Compute), so every one counts.
+template <int G, int NT, typename TOut, bool kAdd, bool kGrouped>
+__device__ __forceinline__ void int4_gemv_rows(const Int4GemvParams& p, const uint8_t* w,
+                                               const stripe_gemv::Output& o, int first_slot) {
   constexpr int kGroupsPerChunk = G < 64 ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split, part = warp & (split - 1);
@@ -171,8 +184,8 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
   const bool active = stripe < p.n_stripes;
   const int k_dim = static_cast<int>(p.k_dim), n_chunks = k_dim / 64;
   const int64_t stripe_bytes = 8 * static_cast<int64_t>(k_dim) + 64 * (k_dim / G);
-  const uint8_t* base = p.w + (active ? stripe : 0) * stripe_bytes;
   const int r = lane >> 2, q = lane & 3;
+  const uint8_t* base = w + (active ? stripe : 0) * stripe_bytes;
   // This warp's chunks: part + i * split for i < mine.
   const int mine = active && part < n_chunks ? (n_chunks - part + split - 1) / split : 0;
   const uint4* vp = reinterpret_cast<const uint4*>(base) + lane + 32 * part;
@@ -184,7 +197,17 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
   const int64_t xtile = 8 * p.ldx;  // from one tile of 8 rows of x to the next
   bool xrow[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < p.o.n;
+  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < o.n;
+  // Grouped: lane row r of tile t is slot first_slot + 8 t + r, at x's row x_rows of it.
+  const bf16* xg[kGrouped ? NT : 1];
+  if constexpr (kGrouped) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int s = first_slot + t * 8 + r;
+      const int64_t row = !xrow[t] ? 0 : p.x_rows != nullptr ? p.x_rows[s] : s;
+      xg[t] = p.x + row * p.ldx + part * 64 + 8 * q;
+    }
+  }
 
   float acc[NT][4];
 #pragma unroll
@@ -209,9 +232,10 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
       }
     }
   };
-  // The weights are no kernel's output: the first trip's loads go out before the wait.
+  // The weights are no kernel's output: the first trip's loads go out before the wait (grouped
+  // blocks have waited already).
   load_trip(0);
-  pdl_wait();
+  if constexpr (!kGrouped) pdl_wait();
   pdl_allow_next();
 
   for (int i0 = 0; i0 < mine; i0 += kUnroll) {
@@ -227,16 +251,18 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (i0 + u >= mine) break;
-      const bf16* xc = xp + (i0 + u) * xstep;
+      const int64_t xoff = (i0 + u) * xstep;
       // x: lane (r, q) reads row t * 8 + r, columns 8q .. + 8 of each 32-column half of the
       // chunk, the B fragments of the half's two k-tiles (k-tile j: words 2 (j % 2), + 1).
       uint4 xv[NT][2];
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
+      for (int t = 0; t < NT; ++t) {
+        const bf16* xc = kGrouped ? xg[kGrouped ? t : 0] + xoff : xp + xoff + t * xtile;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          xv[t][h] = xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xc + t * xtile + 32 * h))
-                             : make_uint4(0, 0, 0, 0);
+          xv[t][h] =
+              xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xc + 32 * h)) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // the chunk's two 32-column halves: independent sums
         const int g = kGroupsPerChunk == 2 ? h : 0;
@@ -263,7 +289,30 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT)) int4_gemv_k
     }
   }
 
-  stripe_gemv::finish_stripe<NT, TOut, kAdd>(acc, split, part, active, stripe, p.o);
+  stripe_gemv::finish_stripe<NT, TOut, kAdd>(acc, split, part, active, stripe, o);
+}
+
+template <int G, int NT, typename TOut, bool kAdd, bool kGrouped>
+__global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT))
+    int4_gemv_kernel(const Int4GemvParams p) {
+  if constexpr (!kGrouped) {
+    int4_gemv_rows<G, NT, TOut, kAdd, false>(p, p.w, p.o, 0);
+  } else {
+    // Which expert and slots this block takes is known once the sort before has run (its outputs
+    // decide where the weights are, so nothing loads early). Passes z, z + gridDim.z, ... of the
+    // expert's slots, however many it has.
+    pdl_wait();
+    const int e = p.active[blockIdx.y];
+    if (e < 0) return;
+    const int first = p.offsets[e] + static_cast<int>(blockIdx.z) * 8 * NT, end = p.offsets[e + 1];
+    for (int s0 = first; s0 < end; s0 += static_cast<int>(gridDim.z) * 8 * NT) {
+      if (s0 != first) __syncthreads();  // the pass before has read its sums out of shared memory
+      stripe_gemv::Output o = p.o;
+      o.n = min(8 * NT, end - s0);
+      o.out = static_cast<TOut*>(o.out) + static_cast<int64_t>(s0) * o.ldo;
+      int4_gemv_rows<G, NT, TOut, kAdd, true>(p, p.w + e * p.expert_bytes, o, s0);
+    }
+  }
 }
 
 // Rows [0, n_stripes * 16) of a device-layout weight -> bf16 row-major [rows, K] (row stride K),
@@ -423,7 +472,45 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
   dispatch_group(w.dtype, [&](auto g) {
     stripe_gemv::dispatch_tiles(x.n_rows, out.dtype, accumulate, [&](auto nt, auto o, auto add) {
       launch_overlapped(int4_gemv_kernel<decltype(g)::value, decltype(nt)::value, decltype(o),
-                                         decltype(add)::value>,
+                                         decltype(add)::value, false>,
+                        grid, dim3(kThreads), 0, stream, p);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_int4_gemv(const MoeInt4Gemv& g, const MoeWorkspace& ws, int64_t max_active,
+                          int64_t max_tokens, cudaStream_t stream) {
+  PAGELLM_CHECK_MSG(int4_layout_fits(g.dtype, g.rows, g.cols) && g.ldx % 8 == 0 &&
+                        reinterpret_cast<uintptr_t>(g.x) % 16 == 0,
+                    "moe int4 gemv: experts not in the 4-bit layout, or x's rows not 16-byte "
+                    "aligned");
+  if (max_active <= 0 || max_tokens <= 0) return;
+  Int4GemvParams p{};
+  p.x = static_cast<const bf16*>(g.x);
+  p.ldx = g.ldx;
+  p.w = static_cast<const uint8_t*>(g.w);
+  p.n_stripes = g.rows / 16;
+  p.k_dim = g.cols;
+  p.o = {nullptr, DType::kF32, g.out, g.ldo, 0};  // o.n: each block's own slot count
+  p.offsets = ws.offsets;
+  p.active = ws.active;
+  p.x_rows = g.x_rows;
+  p.expert_bytes = dtype_bytes(g.dtype, g.rows * g.cols);
+  // An expert's slots in passes of up to kInt4GemvMaxRows; the tile count of the largest pass.
+  const int64_t pass = std::min<int64_t>(max_tokens, kInt4GemvMaxRows);
+  const int blocks = int4_gemv_blocks(static_cast<int>(int4_group(g.dtype)), pass <= 8 ? 1 : 2);
+  // The waves as if every slot's expert had its own stripes (the active experts' count is the
+  // device's to know; max_active bounds it).
+  p.k_split = stripe_gemv::choose_k_split(p.n_stripes * max_active, g.cols / 64, kUnroll, blocks);
+  PAGELLM_CHECK_MSG(max_active < 65536 && (max_tokens + pass - 1) / pass < 65536,
+                    "moe int4 gemv: too many experts or tokens for the grid");
+  const dim3 grid(ceil_div(p.n_stripes, kWarps / p.k_split), static_cast<unsigned>(max_active),
+                  static_cast<unsigned>((max_tokens + pass - 1) / pass));
+  dispatch_group(g.dtype, [&](auto gs) {
+    stripe_gemv::dispatch_tiles(pass, DType::kBF16, false, [&](auto nt, auto o, auto add) {
+      launch_overlapped(int4_gemv_kernel<decltype(gs)::value, decltype(nt)::value, decltype(o),
+                                         decltype(add)::value, true>,
                         grid, dim3(kThreads), 0, stream, p);
     });
   });
