@@ -535,17 +535,24 @@ PY
         --output-len 256 --max-num-seqs ${PAGELLM_OFFLINE_SEQS:-512} \
         --max-num-batched-tokens ${PAGELLM_OFFLINE_TOKENS:-16384}
     done
-    # 4-bit routed experts (issue 43): the DeepSeek-V2-Lite shape with random AWQ-style weights
-    # (experts, shared experts and dense projections 4-bit; MLA's kv_b and the lm_head bf16):
-    # batch-1 latency, its per-op table, and issue 8's offline run; bf16's are the MoE set above.
-    if [ "${PAGELLM_CHECK_INT4:-1}" = 1 ] && [ "${PAGELLM_CHECK_MOE:-0}" = 1 ]; then
-      run_bench latency-deepseek-v2-lite-awq latency --model $cfg/deepseek-v2-lite.json \
-        --load-format dummy --quantization awq --device cuda --input-len 512 --output-len 128 --iters 2
-      run_bench profile-deepseek-v2-lite-awq latency --profile --model $cfg/deepseek-v2-lite.json \
-        --load-format dummy --quantization awq --device cuda --input-len 512 --output-len 8 --iters 1
-      run_bench throughput-deepseek-v2-lite-awq throughput --model $cfg/deepseek-v2-lite.json \
-        --load-format dummy --quantization awq --device cuda --num-prompts 200 --input-len 1000 \
-        --output-len 100 --max-num-seqs 256 --max-num-batched-tokens 16384
+    # Quantized routed experts (issues 43, 44): the DeepSeek-V2-Lite shape with random AWQ-style
+    # 4-bit weights and with 128 x 128 block FP8 ones (experts, shared experts and dense
+    # projections; MLA's kv_b and the lm_head bf16): batch-1 latency, its per-op table, and issue
+    # 8's offline run; bf16's are the MoE set above.
+    if [ "${PAGELLM_CHECK_MOE:-0}" = 1 ]; then
+      moe_quantized=()
+      [ "${PAGELLM_CHECK_INT4:-1}" = 1 ] && moe_quantized+=(awq)
+      [ "${PAGELLM_CHECK_FP8:-1}" = 1 ] && moe_quantized+=(fp8-block)
+      for q in ${moe_quantized[@]+"${moe_quantized[@]}"}; do
+        run_bench latency-deepseek-v2-lite-$q latency --model $cfg/deepseek-v2-lite.json \
+          --load-format dummy --quantization $q --device cuda --input-len 512 --output-len 128 \
+          --iters 2
+        run_bench profile-deepseek-v2-lite-$q latency --profile --model $cfg/deepseek-v2-lite.json \
+          --load-format dummy --quantization $q --device cuda --input-len 512 --output-len 8 --iters 1
+        run_bench throughput-deepseek-v2-lite-$q throughput --model $cfg/deepseek-v2-lite.json \
+          --load-format dummy --quantization $q --device cuda --num-prompts 200 --input-len 1000 \
+          --output-len 100 --max-num-seqs 256 --max-num-batched-tokens 16384
+      done
     fi
     # PAGELLM_CHECK_PROFILE_OFFLINE=1: where an offline run's time goes, op by op (`bench
     # throughput --profile`: eager, every op timed, summed per op kind and weight shape; the

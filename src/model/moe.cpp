@@ -69,16 +69,19 @@ Status load_routed_experts(WeightLoader& ld, Backend& backend, int64_t E, int64_
       gate_up.push_back({names.up(e), F});
       down.push_back({names.down(e), D});
     }
-    // The device MoE kernels read bf16 or 4-bit experts: 4-bit ones stay 4-bit where both
-    // stacks fit the device's layout, every other type is dequantized.
-    const bool int4 = is_group_int4(ld.device_stack_type(gate_up, D)) &&
-                      is_group_int4(ld.device_stack_type(down, F));
-    PAGELLM_ASSIGN_OR_RETURN(Tensor gu, ld.stacked_matrix(gate_up, D, int4));  // [E*2F, D]
-    PAGELLM_ASSIGN_OR_RETURN(Tensor dn, ld.stacked_matrix(down, F, int4));     // [E*D, F]
-    const auto readable = [](DType t) { return t == DType::kBF16 || is_group_int4(t); };
+    // The device MoE kernels read bf16, 4-bit (I4G) or FP8 (F8G128, F8Row) experts: quantized
+    // ones stay so where both stacks fit the device's layout, every other type is dequantized.
+    const auto readable = [](DType t) {
+      return t == DType::kBF16 || is_group_int4(t) || t == DType::kF8G128 || t == DType::kF8Row;
+    };
+    const DType gu_kept = ld.device_stack_type(gate_up, D), dn_kept = ld.device_stack_type(down, F);
+    const bool keep = gu_kept != DType::kF32 && dn_kept != DType::kF32 && readable(gu_kept) &&
+                      readable(dn_kept) && is_group_int4(gu_kept) == is_group_int4(dn_kept);
+    PAGELLM_ASSIGN_OR_RETURN(Tensor gu, ld.stacked_matrix(gate_up, D, keep));  // [E*2F, D]
+    PAGELLM_ASSIGN_OR_RETURN(Tensor dn, ld.stacked_matrix(down, F, keep));     // [E*D, F]
     if (!readable(gu.dtype) || !readable(dn.dtype)) {
       return unimplemented("routed experts stored as " + std::string(dtype_name(gu.dtype)) +
-                           ": the device MoE kernels read bf16 or 4-bit expert weights");
+                           ": the device MoE kernels read bf16, 4-bit or FP8 expert weights");
     }
     out.gate_up = gu.reshape({E, 2 * F, D});
     out.down = dn.reshape({E, D, F});

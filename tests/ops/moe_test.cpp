@@ -3,14 +3,15 @@
 // from a handful of values so that ties are everywhere; moe_experts on both of its paths (grouped
 // GEMV and per-expert cuBLASLt) for 1, 2, 7, 64 and 300 tokens, Mixtral's routing (8 experts,
 // top 2) and DeepSeek-V2-Lite's (64 experts, top 6) with and without shared experts, experts that
-// receive no tokens, all tokens on one expert, 4-bit experts; and a recorded graph of routing +
-// experts replayed on new logits, which must route them anew on the device.
+// receive no tokens, all tokens on one expert, 4-bit and FP8 experts; and a recorded graph of
+// routing + experts replayed on new logits, which must route them anew on the device.
 #include "op_test_util.h"
 
 #include <algorithm>
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 
 namespace pagellm::optest {
 namespace {
@@ -126,8 +127,8 @@ struct ExpertsCase {
   int64_t E, K, D, F;
   bool shared;
   Routing routing = Routing::kRandom;
-  // The experts' type: bf16, or a 4-bit checkpoint type (the I4G types, GGUF's Q4_0) that the
-  // device keeps 4-bit.
+  // The experts' type: bf16, or a quantized checkpoint type the device keeps quantized: the I4G
+  // types and GGUF's Q4_0 (4-bit), F8G128 (FP8, one scale per 128 values of a row).
   DType weights = DType::kBF16;
 };
 
@@ -161,7 +162,7 @@ Tensor random_experts(Backend& cuda, Rng& rng, DType t, int64_t rows, int64_t co
   std::vector<uint8_t> bytes(dtype_bytes(t, rows * cols));
   from_f32(t, values.data(), bytes.data(), rows * cols);
   to_f32(t, bytes.data(), values.data(), rows * cols);
-  const DType kept = cuda::int4_device_type(t);
+  const DType kept = cuda::kept_type(t);
   PAGELLM_CHECK(cuda.quantized_storage(t, rows, cols) == kept);
   Result<Tensor> w =
       cuda.upload_weight(Tensor(bytes.data(), t, {rows, cols}), kept, storage.emplace_back());
@@ -426,27 +427,30 @@ TEST(MoeExperts, AllTokensOnOneExpert) {
     run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, true, Routing::kAllOnFew}, n);
 }
 
-// 4-bit experts (kept 4-bit on the device) on their two paths, the grouped 4-bit GEMV and
-// per-expert products: group sizes 128 and 32 and GGUF's Q4_0, Mixtral's and DeepSeek-V2-Lite's
-// routing at decode and prefill sizes, V2-Lite's real expert shape, and one expert taking every
-// token (many GEMV passes of kInt4GemvMaxRows slots; the pass count sized from a low bound).
-TEST(MoeExperts, FourBitExperts) {
+// Quantized experts (kept quantized on the device) on their two paths, the format's grouped GEMV
+// and per-expert products: 4-bit with group sizes 128 and 32 and GGUF's Q4_0, and FP8 with
+// 128-value scales; Mixtral's and DeepSeek-V2-Lite's routing at decode and prefill sizes,
+// V2-Lite's real expert shape, and two experts taking every token (many GEMV passes of 32 slots;
+// the pass count sized from a low bound).
+TEST(MoeExperts, QuantizedExperts) {
   PAGELLM_REQUIRE_CUDA();
   uint64_t seed = base_seed() + 9700;
   const std::initializer_list<MoePath> paths = {MoePath::kAuto, MoePath::kGemv,
                                                 MoePath::kExpertGemm};
-  for (DType t : {DType::kI4G128, DType::kI4G32, DType::kQ4_0}) {
+  for (DType t : {DType::kI4G128, DType::kI4G32, DType::kQ4_0, DType::kF8G128}) {
     for (int64_t n : {1, 7, 64, 300}) {
       run_experts_case(cuda, cpu, ++seed, {8, 2, 512, 1024, true, Routing::kRandom, t}, n, paths);
       run_experts_case(cuda, cpu, ++seed, {64, 6, 512, 256, n > 7, Routing::kRandom, t}, n, paths);
     }
   }
-  for (int64_t n : {1, 7})
-    run_experts_case(cuda, cpu, ++seed, {64, 6, 2048, 1408, true, Routing::kRandom, DType::kI4G128},
-                     n, paths);
-  for (int64_t n : {1, 40, 100})
-    run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, false, Routing::kAllOnFew, DType::kI4G64},
-                     n, paths);
+  for (DType t : {DType::kI4G128, DType::kF8G128}) {
+    for (int64_t n : {1, 7})
+      run_experts_case(cuda, cpu, ++seed, {64, 6, 2048, 1408, true, Routing::kRandom, t}, n, paths);
+  }
+  for (DType t : {DType::kI4G64, DType::kF8G128}) {
+    for (int64_t n : {1, 40, 100})
+      run_experts_case(cuda, cpu, ++seed, {8, 2, 256, 128, false, Routing::kAllOnFew, t}, n, paths);
+  }
 }
 
 // The small sizes of the golden fixtures (hidden 64, widths 48 and 32): one partial stretch of

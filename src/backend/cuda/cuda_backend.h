@@ -129,9 +129,9 @@ class CudaBackend final : public Backend {
   // moe_experts() on a chosen path (tests and benchmarks run each on every shape); kAuto chooses
   // as moe_experts() does. kExpertGemm waits for the host, so it cannot be recorded. kGemv makes
   // a one-token step's down products and combine in one kernel where it can; kGemvApart keeps
-  // them two (what that kernel must equal bit for bit). 4-bit experts have the grouped 4-bit GEMV
-  // (kGemv, kGemvApart and kGroupedGemm name it) and kExpertGemm. order: made by moe_order, or
-  // null to sort here.
+  // them two (what that kernel must equal bit for bit). Quantized experts have their format's
+  // grouped GEMV (kGemv, kGemvApart and kGroupedGemm name it) and kExpertGemm. order: made by
+  // moe_order, or null to sort here.
   enum class MoePath { kAuto, kGemv, kGemvApart, kGroupedGemm, kExpertGemm };
   void moe_experts_on_path(const Tensor& h, const Tensor& ids, const Tensor& weights,
                            const MoeExpertWeights& experts, const Tensor& shared, Tensor& out,
@@ -200,6 +200,11 @@ class CudaBackend final : public Backend {
   Result<Tensor> upload_kept(const Tensor& host, DType dtype, std::unique_ptr<Buffer>& storage);
   void fill_random_kept(Tensor& t, uint64_t seed, float lo, float hi);
   void kept_matmul(const MatmulOperands& m, const Tensor* add_scratch);
+  // kept_matmul's product past its GEMV and FP8 GEMM: rows [first_row, first_row + m.w.n_rows)
+  // of the kept weight of total_rows rows at m.w.data (a stacked expert's, for FP8 whose scales
+  // interleave), dequantized a slice at a time into the bf16 scratch, each slice through cuBLASLt.
+  void sliced_matmul(const MatmulOperands& m, int64_t total_rows, int64_t first_row,
+                     const Tensor* add_scratch);
   // The slices of both streams (and the FP8 GEMMs where the device has FP8 tensor cores),
   // made with the first quantized weight.
   void ensure_quant_slices();
@@ -228,8 +233,8 @@ class CudaBackend final : public Backend {
                          const MoeWorkspace& ws, int64_t n_pairs);
   void moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
                         const MoeWorkspace& ws);
-  // The same with 4-bit experts through the grouped 4-bit GEMV (moe.h, launch_moe_int4_gemv).
-  void moe_int4_gemvs(const Tensor& h, const Tensor& gu, const Tensor& dn, const MoeWorkspace& ws,
+  // The same with quantized experts through their format's grouped GEMV (moe.h, MoeKeptGemv).
+  void moe_kept_gemvs(const Tensor& h, const Tensor& gu, const Tensor& dn, const MoeWorkspace& ws,
                       int64_t max_active, int64_t max_tokens, int64_t n_pairs);
 
   // Shared with the buffers this backend hands out, which bump it when they free their memory

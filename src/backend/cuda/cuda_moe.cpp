@@ -1,7 +1,7 @@
 // CudaBackend's mixture-of-experts ops: checks, the MoE workspace, and the choice between the
 // grouped GEMVs (decode-sized steps), the grouped tensor-core GEMMs (larger ones, and every
-// recording) and per-expert cuBLASLt GEMMs (large eager steps), as described in moe.h; 4-bit
-// experts between the grouped 4-bit GEMV and per-expert products.
+// recording) and per-expert cuBLASLt GEMMs (large eager steps), as described in moe.h; quantized
+// (4-bit, FP8) experts between their format's grouped GEMV and per-expert products.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -150,17 +150,23 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   PAGELLM_CHECK_MSG(h.dtype == DType::kBF16 && out.dtype == DType::kBF16,
                     "moe_experts: h and out must be bf16");
   PAGELLM_CHECK_MSG(out.rows() == n && out.cols() == D, "moe_experts: out shape differs from h");
-  // bf16 experts, or 4-bit ones in the device's stripe layout (each expert whole stripes).
-  const bool int4 = is_group_int4(gu.dtype);
-  PAGELLM_CHECK_MSG(gu.ndim == 3 && (gu.dtype == DType::kBF16 || int4) && gu.is_contiguous() &&
+  // bf16 experts, or ones kept quantized (4-bit or FP8) in the device's layout, each expert whole
+  // 16-row stripes.
+  const bool kept = kept_quantized(gu.dtype);
+  const auto same_kind = [&](DType t) {
+    return kept ? is_group_int4(t) == is_group_int4(gu.dtype) && kept_quantized(t)
+                : t == DType::kBF16;
+  };
+  PAGELLM_CHECK_MSG(gu.ndim == 3 && (gu.dtype == DType::kBF16 || kept) && gu.is_contiguous() &&
                         gu.size(1) == 2 * F && gu.size(2) == D,
-                    "moe_experts: gate_up must be a contiguous [E, 2F, D], bf16 or 4-bit");
-  PAGELLM_CHECK_MSG(dn.ndim == 3 && (int4 ? is_group_int4(dn.dtype) : dn.dtype == DType::kBF16) &&
-                        dn.is_contiguous() && dn.size(0) == E && dn.size(1) == D,
+                    "moe_experts: gate_up must be a contiguous [E, 2F, D], bf16, 4-bit or FP8");
+  PAGELLM_CHECK_MSG(dn.ndim == 3 && same_kind(dn.dtype) && dn.is_contiguous() && dn.size(0) == E &&
+                        dn.size(1) == D,
                     "moe_experts: down must be a contiguous [E, D, F] of gate_up's kind");
   PAGELLM_CHECK_MSG(
-      !int4 || (int4_layout_fits(gu.dtype, 2 * F, D) && int4_layout_fits(dn.dtype, D, F)),
-      "moe_experts: 4-bit experts must be whole 16-row stripes and 64-column chunks");
+      !kept || (kept_layout_fits(gu.dtype, 2 * F, D) && kept_layout_fits(dn.dtype, D, F)),
+      "moe_experts: quantized experts must be whole 16-row stripes, and 64-column "
+      "chunks (4-bit) or 128-column groups (FP8)");
   PAGELLM_CHECK_MSG(E > 0 && E <= kMoeMaxExperts, "moe_experts: at most 1024 experts on CUDA");
   // The GEMV kernels read 16-byte pieces of weight rows and activation rows.
   PAGELLM_CHECK_MSG(D % 8 == 0 && F % 8 == 0 && D > 0 && F > 0,
@@ -203,17 +209,18 @@ void CudaBackend::moe_experts_on_path(const Tensor& h, const Tensor& ids, const 
   PAGELLM_CHECK_MSG(!(recording && path == MoePath::kExpertGemm),
                     "moe_experts: the per-expert GEMM path waits for the host and cannot be "
                     "recorded");
-  if (int4) {
-    // 4-bit experts take two paths: the grouped 4-bit GEMV (every recorded step, and eager ones
-    // up to a pass of kInt4GemvMaxRows slots an expert on average; the GEMV paths and the grouped
-    // GEMM's name it), and per-expert products on the gathered rows (as the dense 4-bit matmul
-    // makes them: the GEMV, or dequantized slices through cuBLASLt) for larger eager steps.
+  if (kept) {
+    // Quantized experts take two paths: the format's grouped GEMV (every recorded step, and eager
+    // ones up to a pass of 32 slots an expert on average; the GEMV paths and the grouped GEMM's
+    // name it), and per-expert products on the gathered rows for larger eager steps (4-bit as the
+    // dense 4-bit matmul makes them, FP8 as dequantized slices through cuBLASLt).
+    static_assert(kInt4GemvMaxRows == kFp8GemvMaxRows, "one pass width for both formats");
     if (path == MoePath::kAuto)
       path = recording || n_pairs <= kInt4GemvMaxRows * E ? MoePath::kGemv : MoePath::kExpertGemm;
     if (path == MoePath::kExpertGemm) {
       moe_expert_gemms(h, gu, dn, ws);
     } else {
-      moe_int4_gemvs(h, gu, dn, ws, std::min(E, n_pairs), n, n_pairs);
+      moe_kept_gemvs(h, gu, dn, ws, std::min(E, n_pairs), n, n_pairs);
     }
     launch_moe_combine(ids.ptr<int32_t>(), weights.ptr<float>(), n, static_cast<int32_t>(K),
                        static_cast<int32_t>(E), ws, D, shared_view, row_view(out), stream_);
@@ -289,37 +296,46 @@ void CudaBackend::moe_grouped_gemms(const Tensor& h, const Tensor& gu, const Ten
   launch_moe_gemm(down, n_pairs, stream_);
 }
 
-void CudaBackend::moe_int4_gemvs(const Tensor& h, const Tensor& gu, const Tensor& dn,
+void CudaBackend::moe_kept_gemvs(const Tensor& h, const Tensor& gu, const Tensor& dn,
                                  const MoeWorkspace& ws, int64_t max_active, int64_t max_tokens,
                                  int64_t n_pairs) {
   // gate|up of each slot's token row into act, silu(gate) * up into its gate half, down into xy.
   // Slots past the step's count (pairs with an id out of range) hold stale values nothing reads.
-  const int64_t D = h.cols(), F = dn.size(2);
-  MoeInt4Gemv g;
+  const int64_t D = h.cols(), F = dn.size(2), E = gu.size(0);
+  const auto launch = [&](const MoeKeptGemv& g) {
+    if (is_kept_fp8(g.dtype)) {
+      launch_moe_fp8_gemv(g, ws, max_active, max_tokens, stream_);
+    } else {
+      launch_moe_int4_gemv(g, ws, max_active, max_tokens, stream_);
+    }
+  };
+  MoeKeptGemv g;
   g.x = h.data;
   g.ldx = h.row_stride();
   g.x_rows = ws.slot_token;
   g.w = gu.data;
   g.dtype = gu.dtype;
+  g.n_experts = E;
   g.rows = 2 * F;
   g.cols = D;
   g.out = ws.act;
   g.ldo = 2 * F;
-  launch_moe_int4_gemv(g, ws, max_active, max_tokens, stream_);
+  launch(g);
   auto* act = static_cast<char*>(ws.act);
   const RowView gate{act, DType::kBF16, n_pairs, F, 2 * F};
   const RowView up{act + F * 2, DType::kBF16, n_pairs, F, 2 * F};
   launch_silu_mul(gate, up, gate, stream_);
-  MoeInt4Gemv d;
+  MoeKeptGemv d;
   d.x = ws.act;
   d.ldx = 2 * F;
   d.w = dn.data;
   d.dtype = dn.dtype;
+  d.n_experts = E;
   d.rows = D;
   d.cols = F;
   d.out = ws.xy;
   d.ldo = D;
-  launch_moe_int4_gemv(d, ws, max_active, max_tokens, stream_);
+  launch(d);
 }
 
 void CudaBackend::moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tensor& dn,
@@ -333,20 +349,24 @@ void CudaBackend::moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tens
   const int64_t n_slots = moe_offsets_[E];
   launch_gather_rows(row_view(h), ws.slot_token, RowView{ws.xy, DType::kBF16, n_slots, D, D},
                      stream_);
-  auto* gu_base = static_cast<char*>(gu.data);
-  auto* dn_base = static_cast<char*>(dn.data);
   auto* act = static_cast<char*>(ws.act);
   auto* xy = static_cast<char*>(ws.xy);
-  // Expert e's [rows, cols] weight of a stack, and its product: bf16 through cuBLASLt, 4-bit as
-  // the dense 4-bit matmul makes it (the GEMV, or dequantized slices through cuBLASLt).
-  const auto expert = [](char* base, DType dt, int64_t e, int64_t rows, int64_t cols) {
-    return RowView{base + dtype_bytes(dt, e * rows * cols), dt, rows, cols, cols};
-  };
-  const auto product = [&](const RowView& x, const RowView& w, const RowView& out) {
+  // The product with expert e's [rows, cols] weight of a stack: bf16 through cuBLASLt, 4-bit as
+  // the dense 4-bit matmul makes it (the GEMV, or dequantized slices through cuBLASLt; an
+  // expert's stripes stand alone), FP8 as dequantized slices (its scales interleave with the
+  // other experts', which neither the FP8 GEMV alone nor cuBLASLt's FP8 GEMM reads).
+  const auto product = [&](const RowView& x, const Tensor& w, int64_t e, int64_t rows, int64_t cols,
+                           const RowView& out) {
+    char* base = static_cast<char*>(w.data);
     if (w.dtype == DType::kBF16) {
-      gemm_->run(x, w, nullptr, DType::kF32, out);
+      gemm_->run(x, RowView{base + e * rows * cols * 2, w.dtype, rows, cols, cols}, nullptr,
+                 DType::kF32, out);
+    } else if (is_kept_fp8(w.dtype)) {
+      sliced_matmul(MatmulOperands{x, RowView{base, w.dtype, rows, cols, cols}, out},
+                    w.size(0) * rows, e * rows, nullptr);
     } else {
-      kept_matmul(MatmulOperands{x, w, out}, nullptr);
+      const RowView we{base + dtype_bytes(w.dtype, e * rows * cols), w.dtype, rows, cols, cols};
+      kept_matmul(MatmulOperands{x, we, out}, nullptr);
     }
   };
   for (int64_t e = 0; e < E; ++e) {
@@ -354,7 +374,7 @@ void CudaBackend::moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tens
     if (m == 0) continue;
     const RowView x{xy + s0 * D * 2, DType::kBF16, m, D, D};
     const RowView g{act + s0 * 2 * F * 2, DType::kBF16, m, 2 * F, 2 * F};
-    product(x, expert(gu_base, gu.dtype, e, 2 * F, D), g);
+    product(x, gu, e, 2 * F, D, g);
   }
   // silu(gate) * up over every slot at once, into the gate half.
   const RowView gate{act, DType::kBF16, n_slots, F, 2 * F};
@@ -365,7 +385,7 @@ void CudaBackend::moe_expert_gemms(const Tensor& h, const Tensor& gu, const Tens
     if (m == 0) continue;
     const RowView a{act + s0 * 2 * F * 2, DType::kBF16, m, F, 2 * F};
     const RowView y{xy + s0 * D * 2, DType::kBF16, m, D, D};
-    product(a, expert(dn_base, dn.dtype, e, D, F), y);
+    product(a, dn, e, D, F, y);
   }
 }
 

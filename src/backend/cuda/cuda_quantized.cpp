@@ -179,6 +179,12 @@ void CudaBackend::kept_matmul(const MatmulOperands& m, const Tensor* add_scratch
     }
     if (done > 0) return;
   }
+  sliced_matmul(m, m.w.n_rows, 0, add_scratch);
+}
+
+void CudaBackend::sliced_matmul(const MatmulOperands& m, int64_t total_rows, int64_t first_row,
+                                const Tensor* add_scratch) {
+  const bool accumulate = add_scratch != nullptr;
   // Slices of equal whole stripes, each at most kQuantSliceBytes of bf16.
   const int64_t M = m.w.n_rows, K = m.w.cols;
   const int64_t most = std::max<int64_t>(16, kQuantSliceBytes / (2 * K) / 16 * 16);
@@ -188,7 +194,8 @@ void CudaBackend::kept_matmul(const MatmulOperands& m, const Tensor* add_scratch
   const int64_t bias_esz = m.bias != nullptr ? dtype_bytes(m.bias_dtype, 1) : 0;
   for (int64_t r0 = 0; r0 < M; r0 += per) {
     const int64_t rows = std::min(per, M - r0);
-    dequantize_rows(m.w.data, m.w.dtype, M, r0, rows, K, quant_slice_->data(), stream_);
+    dequantize_rows(m.w.data, m.w.dtype, total_rows, first_row + r0, rows, K, quant_slice_->data(),
+                    stream_);
     const RowView w{quant_slice_->data(), DType::kBF16, rows, K, K};
     const RowView out{static_cast<char*>(m.out.data) + r0 * out_esz, m.out.dtype, m.out.n_rows,
                       rows, m.out.ld};

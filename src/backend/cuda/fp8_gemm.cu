@@ -33,6 +33,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/stripe_gemv.cuh"
 
 namespace pagellm::cuda {
@@ -104,26 +105,34 @@ struct Fp8GemvParams {
   const bf16* x;
   int64_t ldx;
   const uint8_t* w;
-  int64_t n_stripes, k_dim;  // the weight's rows are 16 n_stripes
+  int64_t n_stripes, k_dim;  // the weight's rows are 16 n_stripes (grouped: an expert's)
   int k_split;               // warps sharing a stripe's groups: 1, 2, 4 or 8
   stripe_gemv::Output o;
+  // Grouped (kGrouped: stripe_gemv.cuh's grid over experts and passes): the experts are one
+  // stacked weight of total_rows rows (its scales interleave), expert e its rows from
+  // e * 16 n_stripes on.
+  stripe_gemv::Grouped g;
+  int64_t total_rows;
 };
 
-// out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < p.o.n <= 8 NT. Warp `part` of a stripe's
-// k_split warps takes the 128-column groups part, part + k_split, ..., streaming them a trip of
-// kTrip groups ahead (the next trip's loads go out before this one's math); a group's two chunks
-// go through four mma per chunk and 8 rows of x (NT) into partial sums that the group's scales add
-// to the warp's accumulators. The stripe's warps then meet (finish_stripe).
-template <int NT, typename TOut, bool kAdd>
-__global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvParams p) {
+// out[n, m] (+)= x[n, :] . w[m, :] + bias[m] for n < o.n <= 8 NT (grouped: n the slots
+// first_slot + n, x's rows x_rows of them, w's rows from first_row on, o the pass's output rows).
+// Warp `part` of a stripe's k_split warps takes the 128-column groups part, part + k_split, ...,
+// streaming them a trip of kTrip groups ahead (the next trip's loads go out before this one's
+// math); a group's two chunks go through four mma per chunk and 8 rows of x (NT) into partial
+// sums that the group's scales add to the warp's accumulators. The stripe's warps then meet
+// (finish_stripe).
+template <int NT, typename TOut, bool kAdd, bool kGrouped>
+__device__ __forceinline__ void fp8_gemv_rows(const Fp8GemvParams& p, int64_t first_row,
+                                              const stripe_gemv::Output& o, int first_slot) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = p.k_split, part = warp & (split - 1);
   const int64_t stripe = static_cast<int64_t>(blockIdx.x) * (kWarps / split) + warp / split;
   const bool active = stripe < p.n_stripes;
-  const int64_t k_dim = p.k_dim, n_rows = 16 * p.n_stripes;
+  const int64_t k_dim = p.k_dim, n_rows = kGrouped ? p.total_rows : 16 * p.n_stripes;
   const int n_groups = static_cast<int>(k_dim / kGroup);
   const int r = lane >> 2, q = lane & 3;
-  const int64_t row = (active ? stripe : 0) * 16 + r;
+  const int64_t row = first_row + (active ? stripe : 0) * 16 + r;
   // This warp's groups: part + i * split for i < mine.
   const int mine = active && part < n_groups ? (n_groups - part + split - 1) / split : 0;
   // Rows r and r + 8, columns 16q.. of the first chunk of this warp's first group.
@@ -137,7 +146,15 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvPara
   const int64_t xtile = 8 * p.ldx;  // from one tile of 8 rows of x to the next
   bool xrow[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < p.o.n;
+  for (int t = 0; t < NT; ++t) xrow[t] = t * 8 + r < o.n;
+  // Grouped: lane row r of tile t is slot first_slot + 8 t + r, at x's row x_rows of it.
+  const bf16* xgr[kGrouped ? NT : 1];
+  if constexpr (kGrouped) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      xgr[t] = p.x + stripe_gemv::grouped_x_row(p.g, first_slot, o.n, t, r) * p.ldx +
+               part * kGroup + 16 * q;
+  }
 
   float acc[NT][4];
 #pragma unroll
@@ -163,9 +180,10 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvPara
       sv[g][1] = ok ? __ldg(sp + (i0 + g) * sstep + 8) : 0.0f;
     }
   };
-  // The weights are no kernel's output: the first trip's loads go out before the wait.
+  // The weights are no kernel's output: the first trip's loads go out before the wait (grouped
+  // blocks have waited already).
   load_trip(0);
-  pdl_wait();
+  if constexpr (!kGrouped) pdl_wait();
   pdl_allow_next();
 
   for (int i0 = 0; i0 < mine; i0 += kTrip) {
@@ -181,17 +199,19 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvPara
 #pragma unroll
     for (int g = 0; g < kTrip; ++g) {
       if (i0 + g >= mine) break;
-      const bf16* xg = xp + (i0 + g) * xstep;
+      const int64_t xoff = (i0 + g) * xstep;
       float ps[NT][4];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         uint4 xv[NT][2];  // columns 16q .. + 7 and 16q + 8 .. + 15 of the chunk
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
+        for (int t = 0; t < NT; ++t) {
+          const bf16* xc = kGrouped ? xgr[kGrouped ? t : 0] + xoff : xp + xoff + t * xtile;
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            xv[t][h] = xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xg + t * xtile + 64 * c + 8 * h))
+            xv[t][h] = xrow[t] ? __ldg(reinterpret_cast<const uint4*>(xc + 64 * c + 8 * h))
                                : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {  // k-tile j: word j of rows r and r + 8
           uint32_t a[4];
@@ -220,7 +240,19 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvPara
     }
   }
 
-  stripe_gemv::finish_stripe<NT, TOut, kAdd>(acc, split, part, active, stripe, p.o);
+  stripe_gemv::finish_stripe<NT, TOut, kAdd>(acc, split, part, active, stripe, o);
+}
+
+template <int NT, typename TOut, bool kAdd, bool kGrouped>
+__global__ void __launch_bounds__(kThreads, 2) fp8_gemv_kernel(const Fp8GemvParams p) {
+  if constexpr (!kGrouped) {
+    fp8_gemv_rows<NT, TOut, kAdd, false>(p, 0, p.o, 0);
+  } else {
+    stripe_gemv::for_each_pass<NT, TOut>(
+        p.g, p.o, [&](int e, int s0, const stripe_gemv::Output& o) {
+          fp8_gemv_rows<NT, TOut, kAdd, true>(p, e * 16 * p.n_stripes, o, s0);
+        });
+  }
 }
 
 __device__ __forceinline__ float e4m3_value(uint8_t q) {
@@ -427,7 +459,34 @@ void launch_fp8_gemv(const RowView& x, const RowView& w, const void* bias, DType
   p.k_split = stripe_gemv::choose_k_split(p.n_stripes, w.cols / kGroup, kTrip, 2);
   const dim3 grid(ceil_div(p.n_stripes, kWarps / p.k_split));
   stripe_gemv::dispatch_tiles(x.n_rows, out.dtype, accumulate, [&](auto nt, auto o, auto add) {
-    launch_overlapped(fp8_gemv_kernel<decltype(nt)::value, decltype(o), decltype(add)::value>,
+    launch_overlapped(
+        fp8_gemv_kernel<decltype(nt)::value, decltype(o), decltype(add)::value, false>, grid,
+        dim3(kThreads), 0, stream, p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_fp8_gemv(const MoeKeptGemv& g, const MoeWorkspace& ws, int64_t max_active,
+                         int64_t max_tokens, cudaStream_t stream) {
+  PAGELLM_CHECK_MSG(is_kept_fp8(g.dtype) && fp8_layout_fits(g.n_experts * g.rows, g.cols) &&
+                        g.rows % 16 == 0 && g.ldx % 8 == 0 &&
+                        reinterpret_cast<uintptr_t>(g.x) % 16 == 0,
+                    "moe fp8 gemv: experts not in the FP8 layout, or x's rows not 16-byte aligned");
+  if (max_active <= 0 || max_tokens <= 0) return;
+  Fp8GemvParams p{};
+  p.x = static_cast<const bf16*>(g.x);
+  p.ldx = g.ldx;
+  p.w = static_cast<const uint8_t*>(g.w);
+  p.n_stripes = g.rows / 16;
+  p.k_dim = g.cols;
+  p.o = {nullptr, DType::kF32, g.out, g.ldo, 0};  // o.n: each pass's own slot count
+  p.g = {ws.offsets, ws.active, g.x_rows};
+  p.total_rows = g.n_experts * g.rows;
+  const int64_t pass = std::min<int64_t>(max_tokens, kFp8GemvMaxRows);
+  p.k_split = stripe_gemv::choose_k_split(p.n_stripes * max_active, g.cols / kGroup, kTrip, 2);
+  const dim3 grid = stripe_gemv::grouped_grid(p.n_stripes, max_active, max_tokens, pass, p.k_split);
+  stripe_gemv::dispatch_tiles(pass, DType::kBF16, false, [&](auto nt, auto o, auto add) {
+    launch_overlapped(fp8_gemv_kernel<decltype(nt)::value, decltype(o), decltype(add)::value, true>,
                       grid, dim3(kThreads), 0, stream, p);
   });
   CUDA_CHECK_LAUNCH();

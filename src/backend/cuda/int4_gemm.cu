@@ -150,14 +150,9 @@ struct Int4GemvParams {
   int64_t n_stripes, k_dim;
   int k_split;  // warps sharing a stripe's chunks: 1, 2, 4 or 8
   stripe_gemv::Output o;
-  // Grouped (a mixture-of-experts layer's stacked experts, kGrouped): blockIdx.y is an
-  // active-expert slot of the MoE sort (active[y] the expert, -1 past them), blockIdx.z a pass of
-  // 8 NT of that expert's slots [offsets[e], offsets[e + 1]); slot s multiplies x's row
-  // x_rows[s] (s when null) and writes the output's row s; expert e's weight starts
+  // Grouped (kGrouped: stripe_gemv.cuh's grid over experts and passes): expert e's weight starts
   // e * expert_bytes into w.
-  const int32_t* offsets;
-  const int32_t* active;
-  const int32_t* x_rows;
+  stripe_gemv::Grouped g;
   int64_t expert_bytes;
 };
 
@@ -202,11 +197,9 @@ __device__ __forceinline__ void int4_gemv_rows(const Int4GemvParams& p, const ui
   const bf16* xg[kGrouped ? NT : 1];
   if constexpr (kGrouped) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const int s = first_slot + t * 8 + r;
-      const int64_t row = !xrow[t] ? 0 : p.x_rows != nullptr ? p.x_rows[s] : s;
-      xg[t] = p.x + row * p.ldx + part * 64 + 8 * q;
-    }
+    for (int t = 0; t < NT; ++t)
+      xg[t] =
+          p.x + stripe_gemv::grouped_x_row(p.g, first_slot, o.n, t, r) * p.ldx + part * 64 + 8 * q;
   }
 
   float acc[NT][4];
@@ -298,20 +291,10 @@ __global__ void __launch_bounds__(kThreads, int4_gemv_blocks(G, NT))
   if constexpr (!kGrouped) {
     int4_gemv_rows<G, NT, TOut, kAdd, false>(p, p.w, p.o, 0);
   } else {
-    // Which expert and slots this block takes is known once the sort before has run (its outputs
-    // decide where the weights are, so nothing loads early). Passes z, z + gridDim.z, ... of the
-    // expert's slots, however many it has.
-    pdl_wait();
-    const int e = p.active[blockIdx.y];
-    if (e < 0) return;
-    const int first = p.offsets[e] + static_cast<int>(blockIdx.z) * 8 * NT, end = p.offsets[e + 1];
-    for (int s0 = first; s0 < end; s0 += static_cast<int>(gridDim.z) * 8 * NT) {
-      if (s0 != first) __syncthreads();  // the pass before has read its sums out of shared memory
-      stripe_gemv::Output o = p.o;
-      o.n = min(8 * NT, end - s0);
-      o.out = static_cast<TOut*>(o.out) + static_cast<int64_t>(s0) * o.ldo;
-      int4_gemv_rows<G, NT, TOut, kAdd, true>(p, p.w + e * p.expert_bytes, o, s0);
-    }
+    stripe_gemv::for_each_pass<NT, TOut>(
+        p.g, p.o, [&](int e, int s0, const stripe_gemv::Output& o) {
+          int4_gemv_rows<G, NT, TOut, kAdd, true>(p, p.w + e * p.expert_bytes, o, s0);
+        });
   }
 }
 
@@ -479,7 +462,7 @@ void launch_int4_gemv(const RowView& x, const RowView& w, const void* bias, DTyp
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_moe_int4_gemv(const MoeInt4Gemv& g, const MoeWorkspace& ws, int64_t max_active,
+void launch_moe_int4_gemv(const MoeKeptGemv& g, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream) {
   PAGELLM_CHECK_MSG(int4_layout_fits(g.dtype, g.rows, g.cols) && g.ldx % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(g.x) % 16 == 0,
@@ -493,9 +476,7 @@ void launch_moe_int4_gemv(const MoeInt4Gemv& g, const MoeWorkspace& ws, int64_t 
   p.n_stripes = g.rows / 16;
   p.k_dim = g.cols;
   p.o = {nullptr, DType::kF32, g.out, g.ldo, 0};  // o.n: each block's own slot count
-  p.offsets = ws.offsets;
-  p.active = ws.active;
-  p.x_rows = g.x_rows;
+  p.g = {ws.offsets, ws.active, g.x_rows};
   p.expert_bytes = dtype_bytes(g.dtype, g.rows * g.cols);
   // An expert's slots in passes of up to kInt4GemvMaxRows; the tile count of the largest pass.
   const int64_t pass = std::min<int64_t>(max_tokens, kInt4GemvMaxRows);
@@ -503,10 +484,7 @@ void launch_moe_int4_gemv(const MoeInt4Gemv& g, const MoeWorkspace& ws, int64_t 
   // The waves as if every slot's expert had its own stripes (the active experts' count is the
   // device's to know; max_active bounds it).
   p.k_split = stripe_gemv::choose_k_split(p.n_stripes * max_active, g.cols / 64, kUnroll, blocks);
-  PAGELLM_CHECK_MSG(max_active < 65536 && (max_tokens + pass - 1) / pass < 65536,
-                    "moe int4 gemv: too many experts or tokens for the grid");
-  const dim3 grid(ceil_div(p.n_stripes, kWarps / p.k_split), static_cast<unsigned>(max_active),
-                  static_cast<unsigned>((max_tokens + pass - 1) / pass));
+  const dim3 grid = stripe_gemv::grouped_grid(p.n_stripes, max_active, max_tokens, pass, p.k_split);
   dispatch_group(g.dtype, [&](auto gs) {
     stripe_gemv::dispatch_tiles(pass, DType::kBF16, false, [&](auto nt, auto o, auto add) {
       launch_overlapped(int4_gemv_kernel<decltype(gs)::value, decltype(nt)::value, decltype(o),

@@ -107,24 +107,28 @@ void launch_moe_gate_up_gemv(const MoeExpertsArgs& w, const void* h, int64_t ldh
 void launch_moe_down_gemv(const MoeExpertsArgs& w, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
 
-// Stages 2 and 3 with 4-bit experts (int4_gemm.cu), gate_up [E, 2F, D] and down [E, D, F] in the
-// I4G stripe layout: for every active expert e and slot s of it, out[s, :] = x[row, :] . w_e^T
-// with row = x_rows[s] (s when x_rows is null), bf16, fp32 sums, tensor-core mma on weights
-// dequantized in registers (the dense 4-bit GEMV's kernel). An expert's slots go in passes of up
-// to kInt4GemvMaxRows, each pass reading its weights once; max_tokens bounds an expert's slots
-// (sizes the passes: any bound gives the same results) and max_active the active experts.
-struct MoeInt4Gemv {
+// Stages 2 and 3 with experts kept quantized on the device, gate_up [E, 2F, D] and down
+// [E, D, F] as one weight each in the device's layout: the 4-bit I4G stripes (int4_gemm.cu) or
+// FP8 (fp8_gemm.cu, whose stacked experts' scales interleave). For every active expert e and slot
+// s of it, out[s, :] = x[row, :] . w_e^T with row = x_rows[s] (s when x_rows is null), bf16, fp32
+// sums, tensor-core mma on weights decoded in registers (the dense GEMV's kernel of the format).
+// An expert's slots go in passes of up to 32 (the GEMV's rows), each pass reading its weights
+// once; max_tokens bounds an expert's slots (sizes the passes: any bound gives the same results)
+// and max_active the active experts.
+struct MoeKeptGemv {
   const void* x = nullptr;  // bf16, row stride ldx (a multiple of 8, 16-byte aligned)
   int64_t ldx = 0;
   const int32_t* x_rows = nullptr;
-  const void* w = nullptr;  // the stacked experts; expert e's [rows, cols] weight is its e-th
+  const void* w = nullptr;  // the stacked experts: n_experts weights of [rows, cols]
   DType dtype = DType::kF32;
-  int64_t rows = 0, cols = 0;
+  int64_t n_experts = 0, rows = 0, cols = 0;
   void* out = nullptr;  // bf16, row stride ldo
   int64_t ldo = 0;
 };
-void launch_moe_int4_gemv(const MoeInt4Gemv& g, const MoeWorkspace& ws, int64_t max_active,
+void launch_moe_int4_gemv(const MoeKeptGemv& g, const MoeWorkspace& ws, int64_t max_active,
                           int64_t max_tokens, cudaStream_t stream);
+void launch_moe_fp8_gemv(const MoeKeptGemv& g, const MoeWorkspace& ws, int64_t max_active,
+                         int64_t max_tokens, cudaStream_t stream);
 
 // Stages 3 and 4 in one kernel for a step of one token (top_k <= kMoeFusedCombineMaxTopK): each
 // block makes a few output rows of every expert of the token and adds them as the combine does,

@@ -141,4 +141,52 @@ void dispatch_tiles(int64_t n_rows, DType out_dtype, bool accumulate, F&& launch
   }
 }
 
+// --- grouped GEMVs: a mixture-of-experts layer's stacked experts (moe.h, stages 2 and 3) ---
+//
+// Grid: x over the stripes of one expert's weight, y over the active-expert slots of the MoE
+// sort (active[y] the expert, -1 past the step's), z over passes of 8 NT slots of that expert's
+// [offsets[e], offsets[e + 1]); a block takes passes z, z + gridDim.z, ... however many there
+// are. Slot s multiplies x's row x_rows[s] (s when null) and writes the output's row s.
+struct Grouped {
+  const int32_t* offsets = nullptr;
+  const int32_t* active = nullptr;
+  const int32_t* x_rows = nullptr;
+};
+
+// Calls pass(e, first_slot, o) for each of this block's passes, o the pass's output rows (`base`
+// moved to row first_slot, n its slot count). Waits for the kernel before first (the sort's
+// outputs decide where the weights are, so nothing loads early); blocks without work return.
+template <int NT, typename TOut, typename Pass>
+__device__ __forceinline__ void for_each_pass(const Grouped& g, const Output& base, Pass pass) {
+  pdl_wait();
+  const int e = g.active[blockIdx.y];
+  if (e < 0) return;
+  const int first = g.offsets[e] + static_cast<int>(blockIdx.z) * 8 * NT, end = g.offsets[e + 1];
+  for (int s0 = first; s0 < end; s0 += static_cast<int>(gridDim.z) * 8 * NT) {
+    if (s0 != first) __syncthreads();  // the pass before has read its sums out of shared memory
+    Output o = base;
+    o.n = min(8 * NT, end - s0);
+    o.out = static_cast<TOut*>(o.out) + static_cast<int64_t>(s0) * o.ldo;
+    pass(e, s0, o);
+  }
+}
+
+// Lane row r of tile t of a pass from first_slot: x's row of that slot (0 past the pass's n).
+__device__ __forceinline__ int64_t grouped_x_row(const Grouped& g, int first_slot, int n, int t,
+                                                 int r) {
+  const int i = t * 8 + r, s = first_slot + i;
+  return i >= n ? 0 : g.x_rows != nullptr ? g.x_rows[s] : s;
+}
+
+// The grid of a grouped launch and the k-split its waves suggest: an expert's n_stripes,
+// max_active active experts at most, passes of `pass` slots over at most max_tokens an expert.
+inline dim3 grouped_grid(int64_t n_stripes, int64_t max_active, int64_t max_tokens, int64_t pass,
+                         int k_split) {
+  PAGELLM_CHECK_MSG(max_active < 65536 && (max_tokens + pass - 1) / pass < 65536,
+                    "grouped gemv: too many experts or tokens for the grid");
+  return dim3(static_cast<unsigned>((n_stripes + kWarps / k_split - 1) / (kWarps / k_split)),
+              static_cast<unsigned>(max_active),
+              static_cast<unsigned>((max_tokens + pass - 1) / pass));
+}
+
 }  // namespace pagellm::cuda::stripe_gemv
