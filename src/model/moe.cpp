@@ -79,6 +79,16 @@ Status load_routed_experts(WeightLoader& ld, Backend& backend, int64_t E, int64_
                       readable(dn_kept) && is_group_int4(gu_kept) == is_group_int4(dn_kept);
     PAGELLM_ASSIGN_OR_RETURN(Tensor gu, ld.stacked_matrix(gate_up, D, keep));  // [E*2F, D]
     PAGELLM_ASSIGN_OR_RETURN(Tensor dn, ld.stacked_matrix(down, F, keep));     // [E*D, F]
+    // The kernels take both stacks of one kind. An FP8 stack whose scales change within 128
+    // columns (no checkpoint scheme's) is uploaded as bf16: the other one is then loaded again
+    // as bf16 (its quantized copy stays allocated with the model's weights).
+    if (is_quantized(gu.dtype) != is_quantized(dn.dtype)) {
+      if (is_quantized(gu.dtype)) {
+        PAGELLM_ASSIGN_OR_RETURN(gu, ld.stacked_matrix(gate_up, D, false));
+      } else {
+        PAGELLM_ASSIGN_OR_RETURN(dn, ld.stacked_matrix(down, F, false));
+      }
+    }
     if (!readable(gu.dtype) || !readable(dn.dtype)) {
       return unimplemented("routed experts stored as " + std::string(dtype_name(gu.dtype)) +
                            ": the device MoE kernels read bf16, 4-bit or FP8 expert weights");
