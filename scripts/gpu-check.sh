@@ -517,6 +517,16 @@ PY
         run_bench spec-llama3-8b-b$b-ngram throughput "${spec_args[@]}" "${batch[@]}" \
           --speculative-method ngram
       done
+      # DeepSeek's MTP layer: the DeepSeek-V2-Lite shape with one MTP layer added (V3's own
+      # shape does not fit one GPU), batch 1. Random weights make its guesses wrong: what the
+      # layer costs a step when it misses.
+      v2l_mtp=$(mktemp --suffix=.json)
+      python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_nextn_predict_layers"] = 1; json.dump(c, open(sys.argv[2], "w"))' \
+        $cfg/deepseek-v2-lite.json "$v2l_mtp"
+      mtp_args=(--model "$v2l_mtp" --load-format dummy --device cuda --input-len 512
+        --output-len 128 --temperature 0 --max-model-len 1024 --num-prompts 3 --sequential)
+      run_bench spec-v2-lite-b1-none throughput "${mtp_args[@]}"
+      run_bench spec-v2-lite-b1-mtp throughput "${mtp_args[@]}" --speculative-method mtp
     fi
     # Quantized weights: the Llama-3-8B shape with random 4-bit AWQ-style projections (issue 43:
     # group 128, bf16 lm_head) and FP8 ones (issue 44: per channel, and per 128 columns of a row

@@ -74,7 +74,8 @@ OptionGroup speculative_options() {
       {{"speculative-method", "METHOD",
         "guess the next tokens and check them all in one step (outputs unchanged): ngram "
         "(prompt lookup: what followed an earlier occurrence of the last tokens), draft_model "
-        "(--speculative-model), or none",
+        "(--speculative-model), mtp (DeepSeek-V3's multi-token-prediction layer, from the "
+        "model's own checkpoint), or none",
         "none"},
        {"speculative-model", "DIR|FILE",
         "a smaller model of the same vocabulary that guesses by decoding ahead, greedily "
@@ -113,6 +114,7 @@ Result<std::unique_ptr<ServingModel>> load_model_from_args(const Args& a) {
   o.load_format = a.str("load-format");
   o.quantization = a.str("quantization");
   o.speculative_model = a.str("speculative-model");
+  o.load_mtp = a.str("speculative-method") == "mtp";
   return load_serving_model(o);
 }
 
@@ -155,8 +157,12 @@ Result<EngineConfig> engine_config_from_args(const Args& a, const ServingModel& 
       return invalid_argument("--speculative-method draft_model needs --speculative-model");
     c.speculative.method = SpeculativeConfig::Method::kDraftModel;
     c.speculative.draft_model = m.draft_model.get();
+  } else if (method == "mtp") {
+    if (!m.mtp) return invalid_argument("--speculative-method mtp: no MTP module was loaded");
+    c.speculative.method = SpeculativeConfig::Method::kMtp;
+    c.speculative.mtp = m.mtp.get();
   } else if (method != "none") {
-    return invalid_argument("--speculative-method must be ngram, draft_model or none, not '" +
+    return invalid_argument("--speculative-method must be ngram, draft_model, mtp or none, not '" +
                             method + "'");
   }
   if (m.draft_model && method != "draft_model")

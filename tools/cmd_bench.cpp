@@ -451,6 +451,7 @@ int bench_throughput(int argc, char** argv) {
   o.load_format = a.str("load-format");
   o.quantization = a.str("quantization");
   o.speculative_model = a.str("speculative-model");
+  o.load_mtp = a.str("speculative-method") == "mtp";
   const bool profile = a.flag("profile");
   o.profile_ops = profile;
   auto sm = load_serving_model(o);

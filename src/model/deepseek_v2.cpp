@@ -78,6 +78,7 @@ struct Workspace {
   Tensor q_lat;
   Tensor kv_exp;  // [cap, H*(P+N+Vd)]: expanded keys | values, heads-major per step
   Tensor cos_sin;                  // f32 [cap, P]
+  Tensor eh;                       // an MTP module's [cap, 2D]: enorm(embedding) | hnorm(hidden)
 };
 
 // How a step's sequences divide between the two forms of attention (see the top of the file):
@@ -119,13 +120,35 @@ Tensor heads_major(const Tensor& t, int64_t heads, int64_t dim) {
   return t.split_heads(heads, dim).transpose01();
 }
 
+// The decoder, or, made with the loaded decoder as `target`, the checkpoint's first
+// multi-token-prediction layer as an MTP module (model.h's MtpModule): model.layers.<L>.* for L
+// = num_hidden_layers, a decoder layer like the others, whose input is
+//   eh_proj [enorm(embedding of token j + 1) | hnorm(hidden row j)]
+// and whose output goes through shared_head.norm to the LM head. The module's embedding table
+// and LM head are the target's: DeepSeek-V3 shares them between the model and its MTP module
+// (the checkpoint's copies under the MTP layer are not loaded).
 class DeepseekModel final : public DecoderModel {
  public:
-  DeepseekModel(const ModelConfig& cfg, Backend& backend)
-      : DecoderModel(cfg, backend), rope_(cfg), moe_(backend, cfg) {}
+  DeepseekModel(const ModelConfig& cfg, Backend& backend, const DeepseekModel* target = nullptr)
+      : DecoderModel(cfg, backend), rope_(cfg), moe_(backend, cfg), mtp_(target != nullptr) {
+    if (target) {
+      embed_tokens_ = target->embed_tokens_;
+      lm_head_ = target->lm_head_;
+    }
+  }
 
   KvSpec kv_spec() const override {
-    return {cfg_.num_hidden_layers, 1, cfg_.qk_rope_head_dim + cfg_.kv_lora_rank, 0};
+    return {mtp_ ? 1 : cfg_.num_hidden_layers, 1, cfg_.qk_rope_head_dim + cfg_.kv_lora_rank, 0};
+  }
+  // The MTP module's bytes a step reads: its layer and the shared LM head it does not hold.
+  int64_t decode_weight_bytes() const override {
+    if (!mtp_) return DecoderModel::decode_weight_bytes();
+    return weight_bytes_ + dtype_bytes(lm_head_.dtype, lm_head_.numel()) - unrouted_expert_bytes_;
+  }
+  Tensor last_hidden() const override { return ws_.h; }  // what the LM head read
+  void set_hidden_input(const Tensor& rows) {
+    PAGELLM_CHECK(mtp_ && rows.cols() == cfg_.hidden_size);
+    hidden_in_ = rows;
   }
 
   Status load(const WeightSource& w, const LoadOptions& opt) {
@@ -141,11 +164,29 @@ class DeepseekModel final : public DecoderModel {
     auto swiglu = [&](const std::string& p, int64_t f, MoeExpert& m) {
       return load_swiglu(ld, backend_, p, D, f, m);
     };
-    PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
-    if (cfg_.num_nextn_predict_layers > 0) {
-      PAGELLM_LOG_INFO("%s: skipping %lld multi-token-prediction layer(s) (model.layers.%lld.*)",
-                       cfg_.source.c_str(), static_cast<long long>(cfg_.num_nextn_predict_layers),
-                       static_cast<long long>(cfg_.num_hidden_layers));
+    // The checkpoint's index of layers_[0], and the layers loaded.
+    const int64_t first = mtp_ ? cfg_.num_hidden_layers : 0;
+    const int64_t n_layers = mtp_ ? 1 : cfg_.num_hidden_layers;
+    if (!mtp_) {
+      PAGELLM_RETURN_IF_ERROR(ld.embeddings_and_head(cfg_, embed_tokens_, norm_, lm_head_));
+      if (cfg_.num_nextn_predict_layers > 0) {
+        PAGELLM_LOG_INFO(
+            "%s: skipping %lld multi-token-prediction layer(s) (model.layers.%lld.*): "
+            "--speculative-method mtp runs the first",
+            cfg_.source.c_str(), static_cast<long long>(cfg_.num_nextn_predict_layers),
+            static_cast<long long>(cfg_.num_hidden_layers));
+      }
+    } else {
+      const std::string p = "model.layers." + std::to_string(first) + ".";
+      PAGELLM_RETURN_IF_ERROR(vec(p + "shared_head.norm.weight", D, 1.0f, norm_));
+      PAGELLM_RETURN_IF_ERROR(vec(p + "enorm.weight", D, 1.0f, enorm_));
+      PAGELLM_RETURN_IF_ERROR(vec(p + "hnorm.weight", D, 1.0f, hnorm_));
+      PAGELLM_RETURN_IF_ERROR(ld.matrix_into(p + "eh_proj.weight", {D, 2 * D}, eh_proj_));
+      if (cfg_.num_nextn_predict_layers > 1) {
+        PAGELLM_LOG_INFO("%s: the MTP module chains its first layer; the other %lld are not run",
+                         cfg_.source.c_str(),
+                         static_cast<long long>(cfg_.num_nextn_predict_layers - 1));
+      }
     }
     // Each head's query rows come as q_nope (N) then q_pe (P); loaded as q_pe then q_nope, so the
     // rope op rotates the head's leading P dims and the expanded form uses q as it is.
@@ -166,16 +207,16 @@ class DeepseekModel final : public DecoderModel {
       return a + (cfg_.q_lora_rank ? "q_a_proj.weight" : "q_proj.weight");
     };
     fuse_q_kv_a_ = !cfg_.attention_bias;
-    for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    for (int64_t i = first; i < first + n_layers; ++i) {
       const std::string a = "model.layers." + std::to_string(i) + ".self_attn.";
       if (ld.stays_quantized(q_name(a)) || ld.stays_quantized(a + "kv_a_proj_with_mqa.weight"))
         fuse_q_kv_a_ = false;
     }
-    layers_.resize(cfg_.num_hidden_layers);
-    for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    layers_.resize(n_layers);
+    for (int64_t i = first; i < first + n_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       const std::string a = p + "self_attn.";
-      DeepseekLayer& L = layers_[i];
+      DeepseekLayer& L = layers_[i - first];
       if (fuse_q_kv_a_) {
         PAGELLM_ASSIGN_OR_RETURN(
             L.q_kv_a,
@@ -306,7 +347,19 @@ class DeepseekModel final : public DecoderModel {
     Tensor attn_lat3 = ws.attn_lat.slice_rows(0, na).reshape({na, H, R});
     Tensor attn_v_exp3 = attn_v.slice_rows(na, n).reshape({n - na, H, Vd});
 
-    backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
+    if (mtp_) {  // the layer's input: eh_proj [enorm(embedding) | hnorm(hidden row)]
+      const int64_t D = cfg_.hidden_size;
+      PAGELLM_CHECK_MSG(hidden_in_.defined() && hidden_in_.rows() >= n,
+                        "an MTP forward without its hidden rows");
+      Tensor eh = ws.eh.slice_rows(0, n);  // [n, 2D]
+      Tensor e = eh.slice_cols(0, D), hh = eh.slice_cols(D, 2 * D);
+      backend_.embedding(embed_tokens_, b.token_ids, h);
+      backend_.rms_norm(h, enorm_, eps, e);
+      backend_.rms_norm(hidden_in_.slice_rows(0, n), hnorm_, eps, hh);
+      backend_.matmul(eh, eh_proj_, Tensor(), residual);
+    } else {
+      backend_.embedding(embed_tokens_, b.token_ids, residual);  // [n, D]
+    }
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DeepseekLayer& L = layers_[l];
       if (l == 0) {
@@ -575,6 +628,7 @@ class DeepseekModel final : public DecoderModel {
                                  {&ws.act, dt, F},
                                  {&ws.shared, dt, D},
                                  {&ws.kv_exp, dt, H * (P + N + Vd)},
+                                 {&ws.eh, dt, mtp_ ? 2 * D : 0},
                                  {&ws.cos_sin, DType::kF32, P}});
       ws.capacity_tokens = cap;
     }
@@ -606,6 +660,24 @@ class DeepseekModel final : public DecoderModel {
   MlaSplit split_;  // the prepared step's split between the two forms (compute() reads it)
   bool fuse_q_kv_a_ = false;  // one product for the query projection and kv_a (see load())
   Workspace ws_;
+  // An MTP module (see the class comment): its input norms and projection [D, 2D], and the
+  // hidden rows of the next forward (set_hidden_input).
+  bool mtp_ = false;
+  Tensor enorm_, hnorm_, eh_proj_;
+  Tensor hidden_in_;
+};
+
+// An MtpModule over a DeepseekModel made as one.
+class DeepseekMtp final : public MtpModule {
+ public:
+  DeepseekMtp(const ModelConfig& cfg, Backend& backend, const DeepseekModel& target)
+      : module_(cfg, backend, &target) {}
+  Model& model() override { return module_; }
+  void set_hidden_input(const Tensor& rows) override { module_.set_hidden_input(rows); }
+  DeepseekModel& module() { return module_; }
+
+ private:
+  DeepseekModel module_;
 };
 
 Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backend& backend,
@@ -621,6 +693,17 @@ Result<std::unique_ptr<Model>> make_deepseek(const LoadedCheckpoint& ckpt, Backe
 }
 
 }  // namespace
+
+Result<std::unique_ptr<MtpModule>> load_deepseek_mtp(const LoadedCheckpoint& ckpt, Backend& backend,
+                                                     Model& target, const LoadOptions& opt) {
+  const auto* t = dynamic_cast<const DeepseekModel*>(&target);
+  if (t == nullptr || t->config().source != ckpt.config.source)
+    return invalid_argument(ckpt.config.source +
+                            ": an MTP module loads beside its own checkpoint's DeepSeek model");
+  auto m = std::make_unique<DeepseekMtp>(ckpt.config, backend, *t);
+  PAGELLM_RETURN_IF_ERROR(m->module().load(*ckpt.weights, opt));
+  return std::unique_ptr<MtpModule>(std::move(m));
+}
 
 void register_deepseek_v2() {
   for (const char* name : {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})

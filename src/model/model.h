@@ -102,6 +102,12 @@ class Model {
   // Every device op of the step, ending with the logits in last_logits(). Recordable once the
   // same shapes have run directly (scratch and workspaces sized).
   virtual void compute(const StepBatch& batch, KvCache& cache) = 0;
+  // Speculative decoding with a multi-token-prediction module (MtpModule below): every token's
+  // hidden row of the last forward, [rows >= n_tokens, hidden_size] in the activation dtype on
+  // the backend's device, row i token i's; valid until the next forward: what the LM head reads,
+  // after the final norm (an MTP module's: after its shared head's norm). Undefined where the
+  // architecture exports none.
+  virtual Tensor last_hidden() const { return Tensor(); }
   // Bytes of weights held on the backend's device (or mapped, on CPU).
   virtual int64_t weight_bytes() const = 0;
   // Weight bytes one decode step reads: every matrix but the embedding table (one row of it is
@@ -138,5 +144,29 @@ std::vector<std::string> registered_architectures();
 // Builds the model named by ckpt.config.architecture, or an error listing the supported ones.
 Result<std::unique_ptr<Model>> load_model(const LoadedCheckpoint& ckpt, Backend& backend,
                                           const LoadOptions& options = {});
+
+// A multi-token-prediction module (DeepSeek-V3's MTP layer, num_nextn_predict_layers of them
+// after the decoder layers): a one-layer decoder beside the target model that predicts the token
+// after next. Its input at position j is the embedding of token j + 1 and a hidden row: the
+// target's final hidden state at j (the target's last_hidden()), or, chained for further guesses,
+// the module's own at j (its last_hidden(), normalized alike). It shares the target's embedding
+// table and LM head, and has its own KV cache of kv_spec() (one layer). runtime/mtp_proposer.h
+// drives it.
+class MtpModule {
+ public:
+  virtual ~MtpModule() = default;
+  // The module as a model: forward() runs its layer for a batch, whose rows pair with the hidden
+  // rows set last.
+  virtual Model& model() = 0;
+  // The hidden rows paired with the next forward's tokens: act [>= n_tokens, hidden_size] on the
+  // backend's device, read by that forward.
+  virtual void set_hidden_input(const Tensor& rows) = 0;
+};
+
+// The first multi-token-prediction layer of `ckpt` on `backend`, beside `target` (loaded from the
+// same checkpoint, and outliving the module), or an error when the architecture or checkpoint
+// has none.
+Result<std::unique_ptr<MtpModule>> load_mtp_module(const LoadedCheckpoint& ckpt, Backend& backend,
+                                                   Model& target, const LoadOptions& options = {});
 
 }  // namespace pagellm

@@ -11,6 +11,9 @@ namespace pagellm {
 void register_llama_family();
 void register_deepseek_v2();  // DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 void register_mixtral();
+// DeepSeek-V3's multi-token-prediction layer (model/deepseek_v2.cpp).
+Result<std::unique_ptr<MtpModule>> load_deepseek_mtp(const LoadedCheckpoint& ckpt, Backend& backend,
+                                                     Model& target, const LoadOptions& options);
 
 namespace {
 
@@ -57,6 +60,19 @@ Result<std::unique_ptr<Model>> load_model(const LoadedCheckpoint& ckpt, Backend&
                            read_kv_cache_scales(*ckpt.weights, ckpt.config.num_hidden_layers));
   m->set_kv_cache_scales(std::move(scales));
   return m;
+}
+
+Result<std::unique_ptr<MtpModule>> load_mtp_module(const LoadedCheckpoint& ckpt, Backend& backend,
+                                                   Model& target, const LoadOptions& options) {
+  const ModelConfig& c = ckpt.config;
+  if (c.architecture != "DeepseekV3ForCausalLM" && c.architecture != "DeepseekV2ForCausalLM")
+    return unimplemented(c.source + ": architecture '" + c.architecture +
+                         "' has no multi-token-prediction layers (DeepSeek-V3's MTP)");
+  if (c.num_nextn_predict_layers <= 0)
+    return invalid_argument(c.source +
+                            ": the checkpoint has no multi-token-prediction layer "
+                            "(num_nextn_predict_layers is 0 in its config.json)");
+  return load_deepseek_mtp(ckpt, backend, target, options);
 }
 
 }  // namespace pagellm

@@ -4,8 +4,6 @@
 #include <numeric>
 
 #include "core/check.h"
-#include "sample/logits_processors.h"
-#include "sample/rejection_sampler.h"
 
 namespace pagellm {
 namespace {
@@ -26,13 +24,13 @@ DraftModelProposer::DraftModelProposer(Model& draft, Backend& backend, int32_t m
       max_len_(max_len),
       blocks_per_seq_((max_len + kBlockSize - 1) / kBlockSize),
       builder_(backend, kBlockSize),
-      sampler_(sampler) {
+      slots_(max_seqs),
+      picker_(backend, sampler) {
   PAGELLM_CHECK(max_len > 0 && max_seqs > 0);
   cache_ =
       KvCache::allocate(backend, draft.kv_spec(), kBlockSize, int64_t{max_seqs} * blocks_per_seq_);
   tables_.resize(static_cast<size_t>(max_seqs) * blocks_per_seq_);
   std::iota(tables_.begin(), tables_.end(), 0);
-  for (int32_t i = max_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
   // Slots' block tables are max_len wide, as the graphs' padded batches lay them out.
   if (graphs) {
     graphs_ = DecodeGraphs::create(draft_, backend_, cache_, kBlockSize, max_seqs, max_len);
@@ -57,7 +55,6 @@ SeqChunk DraftModelProposer::chunk(Slot& slot, const int32_t* tokens, int32_t n,
 
 void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<Work>& work,
                               std::vector<int32_t>& next) {
-  const int64_t vocab = draft_.config().vocab_size;
   const int32_t n = static_cast<int32_t>(chunks.size());
   next.assign(chunks.size(), -1);
   Tensor logits;  // act [n, vocab] on the backend's device
@@ -71,39 +68,9 @@ void DraftModelProposer::step(const std::vector<SeqChunk>& chunks, std::vector<W
     logits = draft_.last_logits();
   }
   PAGELLM_CHECK(work.size() == chunks.size());
-  const bool draws =
-      std::any_of(work.begin(), work.end(), [](const Work& w) { return w.p->params != nullptr; });
-  if (backend_.supports_sampling() && !draws) {
-    rows_.assign(chunks.size(), DeviceSampleRow{});
-    for (int32_t i = 0; i < n; ++i) {
-      rows_[i].logits_row = i;
-      rows_[i].flags = kSampleGreedy;
-    }
-    results_.resize(chunks.size());
-    backend_.sample(logits, {rows_.data(), n}, results_.data());
-    for (int32_t i = 0; i < n; ++i)
-      if (results_[i].status == DeviceSampleStatus::kOk) next[i] = results_[i].token;
-    return;
-  }
-  host_logits_.resize(static_cast<size_t>(n) * vocab);
-  download_(logits, host_logits_.data());
-  for (int32_t i = 0; i < n; ++i) {
-    const std::span<const float> row(host_logits_.data() + static_cast<size_t>(i) * vocab,
-                                     static_cast<size_t>(vocab));
-    const ProposalRequest& p = *work[i].p;
-    if (!p.params) {
-      next[i] = argmax_token(row);
-      continue;
-    }
-    // A drawn guess: from the draft's distribution after the request's processors, with the
-    // draft stream's uniform at the guess's position.
-    const std::vector<int32_t>& h = work[i].history;
-    const SampleRow sr{p.params, p.tokens.first(static_cast<size_t>(p.n_prompt)), h, p.seed};
-    std::vector<TokenProb> q;
-    if (!sampler_.distribution(row, sr, q).ok()) continue;  // no guess (e.g. a non-finite row)
-    next[i] = draw_from(q, uniform01(stream_seed(p.seed, SpecStream::kDraft), h.size()));
-    p.draft_probs->push_back(std::move(q));
-  }
+  rows_.resize(work.size());
+  for (size_t i = 0; i < work.size(); ++i) rows_[i] = {work[i].p, &work[i].history};
+  picker_.pick(logits, rows_, next);
 }
 
 void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
@@ -117,13 +84,9 @@ void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
     const int64_t len = static_cast<int64_t>(p.tokens.size());
     if (len == 0 || p.max_tokens <= 0 || len + p.max_tokens > max_len_) continue;
     PAGELLM_CHECK(!p.params || (p.draft_probs && p.n_prompt <= len));
-    auto it = live_.find({p.request_id, p.seq_index});
-    if (it == live_.end()) {
-      if (free_slots_.empty()) continue;  // more sequences than slots: no guess for this one
-      it = live_.emplace(std::pair(p.request_id, p.seq_index), Slot{free_slots_.back(), {}}).first;
-      free_slots_.pop_back();
-    }
-    Slot& slot = it->second;
+    Slot* found = slots_.find(p.request_id, p.seq_index, true);
+    if (!found) continue;
+    Slot& slot = *found;
     // What the slot holds that is still the sequence's (its wrong guesses go), less the last
     // token at least: the guesses start from that token's logits.
     const int64_t same =
@@ -161,11 +124,7 @@ void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
 }
 
 void DraftModelProposer::release(uint64_t request_id) {
-  auto it = live_.lower_bound(std::pair(request_id, INT32_MIN));
-  while (it != live_.end() && it->first.first == request_id) {
-    free_slots_.push_back(it->second.index);
-    it = live_.erase(it);
-  }
+  slots_.release(request_id);
 }
 
 }  // namespace pagellm

@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/logits_head.h"
 #include "model/model.h"
 #include "runtime/decode_graphs.h"
+#include "runtime/draft_picker.h"
+#include "runtime/proposer_slots.h"
 #include "runtime/step_batch.h"
-#include "sample/sampler.h"
 #include "spec/proposer.h"
 
 namespace pagellm {
@@ -70,14 +70,10 @@ class DraftModelProposer final : public Proposer {
   KvCache cache_;
   StepBatchBuilder builder_;
   std::vector<int32_t> tables_;                        // every slot's block table, back to back
-  std::map<std::pair<uint64_t, int32_t>, Slot> live_;  // by (request, sequence)
-  std::vector<int32_t> free_slots_;
-  std::vector<float> host_logits_;
-  std::vector<DeviceSampleRow> rows_;
-  std::vector<DeviceSampleResult> results_;
-  Sampler sampler_;
+  ProposerSlots<Slot> slots_;
+  std::vector<DraftRow> rows_;
+  DraftPicker picker_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: every step op by op
-  LogitsDownload download_{backend_};
 };
 
 }  // namespace pagellm

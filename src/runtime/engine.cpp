@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "runtime/draft_model_proposer.h"
+#include "runtime/mtp_proposer.h"
 #include "runtime/step_batch.h"
 #include "sample/logits_processors.h"
 #include "sample/rejection_sampler.h"
@@ -109,6 +110,10 @@ Status Engine::init() {
       return invalid_argument("--prompt-lookup-min must be >= 1 and <= --prompt-lookup-max");
     if (sc.method == SpeculativeConfig::Method::kNgram) {
       proposer_ = std::make_unique<NgramProposer>(sc.ngram);
+    } else if (sc.method == SpeculativeConfig::Method::kMtp) {
+      if (!sc.mtp) return invalid_argument("--speculative-method mtp: no MTP module loaded");
+      proposer_ = std::make_unique<MtpProposer>(
+          *sc.mtp, backend_, max_model_len_, speculation_slots(), sc.num_tokens, sampler_config());
     } else {
       if (!sc.draft_model) return invalid_argument("speculative decoding: no draft model given");
       const int64_t v = sc.draft_model->config().vocab_size;
@@ -117,14 +122,9 @@ Status Engine::init() {
                                 std::to_string(v) + " tokens) is not the model's (" +
                                 std::to_string(mc.vocab_size) +
                                 "): draft and target must share one tokenizer");
-      // A draft cache slot for every sequence that may be drafted for at once; allocated now, so
-      // the pool below is sized from the memory left after it.
-      const int32_t off = sc.disable_by_batch_size;
-      const int32_t slots =
-          off > 0 ? std::min(off, config_.scheduler.max_num_seqs) : config_.scheduler.max_num_seqs;
-      proposer_ =
-          std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_, slots,
-                                               sampler_config(), !config_.enforce_eager);
+      proposer_ = std::make_unique<DraftModelProposer>(*sc.draft_model, backend_, max_model_len_,
+                                                       speculation_slots(), sampler_config(),
+                                                       !config_.enforce_eager);
     }
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(sc.num_tokens), 0);
   }
@@ -699,6 +699,8 @@ void Engine::step() {
       if (drawn_drafts) verify_drawn_drafts(picks, rows, sample_rows, outs);
     }
   }
+  // A proposer that reads the target's hidden rows takes them now, behind the sampling.
+  if (spec_active_ && proposer_->reads_hidden()) observe_target(plan, chunks);
 
   // The step before's tokens, now that this step is queued behind it: their events and stops.
   if (overlapped && !read_before) read_pending();
@@ -1063,6 +1065,35 @@ void Engine::verify_drawn_drafts(const std::vector<Pick>& picks, const std::vect
     }
     sq.draft_probs.clear();
   }
+}
+
+int32_t Engine::speculation_slots() const {
+  // A slot of the proposer's own cache for every sequence that may be drafted for at once;
+  // allocated before the KV pool, so the pool is sized from the memory left after them.
+  const int32_t off = config_.speculative.disable_by_batch_size;
+  const int32_t all = config_.scheduler.max_num_seqs;
+  return off > 0 ? std::min(off, all) : all;
+}
+
+void Engine::observe_target(const SchedulePlan& plan, const std::vector<SeqChunk>& chunks) {
+  observed_.clear();
+  int64_t row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    const Live& live = *live_.at(s.request_id);
+    TargetChunk t;
+    t.request_id = s.request_id;
+    t.seq_index = s.seq_index;
+    t.start_pos = chunks[i].start_pos;
+    t.n_tokens = chunks[i].n_tokens;
+    t.first_row = row;
+    t.tokens = chunks[i].tokens;
+    t.prompt = live.req.prompt;
+    t.outputs = live.seqs[s.seq_index].outputs;
+    observed_.push_back(t);
+    row += chunks[i].n_tokens;
+  }
+  proposer_->observe(observed_, model_.last_hidden());
 }
 
 void Engine::propose_drafts() {

@@ -48,11 +48,13 @@ namespace pagellm {
 // a guess counts only where it equals that token: outputs are identical to decoding without
 // speculation, greedy or sampled, token for token.
 struct SpeculativeConfig {
-  // kNgram: prompt lookup (spec/ngram_proposer.h); kDraftModel: draft_model decodes ahead,
-  // greedily (runtime/draft_model_proposer.h).
-  enum class Method { kNone, kNgram, kDraftModel };
+  // kNgram: prompt lookup (spec/ngram_proposer.h); kDraftModel: draft_model decodes ahead
+  // (runtime/draft_model_proposer.h); kMtp: the target's multi-token-prediction module guesses
+  // from its hidden states (runtime/mtp_proposer.h).
+  enum class Method { kNone, kNgram, kDraftModel, kMtp };
   Method method = Method::kNone;
   Model* draft_model = nullptr;  // kDraftModel: loaded by the caller on the engine's backend
+  MtpModule* mtp = nullptr;      // kMtp: loaded by the caller beside the model
   int32_t num_tokens = 4;  // guesses per step, at most
   NgramConfig ngram;
   // Off while this many sequences or more are running (0: never off). A step that verifies a
@@ -283,6 +285,12 @@ class Engine {
   // Speculative decoding: gives the scheduler the proposer's drafts for the sequences that
   // decode next (before schedule()).
   void propose_drafts();
+  // Slots of a proposer's own cache (a draft model's, an MTP module's): one for each sequence
+  // that may be drafted for at once.
+  int32_t speculation_slots() const;
+  // Hands a proposer that reads hidden rows (Proposer::reads_hidden) the step's chunks and the
+  // target's hidden rows, before the next forward overwrites them.
+  void observe_target(const SchedulePlan& plan, const std::vector<SeqChunk>& chunks);
   // Ends requests whose sampling failed (non-finite logits).
   void fail_sampling(const std::vector<uint64_t>& failed);
   void drain_inbox();
@@ -331,6 +339,7 @@ class Engine {
   std::unique_ptr<Proposer> proposer_;    // null: no speculative decoding
   bool spec_active_ = false;              // this step speculates: it is not planned ahead of
   std::vector<ProposalRequest> proposals_;  // propose_drafts()'s, reused
+  std::vector<TargetChunk> observed_;       // observe_target()'s, reused
   std::vector<std::vector<int32_t>> spec_tokens_, spec_drafts_;
   std::vector<std::vector<int32_t>> spec_histories_;  // a step's verified drafts: outputs + guesses
   std::unique_ptr<SampleBatchPacker> packer_;  // device sampling: the rows as plain data

@@ -100,6 +100,12 @@ Result<std::unique_ptr<ServingModel>> load_serving_model(const ServingModelOptio
       return Status(draft.status().code(), "--speculative-model: " + draft.status().message());
     sm->draft_model = std::move(*draft);
   }
+  if (options.load_mtp) {
+    auto mtp = load_mtp_module(sm->checkpoint, *sm->backend, *sm->model, load);
+    if (!mtp.ok())
+      return Status(mtp.status().code(), "--speculative-method mtp: " + mtp.status().message());
+    sm->mtp = std::move(*mtp);
+  }
   if (options.load_tokenizer && options.load_format != "dummy") {
     const std::string tok_path =
         sm->checkpoint.gguf_path.empty() ? sm->path : sm->checkpoint.gguf_path;

@@ -34,6 +34,9 @@ struct ServingModelOptions {
   // Speculative decoding's draft model (--speculative-model): loaded on the same backend, in
   // the same load_format; empty: none.
   std::string speculative_model;
+  // Speculative decoding with the checkpoint's multi-token-prediction module
+  // (--speculative-method mtp): loaded beside the model.
+  bool load_mtp = false;
 };
 
 struct ServingModel {
@@ -44,6 +47,7 @@ struct ServingModel {
   std::unique_ptr<Model> model;
   LoadedCheckpoint draft_checkpoint;           // options.speculative_model's
   std::unique_ptr<Model> draft_model;          // null without options.speculative_model
+  std::unique_ptr<MtpModule> mtp;              // null without options.load_mtp
   std::unique_ptr<Tokenizer> tokenizer;        // null when the checkpoint has none
   std::optional<ChatTemplate> chat_template;   // absent when the checkpoint has none
 };

@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "core/tensor.h"
 #include "sample/logits_processors.h"
 #include "sample/sampling_params.h"
 
@@ -33,9 +34,32 @@ struct ProposalRequest {
   std::vector<std::vector<TokenProb>>* draft_probs = nullptr;  // out, one per guess, or empty
 };
 
+// One sequence's part of a target forward, for a proposer that reads the target's hidden states
+// (Proposer::observe).
+struct TargetChunk {
+  uint64_t request_id = 0;
+  int32_t seq_index = 0;
+  int32_t start_pos = 0;  // the chunk fed positions [start_pos, start_pos + n_tokens)
+  int32_t n_tokens = 0;
+  int64_t first_row = 0;  // of the forward's hidden rows, the chunk's first
+  // The chunk's input tokens; negative: one the host does not know yet (a step planned before
+  // the one in flight was read). The tokens after the first may be guesses under verification.
+  const int32_t* tokens = nullptr;
+  // The sequence's tokens known for certain now: the prompt, then its outputs so far.
+  std::span<const int32_t> prompt, outputs;
+};
+
 class Proposer {
  public:
   virtual ~Proposer() = default;
+  // Whether observe() wants every target forward's hidden rows.
+  virtual bool reads_hidden() const { return false; }
+  // After a target forward, before the next: its chunks and hidden rows (Model::last_hidden).
+  // The rows are valid until the next target forward, so what the proposer keeps it copies.
+  virtual void observe(std::span<const TargetChunk> chunks, const Tensor& hidden) {
+    (void)chunks;
+    (void)hidden;
+  }
   // Fills every request's draft. Batched, so that a proposer that runs a model can run one
   // forward pass for all of them.
   virtual void propose(std::span<const ProposalRequest> batch) = 0;

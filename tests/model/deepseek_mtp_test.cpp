@@ -1,13 +1,20 @@
-// DeepSeek-V3 checkpoints carry num_nextn_predict_layers multi-token-prediction (MTP) layers after
-// the decoder layers, as model.layers.<num_hidden_layers + i>.*: pagellm serves next-token
-// prediction only, so it skips them when loading and says so in the log. The test appends an MTP
-// layer to the tiny golden DeepSeek-V3 checkpoint (a copy of layer 1's tensors under the next
-// index, plus the MTP-only eh_proj / enorm / hnorm / shared_head tensors) and sets
-// num_nextn_predict_layers = 1: the model must load, log the skip, and give bit-identical logits
-// to the checkpoint without it.
+// DeepSeek-V3's multi-token-prediction (MTP) layers: num_nextn_predict_layers of them after the
+// decoder layers, as model.layers.<num_hidden_layers + i>.*.
+// - The model itself skips them (with a log line) and gives bit-identical logits to the checkpoint
+//   without them: an MTP layer appended to the tiny golden DeepSeek-V3 checkpoint (a copy of layer
+//   1's tensors under the next index, plus the MTP-only tensors).
+// - The MTP module (load_mtp_module) against the reference of tests/model/make_mtp_fixture.py
+//   (transformers' DeepseekV3DecoderLayer and torch, float32, on the golden model with a random MTP
+//   layer, tests/data/golden/deepseek_v3_mtp): its log-probabilities at every prompt position, and
+//   its greedy chain of guesses from the prompt's end.
+// - The MTP proposer: the guesses it makes from the target's hidden rows are that chain, and after
+// a
+//   verification that kept one guess, the same as a proposer that saw the resulting sequence at
+//   once.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +25,9 @@
 #include "backend/backend.h"
 #include "io/weights.h"
 #include "model/model.h"
+#include "runtime/mtp_proposer.h"
 #include "runtime/sequence_runner.h"
+#include "sample/logits_processors.h"
 #include "source_dir.h"
 
 namespace pagellm {
@@ -106,6 +115,159 @@ TEST(DeepseekMtp, LayersPastTheDecoderAreSkippedWithALogLine) {
   ASSERT_EQ(with_mtp.size(), without.size());
   EXPECT_EQ(std::memcmp(with_mtp.data(), without.data(), without.size() * sizeof(float)), 0)
       << "an MTP layer changed the logits";
+}
+
+// The golden DeepSeek-V3 model with its MTP layer, on the CPU backend.
+class MtpFixture : public testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path dir =
+        fs::path(test_source_dir()) / "tests" / "data" / "golden" / "deepseek_v3_mtp";
+    ref_ = json::parse(read_file(dir / "reference.json"));
+    auto ckpt = open_checkpoint(dir.string());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+    ckpt_ = std::move(*ckpt);
+    backend_ = make_cpu_backend(false);  // logits that do not depend on how steps batch tokens
+    auto model = load_model(ckpt_, *backend_);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    model_ = std::move(*model);
+    auto mtp = load_mtp_module(ckpt_, *backend_, *model_);
+    ASSERT_TRUE(mtp.ok()) << mtp.status().to_string();
+    mtp_ = std::move(*mtp);
+    prompt_ = ref_["prompt"].get<std::vector<int32_t>>();
+    D_ = ckpt_.config.hidden_size;
+    V_ = ckpt_.config.vocab_size;
+  }
+  // Rows [first, first + n) of `m`'s last hidden rows, as a host copy (f32 on the CPU).
+  std::vector<float> hidden_rows(const Model& m, int64_t first, int64_t n) const {
+    const Tensor h = m.last_hidden();
+    EXPECT_TRUE(h.defined() && h.dtype == DType::kF32 && h.cols() == D_);
+    std::vector<float> out(static_cast<size_t>(n * D_));
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(out.data() + r * D_,
+                  static_cast<const float*>(h.data) + (first + r) * h.row_stride(),
+                  D_ * sizeof(float));
+    return out;
+  }
+  Tensor as_tensor(std::vector<float>& rows) const {
+    return Tensor(rows.data(), DType::kF32, {static_cast<int64_t>(rows.size()) / D_, D_});
+  }
+  // Expects the log-softmax of `logits` (one row) to be `want` within f32 tolerance.
+  void expect_logprobs(std::span<const float> logits, const json& want, const std::string& what) {
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), V_);
+    double mx = -INFINITY, sum = 0;
+    for (float x : logits) mx = std::max<double>(mx, x);
+    for (float x : logits) sum += std::exp(x - mx);
+    double worst = 0;
+    for (int64_t v = 0; v < V_; ++v)
+      worst = std::max(worst, std::abs(logits[v] - mx - std::log(sum) - want[v].get<double>()));
+    EXPECT_LT(worst, 2e-4) << what;
+  }
+
+  json ref_;
+  LoadedCheckpoint ckpt_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<MtpModule> mtp_;
+  std::vector<int32_t> prompt_;
+  int64_t D_ = 0, V_ = 0;
+};
+
+TEST_F(MtpFixture, ModuleMatchesTheReference) {
+  const int64_t n = static_cast<int64_t>(prompt_.size());
+  SequenceRunner target(*model_, *backend_, 64);
+  ASSERT_TRUE(target.feed(prompt_, LogitsWanted::kLast).ok());
+  // Row j pairs token j + 1 with the target's hidden row j.
+  std::vector<float> hidden = hidden_rows(*model_, 0, n - 1);
+  mtp_->set_hidden_input(as_tensor(hidden));
+  SequenceRunner module(mtp_->model(), *backend_, 64);
+  auto lg = module.feed(std::span(prompt_).subspan(1), LogitsWanted::kAll);
+  ASSERT_TRUE(lg.ok()) << lg.status().to_string();
+  for (int64_t j = 0; j + 1 < n; ++j)
+    expect_logprobs(lg->subspan(j * V_, V_), ref_["mtp_logprobs"][j],
+                    "position " + std::to_string(j));
+  // The chain: each guess goes in with the module's own hidden row before it.
+  const auto chain = ref_["chain"].get<std::vector<int32_t>>();
+  int32_t guess = argmax_token(lg->subspan((n - 2) * V_, V_));
+  ASSERT_EQ(guess, chain[0]);
+  for (size_t i = 1; i < chain.size(); ++i) {
+    std::vector<float> own = hidden_rows(mtp_->model(), i == 1 ? n - 2 : 0, 1);
+    mtp_->set_hidden_input(as_tensor(own));
+    auto next = module.feed(std::span(&guess, 1), LogitsWanted::kLast);
+    ASSERT_TRUE(next.ok()) << next.status().to_string();
+    expect_logprobs(*next, ref_["chain_logprobs"][i], "guess " + std::to_string(i + 1));
+    guess = argmax_token(*next);
+    EXPECT_EQ(guess, chain[i]);
+  }
+}
+
+// The proposer fed as the engine feeds it: the target's prompt chunk (whose last row waits for
+// the token after it), then a proposal once that token is known.
+TEST_F(MtpFixture, ProposerGuessesTheModulesChainAndFollowsAVerification) {
+  const int32_t n = static_cast<int32_t>(prompt_.size());
+  const auto chain = ref_["chain"].get<std::vector<int32_t>>();
+  const int32_t k = static_cast<int32_t>(chain.size());
+  SamplerConfig sc;
+  sc.vocab_size = static_cast<int32_t>(V_);
+  MtpProposer proposer(*mtp_, *backend_, 64, 4, k, sc);
+  // The prompt is tokens [0, n - 1); token n - 1 is the first output.
+  const std::span<const int32_t> head(prompt_.data(), n - 1);
+  std::vector<int32_t> outputs = {prompt_[n - 1]};
+  SequenceRunner target(*model_, *backend_, 64);
+  ASSERT_TRUE(target.feed(head, LogitsWanted::kLast).ok());
+  TargetChunk c{7, 0, 0, n - 1, 0, head.data(), head, {}};
+  proposer.observe(std::span(&c, 1), model_->last_hidden());
+  std::vector<int32_t> draft;
+  ProposalRequest p{7, 0, prompt_, k, &draft};
+  proposer.propose(std::span(&p, 1));
+  EXPECT_EQ(draft, chain);
+
+  // Verification: the last token and the guesses in one target step; the first guess is kept,
+  // the second replaced by another token.
+  std::vector<int32_t> verify = {prompt_[n - 1]};
+  verify.insert(verify.end(), draft.begin(), draft.end());
+  ASSERT_TRUE(target.feed(verify, LogitsWanted::kAll).ok());
+  TargetChunk v{7, 0, n - 1, static_cast<int32_t>(verify.size()), 0, verify.data(), head, outputs};
+  proposer.observe(std::span(&v, 1), model_->last_hidden());
+  outputs.push_back(draft[0]);
+  outputs.push_back((draft[1] + 1) % static_cast<int32_t>(V_));
+  std::vector<int32_t> tokens(head.begin(), head.end());
+  tokens.insert(tokens.end(), outputs.begin(), outputs.end());
+  std::vector<int32_t> after;
+  ProposalRequest q{7, 0, tokens, k, &after};
+  proposer.propose(std::span(&q, 1));
+
+  // A proposer that sees the sequence before its last token as one prompt.
+  MtpProposer fresh(*mtp_, *backend_, 64, 4, k, sc);
+  const std::span<const int32_t> known(tokens.data(), tokens.size() - 1);
+  SequenceRunner again(*model_, *backend_, 64);
+  ASSERT_TRUE(again.feed(known, LogitsWanted::kLast).ok());
+  TargetChunk f{9, 0, 0, static_cast<int32_t>(known.size()), 0, known.data(), known, {}};
+  fresh.observe(std::span(&f, 1), model_->last_hidden());
+  std::vector<int32_t> want;
+  ProposalRequest r{9, 0, tokens, k, &want};
+  fresh.propose(std::span(&r, 1));
+  ASSERT_EQ(static_cast<int32_t>(want.size()), k);
+  EXPECT_EQ(after, want);
+  proposer.release(7);
+  fresh.release(9);
+}
+
+TEST(DeepseekMtp, AModelWithoutMtpLayersIsAClearError) {
+  auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/deepseek_v3");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  auto backend = make_cpu_backend();
+  auto model = load_model(*ckpt, *backend);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto mtp = load_mtp_module(*ckpt, *backend, **model);
+  ASSERT_FALSE(mtp.ok());
+  EXPECT_NE(mtp.status().message().find("num_nextn_predict_layers"), std::string::npos)
+      << mtp.status().to_string();
+  auto llama = open_checkpoint(test_source_dir() + "/tests/data/golden/llama");
+  ASSERT_TRUE(llama.ok());
+  auto lm = load_model(*llama, *backend);
+  ASSERT_TRUE(lm.ok());
+  EXPECT_FALSE(load_mtp_module(*llama, *backend, **lm).ok());
 }
 
 }  // namespace

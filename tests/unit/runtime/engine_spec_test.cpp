@@ -63,9 +63,11 @@ class EngineSpecTest : public testing::Test {
                              int32_t budget = 64) {
     return run_with(reqs, speculate ? ngram() : SpeculativeConfig{}, stats, kv_bytes, budget);
   }
+  // `model`: the target (null: the Llama).
   std::vector<Collected> run_with(const std::vector<EngineRequest>& reqs,
                                   const SpeculativeConfig& sc, EngineStats* stats = nullptr,
-                                  int64_t kv_bytes = 4 << 20, int32_t budget = 64) {
+                                  int64_t kv_bytes = 4 << 20, int32_t budget = 64,
+                                  Model* model = nullptr) {
     EngineConfig cfg;
     cfg.scheduler.max_num_seqs = 32;
     cfg.scheduler.max_num_batched_tokens = budget;
@@ -74,7 +76,7 @@ class EngineSpecTest : public testing::Test {
         std::max(cfg.scheduler.max_waiting, static_cast<int32_t>(reqs.size()));
     cfg.kv_cache_memory = kv_bytes;
     cfg.speculative = sc;
-    auto e = Engine::create(*model_, *backend_, tok_.get(), cfg);
+    auto e = Engine::create(model ? *model : *model_, *backend_, tok_.get(), cfg);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     std::vector<Collected> out(reqs.size());
     if (!e.ok()) return out;
@@ -101,7 +103,9 @@ std::vector<int32_t> repetitive_prompt(std::mt19937& rng, int period, int len) {
   return p;
 }
 
-void expect_same(const std::vector<Collected>& want, const std::vector<Collected>& got) {
+// `tolerance`: how far logprobs may differ (0: bit for bit).
+void expect_same(const std::vector<Collected>& want, const std::vector<Collected>& got,
+                 float tolerance = 0) {
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
@@ -114,7 +118,7 @@ void expect_same(const std::vector<Collected>& want, const std::vector<Collected
       const auto& g = got[i].details.at(seq);
       ASSERT_EQ(g.size(), lps.size());
       for (size_t k = 0; k < lps.size(); ++k) {
-        EXPECT_EQ(g[k].logprob, lps[k].logprob) << "seq " << seq << " token " << k;
+        EXPECT_NEAR(g[k].logprob, lps[k].logprob, tolerance) << "seq " << seq << " token " << k;
         EXPECT_EQ(g[k].rank, lps[k].rank);
         ASSERT_EQ(g[k].top.size(), lps[k].top.size());
         for (size_t j = 0; j < lps[k].top.size(); ++j)
@@ -391,6 +395,60 @@ TEST_F(EngineSpecTest, DrawnGuessesOfAnotherModelKeepTheTargetsDistribution) {
   ASSERT_GT(dof, 2);
   const double z = 3.719, k = 2.0 / (9.0 * dof);  // p = 1e-4 (Wilson-Hilferty)
   EXPECT_LT(x2, dof * std::pow(1.0 - k + z * std::sqrt(k), 3.0)) << dof << " degrees of freedom";
+}
+
+// DeepSeek-V3's MTP module (the tiny golden model with a random MTP layer,
+// tests/data/golden/deepseek_v3_mtp; its guesses against the reference: tests/model/
+// deepseek_mtp_test.cpp): greedy outputs unchanged with prompts prefilled over several steps, a
+// prefix from the prefix cache (the module restarts after it), a KV cache small enough to
+// preempt, and sampled requests, whose guesses are drawn from the module's distribution.
+TEST_F(EngineSpecTest, MtpOutputsAreUnchanged) {
+  auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/deepseek_v3_mtp");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  auto target = load_model(*ckpt, *backend_);
+  ASSERT_TRUE(target.ok()) << target.status().to_string();
+  auto mtp = load_mtp_module(*ckpt, *backend_, **target);
+  ASSERT_TRUE(mtp.ok()) << mtp.status().to_string();
+  SpeculativeConfig sc;
+  sc.method = SpeculativeConfig::Method::kMtp;
+  sc.mtp = mtp->get();
+  sc.num_tokens = 3;
+  sc.disable_by_batch_size = 0;
+  std::mt19937 rng(31);
+  const std::vector<int32_t> shared = random_prompt(rng, 12);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> prompt = random_prompt(rng, 4 + 2 * i);  // within 64 positions
+    if (i % 3 == 1) prompt.insert(prompt.begin(), shared.begin(), shared.end());
+    EngineRequest r = greedy_request(prompt, 24, 2);
+    r.detokenize = false;
+    reqs.push_back(std::move(r));
+  }
+  // MLA computes a fresh prompt in one of two forms of the same sum depending on how the step
+  // batches it (model/deepseek_v2.cpp): logprobs may differ in their last bits between runs.
+  const float tolerance = 1e-5f;
+  EngineStats st;
+  expect_same(run_with(reqs, {}, nullptr, 4 << 20, 32, target->get()),
+              run_with(reqs, sc, &st, 4 << 20, 32, target->get()), tolerance);
+  EXPECT_GT(st.spec_drafts, 0);
+  // Preempted mid-way: a cache for about two sequences.
+  EngineStats small;
+  expect_same(run_with(reqs, {}, nullptr, 40 << 10, 32, target->get()),
+              run_with(reqs, sc, &small, 40 << 10, 32, target->get()), tolerance);
+  EXPECT_GT(small.spec_drafts, 0);
+  EXPECT_GT(small.scheduler.n_preemptions, 0) << "the cache did not preempt: shows nothing";
+  // Sampled: drawn guesses verified by the rejection sampler, so the tokens differ from the
+  // plain run's draws but every request completes its tokens.
+  std::vector<EngineRequest> sampled = reqs;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    sampled[i].params.temperature = 0.9f;
+    sampled[i].params.top_k = 40;
+    sampled[i].params.seed = 100 + i;
+  }
+  EngineStats drawn;
+  const auto out = run_with(sampled, sc, &drawn, 4 << 20, 32, target->get());
+  for (const Collected& c : out) EXPECT_EQ(c.done.completion_tokens, 24);
+  EXPECT_GT(drawn.spec_draft_tokens, 0);
 }
 
 TEST_F(EngineSpecTest, ADraftModelOfAnotherVocabularyIsRefused) {
