@@ -5,7 +5,7 @@
 //   1's tensors under the next index, plus the MTP-only tensors).
 // - The MTP module (load_mtp_module) against the reference of tests/model/make_mtp_fixture.py
 //   (transformers' DeepseekV3DecoderLayer and torch, float32, on the golden model with a random MTP
-//   layer, tests/data/golden/deepseek_v3_mtp): its log-probabilities at every prompt position, and
+//   layer, tests/data/mtp/deepseek_v3): its log-probabilities at every prompt position, and
 //   its greedy chain of guesses from the prompt's end.
 // - The MTP proposer: the guesses it makes from the target's hidden rows are that chain, and after
 // a
@@ -117,17 +117,30 @@ TEST(DeepseekMtp, LayersPastTheDecoderAreSkippedWithALogLine) {
       << "an MTP layer changed the logits";
 }
 
-// The golden DeepSeek-V3 model with its MTP layer, on the CPU backend.
-class MtpFixture : public testing::Test {
+// The golden DeepSeek-V3 model with its MTP layer, on the CPU backend (the reference one: logits
+// that do not depend on how a step batches tokens) or the CUDA backend (skipped without a GPU).
+// Tolerance: f32 on the CPU (2e-4 per logprob); on the GPU, bf16 activations and the MoE routing
+// they may flip, against transformers' own bf16 noise on the model (the golden fixture's
+// transformers_bf16_noise): the mean |dlogprob| within 3x its mean, and guesses equal where the
+// reference's top-2 margin exceeds 0.3.
+class MtpFixture : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const fs::path dir =
-        fs::path(test_source_dir()) / "tests" / "data" / "golden" / "deepseek_v3_mtp";
+    if (GetParam() == "cuda") {
+      auto be = make_cuda_backend(0);
+      if (!be.ok()) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+      backend_ = std::move(*be);
+      const json noise = json::parse(read_file(fs::path(test_source_dir()) / "tests" / "data" /
+                                               "golden" / "deepseek_v3" / "reference.json"));
+      mean_tol_ = 3 * noise["transformers_bf16_noise"]["mean_abs_err"].get<double>();
+    } else {
+      backend_ = make_cpu_backend(false);
+    }
+    const fs::path dir = fs::path(test_source_dir()) / "tests" / "data" / "mtp" / "deepseek_v3";
     ref_ = json::parse(read_file(dir / "reference.json"));
     auto ckpt = open_checkpoint(dir.string());
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
     ckpt_ = std::move(*ckpt);
-    backend_ = make_cpu_backend(false);  // logits that do not depend on how steps batch tokens
     auto model = load_model(ckpt_, *backend_);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     model_ = std::move(*model);
@@ -138,30 +151,47 @@ class MtpFixture : public testing::Test {
     D_ = ckpt_.config.hidden_size;
     V_ = ckpt_.config.vocab_size;
   }
-  // Rows [first, first + n) of `m`'s last hidden rows, as a host copy (f32 on the CPU).
-  std::vector<float> hidden_rows(const Model& m, int64_t first, int64_t n) const {
+  void TearDown() override {
+    if (n_compared_ > 0 && mean_tol_ > 0) {
+      EXPECT_LE(sum_err_ / n_compared_, mean_tol_);
+    }
+  }
+  bool on_gpu() const { return mean_tol_ > 0; }
+  // Rows [first, first + n) of `m`'s last hidden rows, copied to a buffer of their own (the next
+  // forward overwrites the model's), as a tensor on the backend's device.
+  Tensor hidden_rows(const Model& m, int64_t first, int64_t n) {
     const Tensor h = m.last_hidden();
-    EXPECT_TRUE(h.defined() && h.dtype == DType::kF32 && h.cols() == D_);
-    std::vector<float> out(static_cast<size_t>(n * D_));
+    EXPECT_TRUE(h.defined() && h.cols() == D_ && h.dtype == backend_->activation_dtype());
+    const int64_t row = dtype_bytes(h.dtype, D_);
+    buffers_.push_back(backend_->must_allocate(n * row, "test rows"));
     for (int64_t r = 0; r < n; ++r)
-      std::memcpy(out.data() + r * D_,
-                  static_cast<const float*>(h.data) + (first + r) * h.row_stride(),
-                  D_ * sizeof(float));
-    return out;
+      backend_->copy(
+          static_cast<char*>(buffers_.back()->data()) + r * row,
+          static_cast<const char*>(h.data) + (first + r) * dtype_bytes(h.dtype, h.row_stride()),
+          row);
+    return buffers_.back()->view(h.dtype, {n, D_});
   }
-  Tensor as_tensor(std::vector<float>& rows) const {
-    return Tensor(rows.data(), DType::kF32, {static_cast<int64_t>(rows.size()) / D_, D_});
-  }
-  // Expects the log-softmax of `logits` (one row) to be `want` within f32 tolerance.
+  // The log-softmax of `logits` (one row) against `want`: within 2e-4 on the CPU; on the GPU
+  // its mean error joins the test's (TearDown).
   void expect_logprobs(std::span<const float> logits, const json& want, const std::string& what) {
     ASSERT_EQ(static_cast<int64_t>(logits.size()), V_);
     double mx = -INFINITY, sum = 0;
     for (float x : logits) mx = std::max<double>(mx, x);
     for (float x : logits) sum += std::exp(x - mx);
     double worst = 0;
-    for (int64_t v = 0; v < V_; ++v)
-      worst = std::max(worst, std::abs(logits[v] - mx - std::log(sum) - want[v].get<double>()));
-    EXPECT_LT(worst, 2e-4) << what;
+    for (int64_t v = 0; v < V_; ++v) {
+      const double err = std::abs(logits[v] - mx - std::log(sum) - want[v].get<double>());
+      worst = std::max(worst, err);
+      sum_err_ += err;
+      ++n_compared_;
+    }
+    if (!on_gpu()) {
+      EXPECT_LT(worst, 2e-4) << what;
+    }
+  }
+  // Whether the reference's guess i is clear enough to compare on this backend.
+  bool clear_guess(size_t i) const {
+    return !on_gpu() || ref_["chain_margins"][i].get<double>() > 0.3;
   }
 
   json ref_;
@@ -169,41 +199,47 @@ class MtpFixture : public testing::Test {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<MtpModule> mtp_;
+  std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<int32_t> prompt_;
   int64_t D_ = 0, V_ = 0;
+  double mean_tol_ = 0, sum_err_ = 0;
+  int64_t n_compared_ = 0;
 };
 
-TEST_F(MtpFixture, ModuleMatchesTheReference) {
+TEST_P(MtpFixture, ModuleMatchesTheReference) {
   const int64_t n = static_cast<int64_t>(prompt_.size());
   SequenceRunner target(*model_, *backend_, 64);
   ASSERT_TRUE(target.feed(prompt_, LogitsWanted::kLast).ok());
   // Row j pairs token j + 1 with the target's hidden row j.
-  std::vector<float> hidden = hidden_rows(*model_, 0, n - 1);
-  mtp_->set_hidden_input(as_tensor(hidden));
+  mtp_->set_hidden_input(hidden_rows(*model_, 0, n - 1));
   SequenceRunner module(mtp_->model(), *backend_, 64);
   auto lg = module.feed(std::span(prompt_).subspan(1), LogitsWanted::kAll);
   ASSERT_TRUE(lg.ok()) << lg.status().to_string();
   for (int64_t j = 0; j + 1 < n; ++j)
     expect_logprobs(lg->subspan(j * V_, V_), ref_["mtp_logprobs"][j],
                     "position " + std::to_string(j));
-  // The chain: each guess goes in with the module's own hidden row before it.
+  // The chain: each guess goes in with the module's own hidden row before it (the reference's
+  // guess, so that a near-tie the GPU breaks the other way does not change what follows).
   const auto chain = ref_["chain"].get<std::vector<int32_t>>();
-  int32_t guess = argmax_token(lg->subspan((n - 2) * V_, V_));
-  ASSERT_EQ(guess, chain[0]);
+  if (clear_guess(0)) {
+    EXPECT_EQ(argmax_token(lg->subspan((n - 2) * V_, V_)), chain[0]);
+  }
   for (size_t i = 1; i < chain.size(); ++i) {
-    std::vector<float> own = hidden_rows(mtp_->model(), i == 1 ? n - 2 : 0, 1);
-    mtp_->set_hidden_input(as_tensor(own));
-    auto next = module.feed(std::span(&guess, 1), LogitsWanted::kLast);
+    mtp_->set_hidden_input(hidden_rows(mtp_->model(), i == 1 ? n - 2 : 0, 1));
+    auto next = module.feed(std::span(&chain[i - 1], 1), LogitsWanted::kLast);
     ASSERT_TRUE(next.ok()) << next.status().to_string();
     expect_logprobs(*next, ref_["chain_logprobs"][i], "guess " + std::to_string(i + 1));
-    guess = argmax_token(*next);
-    EXPECT_EQ(guess, chain[i]);
+    if (clear_guess(i)) {
+      EXPECT_EQ(argmax_token(*next), chain[i]);
+    }
   }
 }
 
 // The proposer fed as the engine feeds it: the target's prompt chunk (whose last row waits for
-// the token after it), then a proposal once that token is known.
-TEST_F(MtpFixture, ProposerGuessesTheModulesChainAndFollowsAVerification) {
+// the token after it), then a proposal once that token is known. On the CPU, then a verification
+// that keeps one guess, after which its guesses are those of a proposer that saw the resulting
+// sequence at once (the GPU's bf16 rows differ between those two ways of batching).
+TEST_P(MtpFixture, ProposerGuessesTheModulesChainAndFollowsAVerification) {
   const int32_t n = static_cast<int32_t>(prompt_.size());
   const auto chain = ref_["chain"].get<std::vector<int32_t>>();
   const int32_t k = static_cast<int32_t>(chain.size());
@@ -220,7 +256,11 @@ TEST_F(MtpFixture, ProposerGuessesTheModulesChainAndFollowsAVerification) {
   std::vector<int32_t> draft;
   ProposalRequest p{7, 0, prompt_, k, &draft};
   proposer.propose(std::span(&p, 1));
-  EXPECT_EQ(draft, chain);
+  ASSERT_EQ(static_cast<int32_t>(draft.size()), k);
+  for (int32_t i = 0; i < k && clear_guess(i); ++i) {
+    EXPECT_EQ(draft[i], chain[i]) << "guess " << i;
+  }
+  if (on_gpu()) return;
 
   // Verification: the last token and the guesses in one target step; the first guess is kept,
   // the second replaced by another token.
@@ -252,6 +292,9 @@ TEST_F(MtpFixture, ProposerGuessesTheModulesChainAndFollowsAVerification) {
   proposer.release(7);
   fresh.release(9);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, MtpFixture, testing::Values("cpu", "cuda"),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(DeepseekMtp, AModelWithoutMtpLayersIsAClearError) {
   auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/deepseek_v3");

@@ -14,7 +14,7 @@ with shared_head.norm(out) of the position before (the module's own hidden row, 
 target's is). transformers has no MTP module: the reference is its DeepSeek-V3 decoder layer and
 plain torch for the rest, in float32 on the stored (bf16) weights.
 
-    python tests/model/make_mtp_fixture.py --out tests/data/golden/deepseek_v3_mtp
+    python tests/model/make_mtp_fixture.py --out tests/data/mtp/deepseek_v3
 """
 import argparse
 import json
@@ -38,7 +38,7 @@ def rms_norm(x, w, eps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="tests/data/golden/deepseek_v3_mtp")
+    ap.add_argument("--out", default="tests/data/mtp/deepseek_v3")
     args = ap.parse_args()
     cfg = json.load(open(os.path.join(GOLDEN, "config.json")))
     L, D = cfg["num_hidden_layers"], cfg["hidden_size"]

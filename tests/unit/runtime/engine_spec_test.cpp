@@ -398,12 +398,12 @@ TEST_F(EngineSpecTest, DrawnGuessesOfAnotherModelKeepTheTargetsDistribution) {
 }
 
 // DeepSeek-V3's MTP module (the tiny golden model with a random MTP layer,
-// tests/data/golden/deepseek_v3_mtp; its guesses against the reference: tests/model/
+// tests/data/mtp/deepseek_v3; its guesses against the reference: tests/model/
 // deepseek_mtp_test.cpp): greedy outputs unchanged with prompts prefilled over several steps, a
 // prefix from the prefix cache (the module restarts after it), a KV cache small enough to
 // preempt, and sampled requests, whose guesses are drawn from the module's distribution.
 TEST_F(EngineSpecTest, MtpOutputsAreUnchanged) {
-  auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/golden/deepseek_v3_mtp");
+  auto ckpt = open_checkpoint(test_source_dir() + "/tests/data/mtp/deepseek_v3");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
   auto target = load_model(*ckpt, *backend_);
   ASSERT_TRUE(target.ok()) << target.status().to_string();
