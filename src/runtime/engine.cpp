@@ -1093,7 +1093,11 @@ void Engine::observe_target(const SchedulePlan& plan, const std::vector<SeqChunk
     observed_.push_back(t);
     row += chunks[i].n_tokens;
   }
+  const auto t0 = Clock::now();
   proposer_->observe(observed_, model_.last_hidden());
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.spec_draft_seconds += dt;  // the proposer's work for the next drafts
 }
 
 void Engine::propose_drafts() {
