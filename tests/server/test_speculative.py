@@ -4,13 +4,14 @@ lookup guesses. The texts must equal those of the plain server (greedy, streamed
 guesses must be counted in /metrics under vLLM's names, a draft model (the model itself: nearly
 every guess right) must give the same texts, and bad settings must stop the server with the reason.
 """
+import os
 import re
 import subprocess
 
 import httpx
 import pytest
 
-from conftest import GOLDEN_LLAMA, KV_BYTES, default_model_path, pagellm_bin
+from conftest import GOLDEN_LLAMA, KV_BYTES, ROOT, default_model_path, pagellm_bin
 
 PARAGRAPH = ("The river left its banks in early spring, as it did most years, and the farmers along "
              "the valley moved their animals to the higher fields.")
@@ -106,7 +107,8 @@ def test_no_speculation_metrics_without_it(plain):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--speculative-method", "eagle"], "must be ngram, draft_model or none"),
+    (["--speculative-method", "eagle"], "must be ngram, draft_model, mtp or none"),
+    (["--speculative-method", "mtp"], "has no multi-token-prediction layers"),
     (["--speculative-method", "draft_model"], "needs --speculative-model"),
     (["--speculative-model", GOLDEN_LLAMA], "vocabulary (256 tokens)"),
     (["--speculative-method", "ngram", "--num-speculative-tokens", "0"], "out of range"),
@@ -118,3 +120,21 @@ def test_bad_settings_stop_the_server_with_the_reason(args, fragment):
                        text=True, timeout=120)
     assert r.returncode != 0
     assert fragment in r.stderr, r.stderr[-2000:]
+
+
+def test_mtp_serves_and_counts_its_guesses(server_factory):
+    # DeepSeek-V3's MTP layer (the tiny golden model with a random one, no tokenizer: token ids
+    # in): requests complete, the guesses are counted. That they keep the outputs is
+    # tests/unit/runtime/engine_spec_test.cpp's MtpOutputsAreUnchanged.
+    mtp_model = os.path.join(ROOT, "tests", "data", "mtp", "deepseek_v3")
+    args = ["--model", mtp_model, "--max-model-len", "64", "--kv-cache-memory", KV_BYTES,
+            "--served-model-name", "mtp", "--speculative-method", "mtp",
+            "--speculative-disable-by-batch-size", "0"]
+    s = server_factory(args)
+    client = s.client()
+    for prompt in ([5, 17, 42, 99, 3, 250, 7, 61], [9, 8, 7, 6, 5, 4, 3]):
+        r = client.completions.create(model="mtp", prompt=prompt, max_tokens=20, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert 0 < r.usage.completion_tokens <= 20
+    assert metric(s, "vllm:spec_decode_num_drafts_total") > 0
+    assert metric(s, "vllm:spec_decode_num_draft_tokens_total") > 0
