@@ -111,13 +111,10 @@ void DraftModelProposer::propose(std::span<const ProposalRequest> batch) {
     std::vector<Work> still;
     chunks.clear();
     for (size_t i = 0; i < work.size(); ++i) {
-      std::vector<int32_t>& draft = *work[i].p->draft;
-      if (next[i] < 0) continue;
-      draft.push_back(next[i]);
-      if (work[i].p->params) work[i].history.push_back(next[i]);
-      if (static_cast<int32_t>(draft.size()) == work[i].p->max_tokens) continue;
+      if (next[i] < 0 || !add_guess(*work[i].p, work[i].history, next[i])) continue;
       still.push_back(std::move(work[i]));
-      chunks.push_back(chunk(*still.back().slot, &draft.back(), 1, LogitsWanted::kLast));
+      chunks.push_back(
+          chunk(*still.back().slot, &still.back().p->draft->back(), 1, LogitsWanted::kLast));
     }
     work = std::move(still);
   }

@@ -50,4 +50,10 @@ void DraftPicker::pick(const Tensor& logits, std::span<const DraftRow> rows,
   }
 }
 
+bool add_guess(const ProposalRequest& p, std::vector<int32_t>& history, int32_t token) {
+  p.draft->push_back(token);
+  if (p.params) history.push_back(token);
+  return static_cast<int32_t>(p.draft->size()) < p.max_tokens;
+}
+
 }  // namespace pagellm

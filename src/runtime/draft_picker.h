@@ -25,6 +25,9 @@ struct DraftRow {
   const std::vector<int32_t>* history = nullptr;
 };
 
+// Appends `token` to p's draft, and to `history` when p samples; whether p wants another guess.
+bool add_guess(const ProposalRequest& p, std::vector<int32_t>& history, int32_t token);
+
 class DraftPicker {
  public:
   DraftPicker(Backend& backend, const SamplerConfig& sampler);

@@ -221,11 +221,7 @@ void MtpProposer::propose(std::span<const ProposalRequest> batch) {
     std::vector<Work> still;
     parts.clear();
     for (size_t i = 0; i < work.size(); ++i) {
-      std::vector<int32_t>& draft = *work[i].p->draft;
-      if (next[i] < 0) continue;
-      draft.push_back(next[i]);
-      if (work[i].p->params) work[i].history.push_back(next[i]);
-      if (static_cast<int32_t>(draft.size()) == work[i].p->max_tokens) continue;
+      if (next[i] < 0 || !add_guess(*work[i].p, work[i].history, next[i])) continue;
       // chained_ row i moves to row still.size(): forwards, so no row is overwritten unread.
       if (still.size() != i)
         backend_.copy(
