@@ -159,7 +159,8 @@ class MtpModule {
   // rows set last.
   virtual Model& model() = 0;
   // The hidden rows paired with the next forward's tokens: act [>= n_tokens, hidden_size] on the
-  // backend's device, read by that forward.
+  // backend's device, read by that forward. (So the module runs op by op: a recorded graph would
+  // read the rows set when it was recorded.)
   virtual void set_hidden_input(const Tensor& rows) = 0;
 };
 
