@@ -31,8 +31,6 @@ MtpProposer::MtpProposer(MtpModule& mtp, Backend& backend, int32_t max_len, int3
   std::iota(tables_.begin(), tables_.end(), 0);
   staging_ = backend.must_allocate(int64_t{max_seqs} * stage_rows_ * row_bytes_,
                                    "the MTP module's staged hidden rows");
-  chained_ =
-      backend.must_allocate(int64_t{max_seqs} * row_bytes_, "the MTP module's chained hidden rows");
 }
 
 MtpProposer::~MtpProposer() = default;
@@ -43,7 +41,8 @@ char* MtpProposer::staged_row(const Slot& slot, int32_t r) const {
 }
 
 template <class TokenAt>
-int32_t MtpProposer::take_staged(Slot& slot, int32_t known, const TokenAt& token_at, Part& part) {
+int32_t MtpProposer::take_staged(const Slot& slot, int32_t known, const TokenAt& token_at,
+                                 Part& part) {
   int32_t n = 0;
   for (int32_t r = 0; r < static_cast<int32_t>(slot.staged.size()); ++r, ++n) {
     const int32_t j = slot.frontier() + r;
@@ -175,6 +174,7 @@ void MtpProposer::propose(std::span<const ProposalRequest> batch) {
     Slot* slot;
     int32_t taken;
     std::vector<int32_t> history;  // a sampled request's: its outputs, then the guesses so far
+    int64_t out_row = 0;           // its last row in the module's last forward
   };
   std::vector<Part> parts;
   std::vector<Work> work;
@@ -192,25 +192,22 @@ void MtpProposer::propose(std::span<const ProposalRequest> batch) {
     const int32_t taken = take_staged(*slot, len, token_at, part);
     // The first guess comes from the entry at len - 2: without its row, none.
     if (taken == 0 || slot->frontier() + taken != len - 1) continue;
-    Work w{&p, slot, taken, {}};
+    Work w{&p, slot, taken, {}, 0};
     if (p.params) w.history.assign(p.tokens.begin() + p.n_prompt, p.tokens.end());
     work.push_back(std::move(w));
     parts.push_back(std::move(part));
   }
   if (parts.empty()) return;
   run(parts, LogitsWanted::kLast);
-  // The entries are final; what stays staged came after a wrong guess. The module's output rows
-  // at each part's last entry feed the chained guesses.
-  const Tensor out = module_.last_hidden();
-  const int64_t stride = dtype_bytes(out.dtype, out.row_stride());
+  // The entries are final; what stays staged came after a wrong guess. A chained guess reads the
+  // module's output row at its sequence's last entry straight from the forward before: run()
+  // gathers the rows before the next forward overwrites them.
   int64_t r = -1;
-  for (size_t i = 0; i < work.size(); ++i) {
-    Slot& slot = *work[i].slot;
-    r += work[i].taken;
-    backend_.copy(static_cast<char*>(chained_->data()) + static_cast<int64_t>(i) * row_bytes_,
-                  static_cast<const char*>(out.data) + r * stride, row_bytes_);
-    slot.done += work[i].taken;
-    slot.staged.clear();
+  for (Work& w : work) {
+    r += w.taken;
+    w.out_row = r;
+    w.slot->done += w.taken;
+    w.slot->staged.clear();
   }
   std::vector<int32_t> next;
   for (int32_t depth = 0; !work.empty(); ++depth) {
@@ -218,31 +215,21 @@ void MtpProposer::propose(std::span<const ProposalRequest> batch) {
     for (size_t i = 0; i < work.size(); ++i) draft_rows_[i] = {work[i].p, &work[i].history};
     picker_.pick(module_.last_logits(), draft_rows_, next);
     // Who guesses again: one entry each, at the guess just made, from the output row before it.
+    const Tensor out = module_.last_hidden();
+    const int64_t stride = dtype_bytes(out.dtype, out.row_stride());
     std::vector<Work> still;
     parts.clear();
     for (size_t i = 0; i < work.size(); ++i) {
       if (next[i] < 0 || !add_guess(*work[i].p, work[i].history, next[i])) continue;
-      // chained_ row i moves to row still.size(): forwards, so no row is overwritten unread.
-      if (still.size() != i)
-        backend_.copy(
-            static_cast<char*>(chained_->data()) + static_cast<int64_t>(still.size()) * row_bytes_,
-            static_cast<char*>(chained_->data()) + static_cast<int64_t>(i) * row_bytes_,
-            row_bytes_);
-      Part part{work[i].slot, work[i].slot->done + depth, {next[i]}, {}};
-      part.rows.push_back(static_cast<char*>(chained_->data()) +
-                          static_cast<int64_t>(still.size()) * row_bytes_);
-      parts.push_back(std::move(part));
+      parts.push_back({work[i].slot,
+                       work[i].slot->done + depth,
+                       {next[i]},
+                       {static_cast<const char*>(out.data) + work[i].out_row * stride}});
       still.push_back(std::move(work[i]));
+      still.back().out_row = static_cast<int64_t>(still.size()) - 1;  // its row in the next forward
     }
     work = std::move(still);
-    if (work.empty()) break;
-    run(parts, LogitsWanted::kLast);
-    const Tensor o = module_.last_hidden();
-    for (size_t i = 0; i < work.size(); ++i)
-      backend_.copy(static_cast<char*>(chained_->data()) + static_cast<int64_t>(i) * row_bytes_,
-                    static_cast<const char*>(o.data) +
-                        static_cast<int64_t>(i) * dtype_bytes(o.dtype, o.row_stride()),
-                    row_bytes_);
+    if (!work.empty()) run(parts, LogitsWanted::kLast);
   }
 }
 

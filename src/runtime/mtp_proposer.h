@@ -23,9 +23,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -70,10 +68,10 @@ class MtpProposer final : public Proposer {
 
   // The slot's staged row r, on the device.
   char* staged_row(const Slot& slot, int32_t r) const;
-  // Turns the staged rows whose next token `tokens_at` knows (positions j with j + 1 < known,
-  // the input token matching) into `part`'s rows; returns how many.
+  // Adds to `part` the staged rows whose next token `token_at` knows (positions j with
+  // j + 1 < known, the input token matching); returns how many. The slot is not changed.
   template <class TokenAt>
-  int32_t take_staged(Slot& slot, int32_t known, const TokenAt& token_at, Part& part);
+  int32_t take_staged(const Slot& slot, int32_t known, const TokenAt& token_at, Part& part);
   // Drops the slot's first n staged rows (moved into entries), keeping the rest first.
   void unstage(Slot& slot, int32_t n);
   // Runs `parts` through the module: their rows gathered into one hidden input, entries written
@@ -93,7 +91,6 @@ class MtpProposer final : public Proposer {
   std::unique_ptr<Buffer> staging_;    // [max_seqs * stage_rows_, D]
   std::unique_ptr<Buffer> hidden_in_;  // the next forward's hidden rows, grown as needed
   int64_t hidden_in_rows_ = 0;
-  std::unique_ptr<Buffer> chained_;  // the last rows' outputs of a proposal forward
   ProposerSlots<Slot> slots_;
   std::vector<DraftRow> draft_rows_;
   DraftPicker picker_;
